@@ -1,0 +1,21 @@
+# The two commands of the README: `make demo` (the local demo) and `make test` (the tests).
+# Both install what they need first (scripts/setup.sh is idempotent and fast when warm).
+.PHONY: setup demo test lint bench crds
+
+setup:
+	scripts/setup.sh
+
+demo: setup
+	.venv/bin/kvtune demo
+
+test: setup
+	.venv/bin/python -m pytest
+
+lint:
+	.venv/bin/ruff check . && .venv/bin/mypy tuner
+
+bench:
+	.venv/bin/python bench/plan_bench.py && .venv/bin/python bench/simulate_bench.py
+
+crds:
+	.venv/bin/kvtune crds --write

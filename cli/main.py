@@ -1,0 +1,49 @@
+"""The `kvtune` command. Each subcommand lives in its own module under ``cli/`` and is
+imported only when it is called, so `kvtune plan` starts fast and does not need the
+Kubernetes client, and a broken optional dependency breaks only its own command."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import click
+
+# name -> (module under kvtune.cli, attribute, one-line help)
+_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "plan": ("plan", "plan", "Plan the vLLM KV-cache configuration for one GPU pool, offline."),
+    "simulate": ("simulate", "simulate", "Replay a trace through the KV-cache simulator."),
+    "cluster": ("cluster", "cluster", "Start, stop or inspect the local control plane."),
+    "demo": ("demo", "demo", "Run the local demo: control plane, Prometheus, operator, example."),
+    "replay": ("replay", "replay", "Serve vLLM metrics by replaying a request trace."),
+    "operator": ("operator_cmd", "operator", "Run the kvtune operator (kopf)."),
+    "crds": ("crds", "crds", "Generate the CRD manifests from the API types."),
+    "alerts": ("alerts", "alerts", "Render the SLO alert rules for an InferenceDeployment."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = _COMMANDS.get(cmd_name)
+        if entry is None:
+            return None
+        module_name, attr, _ = entry
+        module = importlib.import_module(f"kvtune.cli.{module_name}")
+        command: Any = getattr(module, attr)
+        assert isinstance(command, click.Command), f"kvtune.cli.{module_name}.{attr}"
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Listing help must not import every command (and its dependencies).
+        rows = [(name, help_text) for name, (_, _, help_text) in sorted(_COMMANDS.items())]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup)
+@click.version_option(package_name="kvtune")
+def cli() -> None:
+    """kvtune: tunes the vLLM KV cache per model and per GPU class from observed traffic."""

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs everything kvtune's demo and tests need, idempotently: Debian packages
+# (prometheus + promtool, lua5.1 for the Argo CD health check), a virtualenv with kvtune and its
+# dev tools, the pinned vLLM wheel's source files (for the contract tests), and the Go-built
+# control-plane binaries (cached under ~/.cache/kvtune; a cold build takes a long time).
+#   scripts/setup.sh            everything
+#   scripts/setup.sh python     only the virtualenv
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top"
+what=${1:-all}
+log() { printf '[setup %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+need_apt=()
+command -v prometheus >/dev/null || need_apt+=(prometheus)
+command -v promtool >/dev/null || need_apt+=(prometheus)
+command -v lua5.1 >/dev/null || need_apt+=(lua5.1)
+if [ "$what" = all ] && [ ${#need_apt[@]} -gt 0 ]; then
+  log "apt-get install ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  # Debian's package starts a system Prometheus on :9090; the tests start their own.
+  (systemctl disable --now prometheus prometheus-node-exporter 2>/dev/null || true) >/dev/null
+  pkill -x prometheus-node-exporter 2>/dev/null || true
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv"
+  python3 -m venv .venv
+fi
+stamp=.venv/.kvtune-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  log "pip install -e .[dev]"
+  .venv/bin/pip install -q -e '.[dev]'
+  touch "$stamp"
+fi
+[ "$what" = python ] && exit 0
+
+.venv/bin/python scripts/fetch_vllm_source.py || log "WARNING: could not fetch the vLLM wheel; the contract tests will fail"
+log "building the control-plane binaries (cached after the first build)"
+e2e/build-binaries.sh
+log "ready"

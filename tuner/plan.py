@@ -1,0 +1,123 @@
+"""What the planner returns: the knobs (``KVPlan``), the figures it expects
+(``ExpectedFigures``) and why (``Reason``), per pool (``PoolPlan``)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class KVPlan(BaseModel):
+    """The vLLM KV-cache configuration of one pool. Field names follow vLLM's flags."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    block_size: int = Field(gt=0)
+    kv_cache_dtype: str
+    gpu_memory_utilization: float = Field(gt=0.0, le=1.0)
+    # When set, vLLM skips memory profiling and ignores gpu_memory_utilization for KV sizing.
+    kv_cache_memory_bytes: int | None = Field(default=None, gt=0)
+    max_model_len: int = Field(gt=0)
+    max_num_seqs: int = Field(gt=0)
+    max_num_batched_tokens: int = Field(gt=0)
+    enable_prefix_caching: bool
+    # KV offload to CPU memory: GiB across TP ranks (vLLM's --kv-offloading-size); None: off.
+    kv_offloading_size_gib: float | None = Field(default=None, gt=0.0)
+    kv_offloading_backend: str | None = None
+    # None: let vLLM pick the backend for the dtype/GPU.
+    attention_backend: str | None = None
+
+    def vllm_args(self) -> list[str]:
+        """The exact ``vllm serve`` flags for this plan (no model argument, no TP flag)."""
+        args = [
+            f"--block-size={self.block_size}",
+            f"--kv-cache-dtype={self.kv_cache_dtype}",
+        ]
+        if self.kv_cache_memory_bytes is not None:
+            args.append(f"--kv-cache-memory-bytes={self.kv_cache_memory_bytes}")
+        else:
+            args.append(f"--gpu-memory-utilization={self.gpu_memory_utilization:.4g}")
+        args += [
+            f"--max-model-len={self.max_model_len}",
+            f"--max-num-seqs={self.max_num_seqs}",
+            f"--max-num-batched-tokens={self.max_num_batched_tokens}",
+            "--enable-prefix-caching" if self.enable_prefix_caching
+            else "--no-enable-prefix-caching",
+        ]
+        if self.kv_offloading_size_gib is not None:
+            args.append(f"--kv-offloading-size={self.kv_offloading_size_gib:g}")
+            if self.kv_offloading_backend is not None:
+                args.append(f"--kv-offloading-backend={self.kv_offloading_backend}")
+        if self.attention_backend is not None:
+            args.append(f"--attention-backend={self.attention_backend}")
+        return args
+
+
+class CandidateVerdict(BaseModel):
+    """One candidate value of a knob and the check that kept or ruled it out."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    value: str
+    ok: bool
+    # CamelCase constant naming the check, e.g. "Fits", "BelowQualityFloor",
+    # "UnsupportedByBackend", "TooFewSequences", "Pinned".
+    check: str
+    detail: str
+
+
+class Reason(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    knob: str  # vLLM flag name without dashes' prefix, e.g. "kv-cache-dtype"
+    choice: str
+    code: str  # CamelCase, e.g. "WidestThatMeetsConcurrency", "Pinned"
+    message: str  # one human sentence with the numbers
+    candidates: tuple[CandidateVerdict, ...] = ()
+
+
+class ExpectedFigures(BaseModel):
+    """What the plan should produce once running; compared with observed figures later."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kv_bytes_per_token: int  # per GPU (one TP rank), all layers, at the chosen dtype
+    kv_cache_bytes: int  # per GPU
+    kv_cache_tokens: int  # tokens the KV cache holds (num_blocks * block_size)
+    num_gpu_blocks: int
+    weights_bytes_per_gpu: int
+    non_kv_bytes_per_gpu: int  # weights + activations + CUDA graphs + other overheads
+    # Sequences that fit at the profile's high-percentile context (prompt + output).
+    concurrent_sequences: int
+    concurrent_sequences_context_tokens: int  # the context length that figure assumes
+    decode_step_seconds: float | None = None  # at max_num_seqs, from the bandwidth model
+    prefix_hit_rate: float | None = None  # from the simulator, when it scored the plan
+
+
+class PoolPlan(BaseModel):
+    """The planner's answer for one pool."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model_id: str
+    gpu_class: str
+    tensor_parallel: int
+    vllm_version: str
+    plan: KVPlan
+    expected: ExpectedFigures
+    reasons: tuple[Reason, ...]
+    warnings: tuple[str, ...] = ()
+
+
+class CandidateScore(BaseModel):
+    """What the simulator (or any scorer) says a candidate plan would do on the workload."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    plan: KVPlan
+    ttft_p95_seconds: float
+    tpot_p95_seconds: float
+    throughput_requests_per_second: float
+    prefix_hit_rate: float
+    preemptions: int
+    peak_concurrent_sequences: int
+    summary: str  # one line with the figures, quoted in the planner's reasons
