@@ -1,0 +1,435 @@
+"""The InferenceDeployment API (``kvtune.io/v1alpha1``): spec and status as pydantic models.
+
+These types are the one source of the CRD: ``crdgen`` turns them into the openAPIV3Schema in
+``crds/``. Field names are snake_case here and camelCase in YAML (aliases). Rules the API
+server can check itself (cross-field, valid pins) are written twice: as CEL
+(``x-kubernetes-validations`` in ``json_schema_extra``, enforced at admission) and as pydantic
+validators (so the operator never trusts an object that bypassed the CRD, e.g. an older CRD).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from kvtune.operator.durations import DURATION_PATTERN, parse_duration
+from kvtune.tuner.policy import KVPrecision
+
+GROUP = "kvtune.io"
+VERSION = "v1alpha1"
+KIND = "InferenceDeployment"
+PLURAL = "inferencedeployments"
+SINGULAR = "inferencedeployment"
+SHORT_NAMES = ["infd"]
+
+# vLLM 0.33.0's ``CacheDType`` literal (vllm/config/cache.py). A contract test
+# (tests/operator/test_op_vllm_contract.py) fails if the pinned wheel's literal differs.
+VLLM_KV_CACHE_DTYPES: tuple[str, ...] = (
+    "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
+    "nvfp4_ds_mla", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
+    "turboquant_3bit_nc", "octave_k3v4", "octave_k3v3", "octave_k3v3_compact",
+    "ultraquant_4bit", "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head",
+    "nvfp4", "nvfp4_4over6",
+)
+# Attention backends a human may pin on NVIDIA GPUs (members of vLLM's AttentionBackendEnum).
+VLLM_ATTENTION_BACKENDS: tuple[str, ...] = (
+    "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA",
+    "TRITON_MLA",
+)
+
+# Bits per element of the narrowest part of each KV dtype ("auto" is the model's 16 bits).
+KV_DTYPE_BITS: dict[str, int] = {
+    "auto": 16, "float16": 16, "bfloat16": 16,
+    "fp8": 8, "fp8_e4m3": 8, "fp8_e5m2": 8, "fp8_inc": 8, "fp8_ds_mla": 8,
+    "int8_per_token_head": 8, "fp8_per_token_head": 8,
+    "nvfp4_ds_mla": 4, "turboquant_k8v4": 4, "turboquant_4bit_nc": 4, "ultraquant_4bit": 4,
+    "int4_per_token_head": 4, "nvfp4": 4, "nvfp4_4over6": 4,
+    "turboquant_k3v4_nc": 3, "turboquant_3bit_nc": 3, "octave_k3v4": 3, "octave_k3v3": 3,
+    "octave_k3v3_compact": 3,
+}
+PRECISION_FLOOR_BITS: dict[str, int] = {"bf16": 16, "fp8": 8, "int8": 8, "fp4": 4, "int4": 4}
+
+Mode = Literal["auto", "recommend", "off"]
+WorkloadPreset = Literal["chat", "rag", "agent", "multi-tenant", "long-context"]
+WeightsDtype = Literal["bf16", "fp16", "fp8", "int8", "int4", "nvfp4"]
+KVCacheDtype = Literal[VLLM_KV_CACHE_DTYPES]  # type: ignore[valid-type]
+AttentionBackend = Literal[VLLM_ATTENTION_BACKENDS]  # type: ignore[valid-type]
+
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_CEL = "x-kubernetes-validations"
+
+
+def _rules(*rules: tuple[str, str]) -> dict[str, Any]:
+    return {_CEL: [{"rule": rule, "message": message} for rule, message in rules]}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+# --- spec -----------------------------------------------------------------------------------
+
+
+class ConfigMapRef(_Model):
+    name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$")
+    key: str = Field(default="config.json", min_length=1, max_length=253)
+
+
+class ModelConfigSource(_Model):
+    """Where a model's Hugging Face ``config.json`` is, for models not in kvtune's catalog."""
+
+    config_map_ref: ConfigMapRef
+
+
+class ModelSpec(_Model):
+    name: str = Field(
+        min_length=1, max_length=256,
+        description="Served model: a catalog id (Hugging Face id) or any id when config is set.",
+    )
+    config: ModelConfigSource | None = None
+    weights_dtype: WeightsDtype = Field(
+        default="bf16", description="Dtype of the checkpoint's weights (sizes the weights)."
+    )
+
+
+class PodTemplateRef(_Model):
+    name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$")
+    key: str = Field(default="pod.yaml.j2", min_length=1, max_length=253)
+
+
+class PodTemplateSource(_Model):
+    config_map_ref: PodTemplateRef
+
+
+class RuntimeSpec(_Model):
+    image: str = Field(default="vllm/vllm-openai:v0.33.0", min_length=1, max_length=512)
+    vllm_version: str = Field(default="0.33.0", pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$")
+    pod_template: PodTemplateSource | None = Field(
+        default=None,
+        description="A ConfigMap whose key holds a Jinja2 pod template replacing kvtune's own.",
+    )
+
+
+class DeclaredTokens(_Model):
+    """Declared quantiles of a length distribution, in tokens; missing ones come from the preset."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            ("!has(self.p95) || self.p50 <= self.p95", "p50 must not exceed p95"),
+            ("!has(self.p99) || self.p50 <= self.p99", "p50 must not exceed p99"),
+            ("!has(self.p95) || !has(self.p99) || self.p95 <= self.p99",
+             "p95 must not exceed p99"),
+            ("!has(self.max) || !has(self.p99) || self.p99 <= self.max",
+             "p99 must not exceed max"),
+        )
+    )
+
+    p50: int = Field(ge=1, le=10_000_000)
+    p90: int | None = Field(default=None, ge=1, le=10_000_000)
+    p95: int | None = Field(default=None, ge=1, le=10_000_000)
+    p99: int | None = Field(default=None, ge=1, le=10_000_000)
+    max: int | None = Field(default=None, ge=1, le=10_000_000)
+
+    @model_validator(mode="after")
+    def _monotone(self) -> DeclaredTokens:
+        chain = [(n, v) for n, v in (("p50", self.p50), ("p90", self.p90), ("p95", self.p95),
+                                     ("p99", self.p99), ("max", self.max)) if v is not None]
+        for (lo_name, lo), (hi_name, hi) in zip(chain, chain[1:], strict=False):
+            if lo > hi:
+                raise ValueError(f"{lo_name}={lo} exceeds {hi_name}={hi}; quantiles must grow")
+        return self
+
+
+class WorkloadSpec(_Model):
+    profile: WorkloadPreset = Field(
+        default="chat", description="The preset the declared figures refine."
+    )
+    context_tokens: DeclaredTokens | None = None
+    output_tokens: DeclaredTokens | None = None
+    shared_prefix_tokens: int | None = Field(default=None, ge=0, le=10_000_000)
+    multi_turn: bool | None = None
+    concurrent_sequences: int | None = Field(
+        default=None, ge=1, le=100_000,
+        description="Sequences per replica that must fit at the high-percentile context.",
+    )
+
+
+class SLOSpec(_Model):
+    ttft_p95: str | None = Field(default=None, pattern=DURATION_PATTERN, max_length=32)
+    tpot_p95: str | None = Field(default=None, pattern=DURATION_PATTERN, max_length=32)
+
+    def ttft_p95_seconds(self) -> float | None:
+        return None if self.ttft_p95 is None else parse_duration(
+            self.ttft_p95, field="spec.slo.ttftP95")
+
+    def tpot_p95_seconds(self) -> float | None:
+        return None if self.tpot_p95 is None else parse_duration(
+            self.tpot_p95, field="spec.slo.tpotP95")
+
+
+class QualitySpec(_Model):
+    lowest_kv_precision: KVPrecision = Field(default="fp8", alias="lowestKVPrecision")
+
+
+class Toleration(_Model):
+    key: str | None = Field(default=None, max_length=316)
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = Field(default=None, max_length=63)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class PoolSpec(_Model):
+    gpu_class: str = Field(
+        min_length=1, max_length=32, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
+        description="kvtune GPU class, e.g. H100, H200, B200.",
+    )
+    name: str | None = Field(
+        default=None, min_length=1, max_length=20, pattern=_DNS_LABEL,
+        description="Pool name in object names; defaults to the lower-cased GPU class.",
+    )
+    replicas: int = Field(default=1, ge=0, le=512)
+    tensor_parallel: Literal[1, 2, 4, 8] = 1
+    node_selector: dict[str, str] | None = Field(default=None, max_length=16)
+    tolerations: list[Toleration] | None = Field(default=None, max_length=16)
+
+    @property
+    def pool_name(self) -> str:
+        return self.name or self.gpu_class.lower().replace("_", "-")
+
+
+class PrometheusSpec(_Model):
+    url: str = Field(min_length=1, max_length=512, pattern=r"^https?://")
+    window: str = Field(default="6h", pattern=DURATION_PATTERN, max_length=32)
+
+
+class RetuneSpec(_Model):
+    min_interval: str = Field(default="6h", pattern=DURATION_PATTERN, max_length=32)
+    drift_threshold: float = Field(default=0.2, gt=0.0, le=1.0)
+
+
+class PinSpec(_Model):
+    """Knobs a human wants fixed (vLLM's flags, camelCase)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            ("!has(self.blockSize) || self.blockSize % 16 == 0",
+             "blockSize must be a multiple of 16 (vLLM's attention backends need it); "
+             "use 16, 32, 64 or 128"),
+            ("!(has(self.gpuMemoryUtilization) && has(self.kvCacheMemoryBytes))",
+             "pin gpuMemoryUtilization or kvCacheMemoryBytes, not both: vLLM ignores the "
+             "fraction when the bytes are set"),
+        )
+    )
+
+    block_size: int | None = Field(default=None, ge=16, le=1024)
+    kv_cache_dtype: KVCacheDtype | None = None
+    gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
+    kv_cache_memory_bytes: int | None = Field(default=None, ge=1)
+    max_model_len: int | None = Field(default=None, ge=1, le=10_000_000)
+    max_num_seqs: int | None = Field(default=None, ge=1, le=100_000)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1, le=10_000_000)
+    enable_prefix_caching: bool | None = None
+    kv_offloading_size_gib: float | None = Field(
+        default=None, ge=0.0, le=65536.0, alias="kvOffloadingSizeGiB"
+    )
+    attention_backend: AttentionBackend | None = None
+
+    @model_validator(mode="after")
+    def _valid(self) -> PinSpec:
+        if self.block_size is not None and self.block_size % 16:
+            raise ValueError(
+                f"spec.tuning.pin.blockSize={self.block_size} is not a multiple of 16; "
+                f"use 16, 32, 64 or 128"
+            )
+        if self.gpu_memory_utilization is not None and self.kv_cache_memory_bytes is not None:
+            raise ValueError("pin gpuMemoryUtilization or kvCacheMemoryBytes, not both")
+        return self
+
+
+class TuningSpec(_Model):
+    mode: Mode = Field(
+        default="auto",
+        description="auto: apply plans; recommend: write plans to status only; off: hands off.",
+    )
+    prometheus: PrometheusSpec | None = None
+    retune: RetuneSpec | None = None
+    pin: PinSpec | None = None
+
+
+class RolloutSpec(_Model):
+    canary_replicas: int = Field(default=0, ge=0, le=512)
+    analysis: str = Field(default="10m", pattern=DURATION_PATTERN, max_length=32)
+
+
+def _pin_floor_rule() -> tuple[str, str]:
+    """CEL: a pinned KV dtype must not be narrower than quality.lowestKVPrecision."""
+    clauses = []
+    for floor, floor_bits in PRECISION_FLOOR_BITS.items():
+        narrower = [d for d, bits in KV_DTYPE_BITS.items() if bits < floor_bits]
+        if narrower:
+            listed = ", ".join(f"'{d}'" for d in narrower)
+            clauses.append(f"!(self.quality.lowestKVPrecision == '{floor}' && "
+                           f"self.tuning.pin.kvCacheDtype in [{listed}])")
+    guard = ("!has(self.quality) || !has(self.quality.lowestKVPrecision) || "
+             "!has(self.tuning) || !has(self.tuning.pin) || !has(self.tuning.pin.kvCacheDtype)")
+    return (f"{guard} || ({' && '.join(clauses)})",
+            "tuning.pin.kvCacheDtype is narrower than quality.lowestKVPrecision; "
+            "pin a wider dtype or lower the floor")
+
+
+_POOL_KEY = "(has({v}.name) ? {v}.name : {v}.gpuClass.lowerAscii())"
+
+
+class InferenceDeploymentSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            ("!has(self.rollout) || self.pools.all(p, p.replicas >= self.rollout.canaryReplicas)",
+             "every pool's replicas must be >= rollout.canaryReplicas; raise the replicas or "
+             "lower canaryReplicas"),
+            (f"self.pools.all(p, self.pools.exists_one(q, {_POOL_KEY.format(v='q')} == "
+             f"{_POOL_KEY.format(v='p')}))",
+             "pool names must be unique; give pools of the same gpuClass distinct names"),
+            _pin_floor_rule(),
+        )
+    )
+
+    model: ModelSpec
+    runtime: RuntimeSpec = RuntimeSpec()
+    workload: WorkloadSpec = WorkloadSpec()
+    slo: SLOSpec | None = None
+    quality: QualitySpec | None = None
+    pools: list[PoolSpec] = Field(min_length=1, max_length=8)
+    tuning: TuningSpec = TuningSpec()
+    rollout: RolloutSpec | None = None
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> InferenceDeploymentSpec:
+        if self.rollout is not None:
+            for i, pool in enumerate(self.pools):
+                if pool.replicas < self.rollout.canary_replicas:
+                    raise ValueError(
+                        f"spec.pools[{i}].replicas={pool.replicas} is below "
+                        f"spec.rollout.canaryReplicas={self.rollout.canary_replicas}; raise "
+                        f"the replicas or lower canaryReplicas"
+                    )
+        names = [p.pool_name for p in self.pools]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(
+                f"spec.pools: pool name(s) {dupes} used twice; give each pool a distinct name"
+            )
+        pin = self.tuning.pin
+        if pin is not None and pin.kv_cache_dtype is not None:
+            floor = self.quality.lowest_kv_precision if self.quality else "fp8"
+            if KV_DTYPE_BITS[pin.kv_cache_dtype] < PRECISION_FLOOR_BITS[floor]:
+                raise ValueError(
+                    f"spec.tuning.pin.kvCacheDtype={pin.kv_cache_dtype!r} is narrower than "
+                    f"spec.quality.lowestKVPrecision={floor!r}; pin a wider dtype or lower "
+                    f"the floor"
+                )
+        return self
+
+    @property
+    def mode(self) -> Mode:
+        return self.tuning.mode
+
+
+# --- status ---------------------------------------------------------------------------------
+
+
+class _Status(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+
+class Condition(_Status):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str
+    observed_generation: int | None = None
+
+
+class PlanStatus(_Status):
+    """The knobs of a pool's plan, named as vLLM's flags (camelCase)."""
+
+    block_size: int
+    kv_cache_dtype: str
+    gpu_memory_utilization: float
+    kv_cache_memory_bytes: int | None = None
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    enable_prefix_caching: bool
+    kv_offloading_size_gib: float | None = Field(default=None, alias="kvOffloadingSizeGiB")
+    kv_offloading_backend: str | None = None
+    attention_backend: str | None = None
+
+
+class ExpectedStatus(_Status):
+    kv_cache_tokens: int
+    kv_cache_bytes: int
+    num_gpu_blocks: int
+    kv_bytes_per_token: int
+    concurrent_sequences: int
+    concurrent_sequences_context_tokens: int
+    decode_step_seconds: float | None = None
+    prefix_hit_rate: float | None = None
+
+
+PoolPhase = Literal["Applied", "Recommended", "Unmanaged", "NoNodes", "Failed"]
+
+
+class PoolStatus(_Status):
+    name: str
+    gpu_class: str
+    tensor_parallel: int
+    replicas: int
+    nodes: int = 0
+    phase: PoolPhase
+    message: str = ""
+    deployment: str | None = None
+    plan: PlanStatus | None = None
+    expected: ExpectedStatus | None = None
+    reasons: list[str] = []
+    warnings: list[str] = []
+    vllm_args: list[str] = []
+    plan_hash: str | None = None
+    revision: int = 0
+
+
+class TokenQuantilesStatus(_Status):
+    p50: int
+    p90: int | None = None
+    p95: int
+    p99: int
+    max: int
+
+
+class ProfileStatus(_Status):
+    """The workload profile a plan was made for, and where it came from. The profiling
+    module fills this with ``source: prometheus``; until then it is the declared workload."""
+
+    source: str
+    kind: str | None = None
+    window: str | None = None
+    requests: int | None = None
+    context_tokens: TokenQuantilesStatus | None = None
+    output_tokens: TokenQuantilesStatus | None = None
+    shared_prefix_tokens: int | None = None
+    prefix_hit_rate: float | None = None
+    request_rate_per_second: float | None = None
+    observed_at: str | None = None
+
+
+class InferenceDeploymentStatus(_Status):
+    observed_generation: int | None = None
+    mode: str | None = None
+    conditions: list[Condition] = []
+    profile: ProfileStatus | None = None
+    pools: list[PoolStatus] = []

@@ -1,0 +1,79 @@
+"""Status conditions, as Argo CD and ``kubectl wait`` read them.
+
+A condition's ``lastTransitionTime`` moves only when its ``status`` flips (a new reason or
+message alone does not move it), so "Ready since" stays true. The reason constants below
+are the documented vocabulary; each is CamelCase.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+from kvtune.operator.api import Condition
+
+READY = "Ready"
+PROGRESSING = "Progressing"
+DEGRADED = "Degraded"
+# Set by the profiling module when the Prometheus profile is older than the window allows.
+PROFILE_STALE = "ProfileStale"
+CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, PROFILE_STALE)
+
+# Reasons.
+ALL_POOLS_APPLIED = "AllPoolsApplied"  # Ready=True: every pool's runtime carries its plan
+RECOMMENDED = "Recommended"  # mode=recommend: plans are in status, nothing applied
+TUNING_OFF = "TuningOff"  # mode=off: the runtime is left alone
+POOL_WITHOUT_NODES = "PoolWithoutNodes"  # a pool's GPU class has no nodes (retried)
+ROLLING_OUT = "RollingOut"  # a Deployment has not yet all replicas updated and available
+ROLLED_OUT = "RolledOut"
+INVALID_SPEC = "InvalidSpec"  # a spec field that can never work (names field, value, fix)
+NO_FEASIBLE_PLAN = "NoFeasiblePlan"  # the model does not fit a pool
+UNKNOWN_MODEL = "UnknownModel"
+INVALID_POD_TEMPLATE = "InvalidPodTemplate"  # the user's template renders no valid object
+APPLY_FAILED = "ApplyFailed"
+AS_EXPECTED = "AsExpected"  # Degraded=False
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def set_condition(
+    conditions: Iterable[Condition],
+    type_: str,
+    status: bool | str,
+    reason: str,
+    message: str,
+    *,
+    generation: int | None,
+    now: str | None = None,
+) -> list[Condition]:
+    """``conditions`` with ``type_`` set; its transition time kept unless the status flips.
+
+    ``now`` is injectable so tests (and replays) are deterministic.
+    """
+    text = status if isinstance(status, str) else ("True" if status else "False")
+    out: list[Condition] = []
+    found = False
+    for cond in conditions:
+        if cond.type != type_:
+            out.append(cond)
+            continue
+        found = True
+        moved = cond.status != text
+        out.append(Condition(
+            type=type_, status=text, reason=reason, message=message,  # type: ignore[arg-type]
+            last_transition_time=(now or now_rfc3339()) if moved else cond.last_transition_time,
+            observed_generation=generation,
+        ))
+    if not found:
+        out.append(Condition(
+            type=type_, status=text, reason=reason, message=message,  # type: ignore[arg-type]
+            last_transition_time=now or now_rfc3339(), observed_generation=generation,
+        ))
+    order = {t: i for i, t in enumerate(CONDITION_TYPES)}
+    return sorted(out, key=lambda c: (order.get(c.type, len(order)), c.type))
+
+
+def get_condition(conditions: Iterable[Condition], type_: str) -> Condition | None:
+    return next((c for c in conditions if c.type == type_), None)
