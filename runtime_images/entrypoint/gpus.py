@@ -1,0 +1,139 @@
+"""What the node really has: the visible GPUs as NVML reports them, behind a thin boundary.
+
+``read_gpus()`` is the only function that talks to the driver; everything else takes a list
+of ``GpuInfo`` so the checks run (and are tested) on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str  # NVML product name, e.g. "NVIDIA H100 80GB HBM3"
+    total_bytes: int
+    free_bytes: int
+    compute_capability: tuple[int, int]
+    mig: bool = False
+
+    def describe(self) -> str:
+        major, minor = self.compute_capability
+        return (
+            f"GPU {self.index} '{self.name}' (SM {major}.{minor}, "
+            f"{self.total_bytes / GIB:.1f} GiB total, {self.free_bytes / GIB:.1f} GiB free"
+            f"{', MIG' if self.mig else ''})"
+        )
+
+
+@dataclass(frozen=True)
+class GpuClass:
+    """How a GPU class of the plan shows up in NVML."""
+
+    name: str
+    # Lower-case fragments of the NVML product name, e.g. "h100" matches "NVIDIA H100 80GB HBM3"
+    # and "NVIDIA H100 NVL"; "gh200" must not count as H200, hence the exclusions.
+    name_fragments: tuple[str, ...]
+    excluded_fragments: tuple[str, ...]
+    compute_capability_major: int
+
+
+GPU_CLASSES: dict[str, GpuClass] = {
+    "H100": GpuClass("H100", ("h100",), ("gh100",), 9),
+    "H200": GpuClass("H200", ("h200",), ("gh200",), 9),
+    "B200": GpuClass("B200", ("b200",), ("gb200",), 10),
+}
+
+
+def class_of(gpu: GpuInfo) -> str | None:
+    """The plan's GPU class name this GPU belongs to, or None when it is none of them."""
+    lowered = gpu.name.lower()
+    for cls in GPU_CLASSES.values():
+        if any(f in lowered for f in cls.name_fragments) and not any(
+            f in lowered for f in cls.excluded_fragments
+        ):
+            return cls.name
+    return None
+
+
+def _visible_indices(count: int) -> list[int]:
+    """NVML sees every GPU on the node; the container's runtime says which are ours.
+
+    The NVIDIA container toolkit exposes only the allotted devices, but a pod that sets
+    CUDA_VISIBLE_DEVICES (or a shared node) must still be honoured, as CUDA would.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or visible.strip() == "":
+        return list(range(count))
+    indices: list[int] = []
+    for part in visible.split(","):
+        part = part.strip()
+        if part.isdigit() and int(part) < count:
+            indices.append(int(part))
+    # UUID forms (GPU-…, MIG-…) are resolved by the container toolkit; fall back to all.
+    return indices or list(range(count))
+
+
+def read_gpus(nvml: Any | None = None) -> list[GpuInfo]:
+    """Every visible GPU as NVML reports it. ``nvml`` defaults to ``pynvml``."""
+    if nvml is None:
+        import pynvml as nvml  # imported here: only the real boundary needs the driver
+    nvml.nvmlInit()
+    try:
+        gpus: list[GpuInfo] = []
+        for index in _visible_indices(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            name = nvml.nvmlDeviceGetName(handle)
+            if isinstance(name, bytes):  # older bindings return bytes
+                name = name.decode()
+            major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+            # On a MIG GPU the parent's memory is the whole card; what a process gets is
+            # its MIG instance's, so read the instances.
+            mig_handles = _mig_devices(nvml, handle) if _mig_enabled(nvml, handle) else []
+            for sub in mig_handles or [handle]:
+                sub_name = nvml.nvmlDeviceGetName(sub) if mig_handles else name
+                if isinstance(sub_name, bytes):
+                    sub_name = sub_name.decode()
+                memory = nvml.nvmlDeviceGetMemoryInfo(sub)
+                gpus.append(
+                    GpuInfo(
+                        index=index,
+                        name=str(sub_name),
+                        total_bytes=int(memory.total),
+                        free_bytes=int(memory.free),
+                        compute_capability=(int(major), int(minor)),
+                        mig=bool(mig_handles),
+                    )
+                )
+        return gpus
+    finally:
+        nvml.nvmlShutdown()
+
+
+def _mig_enabled(nvml: Any, handle: Any) -> bool:
+    getter: Callable[[Any], tuple[int, int]] | None = getattr(
+        nvml, "nvmlDeviceGetMigMode", None
+    )
+    if getter is None:
+        return False
+    try:
+        current, _pending = getter(handle)
+    except Exception:  # NVMLError_NotSupported on GPUs without MIG
+        return False
+    return bool(current)
+
+
+def _mig_devices(nvml: Any, handle: Any) -> list[Any]:
+    handles: list[Any] = []
+    for i in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        try:
+            handles.append(nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i))
+        except Exception:  # NVMLError_NotFound: an empty MIG slot
+            continue
+    return handles
