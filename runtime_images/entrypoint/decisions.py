@@ -204,34 +204,77 @@ def decide(
     )
 
 
-# Flags the plan owns: a container arg that sets one would silently override the plan.
-PLAN_OWNED_FLAGS = (
-    "--block-size", "--kv-cache-dtype", "--gpu-memory-utilization", "--kv-cache-memory-bytes",
-    "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--enable-prefix-caching",
-    "--no-enable-prefix-caching", "--kv-offloading-size", "--kv-offloading-backend",
-    "--attention-backend", "--tensor-parallel-size", "-tp",
-)
+# Flags the plan owns, by the knob they set (both prefix-caching spellings are one knob).
+_PLAN_FLAG_KNOB = {
+    "--block-size": "block-size", "--kv-cache-dtype": "kv-cache-dtype",
+    "--gpu-memory-utilization": "memory", "--kv-cache-memory-bytes": "memory",
+    "--max-model-len": "max-model-len", "--max-num-seqs": "max-num-seqs",
+    "--max-num-batched-tokens": "max-num-batched-tokens",
+    "--enable-prefix-caching": "prefix-caching", "--no-enable-prefix-caching": "prefix-caching",
+    "--kv-offloading-size": "kv-offloading-size",
+    "--kv-offloading-backend": "kv-offloading-backend",
+    "--attention-backend": "attention-backend", "--tensor-parallel-size": "tensor-parallel",
+    "-tp": "tensor-parallel",
+}
+_BOOLEAN_FLAGS = {"--enable-prefix-caching", "--no-enable-prefix-caching"}
+
+
+def _joined(args: list[str]) -> list[str]:
+    """``--flag value`` pairs of plan flags as ``--flag=value``, so they compare as one."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in _PLAN_FLAG_KNOB and arg not in _BOOLEAN_FLAGS and i + 1 < len(args):
+            out.append(f"{arg}={args[i + 1]}")
+            i += 2
+            continue
+        out.append(arg)
+        i += 1
+    return out
 
 
 def build_command(
-    plan: RuntimePlan, decision: Decision, extra_args: list[str], vllm_bin: str = "vllm"
+    plan: RuntimePlan, decision: Decision, args: list[str], vllm_bin: str = "vllm"
 ) -> list[str]:
-    """The final ``vllm serve`` command: model, TP, the plan's flags as decided, extra args."""
-    for arg in extra_args:
+    """The final ``vllm serve`` command.
+
+    ``args`` are the container's args: either the operator's full list (model first, then
+    server flags, TP and the plan's flags, as ``kvtune.operator.render.vllm_args`` renders
+    them) or only extra server flags. Plan flags found in ``args`` must equal the plan's
+    (a container arg that disagrees would silently override it); the memory flag is replaced
+    by what this node allows; plan flags missing from ``args`` are added, as is the model.
+    """
+    decided = [
+        f"--tensor-parallel-size={plan.tensor_parallel}",
+        *plan.plan.vllm_args(
+            gpu_memory_utilization=decision.gpu_memory_utilization,
+            kv_cache_memory_bytes=decision.kv_cache_memory_bytes,
+        ),
+    ]
+    decided_by_knob = {_PLAN_FLAG_KNOB[a.split("=", 1)[0]]: a for a in decided}
+    out: list[str] = []
+    for arg in _joined(args):
         flag = arg.split("=", 1)[0]
-        if flag in PLAN_OWNED_FLAGS:
+        knob = _PLAN_FLAG_KNOB.get(flag)
+        if knob is None:
+            out.append(arg)
+            continue
+        if knob == "memory":
+            # The node's decision replaces the operator's assumption, in place.
+            if knob in decided_by_knob:
+                out.append(decided_by_knob.pop(knob))
+            continue
+        want = decided_by_knob.get(knob)
+        if arg.replace("-tp=", "--tensor-parallel-size=", 1) != want:
             raise PlanDoesNotFit(
                 "ArgOverridesPlan",
-                f"container arg {arg!r} sets {flag}, which the kvtune plan owns. Fix: remove it "
-                "from the container args and pin the value in spec.tuning.pin instead.",
+                f"container arg {arg!r} disagrees with the kvtune plan ({want or 'unset'}). "
+                "Fix: remove it from the container args and pin the value in "
+                "spec.tuning.pin instead.",
             )
-    knob_args = plan.plan.vllm_args(
-        gpu_memory_utilization=decision.gpu_memory_utilization,
-        kv_cache_memory_bytes=decision.kv_cache_memory_bytes,
-    )
-    return [
-        vllm_bin, "serve", plan.model_id,
-        f"--tensor-parallel-size={plan.tensor_parallel}",
-        *knob_args,
-        *extra_args,
-    ]
+        out.append(want)
+        del decided_by_knob[knob]
+    if not out or out[0].startswith("-"):
+        out.insert(0, plan.model_id)
+    return [vllm_bin, "serve", *out, *decided_by_knob.values()]

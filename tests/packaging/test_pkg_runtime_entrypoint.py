@@ -192,10 +192,32 @@ def test_command_has_the_plan_flags_and_refuses_overrides() -> None:
     plan = parse_plan(pool.model_dump_json())
     d = decisions.decide(plan, [gpu(H200)])
     cmd = decisions.build_command(plan, d, ["--port=8000", "--served-model-name=bot"])
-    assert cmd[:4] == ["vllm", "serve", pool.model_id, "--tensor-parallel-size=1"]
-    assert cmd[4:-2] == pool.plan.vllm_args()  # same flags as the tuner renders
-    with pytest.raises(decisions.PlanDoesNotFit, match="--max-model-len, which the kvtune plan"):
+    assert cmd[:5] == ["vllm", "serve", pool.model_id, "--port=8000", "--served-model-name=bot"]
+    assert cmd[5:] == ["--tensor-parallel-size=1", *pool.plan.vllm_args()]
+    with pytest.raises(decisions.PlanDoesNotFit, match="'--max-model-len=4096' disagrees"):
         decisions.build_command(plan, d, ["--max-model-len=4096"])
+    with pytest.raises(decisions.PlanDoesNotFit, match="--no-enable-prefix-caching"):
+        decisions.build_command(plan, d, ["--no-enable-prefix-caching"])
+
+
+def test_command_from_the_operators_rendered_args_replaces_only_the_memory_flag() -> None:
+    from kvtune.operator.render import RenderInput, vllm_args
+
+    pool = pool_plan("H200")
+    rendered = vllm_args(RenderInput(name="bot", namespace="llm", pool="h200", pool_plan=pool,
+                                     model_name=pool.model_id, image="i", replicas=1,
+                                     revision=1))
+    plan = parse_plan(pool.model_dump_json())
+    d = decisions.decide(plan, [gpu(H200, free_bytes=100 * GIB)])
+    cmd = decisions.build_command(plan, d, rendered)
+    util_flag = f"--gpu-memory-utilization={d.gpu_memory_utilization:.4g}"
+    assert cmd[2:] == [a if not a.startswith("--gpu-memory-utilization") else util_flag
+                       for a in rendered]
+    assert d.gpu_memory_utilization < 0.92
+    # "--flag value" spelling is understood too.
+    spaced = [pool.model_id, "--max-model-len", "32768", "--block-size", "32"]
+    assert decisions.build_command(plan, d, spaced)[3:5] == [
+        "--max-model-len=32768", "--block-size=32"]
 
 
 @pytest.mark.parametrize("kv_memory", [None, 12 * GIB])
