@@ -252,7 +252,7 @@ def test_entrypoint_execs_vllm_and_reports_to_a_file(tmp_path: Path) -> None:
     rc = run(["--port=8000"], env, [gpu(H200, free_bytes=100 * GIB)],
              exec_fn=lambda f, a: execs.append((f, a)))
     assert rc == 0
-    assert execs and execs[0][0] == "vllm" and execs[0][1][-1] == "--port=8000"
+    assert execs and execs[0][0] == "vllm" and execs[0][1][3] == "--port=8000"
     written = json.loads((tmp_path / "report.json").read_text())
     assert written["started"] is True and written["recomputed"] is True
     assert written["gpuMemoryUtilization"]["planned"] == 0.92
