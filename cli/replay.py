@@ -1,0 +1,64 @@
+"""``kvtune replay``: serve vLLM 0.33.0's metrics from a modelled instance playing a trace."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+
+import click
+from kvtune.e2e.replay_exporter import Replay, ReplayServer, parse_config_overrides
+from kvtune.e2e.replay_instance import InstanceConfig
+
+
+@click.command()
+@click.option("--trace", "trace_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Azure CSV or Mooncake JSONL trace (see shared/data/SOURCES.md).")
+@click.option("--speed", default=1.0, show_default=True, type=float,
+              help="Model seconds per wall second.")
+@click.option("--port", default=8000, show_default=True, type=int,
+              help="Port on 127.0.0.1 (0: any free port).")
+@click.option("--model-name", default="replay-model", show_default=True,
+              help="The model_name label.")
+@click.option("--offset", "offset_seconds", default=0.0, type=float,
+              help="Start this many trace seconds into the trace.")
+@click.option("--config", "config_pairs", multiple=True, metavar="K=V",
+              help="Instance setting, e.g. num_gpu_blocks=60000 block_size=16 "
+                   "max_model_len=131072 enable_prefix_caching=true (repeatable).")
+@click.option("--then", "then", multiple=True, metavar="TRACE@SECONDS",
+              help="Switch to TRACE after SECONDS of wall time (repeatable).")
+def replay(trace_path: str, speed: float, port: int, model_name: str, offset_seconds: float,
+           config_pairs: tuple[str, ...], then: tuple[str, ...]) -> None:
+    """Play TRACE through a model of a vLLM instance and serve /metrics with vLLM's exact
+    metric names, types, labels and buckets. POST /control/trace {"trace": PATH} switches
+    the traffic while running."""
+    try:
+        overrides = parse_config_overrides(config_pairs)
+        config = InstanceConfig(**{"model_name": model_name, **overrides})
+        schedule: list[tuple[float, Path]] = []
+        for item in then:
+            path, sep, secs = item.rpartition("@")
+            if not sep or not path:
+                raise ValueError(f"--then {item!r}: expected TRACE@SECONDS")
+            schedule.append((float(secs), Path(path)))
+        server = ReplayServer(Replay(config, Path(trace_path), speed, offset_seconds), port)
+    except (ValueError, OSError) as exc:
+        raise click.UsageError(str(exc)) from exc
+    server.start()
+    click.echo(f"kvtune replay: {Path(trace_path).name} at {speed:g}x, "
+               f"metrics on http://{server.target}/metrics", err=True)
+    stop = threading.Event()
+    timers = [threading.Timer(secs, server.replay.switch_trace, args=(path,))
+              for secs, path in schedule]
+    for timer in timers:
+        timer.daemon = True
+        timer.start()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for timer in timers:
+            timer.cancel()
+        server.stop()
