@@ -9,13 +9,14 @@ validators (so the operator never trusts an object that bypassed the CRD, e.g. a
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
 
 from kvtune.operator.durations import DURATION_PATTERN, parse_duration
 from kvtune.tuner.policy import KVPrecision
+from kvtune.tuner.weights import WEIGHTS_DTYPES
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
 
 GROUP = "kvtune.io"
 VERSION = "v1alpha1"
@@ -53,9 +54,9 @@ PRECISION_FLOOR_BITS: dict[str, int] = {"bf16": 16, "fp8": 8, "int8": 8, "fp4": 
 
 Mode = Literal["auto", "recommend", "off"]
 WorkloadPreset = Literal["chat", "rag", "agent", "multi-tenant", "long-context"]
-WeightsDtype = Literal["bf16", "fp16", "fp8", "int8", "int4", "nvfp4"]
 KVCacheDtype = Literal[VLLM_KV_CACHE_DTYPES]  # type: ignore[valid-type]
 AttentionBackend = Literal[VLLM_ATTENTION_BACKENDS]  # type: ignore[valid-type]
+WeightsDtype = Literal[WEIGHTS_DTYPES]  # type: ignore[valid-type]
 
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 _CEL = "x-kubernetes-validations"
@@ -92,7 +93,8 @@ class ModelSpec(_Model):
     )
     config: ModelConfigSource | None = None
     weights_dtype: WeightsDtype = Field(
-        default="bf16", description="Dtype of the checkpoint's weights (sizes the weights)."
+        default="auto",
+        description="Dtype of the checkpoint's weights; auto: the model's own (config.json).",
     )
 
 
@@ -138,7 +140,7 @@ class DeclaredTokens(_Model):
     def _monotone(self) -> DeclaredTokens:
         chain = [(n, v) for n, v in (("p50", self.p50), ("p90", self.p90), ("p95", self.p95),
                                      ("p99", self.p99), ("max", self.max)) if v is not None]
-        for (lo_name, lo), (hi_name, hi) in zip(chain, chain[1:], strict=False):
+        for (lo_name, lo), (hi_name, hi) in itertools.pairwise(chain):
             if lo > hi:
                 raise ValueError(f"{lo_name}={lo} exceeds {hi_name}={hi}; quantiles must grow")
         return self

@@ -12,7 +12,6 @@ import copy
 from typing import Any
 
 import yaml
-
 from kvtune.operator import api
 
 _DROP = {"title", "$defs"}

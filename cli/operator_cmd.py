@@ -1,0 +1,66 @@
+"""`kvtune operator`: run the kvtune operator (kopf) in this process."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+
+import click
+
+# Handler modules other parts of kvtune add; each is registered when it is installed.
+OPTIONAL_HANDLER_MODULES = ("kvtune.operator.retune_handlers",)
+
+
+def load_handlers() -> list[str]:
+    """Import the operator's handler modules (registering them with kopf); returns the names."""
+    loaded = ["kvtune.operator.handlers"]
+    importlib.import_module(loaded[0])
+    for name in OPTIONAL_HANDLER_MODULES:
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name)
+            loaded.append(name)
+    return loaded
+
+
+@click.command()
+@click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Kubeconfig file (default: in-cluster service account, else ~/.kube/config).")
+@click.option("--namespace", "-n", "namespaces", multiple=True,
+              help="Namespace(s) to serve (repeatable; default: all namespaces).")
+@click.option("--metrics-port", type=int, default=8080, show_default=True,
+              help="Port of the operator's /metrics (0: off).")
+@click.option("--metrics-address", default="127.0.0.1", show_default=True,
+              help="Address /metrics binds (0.0.0.0 in a pod).")
+@click.option("--standalone", is_flag=True,
+              help="Run without peering (one operator instance, no KopfPeering objects).")
+@click.option("--peering", "peering_name", default=None,
+              help="Peering object name, so only one of several replicas handles objects.")
+@click.option("--liveness", "liveness_endpoint", default=None,
+              help="Liveness endpoint URL, e.g. http://0.0.0.0:8081/healthz.")
+@click.option("--verbose", "-v", is_flag=True)
+def operator(kubeconfig: str | None, namespaces: tuple[str, ...], metrics_port: int,
+             metrics_address: str, standalone: bool, peering_name: str | None,
+             liveness_endpoint: str | None, verbose: bool) -> None:
+    """Run the kvtune operator until interrupted."""
+    import kopf
+    from kvtune.operator import handlers, metrics
+
+    if standalone and peering_name:
+        raise click.UsageError("--standalone and --peering exclude each other; pick one")
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handlers.CONFIG.kubeconfig = kubeconfig
+    handlers.CONFIG.namespaces = namespaces
+    loaded = load_handlers()
+    click.echo(f"kvtune operator: handlers {', '.join(loaded)}; namespaces "
+               f"{', '.join(namespaces) or 'all'}; metrics on {metrics_address}:{metrics_port}",
+               err=True)
+    metrics.serve(metrics_port, metrics_address)
+    kopf.run(
+        standalone=standalone or not peering_name,
+        peering_name=peering_name,
+        namespaces=list(namespaces),
+        clusterwide=not namespaces,
+        liveness_endpoint=liveness_endpoint,
+    )

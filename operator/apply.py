@@ -1,0 +1,211 @@
+"""Talking to the API server: server-side apply of the rendered children, reads, status.
+
+Every write goes through server-side apply under one field manager (``kvtune``), so applying
+the same objects again is a no-op on the server (no new Deployment generation, no rollout)
+and a restarted operator converges without churn. A pool's objects are first applied with
+``dryRun=All``: if the API server refuses any of them (a user's pod template that renders an
+invalid object), nothing of that pool is changed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kvtune.operator import api
+from kvtune.operator.render import FIELD_MANAGER, LABEL_DEPLOYMENT, LABEL_POOL
+
+APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
+
+
+class ApplyError(Exception):
+    """The API server refused an object; the message quotes its kind, name and reason."""
+
+
+@dataclass
+class Kube:
+    """The typed API groups kvtune uses (see docs/rbac.md for the verbs)."""
+
+    api_client: client.ApiClient
+
+    @classmethod
+    def connect(cls, kubeconfig: str | None = None) -> Kube:
+        cfg = client.Configuration()
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        else:
+            try:
+                config.load_incluster_config(client_configuration=cfg)
+            except config.ConfigException:
+                config.load_kube_config(client_configuration=cfg)
+        return cls(client.ApiClient(cfg))
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api_client)
+
+    @property
+    def apps(self) -> client.AppsV1Api:
+        return client.AppsV1Api(self.api_client)
+
+    @property
+    def policy(self) -> client.PolicyV1Api:
+        return client.PolicyV1Api(self.api_client)
+
+    @property
+    def custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api_client)
+
+
+def _json(response: Any) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(response.data or b"{}")
+    return data
+
+
+def _reason(exc: ApiException) -> str:
+    try:
+        body = json.loads(exc.body or "{}")
+        return str(body.get("message") or exc.reason)
+    except (ValueError, TypeError):
+        return str(exc.reason)
+
+
+def list_nodes(kube: Kube) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = _json(kube.core.list_node(_preload_content=False))["items"]
+    return items
+
+
+def read_config_map_key(kube: Kube, namespace: str, name: str, key: str, *, field: str) -> str:
+    """The text under ``key`` of a ConfigMap; errors name the spec field that pointed there."""
+    try:
+        cm = _json(kube.core.read_namespaced_config_map(name, namespace,
+                                                        _preload_content=False))
+    except ApiException as exc:
+        if exc.status == 404:
+            raise LookupError(f"{field}: ConfigMap {namespace}/{name} not found; create it or "
+                              f"fix the name") from exc
+        raise
+    data = cm.get("data") or {}
+    if key not in data:
+        raise LookupError(f"{field}: ConfigMap {namespace}/{name} has no key {key!r} "
+                          f"(keys: {sorted(data)}); set configMapRef.key")
+    return str(data[key])
+
+
+def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta = body["metadata"]
+    return {
+        "apiVersion": f"{api.GROUP}/{api.VERSION}",
+        "kind": api.KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _patcher(kube: Kube, kind: str) -> Callable[..., Any]:
+    patchers: dict[str, Callable[..., Any]] = {
+        "Deployment": kube.apps.patch_namespaced_deployment,
+        "Service": kube.core.patch_namespaced_service,
+        "PodDisruptionBudget": kube.policy.patch_namespaced_pod_disruption_budget,
+    }
+    if kind not in patchers:
+        raise ApplyError(f"kvtune does not apply objects of kind {kind!r}")
+    return patchers[kind]
+
+
+def apply_object(kube: Kube, obj: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+    meta = obj["metadata"]
+    kwargs: dict[str, Any] = {"field_manager": FIELD_MANAGER, "force": True,
+                              "_content_type": APPLY_CONTENT_TYPE, "_preload_content": False}
+    if dry_run:
+        kwargs["dry_run"] = "All"
+    try:
+        return _json(_patcher(kube, obj["kind"])(meta["name"], meta["namespace"], obj, **kwargs))
+    except ApiException as exc:
+        raise ApplyError(f"{obj['kind']} {meta['namespace']}/{meta['name']} was refused by the "
+                         f"API server: {_reason(exc)}") from exc
+
+
+def apply_pool(
+    kube: Kube, objects: list[dict[str, Any]], owner: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """Dry-run every object, then apply them all; returns what the server holds."""
+    owned = []
+    for obj in objects:
+        obj = dict(obj)
+        obj["metadata"] = {**obj["metadata"], "ownerReferences": [owner_reference(owner)]}
+        owned.append(obj)
+    for obj in owned:
+        apply_object(kube, obj, dry_run=True)
+    return [apply_object(kube, obj) for obj in owned]
+
+
+def read_deployment(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        return _json(kube.apps.read_namespaced_deployment(name, namespace,
+                                                          _preload_content=False))
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def rollout_done(deployment: Mapping[str, Any]) -> tuple[bool, str]:
+    """Whether a Deployment runs its current template on every replica, and what is left."""
+    meta, spec = deployment.get("metadata", {}), deployment.get("spec", {})
+    status = deployment.get("status") or {}
+    want = int(spec.get("replicas", 1))
+    if int(status.get("observedGeneration", 0)) < int(meta.get("generation", 0)):
+        return False, "the Deployment controller has not seen the new template yet"
+    updated = int(status.get("updatedReplicas", 0))
+    available = int(status.get("availableReplicas", 0))
+    total = int(status.get("replicas", 0))
+    if updated < want:
+        return False, f"{updated}/{want} replicas updated"
+    if total > updated:
+        return False, f"{total - updated} old replicas pending termination"
+    if available < want:
+        return False, f"{available}/{want} replicas available"
+    return True, f"{want}/{want} replicas updated and available"
+
+
+def prune_pools(kube: Kube, namespace: str, name: str, keep: set[str]) -> list[str]:
+    """Delete the children of pools no longer in the spec; returns the deleted names."""
+    selector = f"{LABEL_DEPLOYMENT}={name}"
+    deleted: list[str] = []
+    listing: list[tuple[Callable[..., Any], Callable[..., Any]]] = [
+        (kube.apps.list_namespaced_deployment, kube.apps.delete_namespaced_deployment),
+        (kube.core.list_namespaced_service, kube.core.delete_namespaced_service),
+        (kube.policy.list_namespaced_pod_disruption_budget,
+         kube.policy.delete_namespaced_pod_disruption_budget),
+    ]
+    for lister, deleter in listing:
+        items = _json(lister(namespace, label_selector=selector, _preload_content=False))
+        for item in items.get("items", []):
+            labels = item["metadata"].get("labels") or {}
+            if labels.get(LABEL_POOL) not in keep:
+                try:
+                    deleter(item["metadata"]["name"], namespace, _preload_content=False)
+                    deleted.append(f"{item.get('kind') or 'object'}/{item['metadata']['name']}")
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+    return deleted
+
+
+def patch_status(kube: Kube, namespace: str, name: str, status: dict[str, Any]) -> None:
+    """A JSON merge patch of the status subresource (lists are replaced whole)."""
+    try:
+        kube.custom.patch_namespaced_custom_object_status(
+            api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"status": status},
+            _content_type="application/merge-patch+json", _preload_content=False,
+        )
+    except ApiException as exc:
+        if exc.status != 404:  # deleted meanwhile: nothing to report on
+            raise

@@ -1,0 +1,432 @@
+"""One reconcile of an InferenceDeployment: plan every pool, apply (mode ``auto``), report.
+
+This is the seam other parts call: the kopf handlers (spec changes, node changes, resume)
+call ``reconcile(body, kube=…)``; the retune timer calls it with the profile it observed
+(``profile=…``, ``profile_window=…``). It knows nothing of kopf: it returns what happened
+(status, events, when to look again) and the caller turns that into kopf's retry policy.
+
+Failure policy: a spec that can never work (bad field, unknown model, a pool that cannot fit
+the model, a template that renders an invalid object) sets ``Degraded`` with a message naming
+the field, the value and the fix, and leaves that pool's running objects as they are.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from kvtune.operator import apply as kapply
+from kvtune.operator import conditions as cond
+from kvtune.operator import pools as gpu_pools
+from kvtune.operator.api import (
+    Condition,
+    ExpectedStatus,
+    InferenceDeploymentSpec,
+    InferenceDeploymentStatus,
+    PlanStatus,
+    PoolSpec,
+    PoolStatus,
+    ProfileStatus,
+)
+from kvtune.operator.render import RenderError, RenderInput, object_name, plan_hash, render_pool
+from kvtune.operator.render import vllm_args as render_vllm_args
+from kvtune.operator.workloads import declared_profile, profile_from_status, profile_status
+from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan, UnknownName
+from kvtune.tuner.plan import PoolPlan
+from kvtune.tuner.policy import SLO, Pins, PlanPolicy
+from kvtune.tuner.workload import WorkloadProfile
+from pydantic import ValidationError
+
+NO_NODES_RETRY_SECONDS = 30.0
+ROLLOUT_RECHECK_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass
+class ReconcileResult:
+    status: dict[str, Any]
+    status_changed: bool
+    events: list[Event] = field(default_factory=list)
+    # Seconds until the caller should reconcile again (a pool without nodes, a rollout in
+    # progress); None when everything is settled.
+    retry_after: float | None = None
+    # Set when the spec can never work as written; retrying will not help until it changes.
+    permanent_error: str | None = None
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = "spec"
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """One line per problem: the field path (as in YAML), the value, and what is wrong."""
+    lines = []
+    for err in exc.errors()[:5]:
+        value = err.get("input")
+        shown = json.dumps(value, default=str)[:80] if not isinstance(value, dict) else "{…}"
+        lines.append(f"{_loc(tuple(err['loc']))}={shown}: {err['msg']}")
+    return "; ".join(lines)
+
+
+def policy_for(spec: InferenceDeploymentSpec) -> PlanPolicy:
+    pin = spec.tuning.pin
+    pins = Pins() if pin is None else Pins(
+        block_size=pin.block_size, kv_cache_dtype=pin.kv_cache_dtype,
+        gpu_memory_utilization=pin.gpu_memory_utilization,
+        kv_cache_memory_bytes=pin.kv_cache_memory_bytes, max_model_len=pin.max_model_len,
+        max_num_seqs=pin.max_num_seqs, max_num_batched_tokens=pin.max_num_batched_tokens,
+        enable_prefix_caching=pin.enable_prefix_caching,
+        kv_offloading_size_gib=pin.kv_offloading_size_gib,
+        attention_backend=pin.attention_backend,
+    )
+    slo = SLO() if spec.slo is None else SLO(
+        ttft_p95_seconds=spec.slo.ttft_p95_seconds(), tpot_p95_seconds=spec.slo.tpot_p95_seconds()
+    )
+    ctx = spec.workload.context_tokens
+    return PlanPolicy(
+        slo=slo,
+        lowest_kv_precision=spec.quality.lowest_kv_precision if spec.quality else "fp8",
+        pins=pins,
+        target_concurrent_sequences=spec.workload.concurrent_sequences,
+        # The spec promises clients its declared max context: never plan below it.
+        min_max_model_len_tokens=ctx.max if ctx is not None else None,
+    )
+
+
+def resolve_model(spec: InferenceDeploymentSpec, namespace: str, kube: kapply.Kube | None) -> Any:
+    """The model's architecture: from its ConfigMap'd config.json, else from the catalog.
+
+    Only catalog ids are looked up (never a path): the model name is user input.
+    """
+    from kvtune.tuner.catalog import get_model, list_models
+    from kvtune.tuner.models import ModelArchitecture
+
+    if spec.model.config is not None:
+        ref = spec.model.config.config_map_ref
+        if kube is None:
+            raise LookupError("spec.model.config: no API access to read the ConfigMap")
+        text = kapply.read_config_map_key(kube, namespace, ref.name, ref.key,
+                                          field="spec.model.config.configMapRef")
+        try:
+            config = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise LookupError(f"spec.model.config.configMapRef: ConfigMap {ref.name} key "
+                              f"{ref.key!r} is not JSON ({exc}); put the model's config.json "
+                              f"there") from exc
+        return ModelArchitecture.from_hf_config(config, spec.model.name,
+                                                source=f"configmap/{ref.name}")
+    known = {m.lower() for m in list_models()} | {m.split("/")[-1].lower() for m in list_models()}
+    if spec.model.name.lower() not in known:
+        raise UnknownName(
+            "spec.model.name", spec.model.name, [],
+            "It is not in kvtune's catalog: set spec.model.config.configMapRef to a ConfigMap "
+            "holding its config.json, or use a catalog id (`kvtune plan --list-models`).",
+        )
+    return get_model(spec.model.name)
+
+
+def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
+                  profile: WorkloadProfile, policy: PlanPolicy) -> PoolPlan:
+    from kvtune.tuner.gpus import get_gpu_class
+    from kvtune.tuner.planning import PlanRequest, plan_pool
+
+    request = PlanRequest(
+        model=model, gpu=get_gpu_class(pool.gpu_class), tensor_parallel=pool.tensor_parallel,
+        weights_dtype=spec.model.weights_dtype, profile=profile, policy=policy,
+        vllm_version=spec.runtime.vllm_version,
+    )
+    result: PoolPlan = plan_pool(request)
+    return result
+
+
+def _plan_status(pool_plan: PoolPlan) -> tuple[PlanStatus, ExpectedStatus, list[str]]:
+    knobs = PlanStatus.model_validate(pool_plan.plan.model_dump())
+    expected = ExpectedStatus.model_validate(pool_plan.expected.model_dump())
+    reasons = [f"{r.knob}={r.choice}: {r.message}" for r in pool_plan.reasons]
+    return knobs, expected, reasons
+
+
+def _dump(status: InferenceDeploymentStatus) -> dict[str, Any]:
+    data: dict[str, Any] = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return data
+
+
+def _previous_status(body: Mapping[str, Any]) -> InferenceDeploymentStatus:
+    raw = dict(body.get("status") or {})
+    try:
+        return InferenceDeploymentStatus.model_validate(raw)
+    except ValidationError:
+        # A status written by an older kvtune: start over rather than fail the reconcile.
+        return InferenceDeploymentStatus()
+
+
+@dataclass
+class _PoolOutcome:
+    status: PoolStatus
+    failure: tuple[str, str] | None = None  # (reason, message)
+    rolling: str | None = None  # what a rollout still waits for
+    no_nodes: bool = False
+
+
+def reconcile(
+    body: Mapping[str, Any],
+    *,
+    kube: kapply.Kube,
+    profile: WorkloadProfile | None = None,
+    profile_window: str | None = None,
+    nodes: list[dict[str, Any]] | None = None,
+    now: str | None = None,
+    write_status: bool = True,
+) -> ReconcileResult:
+    """Plan, apply (``auto``), and write status when it changed. ``profile``: the observed
+    workload to plan for (None: the observed profile kept in status, else the spec's)."""
+    meta = body["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    generation = meta.get("generation")
+    previous = _previous_status(body)
+    events: list[Event] = []
+    conditions: list[Condition] = list(previous.conditions)
+
+    def set_c(type_: str, ok: bool, reason: str, message: str) -> None:
+        nonlocal conditions
+        conditions = cond.set_condition(conditions, type_, ok, reason, message,
+                                        generation=generation, now=now)
+
+    def finish(status: InferenceDeploymentStatus, **kw: Any) -> ReconcileResult:
+        new, old = _dump(status), _dump(previous)
+        changed = new != old
+        if changed and write_status:
+            # Keys that disappeared must be nulled explicitly in a merge patch.
+            patch: dict[str, Any] = {k: None for k in old if k not in new}
+            patch.update(new)
+            kapply.patch_status(kube, namespace, name, patch)
+        return ReconcileResult(status=new, status_changed=changed, events=events, **kw)
+
+    try:
+        spec = InferenceDeploymentSpec.model_validate(body.get("spec") or {})
+        if spec.slo is not None:  # durations are checked here too, not only by the CRD
+            spec.slo.ttft_p95_seconds()
+            spec.slo.tpot_p95_seconds()
+    except (ValidationError, KVTuneError) as exc:
+        message = describe_validation_error(exc) if isinstance(exc, ValidationError) \
+            else str(exc)
+        set_c(cond.DEGRADED, True, cond.INVALID_SPEC, message)
+        set_c(cond.READY, False, cond.INVALID_SPEC, "the spec is invalid; running objects are "
+              "left as they are")
+        set_c(cond.PROGRESSING, False, cond.INVALID_SPEC, "waiting for a valid spec")
+        if previous.observed_generation != generation or not any(
+                c.type == cond.DEGRADED and c.status == "True" for c in previous.conditions):
+            events.append(Event("Warning", cond.INVALID_SPEC, message))
+        status = previous.model_copy(update={"observed_generation": generation,
+                                             "conditions": conditions})
+        return finish(status, permanent_error=message)
+
+    mode = spec.tuning.mode
+    if mode == "off":
+        set_c(cond.READY, True, cond.TUNING_OFF, "tuning is off: kvtune leaves the runtime as "
+              "it is")
+        set_c(cond.PROGRESSING, False, cond.TUNING_OFF, "nothing to roll out")
+        set_c(cond.DEGRADED, False, cond.AS_EXPECTED, "")
+        pools_off = [p.model_copy(update={"phase": "Unmanaged", "message": "tuning.mode=off"})
+                     for p in previous.pools]
+        status = previous.model_copy(update={"observed_generation": generation, "mode": mode,
+                                             "conditions": conditions, "pools": pools_off})
+        return finish(status)
+
+    # The model and the workload are shared by all pools.
+    try:
+        model = resolve_model(spec, namespace, kube)
+    except (KVTuneError, LookupError) as exc:
+        reason = cond.UNKNOWN_MODEL if isinstance(exc, UnknownName) else cond.INVALID_SPEC
+        set_c(cond.DEGRADED, True, reason, str(exc))
+        set_c(cond.READY, False, reason, "no plan without a model; running objects are left "
+              "as they are")
+        set_c(cond.PROGRESSING, False, reason, "waiting for a valid model")
+        events.append(Event("Warning", reason, str(exc)))
+        status = previous.model_copy(update={"observed_generation": generation, "mode": mode,
+                                             "conditions": conditions})
+        # A missing ConfigMap may appear later: retry; an unknown catalog id will not.
+        if isinstance(exc, LookupError):
+            return finish(status, retry_after=NO_NODES_RETRY_SECONDS)
+        return finish(status, permanent_error=str(exc))
+
+    if profile is not None:
+        used_profile = profile
+        used_profile_status = profile_status(profile, window=profile_window, observed_at=now)
+    else:
+        used_profile = profile_from_status(previous.profile, declared_profile(spec.workload))
+        used_profile_status = previous.profile if used_profile.source == "prometheus" \
+            else profile_status(used_profile)
+    policy = policy_for(spec)
+    discovered = gpu_pools.discover_pools(nodes if nodes is not None
+                                          else kapply.list_nodes(kube))
+    prev_pools = {p.name: p for p in previous.pools}
+    outcomes = [
+        _reconcile_pool(spec, i, pool, model, used_profile, policy, discovered,
+                        prev_pools.get(pool.pool_name), body, kube, events)
+        for i, pool in enumerate(spec.pools)
+    ]
+    if mode == "auto":
+        for deleted in kapply.prune_pools(kube, namespace, name,
+                                          {p.pool_name for p in spec.pools}):
+            events.append(Event("Normal", "PoolRemoved", f"deleted {deleted}: its pool is no "
+                                "longer in the spec"))
+
+    failures = [o.failure for o in outcomes if o.failure]
+    rolling = [f"{o.status.name}: {o.rolling}" for o in outcomes if o.rolling]
+    waiting = [o.status.name for o in outcomes if o.no_nodes]
+    if failures:
+        set_c(cond.DEGRADED, True, failures[0][0], " | ".join(m for _, m in failures))
+    else:
+        set_c(cond.DEGRADED, False, cond.AS_EXPECTED, "")
+    if rolling:
+        set_c(cond.PROGRESSING, True, cond.ROLLING_OUT, "; ".join(rolling))
+    else:
+        set_c(cond.PROGRESSING, False, cond.ROLLED_OUT if mode == "auto" else cond.RECOMMENDED,
+              "every pool runs its current plan" if mode == "auto"
+              else "plans are in status; nothing is applied (tuning.mode=recommend)")
+    if failures:
+        set_c(cond.READY, False, failures[0][0], failures[0][1])
+    elif waiting:
+        set_c(cond.READY, False, cond.POOL_WITHOUT_NODES,
+              f"no schedulable nodes of the GPU class for pool(s) {', '.join(waiting)}; "
+              f"retrying every {NO_NODES_RETRY_SECONDS:.0f}s")
+    elif rolling:
+        set_c(cond.READY, False, cond.ROLLING_OUT, "; ".join(rolling))
+    elif mode == "recommend":
+        set_c(cond.READY, True, cond.RECOMMENDED,
+              f"{len(outcomes)} pool plan(s) recommended in status; nothing applied")
+    else:
+        set_c(cond.READY, True, cond.ALL_POOLS_APPLIED,
+              f"{len(outcomes)} pool(s) run their plan")
+
+    status = InferenceDeploymentStatus(
+        observed_generation=generation, mode=mode, conditions=conditions,
+        profile=used_profile_status, pools=[o.status for o in outcomes],
+    )
+    retry = None
+    if waiting:
+        retry = NO_NODES_RETRY_SECONDS
+    elif rolling:
+        retry = ROLLOUT_RECHECK_SECONDS
+    return finish(status, retry_after=retry)
+
+
+def _reconcile_pool(
+    spec: InferenceDeploymentSpec, index: int, pool: PoolSpec, model: Any,
+    profile: WorkloadProfile, policy: PlanPolicy, discovered: Mapping[str, gpu_pools.GPUPool],
+    prev: PoolStatus | None, body: Mapping[str, Any], kube: kapply.Kube, events: list[Event],
+) -> _PoolOutcome:
+    meta = body["metadata"]
+    field_ = f"spec.pools[{index}]"
+    base = PoolStatus(
+        name=pool.pool_name, gpu_class=pool.gpu_class, tensor_parallel=pool.tensor_parallel,
+        replicas=pool.replicas, phase="Failed",
+        deployment=object_name(meta["name"], pool.pool_name),
+        # A failing pool keeps showing what it runs now.
+        plan=prev.plan if prev else None, expected=prev.expected if prev else None,
+        reasons=list(prev.reasons) if prev else [], vllm_args=list(prev.vllm_args) if prev
+        else [], plan_hash=prev.plan_hash if prev else None, revision=prev.revision if prev
+        else 0,
+    )
+
+    def failed(reason: str, message: str) -> _PoolOutcome:
+        return _PoolOutcome(base.model_copy(update={"phase": "Failed", "message": message}),
+                            failure=(reason, message))
+
+    try:
+        pool_plan = plan_one_pool(spec, pool, model, profile, policy)
+    except UnknownName as exc:
+        return failed(cond.INVALID_SPEC, f"{field_}.gpuClass: {exc}")
+    except NoFeasiblePlan as exc:
+        return failed(cond.NO_FEASIBLE_PLAN, f"{field_} ({pool.gpu_class}, "
+                      f"tensorParallel={pool.tensor_parallel}): {exc}")
+    except KVTuneError as exc:
+        return failed(cond.INVALID_SPEC, f"{field_} ({pool.gpu_class}): {exc}")
+
+    gpu_class = pool_plan.gpu_class
+    knobs, expected, reasons = _plan_status(pool_plan)
+    hash_ = plan_hash(pool_plan, spec.runtime.image)
+    revision = base.revision if base.plan_hash == hash_ else base.revision + 1
+    inp = RenderInput(
+        name=meta["name"], namespace=meta["namespace"], pool=pool.pool_name,
+        pool_plan=pool_plan, model_name=spec.model.name, image=spec.runtime.image,
+        replicas=pool.replicas, revision=revision,
+        node_selector=dict(pool.node_selector or {}),
+        tolerations=[t.model_dump(by_alias=True, exclude_none=True)
+                     for t in pool.tolerations or []],
+    )
+    planned = base.model_copy(update={
+        "gpu_class": gpu_class, "plan": knobs, "expected": expected, "reasons": reasons,
+        "warnings": list(pool_plan.warnings), "vllm_args": render_vllm_args(inp),
+        "plan_hash": hash_, "revision": revision, "message": "",
+    })
+    if base.plan_hash != hash_:
+        events.append(Event("Normal", "PlanChanged", f"pool {pool.pool_name} ({gpu_class}) "
+                            f"plan revision {revision}: {' '.join(pool_plan.plan.vllm_args())}"))
+
+    nodes = discovered.get(gpu_class.upper())
+    node_count = len(nodes.schedulable_nodes) if nodes else 0
+    planned = planned.model_copy(update={"nodes": node_count})
+    if spec.tuning.mode == "recommend":
+        return _PoolOutcome(planned.model_copy(update={
+            "phase": "Recommended", "message": "tuning.mode=recommend: not applied"}))
+    if nodes is None or node_count == 0 or nodes.node_affinity() is None:
+        return _PoolOutcome(planned.model_copy(update={
+            "phase": "NoNodes",
+            "message": f"no schedulable node is labelled as a {gpu_class} GPU; label the "
+                       f"nodes (e.g. nvidia.com/gpu.product) or add nodes to the pool"}),
+            no_nodes=True)
+    if nodes.max_gpus_per_node and nodes.max_gpus_per_node < pool.tensor_parallel:
+        return failed(cond.INVALID_SPEC, f"{field_}.tensorParallel={pool.tensor_parallel}: "
+                      f"{gpu_class} nodes have at most {nodes.max_gpus_per_node} GPUs; lower "
+                      f"tensorParallel or add larger nodes")
+
+    template = None
+    if spec.runtime.pod_template is not None:
+        ref = spec.runtime.pod_template.config_map_ref
+        try:
+            template = kapply.read_config_map_key(kube, meta["namespace"], ref.name, ref.key,
+                                                  field="spec.runtime.podTemplate.configMapRef")
+        except LookupError as exc:
+            return failed(cond.INVALID_POD_TEMPLATE, str(exc))
+    inp = RenderInput(**{**inp.__dict__, "affinity": nodes.node_affinity(),
+                         "pod_template": template})
+    try:
+        objects = render_pool(inp)
+        applied = kapply.apply_pool(kube, objects, body)
+    except RenderError as exc:
+        return failed(cond.INVALID_POD_TEMPLATE, f"pool {pool.pool_name}: {exc}; nothing was "
+                      f"changed")
+    except kapply.ApplyError as exc:
+        return failed(cond.APPLY_FAILED, f"pool {pool.pool_name}: {exc}; nothing was changed")
+
+    deployment = next(o for o in applied if o.get("kind") == "Deployment")
+    if base.plan_hash != hash_:
+        deployment_name = object_name(inp.name, pool.pool_name)
+        events.append(Event("Normal", "RolloutStarted", f"Deployment {deployment_name} rolls "
+                            f"out plan revision {revision}"))
+    done, progress = kapply.rollout_done(deployment)
+    return _PoolOutcome(
+        planned.model_copy(update={"phase": "Applied", "message": progress}),
+        rolling=None if done else progress,
+    )
+
+
+def status_of(body: Mapping[str, Any]) -> InferenceDeploymentStatus:
+    return _previous_status(body)
+
+
+def stored_profile(body: Mapping[str, Any]) -> ProfileStatus | None:
+    return _previous_status(body).profile

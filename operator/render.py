@@ -1,0 +1,211 @@
+"""Render the Kubernetes objects of one pool: Deployment, Service, PodDisruptionBudget.
+
+Pure: a ``RenderInput`` in, plain dicts out. Templates are Jinja2 in a sandbox with
+``StrictUndefined`` (a misspelt variable is an error, not an empty string), so a user's pod
+template (from a ConfigMap) can read the plan but cannot reach Python. A template that yields
+something that is not a pod template raises ``RenderError`` naming what is wrong; the caller
+reports it in status and applies nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import jinja2
+import yaml
+from jinja2.sandbox import SandboxedEnvironment
+from kvtune.tuner.plan import PoolPlan
+
+FIELD_MANAGER = "kvtune"
+LABEL_DEPLOYMENT = "kvtune.io/deployment"
+LABEL_POOL = "kvtune.io/pool"
+LABEL_PLAN_REVISION = "kvtune.io/plan-revision"
+LABEL_GPU_CLASS = "kvtune.io/gpu-class"
+LABEL_METRICS = "kvtune.io/metrics"  # on Services whose pods serve vLLM's /metrics
+ANNOTATION_PLAN_HASH = "kvtune.io/plan-hash"
+PLAN_ENV = "KVTUNE_PLAN"
+VLLM_PORT = 8000
+DEFAULT_COMMAND = ("vllm", "serve")
+_MAX_NAME = 63  # Service names are DNS-1035 labels
+
+
+class RenderError(Exception):
+    """A template produced no valid object; the message says which template and why."""
+
+
+@dataclass(frozen=True)
+class RenderInput:
+    name: str  # the InferenceDeployment's name
+    namespace: str
+    pool: str  # pool name (DNS label)
+    pool_plan: PoolPlan
+    model_name: str
+    image: str
+    replicas: int
+    revision: int
+    affinity: dict[str, Any] | None = None
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    command: tuple[str, ...] = DEFAULT_COMMAND
+    pod_template: str | None = None  # the user's Jinja2 pod template, if any
+
+
+def object_name(name: str, pool: str) -> str:
+    """``<name>-<pool>``, cut to 63 characters with a hash suffix so it stays unique."""
+    full = f"{name}-{pool}"
+    if len(full) <= _MAX_NAME:
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:8]
+    return f"{full[: _MAX_NAME - 9].rstrip('-')}-{digest}"
+
+
+def plan_hash(pool_plan: PoolPlan, image: str) -> str:
+    """Identity of what the pods run: the knobs, TP, model, version and image. Reasons and
+    expected figures are left out on purpose: rewording a reason must not restart pods."""
+    payload = {
+        "plan": pool_plan.plan.model_dump(mode="json"),
+        "model": pool_plan.model_id,
+        "tp": pool_plan.tensor_parallel,
+        "vllm": pool_plan.vllm_version,
+        "gpu": pool_plan.gpu_class,
+        "image": image,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def plan_env_json(pool_plan: PoolPlan, *, plan_hash_: str, revision: int) -> str:
+    """What the runtime entrypoint reads from KVTUNE_PLAN: the plan without its reasons."""
+    data = pool_plan.model_dump(mode="json", exclude={"reasons", "warnings"})
+    data["plan_hash"] = plan_hash_
+    data["revision"] = revision
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+def vllm_args(inp: RenderInput) -> list[str]:
+    """The full argument list after ``vllm serve``: model, server, TP, then the plan."""
+    return [
+        inp.model_name,
+        "--host=0.0.0.0",
+        f"--port={VLLM_PORT}",
+        f"--served-model-name={inp.model_name}",
+        f"--tensor-parallel-size={inp.pool_plan.tensor_parallel}",
+        *inp.pool_plan.plan.vllm_args(),
+    ]
+
+
+def _environment() -> SandboxedEnvironment:
+    return SandboxedEnvironment(
+        undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True
+    )
+
+
+def _template_text(name: str) -> str:
+    return resources.files("kvtune.operator").joinpath("templates", name).read_text()
+
+
+def _render_yaml(source: str, where: str, context: dict[str, Any]) -> Any:
+    try:
+        text = _environment().from_string(source).render(**context)
+    except jinja2.TemplateError as exc:
+        raise RenderError(f"{where}: template error: {exc}") from exc
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RenderError(f"{where}: rendered text is not valid YAML: {exc}") from exc
+
+
+def _check_pod_template(obj: Any, where: str) -> dict[str, Any]:
+    """The shape checks the API server would otherwise fail the whole apply on."""
+    if not isinstance(obj, dict):
+        raise RenderError(f"{where}: must render a mapping (a pod template), got "
+                          f"{type(obj).__name__}")
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        raise RenderError(f"{where}: has no 'spec' mapping; a pod template is "
+                          f"{{metadata: …, spec: {{containers: […]}}}}")
+    containers = spec.get("containers")
+    if not isinstance(containers, list) or not containers:
+        raise RenderError(f"{where}: spec.containers must be a non-empty list")
+    for i, container in enumerate(containers):
+        if not isinstance(container, dict) or not container.get("name") \
+                or not container.get("image"):
+            raise RenderError(f"{where}: spec.containers[{i}] needs a 'name' and an 'image'")
+    unknown = set(obj) - {"metadata", "spec"}
+    if unknown:
+        raise RenderError(f"{where}: unexpected top-level keys {sorted(unknown)}; a pod "
+                          f"template has only 'metadata' and 'spec'")
+    return obj
+
+
+def render_pool(inp: RenderInput) -> list[dict[str, Any]]:
+    """Deployment, Service and PodDisruptionBudget of one pool, in apply order."""
+    name = object_name(inp.name, inp.pool)
+    hash_ = plan_hash(inp.pool_plan, inp.image)
+    selector = {LABEL_DEPLOYMENT: inp.name, LABEL_POOL: inp.pool}
+    labels = {
+        "app.kubernetes.io/name": "vllm",
+        "app.kubernetes.io/instance": inp.name,
+        "app.kubernetes.io/managed-by": "kvtune",
+        **selector,
+        LABEL_GPU_CLASS: inp.pool_plan.gpu_class,
+        LABEL_PLAN_REVISION: str(inp.revision),
+    }
+    scrape = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(VLLM_PORT),
+        "prometheus.io/path": "/metrics",
+    }
+    # Every GPU pod tolerates the usual GPU taint; the pool's own tolerations come after.
+    tolerations = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                   *inp.tolerations]
+    context: dict[str, Any] = {
+        "name": name,
+        "namespace": inp.namespace,
+        "pool": inp.pool,
+        "gpu_class": inp.pool_plan.gpu_class,
+        "model": inp.model_name,
+        "image": inp.image,
+        "command": list(inp.command),
+        "args": vllm_args(inp),
+        "plan_args": inp.pool_plan.plan.vllm_args(),
+        "plan": inp.pool_plan.plan.model_dump(mode="json"),
+        "tensor_parallel": inp.pool_plan.tensor_parallel,
+        "gpus": inp.pool_plan.tensor_parallel,
+        "port": VLLM_PORT,
+        "plan_json": plan_env_json(inp.pool_plan, plan_hash_=hash_, revision=inp.revision),
+        "plan_hash": hash_,
+        "revision": inp.revision,
+        "replicas": inp.replicas,
+        "labels": labels,
+        "selector": selector,
+        "pod_labels": labels,
+        "pod_annotations": {**scrape, ANNOTATION_PLAN_HASH: hash_},
+        "scrape_annotations": scrape,
+        "service_labels": {**labels, LABEL_METRICS: "true"},
+        "node_selector": dict(inp.node_selector),
+        "affinity": inp.affinity,
+        "tolerations": tolerations,
+    }
+    if inp.pod_template is not None:
+        pod_where = "spec.runtime.podTemplate (ConfigMap template)"
+        pod = _check_pod_template(_render_yaml(inp.pod_template, pod_where, context), pod_where)
+        # The selector's labels must be on the pods whatever the user's template says,
+        # or the Deployment is refused; the plan hash too, so a plan change rolls out.
+        meta = pod.setdefault("metadata", {}) or {}
+        pod["metadata"] = meta
+        meta["labels"] = {**(meta.get("labels") or {}), **selector,
+                          LABEL_PLAN_REVISION: str(inp.revision)}
+        meta["annotations"] = {**(meta.get("annotations") or {}), ANNOTATION_PLAN_HASH: hash_}
+    else:
+        pod = _check_pod_template(
+            _render_yaml(_template_text("pod.yaml.j2"), "pod.yaml.j2", context), "pod.yaml.j2")
+    context["pod_template"] = pod
+    objects = [
+        _render_yaml(_template_text(t), t, context)
+        for t in ("deployment.yaml.j2", "service.yaml.j2", "pdb.yaml.j2")
+    ]
+    return objects

@@ -1,0 +1,96 @@
+"""The workload a plan is made for, from the spec (declared) or from status (observed).
+
+The declared workload is a preset refined by whatever quantiles the spec gives; a quantile the
+spec leaves out comes from the preset, raised where needed so the chain never decreases.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvtune.operator.api import DeclaredTokens, ProfileStatus, TokenQuantilesStatus, WorkloadSpec
+from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
+
+_ORDER = ("p50", "p90", "p95", "p99", "max")
+
+
+def merge_quantiles(base: TokenQuantiles, declared: DeclaredTokens | None) -> TokenQuantiles:
+    """``base`` with the declared quantiles put in; the preset's own quantiles are raised or
+    lowered to fit between the declared ones, so the chain never decreases."""
+    values: dict[str, int | None] = base.model_dump()
+    fixed = {k for k in _ORDER if declared is not None and getattr(declared, k) is not None}
+    for key in fixed:
+        values[key] = getattr(declared, key)
+    floor = 0
+    for key in _ORDER:
+        value = values[key]
+        if value is not None:
+            values[key] = value if key in fixed else max(value, floor)
+            floor = values[key] or 0
+    ceiling: int | None = None
+    for key in reversed(_ORDER):
+        value = values[key]
+        if value is not None:
+            if key not in fixed and ceiling is not None:
+                values[key] = min(value, ceiling)
+            ceiling = values[key]
+    return TokenQuantiles.model_validate(values)
+
+
+def declared_profile(workload: WorkloadSpec) -> WorkloadProfile:
+    from kvtune.tuner.presets import preset_profile
+
+    hint = None
+    if workload.context_tokens is not None:
+        hint = workload.context_tokens.max or workload.context_tokens.p99 or \
+            workload.context_tokens.p95 or workload.context_tokens.p50
+    base = preset_profile(workload.profile, hint)
+    update: dict[str, Any] = {
+        "source": "declared",
+        "kind": workload.profile,
+        "context_tokens": merge_quantiles(base.context_tokens, workload.context_tokens),
+        "output_tokens": merge_quantiles(base.output_tokens, workload.output_tokens),
+    }
+    if workload.shared_prefix_tokens is not None:
+        update["shared_prefix_tokens"] = workload.shared_prefix_tokens
+    if workload.multi_turn is not None:
+        update["multi_turn"] = workload.multi_turn
+    return WorkloadProfile.model_validate({**base.model_dump(), **update})
+
+
+def _quantiles_status(q: TokenQuantiles) -> TokenQuantilesStatus:
+    return TokenQuantilesStatus(p50=q.p50, p90=q.p90, p95=q.p95, p99=q.p99, max=q.max)
+
+
+def profile_status(profile: WorkloadProfile, *, window: str | None = None,
+                   observed_at: str | None = None) -> ProfileStatus:
+    return ProfileStatus(
+        source=profile.source,
+        kind=profile.kind,
+        window=window,
+        requests=profile.requests,
+        context_tokens=_quantiles_status(profile.context_tokens),
+        output_tokens=_quantiles_status(profile.output_tokens),
+        shared_prefix_tokens=profile.shared_prefix_tokens,
+        prefix_hit_rate=profile.prefix_hit_rate,
+        request_rate_per_second=profile.request_rate_per_second,
+        observed_at=observed_at,
+    )
+
+
+def profile_from_status(status: ProfileStatus | None, base: WorkloadProfile) -> WorkloadProfile:
+    """The observed profile kept in status (so a spec edit does not forget what Prometheus
+    showed), or ``base`` when status holds no complete observed profile."""
+    if status is None or status.source != "prometheus" or status.context_tokens is None \
+            or status.output_tokens is None:
+        return base
+    return base.model_copy(update={
+        "source": "prometheus",
+        "context_tokens": TokenQuantiles.model_validate(status.context_tokens.model_dump()),
+        "output_tokens": TokenQuantiles.model_validate(status.output_tokens.model_dump()),
+        "shared_prefix_tokens": status.shared_prefix_tokens
+        if status.shared_prefix_tokens is not None else base.shared_prefix_tokens,
+        "prefix_hit_rate": status.prefix_hit_rate,
+        "request_rate_per_second": status.request_rate_per_second,
+        "requests": status.requests,
+    })
