@@ -1,0 +1,73 @@
+{{/*
+The operator's permissions, one concern per block, exactly what it calls (docs/rbac.md).
+Namespaced rules go into a ClusterRole in cluster mode and into a Role per watched namespace
+in namespaced mode; the cluster-scoped reads (Nodes, CRDs) always need a ClusterRole.
+*/}}
+
+{{/* InferenceDeployments: read and watch them, patch metadata (kopf's finalizer and
+progress annotations); status is its own rule so it can be audited and granted apart. */}}
+{{- define "kvtune.rules.inferencedeployments" -}}
+- apiGroups: [kvtune.io]
+  resources: [inferencedeployments]
+  verbs: [get, list, watch, patch]
+- apiGroups: [kvtune.io]
+  resources: [inferencedeployments/status]
+  verbs: [get, patch, update]
+{{- end -}}
+
+{{/* What the operator renders per pool and server-side applies (patch), and removes when a
+pool leaves the spec. */}}
+{{- define "kvtune.rules.rendered" -}}
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, list, watch, create, patch, delete]
+{{- end -}}
+
+{{/* Model configs (config.json) and pod templates referenced from the spec: read only.
+Pods: read the runtime entrypoint's report annotation (kvtune.io/runtime-report). */}}
+{{- define "kvtune.rules.reads" -}}
+- apiGroups: [""]
+  resources: [configmaps, pods]
+  verbs: [get, list, watch]
+{{- end -}}
+
+{{/* kopf posts a Kubernetes Event per handler outcome. */}}
+{{- define "kvtune.rules.events" -}}
+- apiGroups: ["", events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+{{- end -}}
+
+{{/* GPU pool discovery reads Node labels (nvidia.com/gpu.product …); kopf observes CRDs to
+notice when the InferenceDeployment CRD appears or changes. */}}
+{{- define "kvtune.rules.cluster" -}}
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [get, list, watch]
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [list, watch]
+{{- end -}}
+
+{{/* kopf peering: list/watch the peering kind, patch only this release's peering object. */}}
+{{- define "kvtune.rules.peering" -}}
+{{- $resource := ternary "kopfpeerings" "clusterkopfpeerings" .Values.operator.namespaced -}}
+- apiGroups: [kopf.dev]
+  resources: [{{ $resource }}]
+  verbs: [list, watch]
+- apiGroups: [kopf.dev]
+  resources: [{{ $resource }}]
+  resourceNames: [{{ include "kvtune.peeringName" . }}]
+  verbs: [get, patch]
+{{- end -}}
+
+{{/* The namespaces the namespaced rules are granted in (namespaced mode). */}}
+{{- define "kvtune.rbacNamespaces" -}}
+{{- include "kvtune.watchNamespaces" . -}}
+{{- end -}}
