@@ -1,0 +1,311 @@
+"""What the traffic really is: PromQL over vLLM's own metrics in a window -> WorkloadProfile.
+
+Two halves: ``query_window`` (the edge: instant queries through prometheus-api-client) reads
+a ``RawWindow`` of plain numbers; ``build_profile`` (pure) turns it into a ``ProfileResult``:
+the ``WorkloadProfile`` the planner takes (``source="prometheus"``), the observed figures
+around it, and whether it can be trusted. A window with fewer than ``min_requests`` finished
+requests is not trusted: the caller keeps the declared workload and says so in status.
+
+Context length is vLLM's ``vllm:request_prompt_tokens`` (the prompt, what the KV cache holds
+before the first output token); output is ``vllm:request_generation_tokens``. Both have coarse
+1-2-5 buckets, so every quantile comes with the bucket it lies in (``operator/histograms.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+
+from kvtune.operator import histograms
+from kvtune.operator import vllm_metrics as vm
+from kvtune.operator.histograms import QuantileEstimate
+from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
+from pydantic import BaseModel, ConfigDict, Field
+
+QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99)
+
+Buckets = list[tuple[float, float]]
+
+
+class PrometheusUnavailable(Exception):
+    """Prometheus could not be reached or a query failed; the message says which and why."""
+
+
+class ProfilingSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    window_seconds: float = Field(gt=0)
+    # Fewer finished requests than this in the window: the profile is not trusted.
+    min_requests: int = Field(default=200, ge=1)
+    # Label matchers selecting the deployment's series, e.g. {"model_name": "llama"}.
+    selector: dict[str, str] = Field(default_factory=dict)
+    # The running max_model_len: values in the +Inf bucket are at most this.
+    max_model_len_tokens: int | None = Field(default=None, gt=0)
+    query_timeout_seconds: float = Field(default=10.0, gt=0)
+
+
+class RawWindow(BaseModel):
+    """The numbers one window of PromQL returns; NaN/None where there was no data."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    window_seconds: float
+    at_unix_seconds: float
+    requests: float
+    prompt_buckets: Buckets
+    output_buckets: Buckets
+    ttft_buckets: Buckets
+    tpot_buckets: Buckets
+    prefix_cache_queries: float
+    prefix_cache_hits: float
+    kv_cache_usage_mean: float | None
+    kv_cache_usage_max: float | None
+    preemptions: float
+    waiting_mean: float | None
+    num_gpu_blocks: tuple[int, ...] = ()
+    block_size: int | None = None
+
+
+class LatencyQuantiles(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    p50_seconds: float | None = None
+    p95_seconds: float | None = None
+    p99_seconds: float | None = None
+
+
+class ObservedFigures(BaseModel):
+    """Everything the window showed, for status and for comparing with the plan."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    window_seconds: float
+    at_unix_seconds: float
+    requests: int
+    request_rate_per_second: float
+    prefix_hit_rate: float | None
+    kv_cache_usage_mean: float | None
+    kv_cache_usage_max: float | None
+    preemptions_per_second: float
+    waiting_mean: float | None
+    ttft: LatencyQuantiles
+    tpot: LatencyQuantiles
+    num_gpu_blocks: tuple[int, ...] = ()
+    block_size: int | None = None
+    context_quantiles: tuple[QuantileEstimate, ...] = ()
+    output_quantiles: tuple[QuantileEstimate, ...] = ()
+
+
+class ProfileResult(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    trusted: bool
+    reason: str  # CamelCase: "Observed", "TooFewRequests", "NoData"
+    message: str
+    profile: WorkloadProfile | None
+    observed: ObservedFigures
+
+
+def _quantiles(buckets: Buckets, cap: float | None) -> tuple[QuantileEstimate, ...]:
+    return tuple(histograms.estimate_quantile(q, buckets, cap) for q in QUANTILES)
+
+
+def _latency(buckets: Buckets) -> LatencyQuantiles:
+    if not buckets or histograms.total_count(buckets) <= 0:
+        return LatencyQuantiles()
+    est = {q: histograms.estimate_quantile(q, buckets).estimate for q in (0.5, 0.95, 0.99)}
+    return LatencyQuantiles(p50_seconds=est[0.5], p95_seconds=est[0.95], p99_seconds=est[0.99])
+
+
+def _token_quantiles(est: tuple[QuantileEstimate, ...], max_tokens: float) -> TokenQuantiles:
+    by_q = {e.q: max(0, round(e.estimate)) for e in est}
+    top = max(by_q.values())
+    return TokenQuantiles(p50=by_q[0.5], p90=by_q[0.9], p95=by_q[0.95], p99=by_q[0.99],
+                          max=max(top, round(max_tokens)) if math.isfinite(max_tokens) else top)
+
+
+def _describe(name: str, est: tuple[QuantileEstimate, ...]) -> str:
+    parts = []
+    for e in est:
+        upper = "inf" if math.isinf(e.upper) else f"{e.upper:.0f}"
+        parts.append(f"p{round(e.q * 100)}~{e.estimate:.0f} in [{e.lower:.0f}, {upper}] "
+                     f"(histogram_quantile {e.histogram_quantile:.0f})")
+    return f"{name}: " + ", ".join(parts)
+
+
+def build_profile(raw: RawWindow, settings: ProfilingSettings) -> ProfileResult:
+    """The pure half: a RawWindow -> trusted profile or a reason why not."""
+    cap = float(settings.max_model_len_tokens) if settings.max_model_len_tokens else None
+    requests = max(0, round(raw.requests))
+    hit_rate = (raw.prefix_cache_hits / raw.prefix_cache_queries
+                if raw.prefix_cache_queries > 0 else None)
+    have_lengths = (bool(raw.prompt_buckets) and histograms.total_count(raw.prompt_buckets) > 0
+                    and bool(raw.output_buckets)
+                    and histograms.total_count(raw.output_buckets) > 0)
+    ctx = _quantiles(raw.prompt_buckets, cap) if have_lengths else ()
+    out = _quantiles(raw.output_buckets, cap) if have_lengths else ()
+    observed = ObservedFigures(
+        window_seconds=raw.window_seconds, at_unix_seconds=raw.at_unix_seconds,
+        requests=requests, request_rate_per_second=raw.requests / raw.window_seconds,
+        prefix_hit_rate=None if hit_rate is None else min(1.0, max(0.0, hit_rate)),
+        kv_cache_usage_mean=raw.kv_cache_usage_mean, kv_cache_usage_max=raw.kv_cache_usage_max,
+        preemptions_per_second=raw.preemptions / raw.window_seconds,
+        waiting_mean=raw.waiting_mean, ttft=_latency(raw.ttft_buckets),
+        tpot=_latency(raw.tpot_buckets), num_gpu_blocks=raw.num_gpu_blocks,
+        block_size=raw.block_size, context_quantiles=ctx, output_quantiles=out,
+    )
+    window = f"{raw.window_seconds:.0f}s"
+    if not have_lengths:
+        return ProfileResult(
+            trusted=False, reason="NoData", profile=None, observed=observed,
+            message=f"no finished requests in the last {window} for "
+                    f"{settings.selector or 'all series'}; the declared workload stays",
+        )
+    if requests < settings.min_requests:
+        return ProfileResult(
+            trusted=False, reason="TooFewRequests", profile=None, observed=observed,
+            message=f"{requests} requests in the last {window}, fewer than "
+                    f"min_requests={settings.min_requests}; the declared workload stays",
+        )
+    notes = (
+        _describe("context tokens", ctx),
+        _describe("output tokens", out),
+        "quantiles interpolated log-linearly inside vLLM's 1-2-5 buckets; the true value "
+        "lies in the bracket",
+    )
+    mean_cached = raw.prefix_cache_hits / requests if requests else 0.0
+    profile = WorkloadProfile(
+        source="prometheus",
+        context_tokens=_token_quantiles(
+            ctx, histograms.highest_nonempty_bound(raw.prompt_buckets, cap)),
+        output_tokens=_token_quantiles(
+            out, histograms.highest_nonempty_bound(raw.output_buckets, cap)),
+        # vLLM does not export the shared prefix itself; the mean cached tokens per request
+        # is what the prefix cache actually saved, a lower bound on what is shared.
+        shared_prefix_tokens=max(0, round(mean_cached)),
+        prefix_hit_rate=observed.prefix_hit_rate,
+        request_rate_per_second=observed.request_rate_per_second,
+        requests=requests, window_seconds=raw.window_seconds, notes=notes,
+    )
+    return ProfileResult(
+        trusted=True, reason="Observed", profile=profile, observed=observed,
+        message=f"{requests} requests in the last {window}: context p50 "
+                f"{profile.context_tokens.p50}, p99 {profile.context_tokens.p99} tokens; "
+                f"prefix hit rate {'n/a' if hit_rate is None else f'{hit_rate:.2f}'}",
+    )
+
+
+# --- the edge: PromQL through prometheus-api-client ----------------------------------------
+
+
+def render_selector(labels: Mapping[str, str]) -> str:
+    def esc(v: str) -> str:
+        return v.replace("\\", "\\\\").replace('"', '\\"')
+
+    return "{" + ",".join(f'{k}="{esc(v)}"' for k, v in sorted(labels.items())) + "}"
+
+
+def queries(selector: Mapping[str, str], window_seconds: float) -> dict[str, str]:
+    """The PromQL behind one window, by name (shown in docs and used by the tests)."""
+    s, w = render_selector(selector), f"{int(window_seconds)}s"
+    # vllm:cache_config_info has no model_name label (its labels are CacheConfig's fields
+    # and engine), so only the target labels (namespace, pod ...) can select it.
+    info_s = render_selector({k: v for k, v in selector.items() if k != "model_name"})
+
+    def inc(counter: str) -> str:
+        return f"sum(increase({vm.counter(counter)}{s}[{w}]))"
+
+    def buckets(hist: str) -> str:
+        return f"sum by (le) (increase({hist}_bucket{s}[{w}]))"
+
+    return {
+        "requests": inc(vm.REQUEST_SUCCESS),
+        "prompt_buckets": buckets(vm.REQUEST_PROMPT_TOKENS),
+        "output_buckets": buckets(vm.REQUEST_GENERATION_TOKENS),
+        "ttft_buckets": buckets(vm.TIME_TO_FIRST_TOKEN),
+        "tpot_buckets": buckets(vm.TIME_PER_OUTPUT_TOKEN),
+        "prefix_cache_queries": inc(vm.PREFIX_CACHE_QUERIES),
+        "prefix_cache_hits": inc(vm.PREFIX_CACHE_HITS),
+        "kv_cache_usage_mean": f"avg(avg_over_time({vm.KV_CACHE_USAGE_PERC}{s}[{w}]))",
+        "kv_cache_usage_max": f"max(max_over_time({vm.KV_CACHE_USAGE_PERC}{s}[{w}]))",
+        "preemptions": inc(vm.NUM_PREEMPTIONS),
+        "waiting_mean": f"avg(avg_over_time({vm.NUM_REQUESTS_WAITING}{s}[{w}]))",
+        "cache_config": f"max by (num_gpu_blocks, block_size) "
+                        f"(last_over_time({vm.CACHE_CONFIG_INFO}{info_s}[{w}]))",
+    }
+
+
+def _scalar(result: list[dict[str, object]]) -> float | None:
+    if not result:
+        return None
+    value = result[0]["value"]
+    assert isinstance(value, list)
+    v = float(value[1])
+    return None if math.isnan(v) else v
+
+
+def _buckets(result: list[dict[str, object]]) -> Buckets:
+    out: Buckets = []
+    for r in result:
+        metric, value = r["metric"], r["value"]
+        assert isinstance(metric, dict) and isinstance(value, list)
+        v = float(value[1])
+        out.append((histograms.parse_le(str(metric["le"])), 0.0 if math.isnan(v) else v))
+    return sorted(out)
+
+
+def query_window(url: str, settings: ProfilingSettings,
+                 at_unix_seconds: float | None = None) -> RawWindow:
+    """Run the window's queries against Prometheus at ``url``; PrometheusUnavailable on any
+    connection error, HTTP error or malformed answer."""
+    # Imported here: the pure half (and its tests) must not need the HTTP client.
+    from prometheus_api_client import PrometheusConnect
+    from prometheus_api_client.exceptions import PrometheusApiClientException
+    from requests import RequestException
+    from urllib3.util.retry import Retry
+
+    at = time.time() if at_unix_seconds is None else at_unix_seconds
+    results: dict[str, list[dict[str, object]]] = {}
+    # One quick retry only: the operator's timer owns the backoff (kopf's delay).
+    with PrometheusConnect(url=url, disable_ssl=True,
+                           timeout=math.ceil(settings.query_timeout_seconds),
+                           retry=Retry(total=1, backoff_factor=0.1)) as client:
+        for name, promql in queries(settings.selector, settings.window_seconds).items():
+            try:
+                results[name] = client.custom_query(promql, params={"time": at})
+            except (RequestException, PrometheusApiClientException, ValueError,
+                    KeyError) as exc:
+                raise PrometheusUnavailable(
+                    f"prometheus {url}: query {name} ({promql}) failed: {exc}"
+                ) from exc
+    blocks: list[int] = []
+    block_size: int | None = None
+    for r in results["cache_config"]:
+        metric = r["metric"]
+        assert isinstance(metric, dict)
+        try:
+            blocks.append(int(metric["num_gpu_blocks"]))
+            block_size = int(metric["block_size"])
+        except (KeyError, ValueError):
+            continue  # "None" before the engine sized its cache
+    return RawWindow(
+        window_seconds=settings.window_seconds, at_unix_seconds=at,
+        requests=_scalar(results["requests"]) or 0.0,
+        prompt_buckets=_buckets(results["prompt_buckets"]),
+        output_buckets=_buckets(results["output_buckets"]),
+        ttft_buckets=_buckets(results["ttft_buckets"]),
+        tpot_buckets=_buckets(results["tpot_buckets"]),
+        prefix_cache_queries=_scalar(results["prefix_cache_queries"]) or 0.0,
+        prefix_cache_hits=_scalar(results["prefix_cache_hits"]) or 0.0,
+        kv_cache_usage_mean=_scalar(results["kv_cache_usage_mean"]),
+        kv_cache_usage_max=_scalar(results["kv_cache_usage_max"]),
+        preemptions=_scalar(results["preemptions"]) or 0.0,
+        waiting_mean=_scalar(results["waiting_mean"]),
+        num_gpu_blocks=tuple(sorted(blocks)), block_size=block_size,
+    )
+
+
+def profile_from_prometheus(url: str, settings: ProfilingSettings,
+                            at_unix_seconds: float | None = None) -> ProfileResult:
+    return build_profile(query_window(url, settings, at_unix_seconds), settings)
