@@ -1,0 +1,104 @@
+"""What one simulated configuration did: raw per-request times and a sampled time series,
+and the summary figures the CLI, the planner and the README quote."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class TimeSeries:
+    """Sampled after every simulated step or run of decode steps (``time_seconds`` rises)."""
+
+    time_seconds: list[float] = field(default_factory=list)
+    kv_usage: list[float] = field(default_factory=list)  # fraction of usable blocks held
+    running: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+    prefix_hit_rate: list[float] = field(default_factory=list)  # cumulative, tokens
+
+
+@dataclass(slots=True)
+class SimResult:
+    """Raw outcome of one run. Times are simulated seconds since the first arrival."""
+
+    name: str
+    num_requests: int
+    arrival_seconds: list[float]
+    first_token_seconds: list[float]  # NaN: never finished (rejected)
+    finish_seconds: list[float]
+    prompt_tokens: list[int]
+    output_tokens: list[int]
+    rejected: int  # longer than max-model-len or than the whole KV cache
+    preemptions: int
+    prefix_query_tokens: int  # prompt tokens looked up at first admission
+    prefix_hit_tokens: int
+    peak_running: int
+    # Time-weighted means over the busy period (something running).
+    mean_running: float
+    mean_kv_usage: float
+    # Allocated token slots that hold no token (paged: each sequence's last block's tail;
+    # contiguous: the unused rest of each max-model-len reservation), time-weighted mean
+    # and as a fraction of the allocated slots.
+    mean_fragmented_tokens: float
+    fragmentation_fraction: float
+    kv_cache_tokens: int
+    series: TimeSeries
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """The figures per configuration (``kvtune simulate -o json``); seconds and rates."""
+        arr = np.asarray(self.arrival_seconds)
+        first = np.asarray(self.first_token_seconds)
+        fin = np.asarray(self.finish_seconds)
+        outs = np.asarray(self.output_tokens)
+        prompts = np.asarray(self.prompt_tokens)
+        done = ~np.isnan(fin)
+        n_done = int(done.sum())
+        ttft = (first - arr)[done]
+        multi = done & (outs > 1)
+        tpot = ((fin - first)[multi] / (outs[multi] - 1)) if multi.any() else np.zeros(0)
+        span = float(fin[done].max() - arr.min()) if n_done else 0.0
+
+        def pct(x: np.ndarray, q: float) -> float:
+            return float(np.percentile(x, q)) if x.size else float("nan")
+
+        return {
+            "name": self.name,
+            "requests": self.num_requests,
+            "completed": n_done,
+            "rejected": self.rejected,
+            "duration_seconds": span,
+            "throughput_requests_per_second": n_done / span if span > 0 else 0.0,
+            "throughput_output_tokens_per_second":
+                float(outs[done].sum()) / span if span > 0 else 0.0,
+            "throughput_tokens_per_second":
+                float(outs[done].sum() + prompts[done].sum()) / span if span > 0 else 0.0,
+            "ttft_p50_seconds": pct(ttft, 50),
+            "ttft_p95_seconds": pct(ttft, 95),
+            "ttft_p99_seconds": pct(ttft, 99),
+            "tpot_p50_seconds": pct(tpot, 50),
+            "tpot_p95_seconds": pct(tpot, 95),
+            "tpot_p99_seconds": pct(tpot, 99),
+            "preemptions": self.preemptions,
+            "prefix_hit_rate": (self.prefix_hit_tokens / self.prefix_query_tokens
+                                if self.prefix_query_tokens else 0.0),
+            "prefix_hit_tokens": self.prefix_hit_tokens,
+            "peak_concurrent_sequences": self.peak_running,
+            "mean_concurrent_sequences": self.mean_running,
+            "mean_kv_usage": self.mean_kv_usage,
+            "peak_kv_usage": max(self.series.kv_usage, default=0.0),
+            "mean_fragmented_tokens": self.mean_fragmented_tokens,
+            "fragmentation_fraction": self.fragmentation_fraction,
+            "kv_cache_tokens": self.kv_cache_tokens,
+            **({"config": self.config} if self.config else {}),
+        }
+
+    def ttft_seconds(self) -> np.ndarray:
+        fin = np.asarray(self.finish_seconds)
+        done = ~np.isnan(fin)
+        ttft: np.ndarray = (np.asarray(self.first_token_seconds)
+                            - np.asarray(self.arrival_seconds))[done]
+        return ttft

@@ -1,0 +1,488 @@
+"""vLLM V1's scheduler at the level that decides memory and latency, replayed over requests.
+
+Each engine step (``vllm/v1/core/sched/scheduler.py``, FCFS policy, chunked prefill on):
+
+1. RUNNING requests in admission order each get ``num_tokens - num_computed_tokens`` new
+   tokens (a prefill chunk, or 1 when decoding), capped by the step's token budget
+   (``max_num_batched_tokens``). When a request's new slots do not fit in the free blocks,
+   the *newest* running request is preempted (its blocks freed, tail first; its computed
+   tokens reset to 0 so it is recomputed later; put back at the *front* of the waiting
+   queue), repeatedly, until the slots fit or the request preempted itself.
+2. Only if nothing was preempted, WAITING requests are admitted in arrival order while the
+   budget lasts and fewer than ``max_num_seqs`` run: a prefix-cache lookup (full blocks
+   only, capped so that at least the last token is computed), then vLLM 0.33's
+   ``scheduler_reserve_full_isl`` check: the *whole* sequence's blocks must be free now
+   (counting hit blocks that sit in the free queue), else admission stops (FIFO: the head
+   blocks the queue). The first chunk's blocks are allocated and its full blocks cached.
+3. The step's time comes from ``timing.StepCostModel``; every request whose computed tokens
+   caught up samples one token; those done free their blocks in reverse order.
+
+Speed: decode-only stretches are not stepped one by one. When every running request is
+decoding and no waiting request can be admitted, the next ``k`` steps are identical in
+shape (every sequence one token longer), so they are taken at once: ``k`` is the number of
+steps until the first request finishes, the next arrival could be admitted, or the free
+blocks would run out (then the exact step handles the preemption); their time is a closed
+form (``decode_run_seconds``), each request's new blocks are taken from the free queue in
+one call (the same blocks, in a different per-request order, as step by step: nothing is
+freed or touched in between). The cost is per event and per block, not per token.
+
+``contiguous`` allocation is the pre-PagedAttention baseline: a request reserves
+``max_model_len`` token slots when admitted and holds them to the end (no prefix caching,
+never preempted). All reservations are the same size, so there is no external
+fragmentation: capacity is ``floor(KV tokens / max_model_len)`` requests. It is simulated
+as a paged pool whose one block is a whole reservation (block size = max_model_len, no
+caching): every request needs exactly one such block, which is that allocator exactly.
+
+The core is pure: no clock, no I/O, no randomness; the caller passes the requests.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from kvtune.tuner.errors import InvalidInput
+from kvtune.tuner.simulator.blocks import BlockPool, KVCacheBlock
+from kvtune.tuner.simulator.metrics import SimResult, TimeSeries
+from kvtune.tuner.simulator.prefix import block_hashes
+from kvtune.tuner.simulator.timing import StepCostModel
+from kvtune.tuner.simulator.workload import SimRequest
+
+Allocation = Literal["paged", "contiguous"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """The vLLM knobs the simulator honours, plus the KV-cache size they lead to."""
+
+    num_gpu_blocks: int  # including vLLM's null block 0
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    enable_prefix_caching: bool = True
+    allocation: Allocation = "paged"
+
+    def __post_init__(self) -> None:
+        for name in ("num_gpu_blocks", "block_size", "max_num_seqs",
+                     "max_num_batched_tokens", "max_model_len"):
+            value = getattr(self, name)
+            if value <= 0:
+                raise InvalidInput(name, value, "must be > 0")
+        if self.num_gpu_blocks < 2:
+            raise InvalidInput("num_gpu_blocks", self.num_gpu_blocks,
+                               "needs the null block plus one usable block; give the KV "
+                               "cache more memory")
+        if self.allocation == "contiguous" and self.kv_cache_tokens < self.max_model_len:
+            raise InvalidInput(
+                "max_model_len", self.max_model_len,
+                f"one contiguous reservation needs {self.max_model_len} token slots but the "
+                f"KV cache has {self.kv_cache_tokens}; lower max-model-len or give the KV "
+                "cache more memory",
+            )
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        return (self.num_gpu_blocks - 1) * self.block_size
+
+
+class RequestState:
+    """A request inside the engine (vLLM's ``Request``: num_tokens, num_computed_tokens)."""
+
+    __slots__ = (
+        "admitted",
+        "blocks",
+        "finish_seconds",
+        "first_token_seconds",
+        "generated",
+        "hashes",
+        "num_cached_blocks",
+        "num_computed",
+        "num_tokens",
+        "output_tokens",
+        "preemptions",
+        "req",
+    )
+
+    def __init__(self, req: SimRequest, output_tokens: int, block_size: int) -> None:
+        self.req = req
+        self.output_tokens = output_tokens
+        self.num_tokens = req.prompt_tokens  # prompt + generated so far
+        self.num_computed = 0
+        self.generated = 0
+        self.blocks: list[KVCacheBlock] = []
+        self.num_cached_blocks = 0
+        self.hashes: list[int] = (
+            block_hashes(req.segments, req.shareable_tokens, block_size)
+            if block_size and req.shareable_tokens >= block_size else []
+        )
+        self.first_token_seconds = float("nan")
+        self.finish_seconds = float("nan")
+        self.preemptions = 0
+        self.admitted = False
+
+
+StepHook = Callable[["Scheduler"], None]
+
+
+class Scheduler:
+    """Replays ``requests`` (sorted by arrival) under ``config``; ``run()`` returns the result.
+
+    ``on_step`` (tests) is called after every simulated step or decode run."""
+
+    def __init__(
+        self, requests: Sequence[SimRequest], config: EngineConfig, cost: StepCostModel,
+        name: str = "", on_step: StepHook | None = None,
+    ) -> None:
+        self.config = config
+        self.cost = cost
+        self.name = name
+        self.on_step = on_step
+        if config.allocation == "contiguous":
+            # One block = one max_model_len reservation, over the same KV memory.
+            self.block_size = config.max_model_len
+            num_blocks = config.kv_cache_tokens // config.max_model_len + 1
+            caching = False
+        else:
+            self.block_size = config.block_size
+            num_blocks = config.num_gpu_blocks
+            caching = config.enable_prefix_caching
+        bs = self.block_size
+        self.pool = BlockPool(num_blocks, enable_caching=caching)
+        self.requests = list(requests)
+        self.states: list[RequestState] = []
+        self.rejected = 0
+        usable = num_blocks - 1
+        for r in self.requests:
+            # vLLM rejects a prompt that leaves no room for one output token and stops a
+            # request at max_model_len; a request larger than the whole cache never runs.
+            out = min(r.output_tokens, config.max_model_len - r.prompt_tokens)
+            ok = out >= 1 and -(-(r.prompt_tokens + out - 1) // bs) <= usable
+            st = RequestState(r, out if ok else 0, bs if caching else 0)
+            if not ok:
+                self.rejected += 1
+            self.states.append(st)
+        self.now = 0.0
+        self.waiting: deque[RequestState] = deque()
+        self.running: list[RequestState] = []
+        self.preemptions = 0
+        self.query_tokens = 0
+        self.hit_tokens = 0
+        self.series = TimeSeries()
+        # Time-weighted integrals over the busy period.
+        self._busy_seconds = 0.0
+        self._running_integral = 0.0
+        self._usage_integral = 0.0
+        self._frag_integral = 0.0
+        self._alloc_integral = 0.0
+        self.peak_running = 0
+        self.steps = 0  # engine steps simulated (a decode run counts its k steps)
+        self.events = 0  # loop iterations (exact steps + decode runs)
+
+    # -- allocation (vLLM's KVCacheManager.allocate_slots) ---------------------------------
+
+    def _blocks_needed(self, st: RequestState, num_slots: int) -> int:
+        return max(0, -(-num_slots // self.block_size) - len(st.blocks))
+
+    def _allocate(self, st: RequestState, num_new: int) -> bool:
+        need = self._blocks_needed(st, st.num_computed + num_new)
+        if need > self.pool.get_num_free_blocks():
+            return False
+        if need:
+            st.blocks.extend(self.pool.get_new_blocks(need))
+        self._cache(st, st.num_computed + num_new)
+        return True
+
+    def _cache(self, st: RequestState, computed_after: int) -> None:
+        num_full = min(computed_after, st.num_tokens) // self.block_size
+        if num_full > st.num_cached_blocks:
+            self.pool.cache_full_blocks(st.blocks, st.hashes, st.num_cached_blocks, num_full)
+            st.num_cached_blocks = num_full
+
+    def _free(self, st: RequestState) -> None:
+        # Reverse: the chain's tail goes first in the eviction order.
+        self.pool.free_blocks(reversed(st.blocks))
+        st.blocks = []
+        st.num_cached_blocks = 0
+
+    def _preempt(self, st: RequestState) -> None:
+        self._free(st)
+        st.num_computed = 0
+        st.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(st)
+
+    def _lookup(self, st: RequestState) -> list[KVCacheBlock]:
+        if not self.pool.enable_caching or not st.hashes:
+            return []
+        hits: list[KVCacheBlock] = self.pool.find_longest_cache_hit(
+            st.hashes, (st.num_tokens - 1) // self.block_size
+        )
+        return hits
+
+    def _admission_blocks(self, st: RequestState, hits: Sequence[KVCacheBlock]) -> int:
+        """Free blocks the full-sequence check needs (new blocks + hits in the free queue)."""
+        new: int = -(-st.num_tokens // self.block_size) - len(hits)
+        evictable: int = sum(1 for b in hits if b.ref_cnt == 0)
+        return max(0, new) + evictable
+
+    def _head_admissible(self) -> bool:
+        if not self.waiting or len(self.running) >= self.config.max_num_seqs:
+            return False
+        st = self.waiting[0]
+        hits = self._lookup(st) if st.num_computed == 0 else []
+        free: int = self.pool.get_num_free_blocks()
+        return self._admission_blocks(st, hits) <= free
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        states = self.states
+        n = len(states)
+        idx = 0
+        while True:
+            while idx < n and states[idx].req.arrival_seconds <= self.now:
+                if states[idx].output_tokens > 0:
+                    self.waiting.append(states[idx])
+                idx += 1
+            if not self.running and not self.waiting:
+                if idx >= n:
+                    break
+                self.now = states[idx].req.arrival_seconds
+                continue
+            next_arrival = states[idx].req.arrival_seconds if idx < n else None
+            self.events += 1
+            if not self._decode_run(next_arrival):
+                self._step(next_arrival)
+            if self.on_step is not None:
+                self.on_step(self)
+        return self._result()
+
+    def _sample(self, dt: float, fragmented_slots: int, allocated_slots: int) -> None:
+        usage = self.pool.get_usage()
+        n_run = len(self.running)
+        if n_run > self.peak_running:
+            self.peak_running = n_run
+        s = self.series
+        s.time_seconds.append(self.now)
+        s.kv_usage.append(usage)
+        s.running.append(n_run)
+        s.waiting.append(len(self.waiting))
+        s.prefix_hit_rate.append(self.hit_tokens / self.query_tokens if self.query_tokens else 0.0)
+        self._busy_seconds += dt
+        self._running_integral += n_run * dt
+        self._usage_integral += usage * dt
+        self._frag_integral += fragmented_slots * dt
+        self._alloc_integral += allocated_slots * dt
+
+    def _finish_done(self) -> None:
+        done = [st for st in self.running if st.generated >= st.output_tokens]
+        if not done:
+            return
+        for st in done:
+            st.finish_seconds = self.now
+            self._free(st)
+        keep = {id(st) for st in done}
+        self.running = [st for st in self.running if id(st) not in keep]
+
+    def _step(self, next_arrival: float | None) -> None:
+        """One exact engine step."""
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        scheduled: list[tuple[RequestState, int]] = []
+        preempted = False
+        running = self.running
+        i = 0
+        bs = self.block_size
+        pool = self.pool
+        while i < len(running) and budget > 0:
+            st = running[i]
+            num_new = st.num_tokens - st.num_computed
+            if num_new == 1 and (st.num_tokens - 1) % bs:
+                # A decode token that lands in its last block: no new block, nothing fills.
+                scheduled.append((st, 1))
+                budget -= 1
+                i += 1
+                continue
+            if num_new > budget:
+                num_new = budget
+            self_preempted = False
+            while not self._allocate(st, num_new):
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is st:
+                    self_preempted = True
+                    break
+            if self_preempted:
+                break
+            scheduled.append((st, num_new))
+            budget -= num_new
+            i += 1
+
+        if not preempted:
+            waiting = self.waiting
+            while budget > 0 and waiting and len(running) < cfg.max_num_seqs:
+                st = waiting[0]
+                hits = self._lookup(st)
+                if self._admission_blocks(st, hits) > pool.get_num_free_blocks():
+                    break
+                computed = len(hits) * bs
+                num_new = min(st.num_tokens - computed, budget)
+                if not st.admitted:
+                    st.admitted = True
+                    self.query_tokens += st.num_tokens
+                    self.hit_tokens += computed
+                pool.touch(hits)
+                st.blocks = list(hits)
+                st.num_cached_blocks = len(hits)
+                st.num_computed = computed
+                ok = self._allocate(st, num_new)
+                assert ok, "the full-sequence check admitted a request whose chunk does not fit"
+                waiting.popleft()
+                running.append(st)
+                scheduled.append((st, num_new))
+                budget -= num_new
+
+        if not scheduled:
+            # Nothing fits and nothing runs: wait for the next arrival (cannot happen with
+            # the rejections in __init__, but never spin).
+            assert next_arrival is not None, "simulator deadlock: nothing scheduled, no arrivals"
+            self.now = max(self.now, next_arrival)
+            return
+
+        num_tokens = 0
+        kv_read = 0
+        pairs = 0.0
+        for st, num_new in scheduled:
+            num_tokens += num_new
+            kv_read += st.num_computed + num_new
+            pairs += num_new * st.num_computed + num_new * (num_new + 1) / 2.0
+        dt = self.cost.step_seconds(num_tokens, kv_read, pairs)
+        self.now += dt
+        self.steps += 1
+        any_done = False
+        for st, num_new in scheduled:
+            st.num_computed += num_new
+            if st.num_computed >= st.num_tokens:
+                st.generated += 1
+                st.num_tokens += 1
+                if st.generated == 1 and st.first_token_seconds != st.first_token_seconds:
+                    st.first_token_seconds = self.now
+                if st.generated >= st.output_tokens:
+                    any_done = True
+        alloc = 0
+        used = 0
+        for st in running:
+            alloc += len(st.blocks)
+            used += st.num_computed
+        self._sample(dt, alloc * bs - used, alloc * bs)
+        if any_done:
+            self._finish_done()
+
+    def _decode_run(self, next_arrival: float | None) -> bool:
+        """Take k identical decode steps at once, if the state allows; False if not."""
+        running = self.running
+        if not running:
+            return False
+        k = 1 << 62
+        context = 0
+        for st in running:
+            if st.num_computed != st.num_tokens - 1:
+                return False  # a prefill chunk is in flight
+            left = st.output_tokens - st.generated
+            if left < k:
+                k = left
+            context += st.num_tokens
+        if k <= 1 or (self.waiting and self._head_admissible()):
+            return False
+        n = len(running)
+        if next_arrival is not None and not self.waiting and n < self.config.max_num_seqs:
+            k = min(k, self.cost.decode_steps_to_reach(n, context, next_arrival - self.now, k))
+        free = self.pool.get_num_free_blocks()
+        if self._new_blocks_for(k) > free:
+            lo, hi = 0, k  # fits(lo), not fits(hi)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if self._new_blocks_for(mid) <= free:
+                    lo = mid
+                else:
+                    hi = mid
+            k = lo
+        if k <= 1:
+            return False  # the exact step handles it (and any preemption)
+        dt = self.cost.decode_run_seconds(n, context, k)
+        pool = self.pool
+        bs = self.block_size
+        alloc = 0
+        used = 0
+        any_done = False
+        for st in running:
+            slots = st.num_tokens + k - 1  # KV slots after the k-th step
+            need = -(-slots // bs) - len(st.blocks)
+            if need > 0:
+                st.blocks.extend(pool.get_new_blocks(need))
+            st.num_tokens += k
+            st.num_computed = slots
+            st.generated += k
+            if st.generated >= st.output_tokens:
+                any_done = True
+            full = slots // bs
+            if full > st.num_cached_blocks:
+                pool.cache_full_blocks(st.blocks, st.hashes, st.num_cached_blocks, full)
+                st.num_cached_blocks = full
+            alloc += len(st.blocks)
+            used += slots
+        self.now += dt
+        self.steps += k
+        self._sample(dt, alloc * bs - used, alloc * bs)
+        if any_done:
+            self._finish_done()
+        return True
+
+    def _new_blocks_for(self, k: int) -> int:
+        if k <= 0:
+            return 0
+        bs = self.block_size
+        total = 0
+        for st in self.running:
+            need = -(-(st.num_tokens + k - 1) // bs) - len(st.blocks)
+            if need > 0:
+                total += need
+        return total
+
+    def _result(self) -> SimResult:
+        busy = self._busy_seconds or 1.0
+        nan = float("nan")
+        return SimResult(
+            name=self.name,
+            num_requests=len(self.states),
+            arrival_seconds=[st.req.arrival_seconds for st in self.states],
+            first_token_seconds=[st.first_token_seconds for st in self.states],
+            finish_seconds=[st.finish_seconds if st.output_tokens else nan for st in self.states],
+            prompt_tokens=[st.req.prompt_tokens for st in self.states],
+            output_tokens=[st.output_tokens for st in self.states],
+            rejected=self.rejected,
+            preemptions=self.preemptions,
+            prefix_query_tokens=self.query_tokens,
+            prefix_hit_tokens=self.hit_tokens,
+            peak_running=self.peak_running,
+            mean_running=self._running_integral / busy,
+            mean_kv_usage=self._usage_integral / busy,
+            mean_fragmented_tokens=self._frag_integral / busy,
+            fragmentation_fraction=(self._frag_integral / self._alloc_integral
+                                    if self._alloc_integral else 0.0),
+            kv_cache_tokens=self.config.kv_cache_tokens,
+            series=self.series,
+            config=asdict(self.config),
+        )
+
+
+def simulate(
+    requests: Sequence[SimRequest], config: EngineConfig, cost: StepCostModel, name: str = "",
+    on_step: StepHook | None = None,
+) -> SimResult:
+    """Replay ``requests`` under ``config``; pure (same inputs, same result)."""
+    return Scheduler(requests, config, cost, name=name, on_step=on_step).run()
