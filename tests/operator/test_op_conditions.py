@@ -1,0 +1,43 @@
+"""lastTransitionTime moves only when a condition's status flips."""
+
+from __future__ import annotations
+
+import pytest
+from kvtune.operator import conditions as cond
+from kvtune.operator.api import Condition
+
+T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T01:00:00Z"
+
+
+def _ready(status: str, reason: str = "R", message: str = "m") -> Condition:
+    return Condition(type="Ready", status=status, reason=reason, message=message,  # type: ignore[arg-type]
+                     last_transition_time=T0, observed_generation=1)
+
+
+@pytest.mark.parametrize(("before", "set_to", "reason", "moved"), [
+    (None, True, "AllPoolsApplied", True),  # new condition: stamped now
+    ("True", True, "AllPoolsApplied", False),  # same status: time kept
+    ("True", True, "OtherReason", False),  # new reason alone: time kept
+    ("True", False, "RollingOut", True),  # flip: time moves
+    ("False", True, "AllPoolsApplied", True),
+    ("Unknown", "Unknown", "Waiting", False),
+])
+def test_transition_time_moves_only_on_flips(
+    before: str | None, set_to: bool | str, reason: str, moved: bool
+) -> None:
+    existing = [] if before is None else [_ready(before)]
+    out = cond.set_condition(existing, cond.READY, set_to, reason, "msg", generation=2, now=T1)
+    (ready,) = out
+    assert ready.last_transition_time == (T1 if moved else T0)
+    assert ready.reason == reason and ready.message == "msg"
+    assert ready.observed_generation == 2
+
+
+def test_other_conditions_kept_and_ordered() -> None:
+    out = cond.set_condition([_ready("True")], cond.DEGRADED, False, "AsExpected", "",
+                             generation=1, now=T1)
+    out = cond.set_condition(out, cond.PROGRESSING, True, "RollingOut", "1/2", generation=1,
+                             now=T1)
+    assert [c.type for c in out] == ["Ready", "Progressing", "Degraded"]
+    assert cond.get_condition(out, "Ready") == _ready("True")
+    assert cond.get_condition(out, cond.PROFILE_STALE) is None

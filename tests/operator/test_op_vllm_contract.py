@@ -1,0 +1,147 @@
+"""Every flag the renderer emits exists in vLLM 0.33.0's argument parser, and every value is
+one it accepts. Read from the pinned wheel's source with ast; vLLM is never imported."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kvtune.operator import api
+from kvtune.operator.render import RenderInput, render_pool
+from op_samples import make_pool_plan
+
+pytestmark = pytest.mark.vllm_source
+VLLM_VERSION = "0.33.0"
+
+
+def _root() -> Path:
+    cache = Path(os.environ.get("KVTUNE_CACHE", Path.home() / ".cache" / "kvtune"))
+    root = cache / f"vllm-src-{VLLM_VERSION}" / "vllm"
+    if not (root / "engine" / "arg_utils.py").is_file():
+        pytest.fail(f"{root} missing: run `python scripts/fetch_vllm_source.py` (or setup.sh)")
+    return root
+
+
+def _tree(rel: str) -> ast.Module:
+    return ast.parse((_root() / rel).read_text())
+
+
+def _class(tree: ast.Module, name: str) -> ast.ClassDef:
+    return next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name)
+
+
+def _fields(cls: ast.ClassDef) -> dict[str, str]:
+    """Annotated class attributes -> their annotation's source."""
+    return {n.target.id: ast.unparse(n.annotation) for n in cls.body
+            if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+
+def _literal(tree: ast.Module, name: str) -> list[str]:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            value = node.value
+            assert isinstance(value, ast.Subscript), f"{name} is not Literal[...]"
+            elts = value.slice.elts if isinstance(value.slice, ast.Tuple) else [value.slice]
+            return [e.value for e in elts if isinstance(e, ast.Constant)]
+    raise AssertionError(f"{name} not found")
+
+
+def _parser_flags() -> dict[str, str]:
+    """Every ``--flag`` ``vllm serve`` accepts -> the annotation of its field ("" if explicit).
+
+    vLLM builds most flags from dataclass fields (``EngineArgs``, the frontend args), adding
+    ``--no-x`` for booleans (``argparse.BooleanOptionalAction``), and names a few explicitly
+    (``add_argument("--block-size", ...)``)."""
+    flags: dict[str, str] = {}
+    sources = [("engine/arg_utils.py", "EngineArgs"),
+               ("entrypoints/common/cli_args.py", "BaseFrontendArgs"),
+               ("entrypoints/common/cli_args.py", "FrontendArgs")]
+    for rel, cls_name in sources:
+        for field, annotation in _fields(_class(_tree(rel), cls_name)).items():
+            flag = "--" + field.replace("_", "-")
+            flags[flag] = annotation
+            if re.search(r"\bbool\b", annotation):
+                flags["--no-" + field.replace("_", "-")] = annotation
+    for rel in ("engine/arg_utils.py", "entrypoints/common/cli_args.py"):
+        for node in ast.walk(_tree(rel)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and re.fullmatch(r"--[a-z0-9-]+", node.value):
+                flags.setdefault(node.value, "")
+    return flags
+
+
+def _rendered_args() -> list[str]:
+    """Args of pools covering every branch of KVPlan.vllm_args()."""
+    plans = [
+        make_pool_plan(),
+        make_pool_plan(kv_cache_memory_bytes=80 * 2**30, enable_prefix_caching=False,
+                       kv_cache_dtype="auto"),
+        make_pool_plan(kv_offloading_size_gib=128.0, kv_offloading_backend="native",
+                       attention_backend="FLASHINFER", kv_cache_dtype="nvfp4"),
+    ]
+    out: list[str] = []
+    for i, pool_plan in enumerate(plans):
+        objs = render_pool(RenderInput(
+            name="x", namespace="y", pool="p", pool_plan=pool_plan.model_copy(
+                update={"tensor_parallel": 2 ** i}),
+            model_name="meta-llama/Llama-3.1-8B-Instruct", image="img", replicas=1,
+            revision=1))
+        dep: dict[str, Any] = next(o for o in objs if o["kind"] == "Deployment")
+        out += dep["spec"]["template"]["spec"]["containers"][0]["args"][1:]  # [0]: the model
+    return out
+
+
+def test_every_rendered_flag_exists_in_the_parser() -> None:
+    flags = _parser_flags()
+    # Sanity: the parse found the flags this test is about, so a miss below is real.
+    assert {"--block-size", "--kv-cache-dtype", "--port", "--host",
+            "--tensor-parallel-size", "--enable-prefix-caching"} <= set(flags)
+    rendered = {a.split("=", 1)[0] for a in _rendered_args()}
+    assert rendered, "renderer emitted no flags"
+    missing = sorted(rendered - set(flags))
+    assert not missing, f"flags vLLM {VLLM_VERSION} does not know: {missing}"
+
+
+def test_every_rendered_value_is_accepted() -> None:
+    cache_tree = _tree("config/cache.py")
+    dtypes = set(_literal(cache_tree, "CacheDType"))
+    offload_backends = set(_literal(cache_tree, "KVOffloadingBackend"))
+    backends = {t.id for n in _class(_tree("v1/attention/backends/registry.py"),
+                                     "AttentionBackendEnum").body
+                if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    checks = {
+        "--kv-cache-dtype": lambda v: v in dtypes,
+        "--kv-offloading-backend": lambda v: v in offload_backends,
+        "--attention-backend": lambda v: v in backends,
+        "--gpu-memory-utilization": lambda v: 0.0 < float(v) <= 1.0,
+        "--kv-offloading-size": lambda v: float(v) > 0,
+        "--port": lambda v: 0 < int(v) < 65536,
+    }
+    ints = {"--block-size", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
+            "--tensor-parallel-size", "--kv-cache-memory-bytes"}
+    checked = 0
+    for arg in _rendered_args():
+        if "=" not in arg:
+            continue
+        flag, value = arg.split("=", 1)
+        if flag in checks:
+            assert checks[flag](value), f"{flag}={value} is not accepted by vLLM {VLLM_VERSION}"
+            checked += 1
+        elif flag in ints:
+            assert int(value) > 0, arg
+            checked += 1
+    assert checked >= 15
+
+
+def test_api_enums_match_the_pinned_vllm() -> None:
+    assert set(api.VLLM_KV_CACHE_DTYPES) == set(_literal(_tree("config/cache.py"),
+                                                         "CacheDType"))
+    backends = {t.id for n in _class(_tree("v1/attention/backends/registry.py"),
+                                     "AttentionBackendEnum").body
+                if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    assert set(api.VLLM_ATTENTION_BACKENDS) <= backends
