@@ -1,53 +1,91 @@
 #!/usr/bin/env bash
 # Builds the real control-plane binaries (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kwok, helm) from the Go module proxy, pinned by the go.mod/go.sum files under
-# e2e/gomod/, and caches them by version under ${KVTUNE_CACHE:-~/.cache/kvtune}/bin/<version>/.
+# e2e/gomod/, and caches them by version under ${KVTUNE_CACHE:-~/.cache/kvtune}/bin/<name>-<version>/.
 # A cached binary is never rebuilt; a cold build takes 15-40 minutes on 2 cores.
+#
+#   e2e/build-binaries.sh                 all components
+#   e2e/build-binaries.sh etcd kwok       only these (etcd kube kwok helm)
+#
+# Each component's `go build -v` output goes to $cache/logs/build-<name>-<version>.log; on failure
+# the last lines and that path are printed and the exit status is 1. Concurrent callers (the
+# setup script and a test run, say) are serialised per component by flock, so a second caller
+# waits for the first build and then finds it cached instead of building it twice.
+# KVTUNE_GOMOD_DIR overrides the directory of the pinning modules (the tests use a broken one).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${KVTUNE_CACHE:-$HOME/.cache/kvtune}
+gomod=${KVTUNE_GOMOD_DIR:-$here/gomod}
 export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS="-trimpath -mod=mod"
 
-# The version a go.mod requires, whether as `require M V` or inside a `require (...)` block.
-required() { awk -v m="$2" '($1=="require" && $2==m) {print $3; exit} ($1==m && $2 ~ /^v/) {print $2; exit}' "$here/gomod/$1/go.mod"; }
-k8s_version=$(required k8s k8s.io/kubernetes)
-etcd_version=$(required etcd go.etcd.io/etcd/server/v3)
-kwok_version=$(required kwok sigs.k8s.io/kwok)
-helm_version=$(required helm helm.sh/helm/v3)
-
 log() { printf '[build-binaries %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+if ! command -v go >/dev/null; then
+  log "FAILED: 'go' is not on PATH; install Go 1.26 or newer (https://go.dev/dl/) and re-run $0"
+  exit 1
+fi
+
+# The version a go.mod requires, whether as `require M V` or inside a `require (...)` block.
+required() {
+  local v
+  v=$(awk -v m="$2" '($1=="require" && $2==m) {print $3; exit} ($1==m && $2 ~ /^v/) {print $2; exit}' "$gomod/$1/go.mod" 2>/dev/null || true)
+  if [ -z "$v" ]; then log "FAILED: $gomod/$1/go.mod does not require $2; fix that go.mod"; exit 1; fi
+  echo "$v"
+}
 
 # build NAME VERSION MODULE_DIR LDFLAGS PACKAGE...
 build() {
   local name=$1 version=$2 dir=$3 ldflags=$4; shift 4
   local out="$cache/bin/$name-$version"
-  if [ -f "$out/.complete" ]; then log "$name $version: cached in $out"; return 0; fi
-  log "$name $version: building into $out (cold builds take minutes) ..."
-  mkdir -p "$out.tmp"
-  local start=$SECONDS
-  if ! (cd "$dir" && go build -ldflags "$ldflags" -o "$out.tmp/" "$@"); then
-    log "$name $version: BUILD FAILED in $dir (go build $*); nothing was cached"
-    rm -rf "$out.tmp"; return 1
+  local logfile="$cache/logs/build-$name-$version.log"
+  mkdir -p "$cache/bin" "$cache/logs"
+  exec {lock}>"$cache/bin/.$name-$version.lock"
+  flock "$lock"
+  # etcd's main package is go.etcd.io/etcd/server/v3, which `go build` names `server`.
+  if [ -f "$out/.complete" ] && [ -f "$out/server" ] && [ ! -e "$out/etcd" ]; then mv "$out/server" "$out/etcd"; fi
+  if [ -f "$out/.complete" ]; then log "$name $version: cached in $out"; exec {lock}>&-; return 0; fi
+  log "$name $version: building into $out (cold builds take minutes; log: $logfile)"
+  rm -rf "$out.tmp"; mkdir -p "$out.tmp"
+  local start=$SECONDS rc=0
+  # -v prints each package as it is compiled: a progress line every 100 packages.
+  (cd "$dir" && go build -v -ldflags "$ldflags" -o "$out.tmp/" "$@") >"$logfile" 2>&1 &
+  local pid=$!
+  tail -n +1 -F --pid="$pid" "$logfile" 2>/dev/null \
+    | awk -v n="$name" '{c++} c%100==0 {printf "[build-binaries] %s: %d packages compiled\n", n, c > "/dev/stderr"}' || true
+  wait "$pid" || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    log "FAILED: $name $version: go build exited with status $rc in $dir; nothing was cached. Last lines:"
+    tail -n 15 "$logfile" | sed 's/^/    /' >&2
+    log "FAILED: $name $version: full log: $logfile"
+    rm -rf "$out.tmp"; exec {lock}>&-; return 1
   fi
+  if [ -f "$out.tmp/server" ] && [ "$name" = etcd ]; then mv "$out.tmp/server" "$out.tmp/etcd"; fi
   rm -rf "$out"; mv "$out.tmp" "$out"; touch "$out/.complete"
   log "$name $version: built in $((SECONDS - start))s"
+  exec {lock}>&-
 }
-
-k8s_ld="-s -w"
-minor=$(echo "$k8s_version" | cut -d. -f2)
-for kv in "gitVersion=$k8s_version" gitMajor=1 "gitMinor=$minor" gitTreeState=clean; do
-  k8s_ld="$k8s_ld -X k8s.io/component-base/version.$kv -X k8s.io/client-go/pkg/version.$kv"
-done
 
 want=${*:-etcd kube kwok helm}
 for w in $want; do
   case $w in
-    etcd) build etcd "$etcd_version" "$here/gomod/etcd" "-s -w" go.etcd.io/etcd/server/v3 ;;
-    kube) build kube "$k8s_version" "$here/gomod/k8s" "$k8s_ld" \
-            k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-            k8s.io/kubernetes/cmd/kube-scheduler ;;
-    kwok) build kwok "$kwok_version" "$here/gomod/kwok" "-s -w" sigs.k8s.io/kwok/cmd/kwok ;;
-    helm) build helm "$helm_version" "$here/gomod/helm" "-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version" helm.sh/helm/v3/cmd/helm ;;
-    *) log "unknown component '$w' (choose from: etcd kube kwok helm)"; exit 2 ;;
+    etcd) v=$(required etcd go.etcd.io/etcd/server/v3) || exit 1
+      build etcd "$v" "$gomod/etcd" "-s -w" go.etcd.io/etcd/server/v3 ;;
+    kube)
+      k8s_version=$(required k8s k8s.io/kubernetes) || exit 1
+      # Stamp the version so that clients and `/version` do not report v0.0.0.
+      k8s_ld="-s -w"
+      minor=$(echo "$k8s_version" | cut -d. -f2)
+      for kv in "gitVersion=$k8s_version" gitMajor=1 "gitMinor=$minor" gitTreeState=clean; do
+        k8s_ld="$k8s_ld -X k8s.io/component-base/version.$kv -X k8s.io/client-go/pkg/version.$kv"
+      done
+      build kube "$k8s_version" "$gomod/k8s" "$k8s_ld" \
+        k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+        k8s.io/kubernetes/cmd/kube-scheduler ;;
+    kwok) v=$(required kwok sigs.k8s.io/kwok) || exit 1
+      build kwok "$v" "$gomod/kwok" "-s -w" sigs.k8s.io/kwok/cmd/kwok ;;
+    helm)
+      helm_version=$(required helm helm.sh/helm/v3) || exit 1
+      build helm "$helm_version" "$gomod/helm" "-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version" helm.sh/helm/v3/cmd/helm ;;
+    *) log "FAILED: unknown component '$w' (choose from: etcd kube kwok helm)"; exit 2 ;;
   esac
 done

@@ -1,0 +1,107 @@
+"""Where the control-plane binaries live, and building them when they are missing.
+
+The binaries are built by ``e2e/build-binaries.sh`` from the Go modules under ``e2e/gomod/``
+and cached by version under ``~/.cache/kvtune/bin/<name>-<version>/`` (``$KVTUNE_CACHE``
+moves the cache). This module reads the same go.mod files to know the versions, so the Python
+side and the build script can never disagree about which build is current.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvtune.e2e.errors import ClusterError, log_tail
+
+E2E_DIR = Path(__file__).resolve().parent
+BUILD_SCRIPT = E2E_DIR / "build-binaries.sh"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("KVTUNE_CACHE", Path.home() / ".cache" / "kvtune"))
+
+
+def gomod_dir() -> Path:
+    return Path(os.environ.get("KVTUNE_GOMOD_DIR", E2E_DIR / "gomod"))
+
+
+@dataclass(frozen=True)
+class Component:
+    """One cached build: ``name`` is the build-binaries.sh component, ``module`` what pins it."""
+
+    name: str
+    gomod: str
+    module: str
+    executables: tuple[str, ...]
+
+
+COMPONENTS: dict[str, Component] = {
+    "etcd": Component("etcd", "etcd", "go.etcd.io/etcd/server/v3", ("etcd",)),
+    "kube": Component(
+        "kube",
+        "k8s",
+        "k8s.io/kubernetes",
+        ("kube-apiserver", "kube-controller-manager", "kube-scheduler"),
+    ),
+    "kwok": Component("kwok", "kwok", "sigs.k8s.io/kwok", ("kwok",)),
+    "helm": Component("helm", "helm", "helm.sh/helm/v3", ("helm",)),
+}
+
+
+def required_version(component: Component, gomod: Path | None = None) -> str:
+    """The version of ``component.module`` that its go.mod requires (``require M V`` or a block)."""
+    go_mod = (gomod or gomod_dir()) / component.gomod / "go.mod"
+    text = go_mod.read_text()
+    match = re.search(rf"^\s*(?:require\s+)?{re.escape(component.module)}\s+(v\S+)", text, re.M)
+    if match is None:
+        raise ClusterError(component.name, f"{go_mod} does not require {component.module}")
+    return match.group(1)
+
+
+def build_dir(component: Component, gomod: Path | None = None) -> Path:
+    return cache_dir() / "bin" / f"{component.name}-{required_version(component, gomod)}"
+
+
+def build_log(component: Component, gomod: Path | None = None) -> Path:
+    version = required_version(component, gomod)
+    return cache_dir() / "logs" / f"build-{component.name}-{version}.log"
+
+
+def is_built(component: Component, gomod: Path | None = None) -> bool:
+    out = build_dir(component, gomod)
+    executables = (out / exe for exe in component.executables)
+    return (out / ".complete").is_file() and all(path.is_file() for path in executables)
+
+
+def ensure_built(names: list[str], gomod: Path | None = None) -> dict[str, Path]:
+    """Path of every executable of the named components, building the missing ones first.
+
+    A cold build of ``kube`` takes many minutes; the script's progress goes to our stderr so
+    that a person waiting sees it move. A failed build raises :class:`ClusterError` naming the
+    component and its build log.
+    """
+    paths: dict[str, Path] = {}
+    for name in names:
+        component = COMPONENTS[name]
+        if not is_built(component, gomod):
+            env = dict(os.environ)
+            if gomod is not None:
+                env["KVTUNE_GOMOD_DIR"] = str(gomod)
+            result = subprocess.run(
+                ["bash", str(BUILD_SCRIPT), name], env=env, stderr=sys.stderr, check=False
+            )
+            log = build_log(component, gomod)
+            if result.returncode != 0 or not is_built(component, gomod):
+                raise ClusterError(
+                    f"build of {name} {required_version(component, gomod)}",
+                    f"e2e/build-binaries.sh {name} exited with status {result.returncode}: "
+                    f"{log_tail(log, 4)}",
+                    log,
+                )
+        for exe in component.executables:
+            paths[exe] = build_dir(component, gomod) / exe
+    return paths
