@@ -39,6 +39,14 @@ def run(
     for gpu in gpus:
         _log(f"found {gpu.describe()}")
     try:
+        image_class = env.get("KVTUNE_IMAGE_GPU_CLASS")
+        if image_class and image_class.upper() != plan.gpu_class.upper():
+            raise PlanDoesNotFit(
+                "WrongRuntimeImage",
+                f"the plan is for {plan.gpu_class.upper()}, this image is built for "
+                f"{image_class.upper()} (KVTUNE_IMAGE_GPU_CLASS). Fix: use the "
+                f"kvtune-vllm-{plan.gpu_class.lower()} image for this pool.",
+            )
         decision = decide(plan, gpus, context_reserve_bytes=reserve)
         command = build_command(plan, decision, argv, vllm_bin=env.get("KVTUNE_VLLM_BIN", "vllm"))
     except PlanDoesNotFit as refusal:

@@ -83,7 +83,7 @@ def _visible_indices(count: int) -> list[int]:
 def read_gpus(nvml: Any | None = None) -> list[GpuInfo]:
     """Every visible GPU as NVML reports it. ``nvml`` defaults to ``pynvml``."""
     if nvml is None:
-        import pynvml as nvml  # imported here: only the real boundary needs the driver
+        nvml = _import_pynvml()
     nvml.nvmlInit()
     try:
         gpus: list[GpuInfo] = []
@@ -114,6 +114,16 @@ def read_gpus(nvml: Any | None = None) -> list[GpuInfo]:
         return gpus
     finally:
         nvml.nvmlShutdown()
+
+
+def _import_pynvml() -> Any:
+    """pynvml (nvidia-ml-py), imported only at the real boundary; vLLM's vendored copy when
+    the image lacks the package (vLLM ships ``vllm/third_party/pynvml.py``)."""
+    try:
+        import pynvml
+    except ImportError:
+        from vllm.third_party import pynvml  # type: ignore[no-redef]
+    return pynvml
 
 
 def _mig_enabled(nvml: Any, handle: Any) -> bool:

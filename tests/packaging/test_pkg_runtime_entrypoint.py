@@ -312,3 +312,12 @@ def test_report_patches_the_pod_annotation(tmp_path: Path) -> None:
     # API unreachable: falls back to the file and says why.
     env["KVTUNE_API_URL"] = "http://127.0.0.1:1"
     assert report.publish({"started": True}, env).startswith(f"file {tmp_path / 'r.json'}")
+
+
+def test_entrypoint_refuses_a_plan_for_another_images_gpu_class(tmp_path: Path) -> None:
+    env = {"KVTUNE_PLAN": pool_plan("H200").model_dump_json(),
+           "KVTUNE_IMAGE_GPU_CLASS": "B200", "KVTUNE_STATUS_FILE": str(tmp_path / "r.json")}
+    assert run([], env, [gpu(H200)], exec_fn=lambda f, a: None) == EXIT_REFUSED
+    written = json.loads((tmp_path / "r.json").read_text())
+    assert written["reason"] == "WrongRuntimeImage"
+    assert "kvtune-vllm-h200 image" in written["message"]

@@ -1,0 +1,197 @@
+"""The Helm chart: lint, render (cluster-wide and namespaced), schema, CRD copy, docs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts/kvtune"
+NAMESPACED = ["--set", "operator.namespaced=true", "--set", "operator.watchNamespaces={llm,batch}"]
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    """helm built from the Go module proxy (cached; built on first use)."""
+    from kvtune.e2e.binaries import ensure_built
+
+    return ensure_built(["helm"])["helm"]
+
+
+def run_helm(helm: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(helm), *args], capture_output=True, text=True, check=check,
+                          timeout=120)
+
+
+def render(helm: Path, *args: str, release: str = "kvtune") -> list[dict[str, Any]]:
+    out = run_helm(helm, "template", release, str(CHART), "--namespace", "kvtune-system",
+                   "--include-crds", *args).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def rules_of(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [rule for d in by_kind(docs, kind) for rule in d["rules"]]
+
+
+@pytest.mark.parametrize("extra", [[], NAMESPACED], ids=["cluster-wide", "namespaced"])
+def test_helm_lint(helm: Path, extra: list[str]) -> None:
+    result = run_helm(helm, "lint", "--strict", str(CHART), *extra, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+
+
+def test_default_render(helm: Path) -> None:
+    docs = render(helm)
+    (deploy,) = by_kind(docs, "Deployment")
+    assert deploy["spec"]["replicas"] == 2
+    pod = deploy["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"][:3] == ["operator", "--peering=kvtune", "--all-namespaces"]
+    assert pod["serviceAccountName"] == "kvtune"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # Peering: kopf's CRDs (crds/ folder) and this release's cluster-wide peering object.
+    crd_names = {d["metadata"]["name"] for d in by_kind(docs, "CustomResourceDefinition")}
+    assert {"kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"} <= crd_names
+    (peering,) = by_kind(docs, "ClusterKopfPeering")
+    assert peering["metadata"]["name"] == "kvtune"
+    assert by_kind(docs, "Role") == []
+    # The status subresource is a rule of its own; no wildcard anywhere.
+    rules = rules_of(docs, "ClusterRole")
+    status_rules = [r for r in rules if "inferencedeployments/status" in r["resources"]
+                    and "patch" in r["verbs"]]
+    assert status_rules and all(r["resources"] == ["inferencedeployments/status"]
+                                for r in status_rules)
+    for rule in rules:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
+    peering_patch = [r for r in rules if r["resources"] == ["clusterkopfpeerings"]
+                     and "patch" in r["verbs"]]
+    assert peering_patch == [{"apiGroups": ["kopf.dev"], "resources": ["clusterkopfpeerings"],
+                              "resourceNames": ["kvtune"], "verbs": ["get", "patch"]}]
+    (svc,) = by_kind(docs, "Service")
+    assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
+    assert svc["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
+    assert by_kind(docs, "ServiceMonitor") == [] and by_kind(docs, "PrometheusRule") == []
+
+
+def test_namespaced_mode_uses_roles(helm: Path) -> None:
+    docs = render(helm, *NAMESPACED)
+    (deploy,) = by_kind(docs, "Deployment")
+    args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=llm" in args and "--namespace=batch" in args
+    assert "--all-namespaces" not in args
+    roles = by_kind(docs, "Role")
+    assert {r["metadata"]["namespace"] for r in roles} == {"llm", "batch"}
+    for binding in by_kind(docs, "RoleBinding"):
+        assert binding["subjects"][0]["namespace"] == "kvtune-system"
+    # Only cluster-scoped reads stay cluster-wide (the aggregated view/edit roles aside).
+    cluster_rules = [r for d in by_kind(docs, "ClusterRole")
+                     if "aggregate-to-view" not in str(d["metadata"].get("labels"))
+                     and "aggregate-to-edit" not in str(d["metadata"].get("labels"))
+                     for r in d["rules"]]
+    assert {res for r in cluster_rules for res in r["resources"]} == {
+        "nodes", "customresourcedefinitions"}
+    for rule in cluster_rules:
+        assert set(rule["verbs"]) <= {"get", "list", "watch"}
+    peerings = by_kind(docs, "KopfPeering")
+    assert {p["metadata"]["namespace"] for p in peerings} == {"llm", "batch"}
+    assert by_kind(docs, "ClusterKopfPeering") == []
+
+
+def test_names_are_cut_to_63_characters(helm: Path) -> None:
+    release = "a-very-long-release-name-for-a-platform-team-that-likes-long-names"
+    docs = render(helm, release=release)
+    names = [d["metadata"]["name"] for d in docs]
+    assert all(len(n) <= 63 and not n.endswith("-") for n in names), names
+    # Suffixed names keep their suffix so the roles stay distinguishable.
+    assert len({n for n in names}) == len(names)
+    assert any(n.endswith("-peering") for n in names)
+
+
+@pytest.mark.parametrize(("args", "complaint"), [
+    (["--set", "notAValue=1"], "additional properties 'notAValue' not allowed"),
+    (["--set", "operator.watchNamespace=llm"], "'watchNamespace' not allowed"),
+    (["--set", "replicaCount=two"], "replicaCount"),
+    (["--set-string", "operator.namespaced=yes"], "operator.namespaced"),
+    (["--set", "operator.logLevel=verbose"], "operator.logLevel"),
+])
+def test_schema_rejects_unknown_keys_and_bad_types(
+    helm: Path, args: list[str], complaint: str
+) -> None:
+    result = run_helm(helm, "template", "kvtune", str(CHART), *args, check=False)
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert complaint in result.stderr, result.stderr
+
+
+def test_optional_monitoring_objects(helm: Path, tmp_path: Path) -> None:
+    docs = render(helm, "--set", "metrics.serviceMonitor.enabled=true",
+                  "--set", "metrics.serviceMonitor.labels.release=prom",
+                  "--set", "alerts.enabled=true", "--set", "argocd.healthCheckConfigMap=true")
+    (monitor,) = by_kind(docs, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    (rule,) = by_kind(docs, "PrometheusRule")
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert alerts == {"KVTuneKVCacheNearlyFull", "KVTuneKVCachePreempting", "KVTuneOperatorDown"}
+    promtool = shutil.which("promtool")
+    if promtool:  # Debian's prometheus package (scripts/setup.sh installs it)
+        rules_file = tmp_path / "rules.yaml"
+        rules_file.write_text(yaml.safe_dump(rule["spec"]))
+        check = subprocess.run([promtool, "check", "rules", str(rules_file)],
+                               capture_output=True, text=True, timeout=60)
+        assert check.returncode == 0, check.stdout + check.stderr
+    health = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("health")]
+    script = health[0]["data"]["resource.customizations.health.kvtune.io_InferenceDeployment"]
+    assert script == (CHART / "files/argocd/health.lua").read_text().rstrip("\n")
+
+
+def test_dashboards_ship_in_a_labelled_configmap(helm: Path) -> None:
+    files = sorted((CHART / "dashboards").glob("*.json"))
+    docs = render(helm)
+    maps = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("dashboards")]
+    if not files:
+        assert maps == []
+        pytest.skip("no dashboard in charts/kvtune/dashboards/ yet")
+    (cm,) = maps
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert sorted(cm["data"]) == [f.name for f in files]
+    for f in files:
+        assert json.loads(cm["data"][f.name]) == json.loads(f.read_text())
+
+
+def test_crds_in_the_chart_equal_the_generated_ones(helm: Path) -> None:
+    generated = {p.name: p.read_text() for p in sorted((REPO / "crds").glob("*.yaml"))}
+    copied = {p.name: p.read_text() for p in sorted((CHART / "files/crds").glob("*.yaml"))}
+    assert copied == generated, "run charts/kvtune/hack/sync_crds.sh after `make crds`"
+    if not generated:
+        pytest.skip("crds/ is empty: nothing generated yet")
+    docs = render(helm)
+    rendered = {d["metadata"]["name"]: d for d in by_kind(docs, "CustomResourceDefinition")}
+    for text in generated.values():
+        crd = yaml.safe_load(text)
+        live = rendered[crd["metadata"]["name"]]
+        assert live["spec"] == crd["spec"]
+        assert live["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    off = render(helm, "--set", "crds.install=false")
+    assert {d["metadata"]["name"] for d in by_kind(off, "CustomResourceDefinition")} == {
+        "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"}
+
+
+def test_readme_and_schema_are_generated_from_values() -> None:
+    result = subprocess.run(
+        [str(Path(__import__("sys").executable)), str(CHART / "hack/values_docs.py"), "--check"],
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["additionalProperties"] is False
+    assert schema["properties"]["operator"]["additionalProperties"] is False
