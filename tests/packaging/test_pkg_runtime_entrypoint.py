@@ -321,3 +321,25 @@ def test_entrypoint_refuses_a_plan_for_another_images_gpu_class(tmp_path: Path) 
     written = json.loads((tmp_path / "r.json").read_text())
     assert written["reason"] == "WrongRuntimeImage"
     assert "kvtune-vllm-h200 image" in written["message"]
+
+
+def test_gpu_check_script_prints_nvml_next_to_the_plan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    monkeypatch.delenv("KVTUNE_PLAN", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    spec = importlib.util.spec_from_file_location(
+        "gpu_check", Path(__file__).resolve().parents[2] / "runtime_images/gpu_check.py")
+    assert spec and spec.loader
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    busy = FakeNvml([("NVIDIA H200", H200[1], 100 * GIB, (9, 0))])
+    assert gpu_check.main([], nvml=busy) == 0
+    out = capsys.readouterr().out
+    assert "NVIDIA H200" in out and "100.00 GiB" in out and '"recomputed": true' in out
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(pool_plan("B200").model_dump_json())
+    assert gpu_check.main(["--plan", str(plan_file)], nvml=busy) == 3
+    assert "REFUSED (WrongGpuClass)" in capsys.readouterr().out
