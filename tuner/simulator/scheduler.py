@@ -130,13 +130,16 @@ StepHook = Callable[["Scheduler"], None]
 class Scheduler:
     """Replays ``requests`` (sorted by arrival) under ``config``; ``run()`` returns the result.
 
-    ``on_step`` (tests) is called after every simulated step or decode run."""
+    ``on_step`` (tests) is called after every simulated step or decode run.
+    """
 
     def __init__(
         self, requests: Sequence[SimRequest], config: EngineConfig, cost: StepCostModel,
-        name: str = "", on_step: StepHook | None = None,
+        name: str = "", on_step: StepHook | None = None, decode_runs: bool = True,
     ) -> None:
         self.config = config
+        # False: step every decode step exactly (the reference the decode runs must match).
+        self.decode_runs = decode_runs
         self.cost = cost
         self.name = name
         self.on_step = on_step
@@ -254,7 +257,7 @@ class Scheduler:
                 continue
             next_arrival = states[idx].req.arrival_seconds if idx < n else None
             self.events += 1
-            if not self._decode_run(next_arrival):
+            if not (self.decode_runs and self._decode_run(next_arrival)):
                 self._step(next_arrival)
             if self.on_step is not None:
                 self.on_step(self)
@@ -390,8 +393,8 @@ class Scheduler:
         k = 1 << 62
         context = 0
         for st in running:
-            if st.num_computed != st.num_tokens - 1:
-                return False  # a prefill chunk is in flight
+            if st.num_computed != st.num_tokens - 1 or not st.generated:
+                return False  # a prefill chunk is in flight (its last token is the first)
             left = st.output_tokens - st.generated
             if left < k:
                 k = left

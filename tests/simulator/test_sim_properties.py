@@ -1,0 +1,100 @@
+"""Properties over random small workloads: conservation after every step, everything
+finishes, and the decode-run fast path gives what exact stepping gives."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kvtune.tuner.simulator.scheduler import EngineConfig, Scheduler
+from kvtune.tuner.simulator.timing import Efficiency, StepCostModel
+from kvtune.tuner.simulator.workload import SimRequest
+from simhelpers import fixed_step_cost, request
+
+# A cost model whose step time grows with the KV read, so decode runs are not uniform.
+GROWING = StepCostModel(
+    weights_bytes=1_000_000, kv_bytes_per_token=1_000, hbm_bytes_per_second=1e9,
+    matrix_flops_per_second=1e12, flops_per_token=1e6, attention_flops_per_token_pair=1e3,
+    efficiency=Efficiency(0.8, 0.5, 0.002),
+)
+
+
+@st.composite
+def workloads(draw: st.DrawFn) -> tuple[list[SimRequest], EngineConfig]:
+    block_size = draw(st.sampled_from([1, 2, 4, 16]))
+    num_blocks = draw(st.integers(4, 40))
+    usable_tokens = (num_blocks - 1) * block_size
+    max_model_len = draw(st.integers(4, 256))
+    n = draw(st.integers(1, 14))
+    prefixes = [(900 + i, draw(st.integers(1, 48))) for i in range(3)]
+    reqs: list[SimRequest] = []
+    t = 0.0
+    for i in range(n):
+        t += draw(st.floats(0.0, 0.05))
+        shared = draw(st.sampled_from([(), (prefixes[0],), (prefixes[1],), (prefixes[2],)]))
+        shared_tokens = sum(k for _, k in shared)
+        prompt = shared_tokens + draw(st.integers(1, 40))
+        out = draw(st.integers(1, 30))
+        reqs.append(request(i, t, prompt, out, shared))
+    config = EngineConfig(
+        num_gpu_blocks=num_blocks, block_size=block_size,
+        max_num_seqs=draw(st.integers(1, 6)),
+        max_num_batched_tokens=draw(st.integers(1, 64)),
+        max_model_len=max_model_len,
+        enable_prefix_caching=draw(st.booleans()),
+        allocation="contiguous" if max_model_len <= usable_tokens and draw(st.booleans())
+        else "paged",
+    )
+    return reqs, config
+
+
+def _check(s: Scheduler) -> None:
+    pool = s.pool
+    pool.check_invariants()
+    # Every reference is held by a running request's block table, and only those.
+    refs = sum(b.ref_cnt for b in pool.blocks[1:])
+    assert refs == sum(len(r.blocks) for r in s.running)
+    assert len(s.running) <= s.config.max_num_seqs
+    for r in s.running:
+        assert 0 <= r.num_computed <= r.num_tokens
+        assert len(r.blocks) * s.block_size >= r.num_computed
+    for r in s.waiting:
+        assert r.blocks == [] and r.num_computed == 0
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads())
+def test_conservation_after_every_step_and_everything_finishes(
+    case: tuple[list[SimRequest], EngineConfig],
+) -> None:
+    reqs, config = case
+    sched = Scheduler(reqs, config, GROWING, on_step=_check)
+    res = sched.run()
+    for st_, fin, first in zip(sched.states, res.finish_seconds, res.first_token_seconds,
+                               strict=True):
+        if st_.output_tokens:
+            assert not math.isnan(fin) and first <= fin
+            assert st_.generated == st_.output_tokens
+    # At the end every block is free again (cached or empty).
+    assert sched.pool.get_num_free_blocks() == sched.pool.num_gpu_blocks - 1
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads())
+def test_decode_runs_match_exact_stepping(case: tuple[list[SimRequest], EngineConfig]) -> None:
+    reqs, config = case
+    fast = Scheduler(reqs, config, GROWING).run()
+    exact = Scheduler(reqs, config, GROWING, decode_runs=False).run()
+    assert fast.preemptions == exact.preemptions
+    assert fast.prefix_hit_tokens == exact.prefix_hit_tokens
+    assert fast.peak_running == exact.peak_running
+    for a, b in zip(fast.finish_seconds + fast.first_token_seconds,
+                    exact.finish_seconds + exact.first_token_seconds, strict=True):
+        assert (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def test_fixed_cost_helper_is_fixed() -> None:
+    c = fixed_step_cost(0.5)
+    assert c.step_seconds(100, 1000, 1e6) == 0.5
+    assert c.decode_run_seconds(3, 100, 4) == 2.0
