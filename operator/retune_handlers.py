@@ -1,0 +1,286 @@
+"""The retune timer: per InferenceDeployment, profile the traffic in Prometheus, decide
+(``operator/retune.py``), and when the drift persisted and the new plan differs in a way
+that matters, hand the observed profile to the reconcile seam, which plans and applies.
+
+``retune_once`` does one tick and knows nothing of kopf (the e2e test and the CLI can call
+it); ``retune_timer`` is the kopf adapter. Monitoring failures never touch the runtime:
+when Prometheus is unreachable or a query fails, the last good profile and plan stay,
+``ProfileStale`` is set with the reason, and the next attempt backs off (interval x 2^n, at
+most ``MAX_BACKOFF_SECONDS``).
+
+Every decision (retune or not) is written to ``status.profile.retune`` with its numbers and
+posted as an Event. Figures the window showed go to ``status.profile.observed``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import kopf
+from kvtune.operator import api, conditions, metrics, retune
+from kvtune.operator import apply as kapply
+from kvtune.operator import reconcile as rec
+from kvtune.operator.durations import parse_duration
+from kvtune.operator.profiling import (
+    ObservedFigures,
+    ProfileResult,
+    ProfilingSettings,
+    PrometheusUnavailable,
+    profile_from_prometheus,
+)
+from kvtune.operator.retune import RetuneSettings, RetuneState
+from kvtune.operator.workloads import declared_profile, profile_from_status
+from kvtune.tuner.plan import KVPlan
+from prometheus_client import Counter, Gauge
+
+LOG = logging.getLogger("kvtune.operator.retune")
+
+# kopf fixes a timer's interval when the module is imported; tests shorten it.
+INTERVAL_SECONDS = float(os.environ.get("KVTUNE_RETUNE_INTERVAL_SECONDS", "60"))
+MIN_REQUESTS = int(os.environ.get("KVTUNE_PROFILE_MIN_REQUESTS", "200"))
+MAX_BACKOFF_SECONDS = 600.0
+
+PROFILE_STALE = Gauge(
+    "kvtune_profile_stale", "1 when the last profiling attempt failed (Prometheus "
+    "unreachable or a query failed); the last good profile and plan stay.",
+    ["namespace", "name"], registry=metrics.REGISTRY,
+)
+PROFILE_LAST_SUCCESS = Gauge(
+    "kvtune_profile_last_success_timestamp_seconds",
+    "Unix time of the last successful profiling query.", ["namespace", "name"],
+    registry=metrics.REGISTRY,
+)
+DRIFT_SCORE = Gauge(
+    "kvtune_retune_drift_score", "Drift of the observed profile from the planned one.",
+    ["namespace", "name"], registry=metrics.REGISTRY,
+)
+DECISIONS = Counter(
+    "kvtune_retune_decisions", "Retune timer decisions, by reason.",
+    ["namespace", "name", "reason"], registry=metrics.REGISTRY,
+)
+
+# Condition reasons for ProfileStale.
+PROMETHEUS_UNAVAILABLE = "PrometheusUnavailable"
+NOT_CONFIGURED = "NotConfigured"
+
+
+@dataclass(frozen=True)
+class RetuneEvent:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass
+class RetuneOutcome:
+    reason: str
+    message: str
+    failed: bool = False  # profiling failed: the caller backs off
+    rolled_out: bool = False
+    events: list[RetuneEvent] = field(default_factory=list)
+    profile: ProfileResult | None = None
+
+
+def _finite(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else round(x, 6)
+
+
+def observed_status(obs: ObservedFigures) -> dict[str, Any]:
+    """The window's figures as status (camelCase, JSON-safe: no infinities)."""
+    def quantiles(est: Any) -> list[dict[str, Any]]:
+        return [{"q": e.q, "estimate": round(e.estimate), "lower": _finite(e.lower),
+                 "upper": _finite(e.upper), "histogramQuantile": _finite(e.histogram_quantile)}
+                for e in est]
+
+    return {
+        "windowSeconds": obs.window_seconds,
+        "requests": obs.requests,
+        "requestRatePerSecond": _finite(obs.request_rate_per_second),
+        "prefixHitRate": _finite(obs.prefix_hit_rate),
+        "kvCacheUsageMean": _finite(obs.kv_cache_usage_mean),
+        "kvCacheUsageMax": _finite(obs.kv_cache_usage_max),
+        "preemptionsPerSecond": _finite(obs.preemptions_per_second),
+        "waitingMean": _finite(obs.waiting_mean),
+        "ttftP95Seconds": _finite(obs.ttft.p95_seconds),
+        "tpotP95Seconds": _finite(obs.tpot.p95_seconds),
+        "numGpuBlocks": list(obs.num_gpu_blocks),
+        "contextTokens": quantiles(obs.context_quantiles),
+        "outputTokens": quantiles(obs.output_quantiles),
+    }
+
+
+def _state_from(profile_raw: Mapping[str, Any] | None) -> RetuneState:
+    raw = ((profile_raw or {}).get("retune") or {}).get("state") or {}
+    try:
+        return RetuneState(drift_since_seconds=raw.get("driftSinceSeconds"),
+                           last_rollout_seconds=raw.get("lastRolloutSeconds"))
+    except ValueError:
+        return RetuneState()
+
+
+def _current_plans(status: api.InferenceDeploymentStatus) -> dict[str, KVPlan]:
+    out: dict[str, KVPlan] = {}
+    for pool in status.pools:
+        if pool.plan is not None:
+            out[pool.name] = KVPlan.model_validate(pool.plan.model_dump())
+    return out
+
+
+def _write(kube: kapply.Kube, namespace: str, name: str, *, stale: bool, stale_reason: str,
+           stale_message: str, profile_extra: dict[str, Any]) -> None:
+    """Merge our part into the freshest status: ProfileStale and status.profile extras
+    (the reconcile seam owns the rest, and may just have written it)."""
+    fresh = kube.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace,
+                                                     api.PLURAL, name)
+    status = rec.status_of(fresh)
+    conds = conditions.set_condition(status.conditions, conditions.PROFILE_STALE, stale,
+                                     stale_reason, stale_message,
+                                     generation=fresh["metadata"].get("generation"))
+    patch: dict[str, Any] = {
+        "conditions": [c.model_dump(mode="json", by_alias=True, exclude_none=True)
+                       for c in conds],
+        "profile": profile_extra,
+    }
+    if status.profile is None:
+        # status.profile needs its required "source" before extras can sit in it.
+        patch["profile"] = {"source": "declared", **profile_extra}
+    kapply.patch_status(kube, namespace, name, patch)
+
+
+def retune_once(
+    body: Mapping[str, Any],
+    *,
+    kube: kapply.Kube,
+    now_seconds: float | None = None,
+    profiler: Callable[[str, ProfilingSettings], ProfileResult] = profile_from_prometheus,
+    min_requests: int = MIN_REQUESTS,
+) -> RetuneOutcome:
+    """One tick for one InferenceDeployment; see the module docstring."""
+    now = time.time() if now_seconds is None else now_seconds
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    spec = api.InferenceDeploymentSpec.model_validate(body.get("spec") or {})
+    prom = spec.tuning.prometheus
+    if spec.tuning.mode == "off" or prom is None:
+        return RetuneOutcome(NOT_CONFIGURED, "tuning.mode=off or no tuning.prometheus: "
+                             "the retune timer does nothing")
+    window_seconds = parse_duration(prom.window, field="spec.tuning.prometheus.window")
+    retune_spec = spec.tuning.retune or api.RetuneSpec()
+    settings = RetuneSettings(
+        drift_threshold=retune_spec.drift_threshold,
+        # Drift must hold over a whole window: one window of noise never triggers a rollout.
+        dwell_seconds=window_seconds,
+        min_interval_seconds=parse_duration(retune_spec.min_interval,
+                                            field="spec.tuning.retune.minInterval"),
+    )
+    previous = rec.status_of(body)
+    plans = _current_plans(previous)
+    cap = max((p.max_model_len for p in plans.values()), default=None)
+    profiling = ProfilingSettings(
+        window_seconds=window_seconds, min_requests=min_requests,
+        selector={"model_name": spec.model.name}, max_model_len_tokens=cap,
+    )
+    raw_profile = (body.get("status") or {}).get("profile") or {}
+    state = _state_from(raw_profile)
+    try:
+        result = profiler(prom.url, profiling)
+    except PrometheusUnavailable as exc:
+        message = (f"{exc}; keeping the last good profile "
+                   f"({previous.profile.source if previous.profile else 'declared'}) and the "
+                   f"running plan")
+        PROFILE_STALE.labels(namespace, name).set(1)
+        _write(kube, namespace, name, stale=True, stale_reason=PROMETHEUS_UNAVAILABLE,
+               stale_message=message, profile_extra={})
+        return RetuneOutcome(PROMETHEUS_UNAVAILABLE, message, failed=True,
+                             events=[RetuneEvent("Warning", PROMETHEUS_UNAVAILABLE, message)])
+    PROFILE_STALE.labels(namespace, name).set(0)
+    PROFILE_LAST_SUCCESS.labels(namespace, name).set(now)
+
+    baseline = profile_from_status(previous.profile, declared_profile(spec.workload))
+    decision = retune.decide(
+        now_seconds=now, baseline=baseline,
+        observed=result.profile if result.trusted else None,
+        untrusted_reason=result.message, state=state, settings=settings)
+    reason, message, state = decision.reason, decision.message, decision.state
+    rolled_out = False
+    event_type: Literal["Normal", "Warning"] = "Normal"
+    if decision.action == "replan" and result.profile is not None:
+        model = rec.resolve_model(spec, namespace, kube)
+        policy = rec.policy_for(spec)
+        changes: list[str] = []
+        material = False
+        for pool in spec.pools:
+            new_plan = rec.plan_one_pool(spec, pool, model, result.profile, policy).plan
+            matters, why = retune.plan_change_matters(plans.get(pool.pool_name), new_plan)
+            material = material or matters
+            changes.append(f"{pool.pool_name}: {', '.join(why)}")
+        if material:
+            outcome = rec.reconcile(body, kube=kube, profile=result.profile,
+                                    profile_window=prom.window)
+            rolled_out = True
+            reason = retune.PLAN_CHANGED
+            message = f"{decision.message}; new plan: {'; '.join(changes)}"
+            if outcome.permanent_error:
+                event_type, message = "Warning", f"{message}; reconcile: {outcome.permanent_error}"
+            state = RetuneState(drift_since_seconds=None, last_rollout_seconds=now)
+        else:
+            reason = retune.PLAN_UNCHANGED
+            message = f"{decision.message}; the new plan differs only by noise: " \
+                      f"{'; '.join(changes)}; nothing rolled out"
+            # Look again after another dwell time rather than re-plan every tick.
+            state = state.model_copy(update={"drift_since_seconds": now})
+    if decision.drift is not None:
+        DRIFT_SCORE.labels(namespace, name).set(decision.drift.score)
+    DECISIONS.labels(namespace, name, reason).inc()
+    retune_status = {
+        "reason": reason, "message": message, "at": conditions.now_rfc3339(),
+        "driftScore": _finite(decision.drift.score) if decision.drift else None,
+        "driftThreshold": settings.drift_threshold,
+        "state": {"driftSinceSeconds": state.drift_since_seconds,
+                  "lastRolloutSeconds": state.last_rollout_seconds},
+    }
+    extra = {"observed": observed_status(result.observed), "trusted": result.trusted,
+             "profileMessage": result.message, "retune": retune_status}
+    _write(kube, namespace, name, stale=False, stale_reason=result.reason,
+           stale_message=result.message, profile_extra=extra)
+    return RetuneOutcome(reason, message, rolled_out=rolled_out, profile=result,
+                         events=[RetuneEvent(event_type, f"Retune{reason}", message)])
+
+
+@dataclass
+class _Backoff:
+    failures: int = 0
+    next_attempt: float = 0.0
+
+
+@kopf.timer(api.GROUP, api.VERSION, api.PLURAL, id="retune", interval=INTERVAL_SECONDS,
+            initial_delay=INTERVAL_SECONDS, sharp=False)
+def retune_timer(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    backoff: _Backoff = memo.setdefault("retune_backoff", _Backoff())
+    now = time.time()
+    if now < backoff.next_attempt:
+        return
+    kube: kapply.Kube = memo["kube"] if "kube" in memo else kapply.Kube.connect()
+    try:
+        outcome = retune_once(body, kube=kube, now_seconds=now)
+    except Exception as exc:  # a bug or the API server: report, back off, never tear down
+        outcome = RetuneOutcome("RetuneFailed", f"retune failed: {exc}", failed=True,
+                                events=[RetuneEvent("Warning", "RetuneFailed", str(exc))])
+        metrics.RECONCILE_ERRORS.labels(type(exc).__name__).inc()
+        logger.exception("retune failed")
+    if outcome.failed:
+        backoff.failures += 1
+        delay = min(INTERVAL_SECONDS * 2 ** backoff.failures, MAX_BACKOFF_SECONDS)
+        backoff.next_attempt = now + delay
+        outcome.message += f" (attempt {backoff.failures}; next in {delay:.0f}s)"
+    else:
+        backoff.failures, backoff.next_attempt = 0, 0.0
+    for event in outcome.events:
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+    logger.info("retune: %s: %s", outcome.reason, outcome.message)
