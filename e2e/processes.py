@@ -146,13 +146,14 @@ class Supervisor:
                 raise ClusterError(record.component, _why_exited(record, status), record.log_path)
 
     def stop_all(self, grace_seconds: float = 10.0) -> None:
-        """SIGTERM every group, newest first; SIGKILL what is still there after the grace."""
+        """Stop the groups one by one, newest first (kwok ... etcd), each with SIGTERM and, if
+        it is still there after ``grace_seconds``, SIGKILL. One at a time because an apiserver
+        whose etcd is already gone spends many seconds retrying before it exits."""
         for record in reversed(self.records):
             _signal_group(record, signal.SIGTERM)
-        deadline = time.monotonic() + grace_seconds
-        for record in reversed(self.records):
+            deadline = time.monotonic() + grace_seconds
             while self._alive(record) and time.monotonic() < deadline:
-                time.sleep(0.05)
+                time.sleep(0.02)
             if self._alive(record):
                 _signal_group(record, signal.SIGKILL)
                 while self._alive(record):
