@@ -56,7 +56,9 @@ def test_default_render(helm: Path) -> None:
     assert deploy["spec"]["replicas"] == 2
     pod = deploy["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert container["args"][:3] == ["operator", "--peering=kvtune", "--all-namespaces"]
+    assert container["args"] == [
+        "operator", "--peering=kvtune", "--liveness=http://0.0.0.0:8081/healthz",
+        "--metrics-port=8080", "--metrics-address=0.0.0.0"]
     assert pod["serviceAccountName"] == "kvtune"
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     # Peering: kopf's CRDs (crds/ folder) and this release's cluster-wide peering object.
@@ -88,7 +90,6 @@ def test_namespaced_mode_uses_roles(helm: Path) -> None:
     (deploy,) = by_kind(docs, "Deployment")
     args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=llm" in args and "--namespace=batch" in args
-    assert "--all-namespaces" not in args
     roles = by_kind(docs, "Role")
     assert {r["metadata"]["namespace"] for r in roles} == {"llm", "batch"}
     for binding in by_kind(docs, "RoleBinding"):
@@ -122,7 +123,7 @@ def test_names_are_cut_to_63_characters(helm: Path) -> None:
     (["--set", "operator.watchNamespace=llm"], "'watchNamespace' not allowed"),
     (["--set", "replicaCount=two"], "replicaCount"),
     (["--set-string", "operator.namespaced=yes"], "operator.namespaced"),
-    (["--set", "operator.logLevel=verbose"], "operator.logLevel"),
+    (["--set", "operator.metricsPort=70000"], "operator.metricsPort"),
 ])
 def test_schema_rejects_unknown_keys_and_bad_types(
     helm: Path, args: list[str], complaint: str

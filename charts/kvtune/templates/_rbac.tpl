@@ -4,40 +4,41 @@ Namespaced rules go into a ClusterRole in cluster mode and into a Role per watch
 in namespaced mode; the cluster-scoped reads (Nodes, CRDs) always need a ClusterRole.
 */}}
 
-{{/* InferenceDeployments: read and watch them, patch metadata (kopf's finalizer and
-progress annotations); status is its own rule so it can be audited and granted apart. */}}
+{{/* InferenceDeployments: kopf lists and watches them, reads one, patches metadata
+(kvtune.io/ progress annotations, the finalizer, the GPU-inventory annotation); the status
+subresource is its own rule (merge patches of status), so it can be audited apart. */}}
 {{- define "kvtune.rules.inferencedeployments" -}}
 - apiGroups: [kvtune.io]
   resources: [inferencedeployments]
   verbs: [get, list, watch, patch]
 - apiGroups: [kvtune.io]
   resources: [inferencedeployments/status]
-  verbs: [get, patch, update]
+  verbs: [get, patch]
 {{- end -}}
 
-{{/* What the operator renders per pool and server-side applies (patch), and removes when a
-pool leaves the spec. */}}
+{{/* What the operator renders per pool: server-side apply (patch, and create when the
+object is new), prune by label (list, delete); Deployments are also read and watched for the
+rollout's progress. */}}
 {{- define "kvtune.rules.rendered" -}}
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [services]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [list, create, patch, delete]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [list, create, patch, delete]
 {{- end -}}
 
-{{/* Model configs (config.json) and pod templates referenced from the spec: read only.
-Pods: read the runtime entrypoint's report annotation (kvtune.io/runtime-report). */}}
+{{/* Model configs (config.json) and pod templates that the spec references by name. */}}
 {{- define "kvtune.rules.reads" -}}
 - apiGroups: [""]
-  resources: [configmaps, pods]
-  verbs: [get, list, watch]
+  resources: [configmaps]
+  verbs: [get]
 {{- end -}}
 
-{{/* kopf posts a Kubernetes Event per handler outcome. */}}
+{{/* Events about plans and rollouts (kvtune's own and kopf's warnings). */}}
 {{- define "kvtune.rules.events" -}}
 - apiGroups: ["", events.k8s.io]
   resources: [events]

@@ -1,0 +1,271 @@
+"""The chart installed into the real control plane (e2e's ``local_cluster``).
+
+No container runtime exists here, so the operator pod the chart creates never really runs.
+What is proven instead: the chart installs against the real API server; its ServiceAccount
+can do exactly what the operator needs and nothing more (SubjectAccessReview); and the real
+operator (``kvtune operator`` with the args the chart renders), run as a local process
+authenticated AS that ServiceAccount (a TokenRequest token in a kubeconfig), reconciles an
+example InferenceDeployment without a single permission error.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts/kvtune"
+RELEASE_NS = "kvtune-system"
+WATCHED_NS = "kvtune-pkg-e2e"
+GROUP, VERSION, PLURAL = "kvtune.io", "v1alpha1", "inferencedeployments"
+T = TypeVar("T")
+
+pytestmark = pytest.mark.cluster
+
+# (verb, group, resource, subresource, namespace) the operator uses: docs/rbac.md.
+NEEDED = [
+    ("list", "kvtune.io", "inferencedeployments", "", WATCHED_NS),
+    ("watch", "kvtune.io", "inferencedeployments", "", WATCHED_NS),
+    ("get", "kvtune.io", "inferencedeployments", "", WATCHED_NS),
+    ("patch", "kvtune.io", "inferencedeployments", "", WATCHED_NS),
+    ("patch", "kvtune.io", "inferencedeployments", "status", WATCHED_NS),
+    ("create", "apps", "deployments", "", WATCHED_NS),
+    ("patch", "apps", "deployments", "", WATCHED_NS),
+    ("watch", "apps", "deployments", "", WATCHED_NS),
+    ("delete", "apps", "deployments", "", WATCHED_NS),
+    ("patch", "", "services", "", WATCHED_NS),
+    ("patch", "policy", "poddisruptionbudgets", "", WATCHED_NS),
+    ("get", "", "configmaps", "", WATCHED_NS),
+    ("create", "", "events", "", WATCHED_NS),
+    ("list", "", "nodes", "", ""),
+    ("watch", "", "nodes", "", ""),
+    ("watch", "apiextensions.k8s.io", "customresourcedefinitions", "", ""),
+]
+FORBIDDEN = [
+    ("get", "", "secrets", "", WATCHED_NS),
+    ("list", "", "secrets", "", ""),
+    ("delete", "kvtune.io", "inferencedeployments", "", WATCHED_NS),
+    ("update", "kvtune.io", "inferencedeployments", "", WATCHED_NS),
+    ("patch", "", "nodes", "", ""),
+    ("create", "", "pods", "", WATCHED_NS),
+    ("list", "", "configmaps", "", WATCHED_NS),
+    ("create", "rbac.authorization.k8s.io", "clusterroles", "", ""),
+    ("create", "apiextensions.k8s.io", "customresourcedefinitions", "", ""),
+]
+
+
+def wait_for(probe: Callable[[], T | None], what: str, timeout: float,
+             log: Path | None = None) -> T:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(0.25)
+    tail = ("\n--- operator log ---\n" + "\n".join(log.read_text().splitlines()[-40:])
+            if log is not None and log.exists() else "")
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last}{tail}")
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    from kvtune.e2e.binaries import ensure_built
+
+    return ensure_built(["helm"])["helm"]
+
+
+@pytest.fixture(scope="module")
+def admin(local_cluster: Any) -> Any:
+    return local_cluster.api_client()
+
+
+def run_helm(helm: Path, kubeconfig: Path, *args: str) -> str:
+    result = subprocess.run([str(helm), "--kubeconfig", str(kubeconfig), *args],
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def releases(helm: Path, local_cluster: Any, admin: Any) -> Iterator[dict[str, str]]:
+    """Two releases: "kvtune" cluster-wide (it owns the CRD) and "kvtune-ns" in namespaced
+    mode watching one namespace (the one whose operator runs below)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    core = client.CoreV1Api(admin)
+    try:
+        core.create_namespace({"metadata": {"name": WATCHED_NS}})
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    kubeconfig = local_cluster.kubeconfig_path
+    # --take-ownership: other tests in this session may have created the CRD directly.
+    run_helm(helm, kubeconfig, "install", "kvtune", str(CHART), "-n", RELEASE_NS,
+             "--create-namespace", "--take-ownership")
+    run_helm(helm, kubeconfig, "install", "kvtune-ns", str(CHART), "-n", RELEASE_NS,
+             "--set", "operator.namespaced=true",
+             "--set", f"operator.watchNamespaces={{{WATCHED_NS}}}",
+             "--set", "crds.install=false", "--set", "rbac.aggregateToDefaultRoles=false")
+    yield {"cluster": "kvtune", "namespaced": "kvtune-ns"}
+    for release in ("kvtune-ns", "kvtune"):
+        subprocess.run([str(helm), "--kubeconfig", str(kubeconfig), "uninstall", release,
+                        "-n", RELEASE_NS, "--wait", "--timeout", "60s"],
+                       capture_output=True, timeout=120, check=False)
+
+
+def access_allowed(admin: Any, service_account: str, check: tuple[str, ...]) -> bool:
+    from kubernetes import client
+
+    verb, group, resource, subresource, namespace = check
+    review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
+        user=f"system:serviceaccount:{RELEASE_NS}:{service_account}",
+        groups=["system:serviceaccounts", f"system:serviceaccounts:{RELEASE_NS}",
+                "system:authenticated"],
+        resource_attributes=client.V1ResourceAttributes(
+            verb=verb, group=group, resource=resource, subresource=subresource or None,
+            namespace=namespace or None)))
+    result = client.AuthorizationV1Api(admin).create_subject_access_review(review)
+    return bool(result.status.allowed)
+
+
+def test_chart_objects_exist(releases: dict[str, str], admin: Any) -> None:
+    from kubernetes import client
+
+    apps = client.AppsV1Api(admin)
+    for release in releases.values():
+        deploy = apps.read_namespaced_deployment(release, RELEASE_NS)
+        assert deploy.spec.replicas == 2
+        client.CoreV1Api(admin).read_namespaced_service_account(release, RELEASE_NS)
+    custom = client.CustomObjectsApi(admin)
+    custom.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", "kvtune")
+    custom.get_namespaced_custom_object("kopf.dev", "v1", WATCHED_NS, "kopfpeerings",
+                                        "kvtune-ns")
+    crd = client.ApiextensionsV1Api(admin).read_custom_resource_definition(f"{PLURAL}.{GROUP}")
+    assert crd.metadata.annotations["meta.helm.sh/release-name"] == "kvtune"
+
+
+@pytest.mark.parametrize("mode", ["cluster", "namespaced"])
+def test_service_account_can_do_exactly_what_the_operator_needs(
+    releases: dict[str, str], admin: Any, mode: str
+) -> None:
+    sa = releases[mode]
+    missing = [c for c in NEEDED if not access_allowed(admin, sa, c)]
+    assert missing == [], f"{sa} lacks {missing}"
+    excess = [c for c in FORBIDDEN if access_allowed(admin, sa, c)]
+    assert excess == [], f"{sa} may do more than it needs: {excess}"
+    peering = ("patch", "kopf.dev", "kopfpeerings" if mode == "namespaced"
+               else "clusterkopfpeerings", "", WATCHED_NS if mode == "namespaced" else "")
+    assert access_allowed(admin, sa, peering)
+    if mode == "namespaced":
+        # Nothing namespaced outside the watched namespace.
+        assert not access_allowed(admin, sa, ("patch", "apps", "deployments", "", "default"))
+        assert not access_allowed(admin, sa, ("list", "kvtune.io", PLURAL, "", "default"))
+
+
+def service_account_kubeconfig(admin: Any, local_cluster: Any, sa: str, path: Path) -> Path:
+    """A kubeconfig that authenticates as ``sa`` with a short-lived TokenRequest token."""
+    from kubernetes import client
+
+    token = client.CoreV1Api(admin).create_namespaced_service_account_token(
+        sa, RELEASE_NS, client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))
+    ).status.token
+    admin_config = yaml.safe_load(local_cluster.kubeconfig_path.read_text())
+    cluster = admin_config["clusters"][0]["cluster"]
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "local", "cluster": cluster}],
+        "users": [{"name": sa, "user": {"token": token}}],
+        "contexts": [{"name": sa, "context": {"cluster": "local", "user": sa}}],
+        "current-context": sa,
+    }))
+    path.chmod(0o600)
+    return path
+
+
+def test_operator_as_the_chart_service_account_reconciles_an_example(
+    releases: dict[str, str], admin: Any, local_cluster: Any, tmp_path: Path
+) -> None:
+    from kubernetes import client
+
+    sa = releases["namespaced"]
+    kubeconfig = service_account_kubeconfig(admin, local_cluster, sa, tmp_path / "sa.kubeconfig")
+    # The token really is the ServiceAccount's: the API server says who we are.
+    from kubernetes import config as kube_config
+
+    as_sa = kube_config.new_client_from_config(config_file=str(kubeconfig))
+    review = client.AuthenticationV1Api(as_sa).create_self_subject_review(
+        client.V1SelfSubjectReview())
+    assert review.status.user_info.username == f"system:serviceaccount:{RELEASE_NS}:{sa}"
+
+    # The operator with the args the chart renders, but no port on 0.0.0.0 here.
+    deploy = client.AppsV1Api(admin).read_namespaced_deployment(sa, RELEASE_NS)
+    args = [a for a in deploy.spec.template.spec.containers[0].args
+            if not a.startswith(("--liveness", "--metrics-"))]
+    assert args[0] == "operator" and f"--namespace={WATCHED_NS}" in args
+    log = tmp_path / "operator.log"
+    argv = [str(Path(sys.executable).parent / "kvtune"), *args, "--metrics-port", "0",
+            "--kubeconfig", str(kubeconfig)]
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    custom = client.CustomObjectsApi(admin)
+    name = "pkg-chat"
+    try:
+        custom.create_namespaced_custom_object(GROUP, VERSION, WATCHED_NS, PLURAL, {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceDeployment",
+            "metadata": {"name": name, "namespace": WATCHED_NS},
+            "spec": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+                     "pools": [{"gpuClass": "H100", "replicas": 1, "tensorParallel": 1}],
+                     "tuning": {"mode": "auto"}},
+        })
+
+        def ready() -> dict[str, Any] | None:
+            obj: dict[str, Any] = custom.get_namespaced_custom_object(
+                GROUP, VERSION, WATCHED_NS, PLURAL, name)
+            pools = (obj.get("status") or {}).get("pools") or []
+            return obj if pools and pools[0].get("plan") and pools[0].get("deployment") \
+                else None
+
+        obj = wait_for(ready, f"{name} to get a plan and a Deployment", 120, log)
+        deployment = obj["status"]["pools"][0]["deployment"]
+        rendered = client.AppsV1Api(admin).read_namespaced_deployment(deployment, WATCHED_NS)
+        assert rendered.metadata.labels["app.kubernetes.io/managed-by"] == "kvtune"
+
+        # The peering object shows the active operator (kopf's heartbeat in its status).
+        def peered() -> bool:
+            peering = custom.get_namespaced_custom_object("kopf.dev", "v1", WATCHED_NS,
+                                                          "kopfpeerings", sa)
+            return bool(peering.get("status"))
+
+        wait_for(peered, "the operator to register in its KopfPeering", 60, log)
+
+        # `kvtune plan --from-cluster` (the reviewer's side) reads the plan back as a patch.
+        from kvtune.cli.plan_from_cluster import render_patch
+
+        patch = yaml.safe_load(render_patch(obj))
+        plan = obj["status"]["pools"][0]["plan"]
+        assert patch["spec"]["tuning"]["pin"]["blockSize"] == plan["blockSize"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        custom.delete_namespaced_custom_object(GROUP, VERSION, WATCHED_NS, PLURAL, name)
+    text = log.read_text()
+    for complaint in ("Forbidden", "403", "Not enough permissions"):
+        assert complaint not in text, f"permission problem in the operator log:\n{text[-4000:]}"
+
