@@ -1,0 +1,128 @@
+"""From kvtune's facts (model, GPU class, plan) to the simulator's plain numbers.
+
+The simulator core takes numbers (``EngineConfig``, ``StepCostModel``); this module derives
+them the way the planner does, so a simulated plan and a planned plan agree on the KV-cache
+size: ``planning.preflight`` gives the KV bytes vLLM would allocate, ``kvmemory`` the page
+size, ``weights`` the bytes per GPU.
+
+Not modeled: sliding-window and chunked-attention layers recycling blocks (every layer is
+treated as full attention, so hybrid models get fewer simulated blocks than vLLM gives
+them), MoE reading only the routed experts in small decode batches (all weights are read
+every step), KV offload to CPU, speculative decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvtune.tuner import planning
+from kvtune.tuner.capabilities import get_runtime
+from kvtune.tuner.errors import InvalidInput
+from kvtune.tuner.kvmemory import kv_bytes_per_token, page_size_bytes
+from kvtune.tuner.plan import KVPlan
+from kvtune.tuner.simulator.scheduler import Allocation, EngineConfig
+from kvtune.tuner.simulator.timing import Efficiency, StepCostModel, efficiency_for
+from kvtune.tuner.weights import weight_bits, weights_bytes_per_gpu
+
+# Two all-reduces per layer under tensor parallel, about 8 us each on NVLink (as decode.py).
+_ALLREDUCE_SECONDS = 8e-6
+
+
+@dataclass(frozen=True, slots=True)
+class SimulatedPlan:
+    """One configuration ready to replay: the plan, the engine numbers, the step costs, and
+    whether vLLM would start with it (one max-model-len request must fit)."""
+
+    name: str
+    plan: KVPlan
+    engine: EngineConfig
+    cost: StepCostModel
+    starts: bool
+    start_error: str = ""
+
+
+def step_cost_for(request: planning.PlanRequest, kv_cache_dtype: str) -> StepCostModel:
+    model, gpu, tp = request.model, request.gpu, request.tensor_parallel
+    bits = weight_bits(model, request.weights_dtype)
+    # FP8 checkpoints run FP8 GEMMs where the GPU has them; everything else at BF16 rate.
+    flops_rate = float(gpu.dense_bf16_flops_per_second)
+    if bits <= 8 and gpu.dense_fp8_flops_per_second:
+        flops_rate = float(gpu.dense_fp8_flops_per_second)
+    heads_per_gpu = max(1, model.num_attention_heads // tp)
+    if model.mla is not None:
+        qk = model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim
+        pair_flops = 2.0 * model.num_hidden_layers * heads_per_gpu * (qk + model.mla.v_head_dim)
+    else:
+        pair_flops = 4.0 * model.num_hidden_layers * heads_per_gpu * model.head_dim
+    eff = efficiency_for(gpu.name)
+    if tp > 1:
+        eff = Efficiency(
+            eff.bandwidth_efficiency, eff.compute_efficiency,
+            eff.step_overhead_seconds + 2 * model.num_hidden_layers * _ALLREDUCE_SECONDS,
+        )
+    return StepCostModel(
+        weights_bytes=weights_bytes_per_gpu(model, request.weights_dtype, tp),
+        kv_bytes_per_token=kv_bytes_per_token(
+            model, kv_cache_dtype, tp, model_dtype=model.torch_dtype),
+        hbm_bytes_per_second=float(gpu.hbm_bandwidth_bytes_per_second),
+        matrix_flops_per_second=flops_rate,
+        flops_per_token=2.0 * model.active_parameter_count / tp,
+        attention_flops_per_token_pair=pair_flops,
+        efficiency=eff,
+    )
+
+
+def simulated_plan(
+    request: planning.PlanRequest, plan: KVPlan, name: str, allocation: Allocation = "paged",
+) -> SimulatedPlan:
+    """The engine numbers of ``plan`` on the request's model and GPU."""
+    ok, need_bytes, available_bytes = planning.preflight(request, plan)
+    page = page_size_bytes(request.model, plan.kv_cache_dtype, request.tensor_parallel,
+                           plan.block_size, model_dtype=request.model.torch_dtype)
+    num_gpu_blocks = available_bytes // page + 1  # + vLLM's null block
+    error = "" if ok else (
+        f"vLLM would not start: one max-model-len ({plan.max_model_len}) request needs "
+        f"{need_bytes / 2**30:.2f} GiB of KV cache but {available_bytes / 2**30:.2f} GiB is "
+        "available; lower max-model-len or raise gpu-memory-utilization"
+    )
+    if num_gpu_blocks < 2:
+        raise InvalidInput(
+            "plan", name, f"leaves no KV-cache memory ({available_bytes} bytes); {error}")
+    kv_tokens = (num_gpu_blocks - 1) * plan.block_size
+    if allocation == "contiguous" and plan.max_model_len > kv_tokens:
+        raise InvalidInput(
+            "max_model_len", plan.max_model_len,
+            f"contiguous allocation needs one {plan.max_model_len}-token reservation but the "
+            f"KV cache holds {kv_tokens} tokens",
+        )
+    engine = EngineConfig(
+        num_gpu_blocks=num_gpu_blocks, block_size=plan.block_size,
+        max_num_seqs=plan.max_num_seqs, max_num_batched_tokens=plan.max_num_batched_tokens,
+        max_model_len=plan.max_model_len,
+        enable_prefix_caching=plan.enable_prefix_caching and allocation == "paged",
+        allocation=allocation,
+    )
+    return SimulatedPlan(
+        name=name, plan=plan, engine=engine,
+        cost=step_cost_for(request, plan.kv_cache_dtype), starts=ok, start_error=error,
+    )
+
+
+def vllm_default_plan(request: planning.PlanRequest) -> KVPlan:
+    """What ``vllm serve MODEL`` runs with no KV flags in vLLM 0.33 on this GPU
+    (``vllm/config/cache.py``, ``vllm/engine/arg_utils.py`` via ``capabilities``): block 16
+    (64 for MLA, whose FlashMLA backend takes only 64), dtype auto, utilization 0.92,
+    max-model-len from the model, the server defaults for batched tokens and sequences by GPU
+    memory, prefix caching on."""
+    runtime = get_runtime(request.vllm_version)
+    tokens, seqs = runtime.defaults_for_memory(request.gpu.cuda_total_bytes, request.gpu.name)
+    model = request.model
+    return KVPlan(
+        block_size=64 if model.is_mla else runtime.default_block_size,
+        kv_cache_dtype="auto",
+        gpu_memory_utilization=runtime.default_gpu_memory_utilization,
+        max_model_len=model.max_position_embeddings,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=tokens,
+        enable_prefix_caching=True,
+    )
