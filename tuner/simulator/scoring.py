@@ -51,7 +51,8 @@ class SimulatorScorer:
             return self.requests
         profile = synthetic_profile_from_workload(
             request.profile, self.num_requests, self.request_rate_per_second)
-        return synthetic_requests(profile, self.seed)
+        made: list[SimRequest] = synthetic_requests(profile, self.seed)
+        return made
 
     def __call__(
         self, request: PlanRequest, candidates: Sequence[KVPlan]
