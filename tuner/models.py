@@ -370,9 +370,9 @@ def estimate_parameter_count(
         moe_layers = num_layers - moe.num_dense_layers
         dense_inter = moe.dense_intermediate_size or intermediate_size
         expert = 3 * hidden_size * moe.expert_intermediate_size
-        shared_inter = dense_inter if moe.num_shared_experts and moe.dense_intermediate_size else (
-            moe.expert_intermediate_size
-        )
+        # Shared experts have the routed experts' width (DeepSeek's moe_intermediate_size,
+        # Llama 4's intermediate_size); only dense layers use the wider MLP.
+        shared_inter = moe.expert_intermediate_size
         per_moe_layer = (
             moe.num_experts * expert
             + moe.num_shared_experts * 3 * hidden_size * shared_inter

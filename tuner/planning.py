@@ -723,7 +723,10 @@ class _Planner:
         ) if mem.num_gpu_blocks >= 2 else 0
         if longest >= 256:
             suggestions.append(f"max-model-len {longest // 256 * 256}")
-        detail = "; ".join(f"{v.value}: {v.detail}" for v in verdicts if not v.ok)
+        relevant = (MAX_MODEL_LEN_DOES_NOT_FIT, TOO_FEW_SEQUENCES, BELOW_QUALITY_FLOOR)
+        detail = "; ".join(
+            f"{v.value}: {v.detail}" for v in verdicts if not v.ok and v.check in relevant
+        ) or "none"
         return NoFeasiblePlan(
             f"{self.model.hf_id} on {self.gpu.name} at TP {self.tp} with "
             f"{self.req.weights_dtype} weights: one {max_model_len}-token request does not "
@@ -746,6 +749,7 @@ class _Planner:
         seqs_for_memory = self.pins.max_num_seqs or min(default_seqs, MAX_NUM_SEQS_CEILING)
         prefix_caching = self.prefix_caching()
         max_model_len, len_code, len_message = self.max_model_len_target()
+        self._len_target = max_model_len
 
         # Weights and fixed overheads alone must fit before any KV question makes sense.
         probe = self.memory("auto", 16, seqs_for_memory, batched, utilization)
@@ -789,9 +793,6 @@ class _Planner:
                 bs_probe, batched, seqs_for_memory, utilization, max_model_len, target,
                 target_why, len_code, len_message)
             max_model_len, len_code, len_message = self._len_after_dtype
-        self.reasons.append(Reason(
-            knob="max-model-len", choice=str(max_model_len), code=len_code, message=len_message,
-        ))
 
         # max-num-seqs: bandwidth model at the chosen dtype, capped by what fits.
         bs = self.pins.block_size or self._smallest_block(dtype)
@@ -816,6 +817,20 @@ class _Planner:
                     f"{limit} limit binds"
                 ),
             ))
+        if len_code == "LargestThatFits":
+            # The length was shrunk with memory for the default max-num-seqs; the sampler
+            # needs less for fewer sequences, which leaves room for a longer request.
+            final = self.memory(dtype, bs, max_num_seqs, batched, utilization)
+            longer = self.largest_fitting_len(
+                final, dtype, bs, batched, self._len_target) // bs * bs
+            if longer > max_model_len:
+                len_message = len_message.replace(str(max_model_len), str(longer))
+                self.warnings = [w.replace(f"to {max_model_len}:", f"to {longer}:")
+                                 for w in self.warnings]
+                max_model_len = longer
+        self.reasons.append(Reason(
+            knob="max-model-len", choice=str(max_model_len), code=len_code, message=len_message,
+        ))
         offload = self.offload()
 
         plan = KVPlan(
@@ -867,6 +882,7 @@ class _Planner:
         )
 
     _len_after_dtype: tuple[int, str, str]
+    _len_target: int
 
     def _choose_dtype_with_preflight(
         self, bs: int, batched: int, seqs: int, utilization: float, max_model_len: int,
@@ -929,13 +945,20 @@ class _Planner:
         if self.pins.max_num_seqs is not None:
             seq_options = [self.pins.max_num_seqs]
         candidates = [
-            plan.model_copy(update={
-                "block_size": bs, "max_num_seqs": s,
-                "max_num_batched_tokens": max(plan.max_num_batched_tokens, s),
-            })
-            for bs in self.block_size_candidates(plan.kv_cache_dtype)
-            for s in seq_options
-        ]
+            c for c in (
+                plan.model_copy(update={
+                    "block_size": bs, "max_num_seqs": s,
+                    "max_num_batched_tokens": max(plan.max_num_batched_tokens, s),
+                })
+                for bs in self.block_size_candidates(plan.kv_cache_dtype)
+                for s in seq_options
+            )
+            # Larger blocks round a request up further: offer only what passes pre-flight.
+            if self.preflight_ok(
+                self.memory(c.kv_cache_dtype, c.block_size, c.max_num_seqs,
+                            c.max_num_batched_tokens, c.gpu_memory_utilization),
+                c.kv_cache_dtype, c.block_size, c.max_num_batched_tokens, c.max_model_len)
+        ] or [plan]
         scores = list(scorer(self.req, candidates))
         if len(scores) != len(candidates):
             raise InvalidInput(
@@ -1067,7 +1090,7 @@ def kv_capacity_by_dtype(request: PlanRequest) -> dict[str, int]:
     util = budget.default_gpu_memory_utilization(request.gpu)
     mml, _, _ = planner.max_model_len_target()
     for d in planner.dtype_options():
-        if d.name in ("float16", "bfloat16") or planner._dtype_unusable(d) is not None:
+        if d.name in ("float16", "bfloat16", "fp8_e4m3") or planner._dtype_unusable(d) is not None:
             continue
         bs = planner._smallest_block(d.name)
         mem = planner.memory(d.name, bs, MAX_NUM_SEQS_CEILING, batched, util)

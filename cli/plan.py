@@ -1,0 +1,298 @@
+"""`kvtune plan`: plan one pool's vLLM KV-cache configuration offline.
+
+The command is three steps, each its own function so other sources and formats plug in
+without touching the rest: build a ``PlanRequest`` from the options (``build_request``),
+plan it (``kvtune.tuner.planning.plan_pool``), render it (``render``; formats in
+``RENDERERS``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from kvtune.tuner import catalog, gpus
+from kvtune.tuner.capabilities import PINNED_VLLM_VERSION, get_runtime
+from kvtune.tuner.errors import KVTuneError
+from kvtune.tuner.kvmemory import kv_bytes_per_token
+from kvtune.tuner.plan import PoolPlan
+from kvtune.tuner.planning import PlanRequest, kv_capacity_by_dtype, plan_pool
+from kvtune.tuner.policy import SLO, Pins, PlanPolicy
+from kvtune.tuner.presets import (
+    PRESET_KINDS,
+    fixed_session_profile,
+    preset_profile,
+    profile_from_trace,
+)
+from kvtune.tuner.traces import load_trace
+from kvtune.tuner.workload import WorkloadProfile
+
+GiB = 1 << 30
+
+
+def build_profile(
+    context_tokens: int | None, workload: str | None, trace: Path | None
+) -> WorkloadProfile:
+    """``--trace`` > ``--workload`` (optionally rescaled by ``--context-tokens``) >
+    ``--context-tokens`` alone (fixed sessions) > the chat preset."""
+    if trace is not None:
+        if workload is not None or context_tokens is not None:
+            raise click.UsageError("--trace replaces --workload and --context-tokens; pass one")
+        return profile_from_trace(load_trace(trace))
+    if workload is not None:
+        return preset_profile(workload, context_tokens)
+    if context_tokens is not None:
+        return fixed_session_profile(context_tokens)
+    return preset_profile("chat")
+
+
+def build_request(opts: dict[str, Any]) -> PlanRequest:
+    pins = Pins(
+        block_size=opts["block_size"],
+        kv_cache_dtype=opts["kv_cache_dtype"],
+        gpu_memory_utilization=opts["gpu_memory_utilization"],
+        kv_cache_memory_bytes=opts["kv_cache_memory_bytes"],
+        max_model_len=opts["max_model_len"],
+        max_num_seqs=opts["max_num_seqs"],
+        max_num_batched_tokens=opts["max_num_batched_tokens"],
+        enable_prefix_caching=opts["enable_prefix_caching"],
+        kv_offloading_size_gib=opts["kv_offloading_size"],
+        attention_backend=opts["attention_backend"],
+    )
+    policy = PlanPolicy(
+        slo=SLO(ttft_p95_seconds=opts["ttft_p95"], tpot_p95_seconds=opts["tpot_p95"]),
+        lowest_kv_precision=opts["lowest_kv_precision"],
+        pins=pins,
+        target_concurrent_sequences=opts["target_sequences"],
+        min_max_model_len_tokens=opts["min_max_model_len"],
+        cpu_offload_budget_bytes=int((opts["cpu_offload_gib"] or 0) * GiB),
+    )
+    return PlanRequest(
+        model=catalog.get_model(opts["model"]),
+        gpu=gpus.get_gpu_class(opts["gpu"]),
+        tensor_parallel=opts["tp"],
+        weights_dtype=opts["weights_dtype"],
+        profile=build_profile(opts["context_tokens"], opts["workload"], opts["trace"]),
+        policy=policy,
+        vllm_version=opts["vllm_version"],
+    )
+
+
+# --- rendering ---------------------------------------------------------------------------------
+
+
+def dtype_comparison(request: PlanRequest) -> list[dict[str, Any]]:
+    """Per usable KV dtype: bytes per token, scale overhead over the pure element width, and
+    the concurrent p95 sessions (the article's 16/8/4-bit comparison)."""
+    runtime = get_runtime(request.vllm_version)
+    sessions = kv_capacity_by_dtype(request)
+    base = kv_bytes_per_token(request.model, "auto", request.tensor_parallel,
+                              model_dtype=request.model.torch_dtype)
+    base_sessions = sessions.get("auto") or 0
+    rows = []
+    for name, count in sessions.items():
+        bits = runtime.dtype(name).bits
+        per_token = kv_bytes_per_token(request.model, name, request.tensor_parallel,
+                                       model_dtype=request.model.torch_dtype)
+        pure = base * bits // 16
+        rows.append({
+            "kv_cache_dtype": name,
+            "bits": bits,
+            "kv_bytes_per_token": per_token,
+            "scale_overhead": round(per_token / pure - 1.0, 6) if pure else 0.0,
+            "concurrent_sequences": count,
+            "vs_16bit": round(count / base_sessions, 2) if base_sessions else None,
+        })
+    return rows
+
+
+def plan_document(pool: PoolPlan, request: PlanRequest) -> dict[str, Any]:
+    """The stable JSON/YAML document (top-level keys are a contract for scripts)."""
+    return {
+        "model": pool.model_id,
+        "gpu_class": pool.gpu_class,
+        "tensor_parallel": pool.tensor_parallel,
+        "weights_dtype": request.weights_dtype,
+        "vllm_version": pool.vllm_version,
+        "kv_bytes_per_token": pool.expected.kv_bytes_per_token,
+        "kv_cache_tokens": pool.expected.kv_cache_tokens,
+        "concurrent_sequences": pool.expected.concurrent_sequences,
+        "concurrent_sequences_context_tokens": pool.expected.concurrent_sequences_context_tokens,
+        "plan": pool.plan.model_dump(mode="json"),
+        "vllm_args": pool.plan.vllm_args(),
+        "expected": pool.expected.model_dump(mode="json"),
+        "reasons": [r.model_dump(mode="json") for r in pool.reasons],
+        "warnings": list(pool.warnings),
+        "kv_dtype_comparison": dtype_comparison(request),
+        "profile": request.profile.model_dump(mode="json"),
+    }
+
+
+def render_json(pool: PoolPlan, request: PlanRequest) -> str:
+    return json.dumps(plan_document(pool, request), indent=2) + "\n"
+
+
+def render_yaml(pool: PoolPlan, request: PlanRequest) -> str:
+    import yaml
+
+    return str(yaml.safe_dump(plan_document(pool, request), sort_keys=False))
+
+
+def render_args(pool: PoolPlan, request: PlanRequest) -> str:
+    parts = [f"vllm serve {pool.model_id}"]
+    if pool.tensor_parallel > 1:
+        parts.append(f"--tensor-parallel-size={pool.tensor_parallel}")
+    parts += pool.plan.vllm_args()
+    return " \\\n  ".join(parts) + "\n"
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:,.2f} GiB"
+
+
+def render_table(pool: PoolPlan, request: PlanRequest) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(record=True, width=120, file=open("/dev/null", "w"))  # noqa: SIM115
+    e, p = pool.expected, pool.plan
+    console.print(
+        f"[bold]{pool.model_id}[/] on [bold]{pool.gpu_class}[/] x TP {pool.tensor_parallel}, "
+        f"{request.weights_dtype} weights, vLLM {pool.vllm_version}"
+    )
+    knobs = Table(title="Plan", show_lines=False, expand=True)
+    knobs.add_column("knob", style="cyan", no_wrap=True)
+    knobs.add_column("value", style="bold", no_wrap=True)
+    knobs.add_column("why")
+    seen: set[str] = set()
+    for r in pool.reasons:
+        if r.knob in seen:
+            continue
+        seen.add(r.knob)
+        knobs.add_row(r.knob, r.choice, r.message)
+    console.print(knobs)
+
+    figures = Table(title="Expected per GPU", expand=True)
+    figures.add_column("figure", style="cyan")
+    figures.add_column("value", justify="right")
+    figures.add_row("KV bytes per token", f"{e.kv_bytes_per_token:,}")
+    figures.add_row("weights", _gib(e.weights_bytes_per_gpu))
+    figures.add_row("non-KV (weights, activations, graphs)", _gib(e.non_kv_bytes_per_gpu))
+    figures.add_row("KV cache", f"{_gib(e.kv_cache_bytes)} = {e.num_gpu_blocks:,} blocks")
+    figures.add_row("KV cache tokens", f"{e.kv_cache_tokens:,}")
+    figures.add_row(
+        f"concurrent sequences at {e.concurrent_sequences_context_tokens:,} tokens",
+        f"{e.concurrent_sequences:,}",
+    )
+    if e.decode_step_seconds is not None:
+        figures.add_row(
+            f"decode step at {p.max_num_seqs} sequences", f"{e.decode_step_seconds * 1000:.1f} ms"
+        )
+    console.print(figures)
+
+    cmp_rows = dtype_comparison(request)
+    if cmp_rows:
+        cmp = Table(title="KV dtypes on this GPU (concurrent p95 sessions)", expand=True)
+        for col in ("kv-cache-dtype", "bits", "bytes/token", "scale overhead", "sessions",
+                    "vs 16-bit"):
+            cmp.add_column(col, justify="right" if col != "kv-cache-dtype" else "left")
+        for row in cmp_rows:
+            mark = " *" if row["kv_cache_dtype"] == p.kv_cache_dtype else ""
+            cmp.add_row(
+                row["kv_cache_dtype"] + mark, str(row["bits"]), f"{row['kv_bytes_per_token']:,}",
+                f"{row['scale_overhead']:+.1%}", f"{row['concurrent_sequences']:,}",
+                f"{row['vs_16bit']}x" if row["vs_16bit"] is not None else "-",
+            )
+        console.print(cmp)
+    for w in pool.warnings:
+        console.print(f"[yellow]warning:[/] {w}")
+    console.print("[dim]vllm serve flags:[/] " + " ".join(p.vllm_args()))
+    return console.export_text()
+
+
+Renderer = Callable[[PoolPlan, PlanRequest], str]
+# Output formats; another source (e.g. a live cluster) may register more.
+RENDERERS: dict[str, Renderer] = {
+    "table": render_table,
+    "json": render_json,
+    "yaml": render_yaml,
+    "args": render_args,
+}
+
+
+def render(pool: PoolPlan, request: PlanRequest, fmt: str) -> str:
+    return RENDERERS[fmt](pool, request)
+
+
+def _models_help() -> str:
+    return "Catalog models: " + ", ".join(catalog.list_models()) + ". GPU classes: " + ", ".join(
+        gpus.list_gpu_classes()) + "."
+
+
+@click.command(
+    "plan",
+    epilog="MODEL is a catalog id (Hugging Face id, or its last part) or a path to a "
+    "config.json. Run `kvtune plan --list` to see the catalog and GPU classes.",
+)
+@click.option("--model", "-m", help="Catalog id or path to a config.json.")
+@click.option("--gpu", "-g", help="GPU class (H100, H100-NVL, H200, B200, ...) or a label value.")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Tensor-parallel degree.")
+@click.option("--weights-dtype", default="auto", show_default=True,
+              help="auto (the checkpoint's own), bf16, fp16, fp8, int8, int4, awq, gptq.")
+@click.option("--context-tokens", type=click.IntRange(min=2),
+              help="Session length (prompt+output). With --workload: rescales its p95.")
+@click.option("--workload", type=click.Choice(PRESET_KINDS), help="Workload preset.")
+@click.option("--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Azure CSV or Mooncake JSONL trace to profile.")
+@click.option("--kv-cache-dtype", help="Pin the KV cache dtype.")
+@click.option("--block-size", type=click.IntRange(min=1), help="Pin the block size.")
+@click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True),
+              help="Pin the memory fraction.")
+@click.option("--kv-cache-memory-bytes", type=click.IntRange(min=1), help="Pin exact KV bytes.")
+@click.option("--max-model-len", type=click.IntRange(min=1), help="Pin max-model-len.")
+@click.option("--max-num-seqs", type=click.IntRange(min=1), help="Pin max-num-seqs.")
+@click.option("--max-num-batched-tokens", type=click.IntRange(min=1),
+              help="Pin max-num-batched-tokens.")
+@click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=None,
+              help="Pin prefix caching on or off.")
+@click.option("--kv-offloading-size", type=click.FloatRange(min=0),
+              help="Pin KV offload to CPU (GiB across TP ranks; 0: off).")
+@click.option("--attention-backend", help="Pin the attention backend.")
+@click.option("--lowest-kv-precision", type=click.Choice(["bf16", "fp8", "int8", "fp4", "int4"]),
+              default="fp8", show_default=True, help="Never quantize the KV cache below this.")
+@click.option("--ttft-p95", type=click.FloatRange(min=0, min_open=True),
+              help="TTFT p95 SLO, seconds.")
+@click.option("--tpot-p95", type=click.FloatRange(min=0, min_open=True),
+              help="TPOT p95 SLO, seconds.")
+@click.option("--target-sequences", type=click.IntRange(min=1),
+              help="Sequences that must fit at the p95 session.")
+@click.option("--min-max-model-len", type=click.IntRange(min=1),
+              help="max-model-len never goes below this.")
+@click.option("--cpu-offload-gib", type=click.FloatRange(min=0),
+              help="CPU memory per GPU that may hold offloaded KV blocks.")
+@click.option("--vllm-version", default=PINNED_VLLM_VERSION, show_default=True)
+@click.option("-o", "--output", "output", type=click.Choice(list(RENDERERS)), default="table",
+              show_default=True)
+@click.option("--list", "list_catalog", is_flag=True, help="List catalog models and GPU classes.")
+def plan(**opts: Any) -> None:
+    """Plan the vLLM KV-cache configuration for one GPU pool, offline."""
+    if opts.pop("list_catalog"):
+        click.echo("models:\n  " + "\n  ".join(catalog.list_models()))
+        click.echo("gpu classes:\n  " + "\n  ".join(gpus.list_gpu_classes()))
+        return
+    for required in ("model", "gpu"):
+        if not opts[required]:
+            raise click.UsageError(f"--{required} is required. {_models_help()}")
+    try:
+        request = build_request(opts)
+        pool = plan_pool(request)
+        text = render(pool, request, opts["output"])
+    except KVTuneError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    click.echo(text, nl=False)
