@@ -176,7 +176,7 @@ def render_table(pool: PoolPlan, request: PlanRequest) -> str:
         knobs.add_row(r.knob, r.choice, r.message)
     console.print(knobs)
 
-    figures = Table(title="Expected per GPU", expand=True)
+    figures = Table(title="Expected per GPU")
     figures.add_column("figure", style="cyan")
     figures.add_column("value", justify="right")
     figures.add_row("KV bytes per token", f"{e.kv_bytes_per_token:,}")
@@ -196,7 +196,7 @@ def render_table(pool: PoolPlan, request: PlanRequest) -> str:
 
     cmp_rows = dtype_comparison(request)
     if cmp_rows:
-        cmp = Table(title="KV dtypes on this GPU (concurrent p95 sessions)", expand=True)
+        cmp = Table(title="KV dtypes on this GPU (concurrent p95 sessions)")
         for col in ("kv-cache-dtype", "bits", "bytes/token", "scale overhead", "sessions",
                     "vs 16-bit"):
             cmp.add_column(col, justify="right" if col != "kv-cache-dtype" else "left")

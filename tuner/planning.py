@@ -727,10 +727,14 @@ class _Planner:
         detail = "; ".join(
             f"{v.value}: {v.detail}" for v in verdicts if not v.ok and v.check in relevant
         ) or "none"
+        what = (
+            "the weights and runtime buffers alone do not fit"
+            if mem.non_kv.total_bytes >= available
+            else f"one {max_model_len}-token request does not fit"
+        )
         return NoFeasiblePlan(
             f"{self.model.hf_id} on {self.gpu.name} at TP {self.tp} with "
-            f"{self.req.weights_dtype} weights: one {max_model_len}-token request does not "
-            f"fit. Needed {_gib(need)} ({_gib(mem.non_kv.weights_bytes)} weights, "
+            f"{self.req.weights_dtype} weights: {what}. Needed {_gib(need)} ({_gib(mem.non_kv.weights_bytes)} weights, "
             f"{_gib(mem.non_kv.total_bytes - mem.non_kv.weights_bytes)} activations/CUDA "
             f"graphs/buffers, the rest KV), available {_gib(available)} of "
             f"{_gib(self.gpu.cuda_total_bytes)} at gpu-memory-utilization {utilization:g}. "
