@@ -1,0 +1,52 @@
+"""``kvtune alerts``: render the SLO and KV-cache alert rules of an InferenceDeployment."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+
+@click.command()
+@click.option("-f", "--file", "path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="InferenceDeployment YAML (status, if present, adds the plan's expected "
+                   "KV capacity).")
+@click.option("--format", "fmt", type=click.Choice(["prometheusrule", "rules"]),
+              default="prometheusrule", show_default=True,
+              help="prometheusrule: a monitoring.coreos.com/v1 PrometheusRule; rules: a plain "
+                   "rule file for Prometheus' rule_files.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Write here instead of stdout.")
+@click.option("--namespace", default=None, help="Namespace when the file has none.")
+def alerts(path: str, fmt: str, output: str | None, namespace: str | None) -> None:
+    """Render the alert rules; check them with `promtool check rules` (format rules)."""
+    from kvtune.operator import alerts as render
+    from pydantic import ValidationError
+
+    docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d]
+    out: list[dict[str, Any]] = []
+    for doc in docs:
+        if doc.get("kind") != "InferenceDeployment":
+            continue
+        doc.setdefault("metadata", {})
+        if "namespace" not in doc["metadata"]:
+            doc["metadata"]["namespace"] = namespace or "default"
+        try:
+            inputs = render.inputs_from_body(doc)
+        except (ValidationError, ValueError) as exc:
+            raise click.UsageError(f"{path}: {doc['metadata'].get('name')}: {exc}") from exc
+        out.append(render.prometheus_rule(inputs) if fmt == "prometheusrule"
+                   else render.rule_file(inputs))
+    if not out:
+        raise click.UsageError(f"{path}: no InferenceDeployment in the file")
+    if fmt == "rules":  # one rule file: all groups together
+        text = yaml.safe_dump({"groups": [g for d in out for g in d["groups"]]}, sort_keys=False)
+    else:
+        text = yaml.safe_dump_all(out, sort_keys=False)
+    if output:
+        Path(output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
