@@ -1,0 +1,190 @@
+"""`kvtune simulate`: replay a request trace through the KV-cache simulator under several
+configurations and compare them.
+
+    kvtune simulate --trace AzureLLMInferenceTrace_conv.csv \\
+        --model meta-llama/Llama-3.1-8B-Instruct \\
+        --gpu H100 --compare defaults,planned,contiguous,no-prefix-cache --plot out.png
+
+``defaults`` is vLLM 0.33's behaviour with no KV flags, ``planned`` is ``kvtune plan`` for the
+trace's profile (its block size and max-num-seqs scored by this simulator on a sample of
+the trace), ``contiguous`` the planned plan with every request reserving max-model-len up
+front (equal memory), ``no-prefix-cache`` the planned plan without prefix caching, and
+``custom`` vLLM's defaults with the ``--config K=V`` overrides.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from kvtune.tuner import catalog, gpus
+from kvtune.tuner.errors import KVTuneError
+from kvtune.tuner.planning import PlanRequest
+from kvtune.tuner.presets import profile_from_trace
+from kvtune.tuner.simulator import compare
+from kvtune.tuner.simulator.engine import SimulatedPlan
+from kvtune.tuner.simulator.metrics import SimResult
+from kvtune.tuner.simulator.scoring import DEFAULT_SAMPLE_REQUESTS, SimulatorScorer
+from kvtune.tuner.simulator.workload import requests_from_trace
+from kvtune.tuner.traces import load_trace
+
+_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    # (header, summary key, format)
+    ("req/s", "throughput_requests_per_second", "{:.2f}"),
+    ("out tok/s", "throughput_output_tokens_per_second", "{:.0f}"),
+    ("TTFT p50", "ttft_p50_seconds", "{:.3f}"),
+    ("TTFT p95", "ttft_p95_seconds", "{:.3f}"),
+    ("TPOT p95", "tpot_p95_seconds", "{:.4f}"),
+    ("preempt", "preemptions", "{}"),
+    ("hit rate", "prefix_hit_rate", "{:.1%}"),
+    ("peak seqs", "peak_concurrent_sequences", "{}"),
+    ("mean seqs", "mean_concurrent_sequences", "{:.1f}"),
+    ("KV use", "mean_kv_usage", "{:.1%}"),
+    ("frag", "fragmentation_fraction", "{:.1%}"),
+    ("rejected", "rejected", "{}"),
+)
+
+
+def _fmt(fmt: str, value: Any) -> str:
+    if isinstance(value, float) and math.isnan(value):
+        return "-"
+    return fmt.format(value)
+
+
+def render_table(rows: list[dict[str, Any]]) -> str:
+    headers = ["config", "block", "seqs", "KV tokens", *(h for h, _, _ in _COLUMNS)]
+    body: list[list[str]] = []
+    notes: list[str] = []
+    for row in rows:
+        if not row.get("starts", True):
+            notes.append(f"{row['name']}: does not start: {row['start_error']}")
+            continue
+        e = row["engine"]
+        body.append([
+            row["name"], str(e["block_size"]), str(e["max_num_seqs"]),
+            str(row["kv_cache_tokens"]),
+            *(_fmt(f, row[k]) for _, k, f in _COLUMNS),
+        ])
+    widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in body]
+    return "\n".join(lines + notes)
+
+
+def _row(config: SimulatedPlan, result: SimResult | None) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "name": config.name, "starts": config.starts,
+        "vllm_args": config.plan.vllm_args(),
+        "engine": {
+            "num_gpu_blocks": config.engine.num_gpu_blocks,
+            "block_size": config.engine.block_size,
+            "max_num_seqs": config.engine.max_num_seqs,
+            "max_num_batched_tokens": config.engine.max_num_batched_tokens,
+            "max_model_len": config.engine.max_model_len,
+            "enable_prefix_caching": config.engine.enable_prefix_caching,
+            "allocation": config.engine.allocation,
+        },
+    }
+    if not config.starts:
+        row["start_error"] = config.start_error
+    if result is not None:
+        summary = result.summary()
+        summary.pop("config", None)
+        row.update(summary)
+    return row
+
+
+@click.command("simulate")
+@click.option("--trace", "trace_path", type=click.Path(exists=True, dir_okay=False,
+              path_type=Path), required=True, help="Azure CSV or Mooncake JSONL trace.")
+@click.option("--model", required=True, help="Model id from the catalog (kvtune plan --help).")
+@click.option("--gpu", "gpu_name", required=True, help="GPU class: H100, H200, B200.")
+@click.option("--tp", "tensor_parallel", type=int, default=1, show_default=True,
+              help="Tensor-parallel GPUs per replica.")
+@click.option("--weights-dtype", default="auto", show_default=True)
+@click.option("--speed", type=float, default=1.0, show_default=True,
+              help="Replay X times faster than recorded (find where a configuration saturates).")
+@click.option("--limit", type=int, default=None,
+              help="Replay only the first N requests (default: all).")
+@click.option("--config", "config_pairs", multiple=True, metavar="K=V",
+              help="Overrides for the 'custom' configuration (vLLM defaults + these), e.g. "
+              "--config block_size=32 --config max_num_seqs=128. Adds 'custom' to --compare.")
+@click.option("--compare", "compare_names", default="defaults,planned,contiguous,no-prefix-cache",
+              show_default=True, help="Comma-separated configurations: "
+              + ", ".join(compare.CONFIGURATION_NAMES))
+@click.option("--score-sample", type=int, default=DEFAULT_SAMPLE_REQUESTS, show_default=True,
+              help="Requests of the trace the planner's scorer replays per candidate "
+              "(0: plan without the simulator).")
+@click.option("-o", "--output", "output_format", type=click.Choice(["table", "json"]),
+              default="table", show_default=True)
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Write a PNG: KV usage and hit rate over time, TTFT CDF.")
+def simulate(
+    trace_path: Path, model: str, gpu_name: str, tensor_parallel: int, weights_dtype: str,
+    speed: float, limit: int | None, config_pairs: tuple[str, ...], compare_names: str,
+    score_sample: int, output_format: str, plot_path: Path | None,
+) -> None:
+    """Replay a trace through the KV-cache simulator and compare configurations."""
+    try:
+        names = [n.strip() for n in compare_names.split(",") if n.strip()]
+        overrides = compare.parse_overrides(config_pairs)
+        if overrides and "custom" not in names:
+            names.append("custom")
+        trace = load_trace(trace_path)
+        request = PlanRequest(
+            model=catalog.get_model(model), gpu=gpus.get_gpu_class(gpu_name),
+            tensor_parallel=tensor_parallel, weights_dtype=weights_dtype,
+            profile=profile_from_trace(trace),
+        )
+        scorer = (SimulatorScorer.from_trace(trace, limit=score_sample, speed=speed)
+                  if score_sample > 0 else None)
+        configs = compare.configurations(request, names, overrides, scorer)
+        requests = requests_from_trace(trace, speed=speed, limit=limit)
+        rows = []
+        results: list[SimResult] = []
+        for config in configs:
+            t0 = time.perf_counter()
+            result = compare.run(requests, [config])[0] if config.starts else None
+            row = _row(config, result)
+            row["wall_seconds"] = round(time.perf_counter() - t0, 3)
+            rows.append(row)
+            if result is not None:
+                results.append(result)
+    except KVTuneError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+    header = (f"{trace.name}: {len(requests)} requests at {speed:g}x, {model} on "
+              f"{request.gpu.name} x{tensor_parallel}")
+    if output_format == "json":
+        json.dump(_finite({
+            "trace": trace.name, "requests": len(requests), "speed": speed, "model": model,
+            "gpu": request.gpu.name, "tensor_parallel": tensor_parallel,
+            "configurations": rows,
+        }), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        click.echo(header)
+        click.echo(render_table(rows))
+        for row in rows:
+            click.echo(f"  {row['name']}: vllm serve {model} {' '.join(row['vllm_args'])}")
+    if plot_path is not None:
+        from kvtune.tuner.simulator.plot import plot_comparison
+
+        plot_comparison(results, plot_path, title=header)
+        click.echo(f"wrote {plot_path}", err=output_format == "json")
+
+
+def _finite(value: Any) -> Any:
+    """NaN/inf (no request finished) become null: JSON has no NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value

@@ -1,0 +1,90 @@
+"""Named configurations to compare on one workload: vLLM's defaults, kvtune's plan, and the
+two baselines the issue asks for (contiguous allocation at equal memory, paging without
+prefix caching), plus a custom one from ``K=V`` overrides. Pure: plans in, results out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kvtune.tuner.errors import InvalidInput
+from kvtune.tuner.plan import KVPlan
+from kvtune.tuner.planning import PlanRequest, plan_pool
+from kvtune.tuner.simulator.engine import SimulatedPlan, simulated_plan, vllm_default_plan
+from kvtune.tuner.simulator.metrics import SimResult
+from kvtune.tuner.simulator.scheduler import simulate
+from kvtune.tuner.simulator.scoring import SimulatorScorer
+from kvtune.tuner.simulator.workload import SimRequest
+
+CONFIGURATION_NAMES = ("defaults", "planned", "contiguous", "no-prefix-cache", "custom")
+
+_KNOB_TYPES: dict[str, type] = {
+    "block_size": int, "kv_cache_dtype": str, "gpu_memory_utilization": float,
+    "kv_cache_memory_bytes": int, "max_model_len": int, "max_num_seqs": int,
+    "max_num_batched_tokens": int, "enable_prefix_caching": bool,
+}
+
+
+def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    """``["block-size=32", "enable_prefix_caching=false"]`` -> typed KVPlan fields."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        field = key.strip().lstrip("-").replace("-", "_")
+        if not sep or field not in _KNOB_TYPES:
+            raise InvalidInput(
+                "--config", pair,
+                f"expected K=V with K one of {', '.join(sorted(_KNOB_TYPES))}",
+            )
+        kind = _KNOB_TYPES[field]
+        try:
+            if kind is bool:
+                if value.lower() not in ("true", "false", "1", "0", "on", "off"):
+                    raise ValueError(value)
+                out[field] = value.lower() in ("true", "1", "on")
+            else:
+                out[field] = kind(value)
+        except ValueError as exc:
+            raise InvalidInput("--config", pair, f"{field} takes a {kind.__name__}") from exc
+    return out
+
+
+def configurations(
+    request: PlanRequest, names: Sequence[str], overrides: Mapping[str, Any] | None = None,
+    scorer: SimulatorScorer | None = None,
+) -> list[SimulatedPlan]:
+    """The named configurations, in the order asked. ``planned`` is ``plan_pool`` (with
+    ``scorer`` when given); the baselines take the planned plan (or the defaults when
+    ``planned`` is not asked for) and change only allocation or prefix caching."""
+    unknown = [n for n in names if n not in CONFIGURATION_NAMES]
+    if unknown:
+        raise InvalidInput("--compare", ",".join(unknown),
+                           f"unknown configuration; choose from {', '.join(CONFIGURATION_NAMES)}")
+    defaults = vllm_default_plan(request)
+    planned: KVPlan | None = None
+    if "planned" in names:
+        planned = plan_pool(request, scorer=scorer).plan
+    base = planned or defaults
+    out: list[SimulatedPlan] = []
+    for name in names:
+        if name == "defaults":
+            out.append(simulated_plan(request, defaults, name))
+        elif name == "planned":
+            assert planned is not None
+            out.append(simulated_plan(request, planned, name))
+        elif name == "contiguous":
+            out.append(simulated_plan(
+                request, base.model_copy(update={"enable_prefix_caching": False}), name,
+                allocation="contiguous"))
+        elif name == "no-prefix-cache":
+            out.append(simulated_plan(
+                request, base.model_copy(update={"enable_prefix_caching": False}), name))
+        else:
+            plan = KVPlan.model_validate({**defaults.model_dump(), **(overrides or {})})
+            out.append(simulated_plan(request, plan, name))
+    return out
+
+
+def run(requests: Sequence[SimRequest], configs: Sequence[SimulatedPlan]) -> list[SimResult]:
+    """Replay the same requests under each configuration that vLLM would start."""
+    return [simulate(requests, c.engine, c.cost, name=c.name) for c in configs if c.starts]
