@@ -435,3 +435,4 @@ class InferenceDeploymentStatus(_Status):
     conditions: list[Condition] = []
     profile: ProfileStatus | None = None
     pools: list[PoolStatus] = []
+    pool_summary: str | None = None  # "H200x2,H100x1", for the printer column

@@ -199,13 +199,62 @@ def prune_pools(kube: Kube, namespace: str, name: str, keep: set[str]) -> list[s
     return deleted
 
 
-def patch_status(kube: Kube, namespace: str, name: str, status: dict[str, Any]) -> None:
-    """A JSON merge patch of the status subresource (lists are replaced whole)."""
+def patch_status(kube: Kube, namespace: str, name: str, status: dict[str, Any],
+                 *, resource_version: str | None = None) -> bool:
+    """A JSON merge patch of the status subresource (lists are replaced whole). With
+    ``resource_version`` the patch applies only if nobody wrote the object since it was read;
+    returns False when it did not apply (conflict, or the object is gone)."""
+    body: dict[str, Any] = {"status": status}
+    if resource_version is not None:
+        body["metadata"] = {"resourceVersion": resource_version}
     try:
         kube.custom.patch_namespaced_custom_object_status(
-            api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"status": status},
+            api.GROUP, api.VERSION, namespace, api.PLURAL, name, body,
             _content_type="application/merge-patch+json", _preload_content=False,
         )
     except ApiException as exc:
-        if exc.status != 404:  # deleted meanwhile: nothing to report on
-            raise
+        if exc.status in (404, 409):  # deleted meanwhile, or a newer write won
+            return False
+        raise
+    return True
+
+
+def post_event(kube: Kube, owner: Mapping[str, Any], type_: str, reason: str,
+               message: str) -> None:
+    """A core/v1 Event on the InferenceDeployment (what `kubectl describe` shows)."""
+    from datetime import UTC, datetime
+
+    meta = owner["metadata"]
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    kube.core.create_namespaced_event(meta["namespace"], {
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {"apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.KIND,
+                           "name": meta["name"], "namespace": meta["namespace"],
+                           "uid": meta.get("uid")},
+        "type": type_, "reason": reason, "message": message[:1024],
+        "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+    }, _preload_content=False)
+
+
+def list_inference_deployments(kube: Kube, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Every InferenceDeployment in ``namespaces`` (all namespaces when empty)."""
+    if not namespaces:
+        return list(_json(kube.custom.list_cluster_custom_object(
+            api.GROUP, api.VERSION, api.PLURAL, _preload_content=False)).get("items", []))
+    items: list[dict[str, Any]] = []
+    for namespace in namespaces:
+        items += _json(kube.custom.list_namespaced_custom_object(
+            api.GROUP, api.VERSION, namespace, api.PLURAL, _preload_content=False)
+        ).get("items", [])
+    return items
+
+
+def read_inference_deployment(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        return _json(kube.custom.get_namespaced_custom_object(
+            api.GROUP, api.VERSION, namespace, api.PLURAL, name, _preload_content=False))
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise

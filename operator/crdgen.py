@@ -108,8 +108,7 @@ def crd() -> dict[str, Any]:
                 "subresources": {"status": {}},
                 "additionalPrinterColumns": [
                     {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
-                    {"name": "Pools", "type": "string",
-                     "jsonPath": ".spec.pools[*].gpuClass"},
+                    {"name": "Pools", "type": "string", "jsonPath": ".status.poolSummary"},
                     {"name": "Mode", "type": "string", "jsonPath": ".spec.tuning.mode"},
                     {"name": "Ready", "type": "string",
                      "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status"},

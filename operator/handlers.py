@@ -6,8 +6,9 @@
 - delete: no finalizer (``optional=True``); owner references let the garbage collector
   remove the children, so a stopped operator never blocks a deletion.
 - Node events: when the GPU inventory (class -> schedulable nodes) changes, every
-  InferenceDeployment is annotated with the new inventory digest; that annotation is part of
-  what kopf diffs, so each one gets an update reconcile (a new pool is noticed at once).
+  InferenceDeployment is reconciled at once (a new pool is noticed without waiting for the
+  retry of a pool that had no nodes).
+- A timer follows rollouts into Progressing/Ready while Progressing is True.
 
 kopf keeps its bookkeeping in annotations under ``kvtune.io`` (not in status, whose schema
 kvtune owns and the API server prunes).
@@ -28,8 +29,8 @@ from kvtune.operator import pools as gpu_pools
 from kvtune.operator import reconcile as rec
 
 RESOURCE = (api.GROUP, api.VERSION, api.PLURAL)
-ANNOTATION_INVENTORY = "kvtune.io/gpu-inventory"
 INVENTORY_PERIOD_SECONDS = 2.0
+ROLLOUT_POLL_SECONDS = 2.0
 LOG = logging.getLogger("kvtune.operator")
 
 
@@ -62,6 +63,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # kvtune posts its own Events (plan changes, rollouts); kopf's log lines stay in the log.
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
+    # Node events (heartbeats) and rollout polls are many: keep their successes quiet.
+    logging.getLogger("kopf.objects").addFilter(_QuietWatchSuccess())
     memo.kube = kapply.Kube.connect(CONFIG.kubeconfig)
     memo.inventory = {}
     memo.inventory_lock = threading.Lock()
@@ -75,6 +78,13 @@ def stop_inventory(memo: kopf.Memo, **_: Any) -> None:
     memo.inventory_stop.set()
 
 
+class _QuietWatchSuccess(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith(("Handler 'gpu-inventory'", "Timer 'rollout'"))
+                    and "succeeded" in message)
+
+
 def _run(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, trigger: str) -> None:
     with metrics.timed(trigger):
         try:
@@ -84,7 +94,7 @@ def _run(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, trigger: str) ->
             metrics.RECONCILE_ERRORS.labels(type(exc).__name__).inc()
             raise kopf.TemporaryError(f"reconcile failed: {exc}", delay=30) from exc
     for event in result.events:
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+        kapply.post_event(memo.kube, body, event.type, event.reason, event.message)
         if event.reason == "PlanChanged":
             metrics.PLAN_CHANGES.inc()
     meta = body["metadata"]
@@ -128,6 +138,19 @@ def on_delete(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
     logger.info("deleted; the garbage collector removes its Deployments, Services and PDBs")
 
 
+def _progressing(status: kopf.Status, **_: Any) -> bool:
+    return any(c.get("type") == "Progressing" and c.get("status") == "True"
+               for c in status.get("conditions", []))
+
+
+@kopf.timer(*RESOURCE, id="rollout", interval=ROLLOUT_POLL_SECONDS, when=_progressing)
+def follow_rollout(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """While a rollout is in progress, follow the Deployments into Progressing/Ready. (A
+    timer, not a Deployment watch: it cannot miss a rollout that ended before the status
+    saying it started was written.)"""
+    rec.refresh_rollout(body, kube=memo.kube)
+
+
 @kopf.on.event("", "v1", "nodes", id="gpu-inventory")
 def on_node(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     # Node heartbeats arrive often: only record the class; the inventory thread decides.
@@ -149,8 +172,9 @@ def _digest(inventory: dict[str, tuple[str, bool]]) -> str:
 
 
 def _watch_inventory(memo: kopf.Memo, stop: threading.Event) -> None:
-    """Annotate every InferenceDeployment when the inventory has changed and then held still
-    for one period (the initial node listing arrives as a burst of events)."""
+    """Reconcile every InferenceDeployment when the inventory has changed and then held still
+    for one period (the initial node listing arrives as a burst of events). Direct, not via
+    kopf: a create handler waiting out a TemporaryError delay would not see an update."""
     last_seen: str | None = None
     applied: str | None = None
     while not stop.wait(INVENTORY_PERIOD_SECONDS):
@@ -159,30 +183,26 @@ def _watch_inventory(memo: kopf.Memo, stop: threading.Event) -> None:
         if digest != last_seen:
             last_seen = digest
             continue
-        if digest != applied:
-            try:
-                _annotate_all(memo.kube, digest)
-                applied = digest
-                LOG.info("GPU inventory %s: InferenceDeployments re-reconcile", digest or "-")
-            except Exception:  # the next period retries; a watch hiccup must not end the loop
-                LOG.exception("cannot annotate InferenceDeployments with the GPU inventory")
+        if digest == applied:
+            continue
+        if applied is None:
+            # The first inventory after a start: resume handlers reconcile everything anyway.
+            applied = digest
+            continue
+        LOG.info("GPU inventory is now %s: reconciling InferenceDeployments", digest or "-")
+        try:
+            _reconcile_all(memo.kube)
+            applied = digest
+        except Exception:  # the next period retries; a hiccup must not end the loop
+            LOG.exception("reconcile after a GPU inventory change failed")
 
 
-def _annotate_all(kube: kapply.Kube, digest: str) -> None:
-    custom = kube.custom
-    namespaces = CONFIG.namespaces or (None,)
-    for namespace in namespaces:
-        if namespace is None:
-            items = custom.list_cluster_custom_object(api.GROUP, api.VERSION, api.PLURAL)
-        else:
-            items = custom.list_namespaced_custom_object(api.GROUP, api.VERSION, namespace,
-                                                         api.PLURAL)
-        for item in items.get("items", []):
-            meta = item["metadata"]
-            if (meta.get("annotations") or {}).get(ANNOTATION_INVENTORY) == digest:
-                continue
-            custom.patch_namespaced_custom_object(
-                api.GROUP, api.VERSION, meta["namespace"], api.PLURAL, meta["name"],
-                {"metadata": {"annotations": {ANNOTATION_INVENTORY: digest}}},
-                _content_type="application/merge-patch+json",
-            )
+def _reconcile_all(kube: kapply.Kube) -> None:
+    for body in kapply.list_inference_deployments(kube, CONFIG.namespaces):
+        if body["metadata"].get("deletionTimestamp"):
+            continue
+        with metrics.timed("nodes"):
+            result = rec.reconcile(body, kube=kube)
+        metrics.RECONCILES.labels("nodes", "ok").inc()
+        for event in result.events:
+            kapply.post_event(kube, body, event.type, event.reason, event.message)

@@ -40,7 +40,6 @@ from kvtune.tuner.workload import WorkloadProfile
 from pydantic import ValidationError
 
 NO_NODES_RETRY_SECONDS = 30.0
-ROLLOUT_RECHECK_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -314,13 +313,10 @@ def reconcile(
     status = InferenceDeploymentStatus(
         observed_generation=generation, mode=mode, conditions=conditions,
         profile=used_profile_status, pools=[o.status for o in outcomes],
+        pool_summary=pool_summary([o.status for o in outcomes]),
     )
-    retry = None
-    if waiting:
-        retry = NO_NODES_RETRY_SECONDS
-    elif rolling:
-        retry = ROLLOUT_RECHECK_SECONDS
-    return finish(status, retry_after=retry)
+    # Rollouts are followed by the Deployment watch (refresh_rollout), not by retries.
+    return finish(status, retry_after=NO_NODES_RETRY_SECONDS if waiting else None)
 
 
 def _reconcile_pool(
@@ -422,6 +418,60 @@ def _reconcile_pool(
         planned.model_copy(update={"phase": "Applied", "message": progress}),
         rolling=None if done else progress,
     )
+
+
+def pool_summary(pools: list[PoolStatus]) -> str:
+    """``H200x2,H100x1`` for the printer column (kubectl prints only one item of a list)."""
+    return ",".join(f"{p.gpu_class}x{p.replicas}" for p in pools)
+
+
+def refresh_rollout(body: Mapping[str, Any], *, kube: kapply.Kube,
+                    now: str | None = None) -> bool:
+    """Re-read the pool Deployments of an ``auto`` InferenceDeployment and update
+    Progressing/Ready and the pools' messages; nothing is planned or applied. Called when a
+    child Deployment changes. Returns whether status was written.
+
+    The patch carries the resourceVersion it was computed from, so it never overwrites a
+    status a concurrent reconcile wrote meanwhile."""
+    previous = _previous_status(body)
+    degraded = cond.get_condition(previous.conditions, cond.DEGRADED)
+    ready = cond.get_condition(previous.conditions, cond.READY)
+    if previous.mode != "auto" or not previous.pools or (degraded and degraded.status == "True"):
+        return False
+    if ready and ready.reason not in (cond.ALL_POOLS_APPLIED, cond.ROLLING_OUT):
+        return False
+    meta = body["metadata"]
+    pools, rolling = [], []
+    for pool in previous.pools:
+        if pool.phase == "Applied" and pool.deployment:
+            deployment = kapply.read_deployment(kube, meta["namespace"], pool.deployment)
+            if deployment is None:
+                return False  # the next reconcile re-creates it
+            done, progress = kapply.rollout_done(deployment)
+            pool = pool.model_copy(update={"message": progress})
+            if not done:
+                rolling.append(f"{pool.name}: {progress}")
+        pools.append(pool)
+    conditions = list(previous.conditions)
+    generation = previous.observed_generation
+    if rolling:
+        conditions = cond.set_condition(conditions, cond.PROGRESSING, True, cond.ROLLING_OUT,
+                                        "; ".join(rolling), generation=generation, now=now)
+        conditions = cond.set_condition(conditions, cond.READY, False, cond.ROLLING_OUT,
+                                        "; ".join(rolling), generation=generation, now=now)
+    else:
+        conditions = cond.set_condition(conditions, cond.PROGRESSING, False, cond.ROLLED_OUT,
+                                        "every pool runs its current plan",
+                                        generation=generation, now=now)
+        conditions = cond.set_condition(conditions, cond.READY, True, cond.ALL_POOLS_APPLIED,
+                                        f"{len(pools)} pool(s) run their plan",
+                                        generation=generation, now=now)
+    status = previous.model_copy(update={"pools": pools, "conditions": conditions})
+    new = _dump(status)
+    if new == _dump(previous):
+        return False
+    return kapply.patch_status(kube, meta["namespace"], meta["name"], new,
+                               resource_version=meta.get("resourceVersion"))
 
 
 def status_of(body: Mapping[str, Any]) -> InferenceDeploymentStatus:

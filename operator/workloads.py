@@ -40,10 +40,8 @@ def merge_quantiles(base: TokenQuantiles, declared: DeclaredTokens | None) -> To
 def declared_profile(workload: WorkloadSpec) -> WorkloadProfile:
     from kvtune.tuner.presets import preset_profile
 
-    hint = None
-    if workload.context_tokens is not None:
-        hint = workload.context_tokens.max or workload.context_tokens.p99 or \
-            workload.context_tokens.p95 or workload.context_tokens.p50
+    # The preset's context distribution is rescaled to the declared p95 (its own convention).
+    hint = workload.context_tokens.p95 if workload.context_tokens is not None else None
     base = preset_profile(workload.profile, hint)
     update: dict[str, Any] = {
         "source": "declared",

@@ -1,0 +1,274 @@
+"""The operator against the real control plane (etcd, kube-apiserver, controller-manager with
+its garbage collector, scheduler, kwok GPU nodes): `kvtune operator` runs as a subprocess."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from op_cluster_helpers import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    OperatorProcess,
+    condition,
+    create_infd,
+    ensure_namespace,
+    get_infd,
+    install_crd,
+    patch_spec,
+    wait_for,
+)
+from op_samples import SAMPLE_SPEC
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+NAMESPACES = ["op-two-pools", "op-recommend", "op-invalid", "op-degraded", "op-nodes",
+              "op-template"]
+
+
+@pytest.fixture(scope="module")
+def cluster_api(local_cluster: Any) -> Any:
+    api = local_cluster.api_client()
+    install_crd(api)
+    for ns in NAMESPACES:
+        ensure_namespace(api, ns)
+    return api
+
+
+@pytest.fixture(scope="module")
+def operator(local_cluster: Any, cluster_api: Any,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    log = Path(tmp_path_factory.mktemp("operator")) / "operator.log"
+    proc = OperatorProcess(Path(local_cluster.kubeconfig_path), NAMESPACES, log)
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+def _deployments(api: Any, ns: str) -> dict[str, Any]:
+    items = client.AppsV1Api(api).list_namespaced_deployment(
+        ns, label_selector="kvtune.io/deployment").items
+    return {d.metadata.name: d for d in items}
+
+
+def _ready(api: Any, ns: str, name: str, reason: str | None = None) -> dict[str, Any] | None:
+    obj = get_infd(api, ns, name)
+    ready = condition(obj, "Ready")
+    ok = ready is not None and ready["status"] == "True" and (
+        reason is None or ready["reason"] == reason)
+    return obj if ok else None
+
+
+def test_two_pools_become_two_deployments_with_the_planned_flags(
+    cluster_api: Any, operator: OperatorProcess
+) -> None:
+    ns = "op-two-pools"
+    create_infd(cluster_api, ns, "support-bot", copy.deepcopy(SAMPLE_SPEC))
+    obj = wait_for(lambda: _ready(cluster_api, ns, "support-bot", "AllPoolsApplied"),
+                   "Ready=True", 90, operator.log)
+    status = obj["status"]
+    assert status["observedGeneration"] == obj["metadata"]["generation"]
+    assert status["poolSummary"] == "H200x2,H100x1"
+    assert condition(obj, "Degraded")["status"] == "False"  # type: ignore[index]
+    assert condition(obj, "Progressing")["status"] == "False"  # type: ignore[index]
+    assert status["profile"]["source"] == "declared"
+    deployments = _deployments(cluster_api, ns)
+    assert sorted(deployments) == ["support-bot-h100", "support-bot-h200"]
+    for pool in status["pools"]:
+        assert pool["phase"] == "Applied" and pool["revision"] == 1
+        assert pool["plan"]["blockSize"] == 32  # the pin
+        assert any(r.startswith("kv-cache-dtype=") for r in pool["reasons"])
+        assert pool["expected"]["kvCacheTokens"] > 0
+        dep = deployments[pool["deployment"]]
+        container = dep.spec.template.spec.containers[0]
+        assert container.args == pool["vllmArgs"]
+        assert f"--kv-cache-dtype={pool['plan']['kvCacheDtype']}" in container.args
+        assert f"--max-num-seqs={pool['plan']['maxNumSeqs']}" in container.args
+        assert f"--tensor-parallel-size={pool['tensorParallel']}" in container.args
+        assert container.resources.limits["nvidia.com/gpu"] == str(pool["tensorParallel"])
+        assert dep.metadata.labels["kvtune.io/plan-revision"] == "1"
+        owner = dep.metadata.owner_references[0]
+        assert (owner.kind, owner.name, owner.controller) == ("InferenceDeployment",
+                                                              "support-bot", True)
+        assert dep.status.ready_replicas == pool["replicas"]
+        # The real scheduler put the pods on nodes of the pool's class.
+        pods = client.CoreV1Api(cluster_api).list_namespaced_pod(
+            ns, label_selector=f"kvtune.io/pool={pool['name']}").items
+        assert pods and all(p.spec.node_name.startswith(pool["gpuClass"].lower())
+                            for p in pods)
+    events = client.CoreV1Api(cluster_api).list_namespaced_event(ns).items
+    reasons = {e.reason for e in events if e.involved_object.kind == "InferenceDeployment"}
+    assert {"PlanChanged", "RolloutStarted"} <= reasons
+
+
+def test_restart_causes_no_new_rollout(cluster_api: Any, operator: OperatorProcess) -> None:
+    ns = "op-two-pools"
+    wait_for(lambda: _ready(cluster_api, ns, "support-bot"), "the two-pool sample Ready", 90,
+             operator.log)
+    before = {n: (d.metadata.generation, d.spec.template.metadata.annotations)
+              for n, d in _deployments(cluster_api, ns).items()}
+    status_before = get_infd(cluster_api, ns, "support-bot")["status"]
+    operator.stop()
+    operator.start()
+    wait_for(lambda: "Resuming is processed" in operator.current_log(),
+             "the restarted operator to resume its objects", 60, operator.log)
+    after = {n: (d.metadata.generation, d.spec.template.metadata.annotations)
+             for n, d in _deployments(cluster_api, ns).items()}
+    assert after == before
+    status_after = get_infd(cluster_api, ns, "support-bot")["status"]
+    assert status_after["pools"] == status_before["pools"]
+    assert status_after["conditions"] == status_before["conditions"]
+
+
+def test_recommend_mode_writes_plans_and_changes_nothing(
+    cluster_api: Any, operator: OperatorProcess
+) -> None:
+    ns = "op-recommend"
+    spec = copy.deepcopy(SAMPLE_SPEC)
+    spec["tuning"]["mode"] = "recommend"
+    create_infd(cluster_api, ns, "reviewed", spec)
+    obj = wait_for(lambda: _ready(cluster_api, ns, "reviewed", "Recommended"),
+                   "Ready=True/Recommended", 60, operator.log)
+    assert [p["phase"] for p in obj["status"]["pools"]] == ["Recommended", "Recommended"]
+    assert all(p["plan"]["maxModelLen"] >= 32768 for p in obj["status"]["pools"])
+    assert _deployments(cluster_api, ns) == {}
+    assert client.CoreV1Api(cluster_api).list_namespaced_service(ns).items == []
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"pools": [{"gpuClass": "H200", "replicas": 0}]}, "canaryReplicas"),
+    ({"tuning": {"pin": {"blockSize": 24}}}, "multiple of 16"),
+    ({"pools": [{"gpuClass": "H200"}, {"gpuClass": "H200"}]}, "pool names must be unique"),
+    ({"tuning": {"pin": {"kvCacheDtype": "nvfp4"}}}, "narrower than"),
+    ({"slo": {"ttftP95": "2 seconds"}}, "ttftP95"),
+    ({"pools": [{"gpuClass": "H200", "tensorParallel": 3}]}, "tensorParallel"),
+])
+def test_invalid_objects_are_refused_by_the_crd(
+    cluster_api: Any, change: dict[str, Any], message: str
+) -> None:
+    spec = {**copy.deepcopy(SAMPLE_SPEC), **change}
+    with pytest.raises(ApiException) as info:
+        create_infd(cluster_api, "op-invalid", "refused", spec)
+    assert info.value.status == 422
+    assert message in info.value.body
+
+
+def test_bad_model_degrades_and_leaves_the_runtime_alone(
+    cluster_api: Any, operator: OperatorProcess
+) -> None:
+    ns = "op-degraded"
+    spec = copy.deepcopy(SAMPLE_SPEC)
+    spec["pools"] = [{"gpuClass": "H100", "replicas": 1}]
+    create_infd(cluster_api, ns, "bot", spec)
+    wait_for(lambda: _ready(cluster_api, ns, "bot"), "Ready", 60, operator.log)
+    before = _deployments(cluster_api, ns)["bot-h100"]
+    patch_spec(cluster_api, ns, "bot", {"model": {"name": "acme/NotAModel-13B"}})
+
+    def degraded() -> dict[str, Any] | None:
+        obj = get_infd(cluster_api, ns, "bot")
+        cond = condition(obj, "Degraded")
+        return cond if cond and cond["status"] == "True" else None
+
+    cond = wait_for(degraded, "Degraded=True", 60, operator.log)
+    assert cond["reason"] == "UnknownModel"
+    assert "spec.model.name" in cond["message"] and "acme/NotAModel-13B" in cond["message"]
+    assert "configMapRef" in cond["message"]  # the fix
+    after = _deployments(cluster_api, ns)["bot-h100"]
+    assert after.metadata.generation == before.metadata.generation
+    assert after.spec.template.spec.containers[0].args == \
+        before.spec.template.spec.containers[0].args
+
+
+def test_deletion_garbage_collects_the_children(
+    cluster_api: Any, operator: OperatorProcess
+) -> None:
+    ns = "op-degraded"
+    wait_for(lambda: _deployments(cluster_api, ns), "the Deployment of 'bot'", 60)
+    client.CustomObjectsApi(cluster_api).delete_namespaced_custom_object(
+        GROUP, VERSION, ns, PLURAL, "bot")
+    core, policy = client.CoreV1Api(cluster_api), client.PolicyV1Api(cluster_api)
+
+    def gone() -> bool:
+        return not _deployments(cluster_api, ns) and not core.list_namespaced_service(
+            ns).items and not policy.list_namespaced_pod_disruption_budget(ns).items
+
+    wait_for(gone, "the garbage collector to delete Deployment, Service and PDB", 60)
+
+
+def test_pool_without_nodes_waits_then_follows_a_new_node(
+    local_cluster: Any, cluster_api: Any, operator: OperatorProcess
+) -> None:
+    ns = "op-nodes"
+    spec = copy.deepcopy(SAMPLE_SPEC)
+    spec["pools"] = [{"gpuClass": "L40S", "replicas": 1}]
+    spec["rollout"] = {"canaryReplicas": 0}
+    create_infd(cluster_api, ns, "edge", spec)
+
+    def waiting() -> dict[str, Any] | None:
+        obj = get_infd(cluster_api, ns, "edge")
+        ready = condition(obj, "Ready")
+        return obj if ready and ready["reason"] == "PoolWithoutNodes" else None
+
+    obj = wait_for(waiting, "Ready=False/PoolWithoutNodes", 60, operator.log)
+    assert obj["status"]["pools"][0]["phase"] == "NoNodes"
+    assert obj["status"]["pools"][0]["plan"]["kvCacheDtype"]  # planned, only not applied
+    assert _deployments(cluster_api, ns) == {}
+    core = client.CoreV1Api(cluster_api)
+    core.create_node({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "l40s-op-test", "annotations": {"kwok.x-k8s.io/node": "fake"},
+                     "labels": {"kubernetes.io/hostname": "l40s-op-test",
+                                "kubernetes.io/os": "linux", "type": "kwok",
+                                "nvidia.com/gpu.present": "true",
+                                "nvidia.com/gpu.product": "NVIDIA-L40S",
+                                "nvidia.com/gpu.count": "4"}},
+        "status": {"capacity": {"cpu": "64", "memory": "512Gi", "pods": "110",
+                                "nvidia.com/gpu": "4"},
+                   "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110",
+                                   "nvidia.com/gpu": "4"}},
+    })
+    try:
+        # Well inside the 30 s no-nodes retry: the node watch triggers the reconcile.
+        obj = wait_for(lambda: _ready(cluster_api, ns, "edge"), "Ready after the node came",
+                       25, operator.log)
+        assert obj["status"]["pools"][0]["nodes"] == 1
+        pods = core.list_namespaced_pod(ns).items
+        assert [p.spec.node_name for p in pods] == ["l40s-op-test"]
+    finally:
+        client.CustomObjectsApi(cluster_api).delete_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, "edge")
+        core.delete_node("l40s-op-test")
+
+
+def test_invalid_pod_template_is_reported_and_nothing_changes(
+    cluster_api: Any, operator: OperatorProcess
+) -> None:
+    ns = "op-template"
+    spec = copy.deepcopy(SAMPLE_SPEC)
+    spec["pools"] = [{"gpuClass": "H200", "replicas": 1}]
+    create_infd(cluster_api, ns, "tpl", spec)
+    wait_for(lambda: _ready(cluster_api, ns, "tpl"), "Ready", 60, operator.log)
+    before = _deployments(cluster_api, ns)["tpl-h200"]
+    # Renders valid YAML of the right shape, but an object the API server refuses.
+    template = ("spec:\n  containers:\n    - name: vllm\n      image: {{ image | tojson }}\n"
+                "      args: {{ args | tojson }}\n"
+                "      resources: {limits: {nvidia.com/gpu: not-a-quantity}}\n")
+    client.CoreV1Api(cluster_api).create_namespaced_config_map(
+        ns, {"metadata": {"name": "pod-tpl"}, "data": {"pod.yaml.j2": template}})
+    patch_spec(cluster_api, ns, "tpl", {"runtime": {"podTemplate": {
+        "configMapRef": {"name": "pod-tpl"}}}})
+
+    def degraded() -> dict[str, Any] | None:
+        cond = condition(get_infd(cluster_api, ns, "tpl"), "Degraded")
+        return cond if cond and cond["status"] == "True" else None
+
+    cond = wait_for(degraded, "Degraded=True for the template", 60, operator.log)
+    assert cond["reason"] == "ApplyFailed"
+    assert "tpl-h200" in cond["message"] and "nothing was changed" in cond["message"]
+    after = _deployments(cluster_api, ns)["tpl-h200"]
+    assert after.metadata.generation == before.metadata.generation
