@@ -87,3 +87,18 @@ def max_seqs_within(
         else:
             hi = mid
     return lo
+
+
+# Model FLOPs utilization of chunked prefill (large GEMMs, attention over the chunk).
+PREFILL_MFU = 0.4
+
+
+def prefill_seconds_per_token(
+    model: ModelArchitecture, gpu: GPUClass, tensor_parallel: int, weight_bits: int
+) -> float:
+    """Compute time of one prompt token: 2 FLOPs per active parameter, shared by the TP
+    ranks, at FP8 tensor-core speed when the weights are 8-bit and the GPU has FP8."""
+    flops = gpu.dense_bf16_flops_per_second
+    if weight_bits <= 8 and gpu.dense_fp8_flops_per_second:
+        flops = gpu.dense_fp8_flops_per_second
+    return 2 * model.active_parameter_count / (tensor_parallel * flops * PREFILL_MFU)

@@ -352,15 +352,96 @@ class _Planner:
         if self.pins.max_num_batched_tokens is not None:
             self._pinned("max-num-batched-tokens", str(self.pins.max_num_batched_tokens))
             return self.pins.max_num_batched_tokens
-        self.reasons.append(Reason(
-            knob="max-num-batched-tokens", choice=str(default_tokens), code="RuntimeDefault",
-            message=(
-                f"vLLM {self.runtime.vllm_version}'s default for a "
-                f"{_gib(self.gpu.cuda_total_bytes)} GPU: prefill chunks of {default_tokens} "
-                "tokens keep decode steps short while prompts stream in"
-            ),
-        ))
         return default_tokens
+
+    def chunked_step_seconds(
+        self, dtype: str, bs: int, num_seqs: int, chunk_tokens: int, max_model_len: int,
+        batched: int,
+    ) -> float:
+        """A step that decodes ``num_seqs`` median sessions and prefills ``chunk_tokens``:
+        the bandwidth-bound decode plus the compute-bound chunk (conservatively additive)."""
+        per_seq = self.request_bytes(
+            dtype, bs, min(self.p50_session, max_model_len), batched, max_model_len)
+        decode_s = decode.decode_step_seconds(
+            self.model, self.gpu, self.tp, self.weights_bytes, num_seqs, per_seq)
+        bits = weight_bits(self.model, self.req.weights_dtype)
+        return decode_s + chunk_tokens * decode.prefill_seconds_per_token(
+            self.model, self.gpu, self.tp, bits)
+
+    def tune_batched_tokens(
+        self, default: int, dtype: str, bs: int, num_seqs: int, utilization: float,
+        max_model_len: int,
+    ) -> int:
+        """vLLM's default token budget per step, shrunk when a step carrying a prefill chunk
+        would push decodes too far past the TPOT SLO, grown when the p95 prompt would miss the
+        TTFT SLO (and memory allows). Decode tokens count against the budget (one per running
+        sequence); the rest is prefill."""
+        if self.pins.max_num_batched_tokens is not None:
+            return default
+        slo = self.req.policy.slo
+        prompt = self.req.profile.context_tokens.p95
+        bits = weight_bits(self.model, self.req.weights_dtype)
+        per_token = decode.prefill_seconds_per_token(self.model, self.gpu, self.tp, bits)
+        decode_s = self.chunked_step_seconds(dtype, bs, num_seqs, 0, max_model_len, default)
+        floor = num_seqs + 512  # always leave prefill room
+
+        def step(tokens: int) -> float:
+            return decode_s + max(0, tokens - num_seqs) * per_token
+
+        def ttft(tokens: int) -> float:
+            # The prompt's compute plus one step's decodes per chunk it is split into.
+            room = max(1, tokens - num_seqs)
+            return prompt * per_token + math.ceil(prompt / room) * decode_s
+
+        def fits(tokens: int) -> bool:
+            mem = self.memory(dtype, bs, num_seqs, tokens, utilization)
+            return self.preflight_ok(mem, dtype, bs, tokens, max_model_len)
+
+        chosen = max(default, floor if default < floor else default)
+        code = "RuntimeDefault"
+        message = (
+            f"vLLM {self.runtime.vllm_version}'s default for a "
+            f"{_gib(self.gpu.cuda_total_bytes)} GPU"
+        )
+        # The chunk size barely moves TPOT p95 under steady load: the prompt tokens arriving
+        # per second must be computed whatever the chunking, so the average step is
+        # decode / (1 - prompt load) for any chunk size. It moves inter-token spikes (a step
+        # that carries a full chunk) and TTFT, so kvtune keeps vLLM's default unless the
+        # TTFT SLO needs larger chunks, and reports the spike.
+        ttft_slo = slo.ttft_p95_seconds
+        if ttft_slo is not None and ttft(chosen) > ttft_slo:
+            before = ttft(chosen)
+            for tokens in (chosen * 2, chosen * 4):
+                if not fits(tokens) or ttft(tokens) >= ttft(chosen) * 0.98:
+                    break
+                chosen, code = tokens, "TTFTBudget"
+                if ttft(tokens) <= ttft_slo:
+                    break
+            if code == "TTFTBudget":
+                message = (
+                    f"the p95 prompt ({prompt} tokens) takes {before:.2f} s to prefill at "
+                    f"{default} tokens per step; at {chosen} it takes {ttft(chosen):.2f} s "
+                    f"(TTFT p95 SLO {ttft_slo:g} s)"
+                )
+            if ttft(chosen) > ttft_slo:
+                self.warnings.append(
+                    f"the p95 prompt ({prompt} tokens) needs about {ttft(chosen):.2f} s to "
+                    f"prefill, above the TTFT p95 SLO of {ttft_slo:g} s, even at {chosen} "
+                    "tokens per step; more tensor parallel or a faster GPU would help"
+                )
+        if code == "RuntimeDefault":
+            message += (
+                f": {chosen} tokens per step; the p95 prompt ({prompt} tokens) prefills in "
+                f"about {ttft(chosen):.2f} s"
+            )
+        message += (
+            f"; a step that carries a full chunk takes about {step(chosen) * 1000:.0f} ms "
+            f"(an inter-token spike for the {num_seqs} running sequences)"
+        )
+        self.reasons.append(Reason(
+            knob="max-num-batched-tokens", choice=str(chosen), code=code, message=message,
+        ))
+        return chosen
 
     def utilization(self) -> float:
         if self.pins.gpu_memory_utilization is not None:
@@ -734,7 +815,8 @@ class _Planner:
         )
         return NoFeasiblePlan(
             f"{self.model.hf_id} on {self.gpu.name} at TP {self.tp} with "
-            f"{self.req.weights_dtype} weights: {what}. Needed {_gib(need)} ({_gib(mem.non_kv.weights_bytes)} weights, "
+            f"{self.req.weights_dtype} weights: {what}. Needed {_gib(need)} "
+            f"({_gib(mem.non_kv.weights_bytes)} weights, "
             f"{_gib(mem.non_kv.total_bytes - mem.non_kv.weights_bytes)} activations/CUDA "
             f"graphs/buffers, the rest KV), available {_gib(available)} of "
             f"{_gib(self.gpu.cuda_total_bytes)} at gpu-memory-utilization {utilization:g}. "
@@ -807,6 +889,12 @@ class _Planner:
             self._pinned("max-num-seqs", str(max_num_seqs))
         else:
             bw = self.bandwidth_seqs(dtype, bs, batched, max_model_len, tpot)
+            if bw == 0:
+                self.warnings.append(
+                    f"even one sequence misses {tpot_why}: reading "
+                    f"{_gib(self.weights_bytes)} of weights per step takes longer; more "
+                    "tensor parallel or lower-precision weights would help"
+                )
             seqs = max(1, min(bw, fit_p50, MAX_NUM_SEQS_CEILING, batched))
             if seqs >= 16:
                 seqs = seqs // 8 * 8  # CUDA-graph capture sizes are multiples of 8
@@ -835,6 +923,8 @@ class _Planner:
         self.reasons.append(Reason(
             knob="max-model-len", choice=str(max_model_len), code=len_code, message=len_message,
         ))
+        batched = self.tune_batched_tokens(
+            batched, dtype, bs, max_num_seqs, utilization, max_model_len)
         offload = self.offload()
 
         plan = KVPlan(

@@ -318,3 +318,30 @@ def test_pins_always_honoured(request: PlanRequest, block: int, seqs: int) -> No
 def test_session_tokens() -> None:
     p = preset_profile("chat")
     assert session_tokens(p, "p95") == p.context_tokens.p95 + p.output_tokens.p95
+
+
+def test_batched_tokens_default_and_ttft_growth() -> None:
+    llama8 = get_model("meta-llama/Llama-3.1-8B-Instruct")
+    base = PlanRequest(model=llama8, gpu=get_gpu_class("H100"),
+                       profile=preset_profile("long-context"))
+    pool = plan_pool(base)
+    reason = next(r for r in pool.reasons if r.knob == "max-num-batched-tokens")
+    assert (pool.plan.max_num_batched_tokens, reason.code) == (8192, "RuntimeDefault")
+    assert "inter-token spike" in reason.message
+    slo = base.model_copy(update={"policy": PlanPolicy(slo=SLO(ttft_p95_seconds=3.0))})
+    grown = plan_pool(slo)
+    reason = next(r for r in grown.reasons if r.knob == "max-num-batched-tokens")
+    assert reason.code == "TTFTBudget"
+    assert grown.plan.max_num_batched_tokens > 8192
+    assert preflight(slo, grown.plan)[0]
+    # 100K-token prompts on an 8B model need more than 3 s on one H100: said, not hidden.
+    assert any("TTFT p95 SLO" in w for w in grown.warnings)
+
+
+def test_unreachable_tpot_is_warned() -> None:
+    pool = plan_pool(PlanRequest(
+        model=LLAMA_70B, gpu=get_gpu_class("H100"), tensor_parallel=2, weights_dtype="bf16",
+        profile=preset_profile("chat"), policy=PlanPolicy(slo=SLO(tpot_p95_seconds=0.02)),
+    ))
+    assert pool.plan.max_num_seqs == 1
+    assert any("even one sequence misses" in w for w in pool.warnings)
