@@ -103,7 +103,7 @@ def test_namespaced_mode_uses_roles(helm: Path) -> None:
                      and "aggregate-to-edit" not in str(d["metadata"].get("labels"))
                      for r in d["rules"]]
     assert {res for r in cluster_rules for res in r["resources"]} == {
-        "nodes", "customresourcedefinitions"}
+        "nodes", "customresourcedefinitions", "namespaces"}
     for rule in cluster_rules:
         assert set(rule["verbs"]) <= {"get", "list", "watch"}
     peerings = by_kind(docs, "KopfPeering")

@@ -124,7 +124,8 @@ def releases(helm: Path, local_cluster: Any, admin: Any) -> Iterator[dict[str, s
                        capture_output=True, timeout=120, check=False)
 
 
-def access_allowed(admin: Any, service_account: str, check: tuple[str, ...]) -> bool:
+def access_allowed(admin: Any, service_account: str, check: tuple[str, ...],
+                   name: str | None = None) -> bool:
     from kubernetes import client
 
     verb, group, resource, subresource, namespace = check
@@ -134,7 +135,7 @@ def access_allowed(admin: Any, service_account: str, check: tuple[str, ...]) -> 
                 "system:authenticated"],
         resource_attributes=client.V1ResourceAttributes(
             verb=verb, group=group, resource=resource, subresource=subresource or None,
-            namespace=namespace or None)))
+            namespace=namespace or None, name=name)))
     result = client.AuthorizationV1Api(admin).create_subject_access_review(review)
     return bool(result.status.allowed)
 
@@ -166,7 +167,10 @@ def test_service_account_can_do_exactly_what_the_operator_needs(
     assert excess == [], f"{sa} may do more than it needs: {excess}"
     peering = ("patch", "kopf.dev", "kopfpeerings" if mode == "namespaced"
                else "clusterkopfpeerings", "", WATCHED_NS if mode == "namespaced" else "")
-    assert access_allowed(admin, sa, peering)
+    # Patching peering objects is limited to this release's own (resourceNames).
+    assert access_allowed(admin, sa, peering, name=sa)
+    assert not access_allowed(admin, sa, peering, name="someone-elses-peering")
+    assert not access_allowed(admin, sa, peering)
     if mode == "namespaced":
         # Nothing namespaced outside the watched namespace.
         assert not access_allowed(admin, sa, ("patch", "apps", "deployments", "", "default"))

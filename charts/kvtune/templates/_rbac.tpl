@@ -54,6 +54,13 @@ notice when the InferenceDeployment CRD appears or changes. */}}
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [list, watch]
+{{- if .Values.operator.namespaced }}
+{{- /* kopf serving named namespaces observes which exist (it retries for ~20 s, then
+falls back to assuming them, when it cannot): names only, no content. */}}
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [list, watch]
+{{- end }}
 {{- end -}}
 
 {{/* kopf peering: list/watch the peering kind, patch only this release's peering object. */}}
