@@ -92,16 +92,42 @@ def test_longest_hit_stops_at_the_first_miss_and_at_the_cap() -> None:
 
 
 def test_unshared_blocks_are_cached_but_never_in_the_map() -> None:
-    pool = BlockPool(num_gpu_blocks=6, enable_caching=True)
-    a = pool.get_new_blocks(3)
-    pool.cache_full_blocks(a, [42], 0, 3)  # one shareable key, two unique blocks
-    assert [b.block_hash for b in a] == [42, UNSHARED_HASH, UNSHARED_HASH]
+    pool = BlockPool(num_gpu_blocks=7, enable_caching=True)
+    a = pool.get_new_blocks(4)  # 1..4: three full blocks and a partial one
+    pool.cache_full_blocks(a, [42], 0, 3)  # one shareable key, two unique full blocks
+    assert [b.block_hash for b in a] == [42, None, None, None]
     assert set(pool.cached_block_hash_to_block) == {42}
-    pool.free_blocks(reversed(a))
-    # All three are hashed, so all wait at the back, tail first.
-    assert pool.free_block_queue.block_ids() == [4, 5, 3, 2, 1]
+    pool.free_request_blocks(a, num_full_blocks=3)
+    # The unique full blocks are hashed (as in vLLM) when freed; the partial block is not.
+    assert [b.block_hash for b in a] == [42, UNSHARED_HASH, UNSHARED_HASH, None]
+    # Same order as vLLM's free_blocks(reversed(blocks)): partial block 4 to the front,
+    # the hashed ones to the back, tail first.
+    assert pool.free_block_queue.block_ids() == [4, 5, 6, 3, 2, 1]
     assert pool.num_cached_free_blocks() == 3
+    assert set(pool.cached_block_hash_to_block) == {42}
     pool.check_invariants()
+
+
+def test_free_request_blocks_matches_free_blocks_order() -> None:
+    pools = [BlockPool(num_gpu_blocks=9, enable_caching=True) for _ in range(2)]
+    for i, pool in enumerate(pools):
+        x = pool.get_new_blocks(3)
+        y = pool.get_new_blocks(3)
+        keys = [10, 11]
+        pool.cache_full_blocks(x, keys, 0, 2)
+        pool.cache_full_blocks(y, [], 0, 2)
+        if i == 0:
+            for blocks in (x, y):
+                for b in blocks[:2]:
+                    if b.block_hash is None:
+                        b.block_hash = UNSHARED_HASH  # what vLLM's hashing would have done
+                        pool.num_hashed_blocks += 1
+                pool.free_blocks(reversed(blocks))
+        else:
+            pool.free_request_blocks(x, 2)
+            pool.free_request_blocks(y, 2)
+        pool.check_invariants()
+    assert pools[0].free_block_queue.block_ids() == pools[1].free_block_queue.block_ids()
 
 
 def test_duplicate_hash_keeps_the_first_block() -> None:

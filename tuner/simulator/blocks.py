@@ -190,14 +190,17 @@ class BlockPool:
         self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[int],
         num_cached_blocks: int, num_full_blocks: int,
     ) -> None:
-        """Give blocks ``[num_cached_blocks, num_full_blocks)`` their hash. ``block_hashes``
-        holds the request's shareable keys; blocks past its end get ``UNSHARED_HASH``."""
-        if not self.enable_caching or num_cached_blocks >= num_full_blocks:
+        """Give blocks ``[num_cached_blocks, num_full_blocks)`` their hash from
+        ``block_hashes`` (the request's shareable keys). Full blocks past the shareable
+        prefix are hashed in vLLM too, but no lookup can ever find them, so they are marked
+        ``UNSHARED_HASH`` only when freed (``free_request_blocks``): same eviction order,
+        no per-block work while they are in use."""
+        if not self.enable_caching:
             return
         cache = self.cached_block_hash_to_block
-        split = min(max(len(block_hashes), num_cached_blocks), num_full_blocks)
+        end = min(len(block_hashes), num_full_blocks)
         hashed = 0
-        for i in range(num_cached_blocks, split):
+        for i in range(num_cached_blocks, end):
             b = blocks[i]
             if b.block_hash is not None:
                 continue  # a prefix hit: already cached under this hash
@@ -207,12 +210,35 @@ class BlockPool:
             # one step) is not entered; see the class doc.
             cache.setdefault(h, b)
             hashed += 1
-        # Past the shareable prefix: unique content, cached but never looked up.
-        for b in blocks[split:num_full_blocks]:
-            if b.block_hash is None:
-                b.block_hash = UNSHARED_HASH
-                hashed += 1
         self.num_hashed_blocks += hashed
+
+    def free_request_blocks(self, blocks: Sequence[KVCacheBlock], num_full_blocks: int) -> None:
+        """Free one request's block table the way vLLM does (``free_blocks`` of the blocks in
+        reverse), where its first ``num_full_blocks`` blocks are full and therefore hashed:
+        those without a shareable key get ``UNSHARED_HASH`` now."""
+        if not self.enable_caching:
+            self.free_blocks(reversed(blocks))
+            return
+        first: list[KVCacheBlock] = []
+        last: list[KVCacheBlock] = []
+        # Reverse order: the partial tail blocks come first, then the full blocks.
+        for b in reversed(blocks[num_full_blocks:]):
+            b.ref_cnt -= 1
+            if not b.ref_cnt:
+                (first if b.block_hash is None else last).append(b)
+        marked = 0
+        for b in reversed(blocks[:num_full_blocks]):
+            b.ref_cnt -= 1
+            if not b.ref_cnt:
+                if b.block_hash is None:
+                    b.block_hash = UNSHARED_HASH
+                    marked += 1
+                last.append(b)
+        self.num_hashed_blocks += marked
+        if first:
+            self.free_block_queue.prepend_n(first)
+        if last:
+            self.free_block_queue.append_n(last)
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference from each block; blocks reaching zero go back to the queue,

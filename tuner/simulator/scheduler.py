@@ -201,12 +201,13 @@ class Scheduler:
     def _cache(self, st: RequestState, computed_after: int) -> None:
         num_full = min(computed_after, st.num_tokens) // self.block_size
         if num_full > st.num_cached_blocks:
-            self.pool.cache_full_blocks(st.blocks, st.hashes, st.num_cached_blocks, num_full)
+            if st.num_cached_blocks < len(st.hashes):
+                self.pool.cache_full_blocks(st.blocks, st.hashes, st.num_cached_blocks, num_full)
             st.num_cached_blocks = num_full
 
     def _free(self, st: RequestState) -> None:
         # Reverse: the chain's tail goes first in the eviction order.
-        self.pool.free_blocks(reversed(st.blocks))
+        self.pool.free_request_blocks(st.blocks, st.num_cached_blocks)
         st.blocks = []
         st.num_cached_blocks = 0
 
@@ -405,7 +406,8 @@ class Scheduler:
         if next_arrival is not None and not self.waiting and n < self.config.max_num_seqs:
             k = min(k, self.cost.decode_steps_to_reach(n, context, next_arrival - self.now, k))
         free = self.pool.get_num_free_blocks()
-        if self._new_blocks_for(k) > free:
+        # Cheap bound first: k steps add at most ceil(k / bs) blocks to each sequence.
+        if n * -(-k // self.block_size) > free and self._new_blocks_for(k) > free:
             lo, hi = 0, k  # fits(lo), not fits(hi)
             while hi - lo > 1:
                 mid = (lo + hi) // 2
@@ -434,7 +436,8 @@ class Scheduler:
                 any_done = True
             full = slots // bs
             if full > st.num_cached_blocks:
-                pool.cache_full_blocks(st.blocks, st.hashes, st.num_cached_blocks, full)
+                if st.num_cached_blocks < len(st.hashes):
+                    pool.cache_full_blocks(st.blocks, st.hashes, st.num_cached_blocks, full)
                 st.num_cached_blocks = full
             alloc += len(st.blocks)
             used += slots
