@@ -82,6 +82,8 @@ DEFAULT_TPOT_SECONDS = 0.05
 MAX_MODEL_LEN_HEADROOM = 1.1
 MAX_MODEL_LEN_ROUNDING_TOKENS = 1024
 BLOCK_SIZE_CANDIDATES: tuple[int, ...] = (16, 32, 64, 128)
+# Scored throughputs within this fraction of the best count as a tie (simulation noise).
+THROUGHPUT_TIE = 0.005
 # vLLM's scheduler cap on running sequences by default.
 MAX_NUM_SEQS_CEILING = 1024
 
@@ -1070,10 +1072,17 @@ class _Planner:
             return v
 
         meeting = [s for s in scores if violation(s) <= 0.0]
+        top = max((s.throughput_requests_per_second for s in meeting), default=0.0)
+
+        def tied(s: CandidateScore) -> bool:
+            return s.throughput_requests_per_second >= top * (1.0 - THROUGHPUT_TIE)
+
         if meeting:
-            best = max(meeting, key=lambda s: (
-                s.throughput_requests_per_second, -s.plan.block_size, -s.preemptions,
-                -s.plan.max_num_seqs))
+            # Highest throughput; within THROUGHPUT_TIE of it, the least waste: smaller
+            # blocks (less fragmentation), fewer preemptions, fewer sequences.
+            best = min((s for s in meeting if tied(s)), key=lambda s: (
+                s.plan.block_size, s.preemptions, s.plan.max_num_seqs,
+                -s.throughput_requests_per_second))
             code = "BestScoredWithinSLO"
         else:
             best = min(scores, key=lambda s: (violation(s), -s.throughput_requests_per_second))
@@ -1089,7 +1098,7 @@ class _Planner:
                 check, ok = CHOSEN, True
             elif violation(s) > 0:
                 check, ok = FAILS_SLO, False
-            elif s.throughput_requests_per_second < best.throughput_requests_per_second:
+            elif not tied(s):
                 check, ok = LOWER_THROUGHPUT, True
             else:
                 check, ok = MORE_WASTE, True

@@ -345,3 +345,20 @@ def test_unreachable_tpot_is_warned() -> None:
     ))
     assert pool.plan.max_num_seqs == 1
     assert any("even one sequence misses" in w for w in pool.warnings)
+
+
+def test_scorer_ties_go_to_less_waste() -> None:
+    def flat(request: PlanRequest, candidates: Sequence[KVPlan]) -> Sequence[CandidateScore]:
+        # Throughput equal up to simulation noise (0.1%) whatever the knobs.
+        return [CandidateScore(
+            plan=p, ttft_p95_seconds=0.1, tpot_p95_seconds=0.01,
+            throughput_requests_per_second=10.0 * (1 + 0.001 * (p.block_size == 128)),
+            prefix_hit_rate=0.5, preemptions=0, peak_concurrent_sequences=10, summary="flat",
+        ) for p in candidates]
+
+    pool = plan_pool(article_request(), scorer=flat)
+    sizes = [int(c.value.split()[1]) for c in next(
+        r for r in pool.reasons if r.knob == "block-size").candidates]
+    assert pool.plan.block_size == 16 == min(sizes)
+    reason = next(r for r in pool.reasons if r.knob == "block-size")
+    assert {c.check for c in reason.candidates} == {"Chosen", "MoreWaste"}
