@@ -276,14 +276,24 @@ def _models_help() -> str:
 @click.option("--cpu-offload-gib", type=click.FloatRange(min=0),
               help="CPU memory per GPU that may hold offloaded KV blocks.")
 @click.option("--vllm-version", default=PINNED_VLLM_VERSION, show_default=True)
-@click.option("-o", "--output", "output", type=click.Choice(list(RENDERERS)), default="table",
-              show_default=True)
+@click.option("-o", "--output", "output", type=click.Choice([*RENDERERS, "patch"]),
+              default="table", show_default=True)
+@click.option("--from-cluster", metavar="NAME",
+              help="With -o patch: the spec.tuning.pin patch for this InferenceDeployment's "
+              "recommended plan (read from its status in the cluster).")
+@click.option("--namespace", "-n", help="Namespace of --from-cluster (default: default).")
+@click.option("--pool", help="With --from-cluster: pin this pool's plan (name or GPU class).")
+@click.option("--kubeconfig", type=click.Path(dir_okay=False), help="With --from-cluster.")
 @click.option("--list", "list_catalog", is_flag=True, help="List catalog models and GPU classes.")
 def plan(**opts: Any) -> None:
     """Plan the vLLM KV-cache configuration for one GPU pool, offline."""
     if opts.pop("list_catalog"):
         click.echo("models:\n  " + "\n  ".join(catalog.list_models()))
         click.echo("gpu classes:\n  " + "\n  ".join(gpus.list_gpu_classes()))
+        return
+    from kvtune.cli.plan_from_cluster import handle_plan_options
+
+    if handle_plan_options(opts):  # --from-cluster NAME -o patch (issue 6)
         return
     for required in ("model", "gpu"):
         if not opts[required]:

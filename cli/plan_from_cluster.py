@@ -139,3 +139,31 @@ def fetch(name: str, namespace: str, kubeconfig: str | None = None,
                 f"{namespace!r}; pass -n NAMESPACE)") from err
         raise
     return obj
+
+
+FROM_CLUSTER_OPTIONS = ("from_cluster", "namespace", "pool", "kubeconfig")
+
+
+def handle_plan_options(opts: dict[str, Any]) -> bool:
+    """The ``--from-cluster`` branch of ``kvtune plan``: pops its options from ``opts``;
+    True when it ran (the offline planner must not), False to let ``kvtune plan`` go on."""
+    import sys
+
+    import click
+
+    name, namespace, pool, kubeconfig = (opts.pop(k, None) for k in FROM_CLUSTER_OPTIONS)
+    output = opts.get("output")
+    if name is None:
+        if output == "patch":
+            raise click.UsageError("-o patch needs --from-cluster NAME (the InferenceDeployment "
+                                   "whose recommended plan to pin)")
+        return False
+    if output != "patch":
+        raise click.UsageError(f"--from-cluster prints a patch: use -o patch, not -o {output}")
+    try:
+        obj = fetch(name, namespace or "default", kubeconfig=kubeconfig)
+        click.echo(render_patch(obj, pool), nl=False)
+    except NoRecommendation as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    return True

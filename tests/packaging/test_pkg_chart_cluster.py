@@ -256,11 +256,19 @@ def test_operator_as_the_chart_service_account_reconciles_an_example(
         wait_for(peered, "the operator to register in its KopfPeering", 60, log)
 
         # `kvtune plan --from-cluster` (the reviewer's side) reads the plan back as a patch.
-        from kvtune.cli.plan_from_cluster import render_patch
-
-        patch = yaml.safe_load(render_patch(obj))
+        out = subprocess.run(
+            [str(Path(sys.executable).parent / "kvtune"), "plan", "--from-cluster", name,
+             "-n", WATCHED_NS, "--kubeconfig", str(local_cluster.kubeconfig_path),
+             "-o", "patch"], capture_output=True, text=True, timeout=120, check=True).stdout
+        assert out.startswith(f"# kvtune: pin the plan recommended for {WATCHED_NS}/{name}")
+        patch = yaml.safe_load(out)
         plan = obj["status"]["pools"][0]["plan"]
-        assert patch["spec"]["tuning"]["pin"]["blockSize"] == plan["blockSize"]
+        pin = patch["spec"]["tuning"]["pin"]
+        assert pin["blockSize"] == plan["blockSize"]
+        assert pin["kvCacheDtype"] == plan["kvCacheDtype"]
+        # The patch applies: the API server's CEL rules and schema accept the pinned plan.
+        custom.patch_namespaced_custom_object(GROUP, VERSION, WATCHED_NS, PLURAL, name,
+                                              {"spec": patch["spec"]})
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

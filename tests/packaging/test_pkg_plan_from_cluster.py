@@ -84,3 +84,16 @@ def test_nothing_to_pin_says_why(status: dict[str, Any], pool: str | None, messa
     obj = {**OBJ, "status": status}
     with pytest.raises(NoRecommendation, match=message):
         pin_patch(obj, pool)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["-o", "patch"], "-o patch needs --from-cluster NAME"),
+    (["--from-cluster", "bot", "-o", "json"], "use -o patch, not -o json"),
+])
+def test_plan_command_usage_errors(args: list[str], message: str) -> None:
+    from click.testing import CliRunner
+    from kvtune.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["plan", *args])
+    assert result.exit_code == 2
+    assert message in result.output
