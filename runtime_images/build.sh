@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Build kvtune's vLLM runtime images, one per GPU class, on the pinned vllm/vllm-openai base.
 #
-#   runtime_images/build.sh [--registry REG] [--tag TAG] [--push] [--print] [h100 h200 b200]
+#   runtime_images/build.sh [--registry REG] [--tag TAG] [--push] [--print] [h100 h200 b200 operator]
 #
 # Builds kvtune's wheel (dist/, no dependencies inside: the image uses vLLM's pydantic), then
 # each image with docker, podman or buildah, whichever is installed, tagged
-# REG/kvtune-vllm-<class>:TAG. --print only prints the commands (no engine needed).
+# REG/kvtune-vllm-<class>:TAG, and the operator image REG/kvtune-operator:VERSION (the chart's
+# default image). --print only prints the commands (no engine needed).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 registry=ghcr.io/kvtune
@@ -20,11 +21,11 @@ while [ $# -gt 0 ]; do
     --tag) tag=$2; shift 2 ;;
     --push) push=1; shift ;;
     --print) print=1; shift ;;
-    h100|h200|b200) classes+=("$1"); shift ;;
-    *) echo "build.sh: unknown argument '$1' (expected --registry, --tag, --push, --print, h100, h200 or b200)" >&2; exit 2 ;;
+    h100|h200|b200|operator) classes+=("$1"); shift ;;
+    *) echo "build.sh: unknown argument '$1' (expected --registry, --tag, --push, --print, h100, h200, b200 or operator)" >&2; exit 2 ;;
   esac
 done
-[ ${#classes[@]} -gt 0 ] || classes=(h100 h200 b200)
+[ ${#classes[@]} -gt 0 ] || classes=(h100 h200 b200 operator)
 
 engine=""
 for candidate in docker podman buildah; do
@@ -46,6 +47,7 @@ run() {
 run "$repo/.venv/bin/python" -m pip wheel --no-deps --wheel-dir "$repo/dist" "$repo"
 for class in "${classes[@]}"; do
   image="$registry/kvtune-vllm-$class:$tag"
+  [ "$class" = operator ] && image="$registry/kvtune-operator:$version"
   run "$engine" "$build_verb" --file "$repo/runtime_images/Dockerfile.$class" \
     --build-arg "KVTUNE_VERSION=$version" --tag "$image" "$repo"
   if [ "$push" = 1 ]; then run "$engine" push "$image"; fi

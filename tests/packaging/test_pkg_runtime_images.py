@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGES = REPO / "runtime_images"
@@ -24,7 +25,7 @@ def hadolint() -> str:
     return found
 
 
-@pytest.mark.parametrize("gpu_class", CLASSES)
+@pytest.mark.parametrize("gpu_class", [*CLASSES, "operator"])
 def test_dockerfile_passes_hadolint(hadolint: str, gpu_class: str) -> None:
     result = subprocess.run(
         [hadolint, "--failure-threshold", "style", str(IMAGES / f"Dockerfile.{gpu_class}")],
@@ -56,7 +57,13 @@ def test_build_script_prints_one_build_per_class() -> None:
                           "--tag", "t1"], capture_output=True, text=True, check=True,
                          timeout=60).stdout
     builds = [line for line in out.splitlines() if " build --file " in line]
-    assert len(builds) == 3
+    assert len(builds) == 4
+    # The operator image is the chart's default image, tagged with the chart's appVersion.
+    chart = yaml.safe_load((REPO / "charts/kvtune/Chart.yaml").read_text())
+    values = yaml.safe_load((REPO / "charts/kvtune/values.yaml").read_text())
+    assert values["image"]["repository"] == "ghcr.io/kvtune/kvtune-operator"
+    assert any("Dockerfile.operator " in b
+               and f"r.example/kvtune-operator:{chart['appVersion']}" in b for b in builds)
     for gpu_class in CLASSES:
         assert any(f"Dockerfile.{gpu_class} " in b and f"r.example/kvtune-vllm-{gpu_class}:t1" in b
                    for b in builds)
