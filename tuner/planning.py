@@ -68,6 +68,7 @@ FITS = "Fits"
 PINNED = "Pinned"
 BELOW_QUALITY_FLOOR = "BelowQualityFloor"
 UNSUPPORTED_BY_BACKEND = "UnsupportedByBackend"
+SWITCHES_BACKEND = "SwitchesToSlowerBackend"
 NOT_MODELED = "NotModeledByKvtune"
 WIDER_MEETS_TARGET = "WiderDTypeMeetsTarget"
 TOO_FEW_SEQUENCES = "TooFewSequences"
@@ -279,7 +280,14 @@ class _Planner:
         return self.runtime.select_backend(dtype_name, self.attention, self.cc, block_size)
 
     def _block_size_ok(self, dtype_name: str, block_size: int) -> bool:
+        """Some backend serves this dtype at this block size (vLLM would start)."""
         return self._backend_for(dtype_name, block_size) is not None
+
+    def _preferred_ok(self, dtype_name: str, block_size: int) -> bool:
+        """The backend vLLM prefers for this dtype accepts the size. Other sizes make vLLM
+        fall back to a later backend in its order (FlashMLA -> Triton MLA), usually slower."""
+        preferred = self._backend_for(dtype_name)
+        return preferred is not None and preferred.accepts_block_size(block_size, self.cc)
 
     def _allowed_block_sizes(self, dtype_name: str) -> str:
         backend = self._backend_for(dtype_name)
@@ -618,7 +626,7 @@ class _Planner:
 
     def _smallest_block(self, dtype_name: str) -> int:
         for bs in BLOCK_SIZE_CANDIDATES:
-            if self._block_size_ok(dtype_name, bs):
+            if self._preferred_ok(dtype_name, bs):
                 return bs
         backend = self._backend_for(dtype_name)
         if backend is not None and backend.block_sizes:
@@ -628,7 +636,8 @@ class _Planner:
     def block_size_candidates(self, dtype_name: str) -> list[int]:
         if self.pins.block_size is not None:
             return [self.pins.block_size]
-        return [bs for bs in BLOCK_SIZE_CANDIDATES if self._block_size_ok(dtype_name, bs)]
+        return [bs for bs in BLOCK_SIZE_CANDIDATES if self._preferred_ok(dtype_name, bs)] or [
+            self._smallest_block(dtype_name)]
 
     def closed_form_block_size(
         self, dtype_name: str, sessions: int, prefix_caching: bool
@@ -643,11 +652,14 @@ class _Planner:
         scored: list[tuple[float, int]] = []
         shared = self.req.profile.shared_prefix_tokens
         for bs in BLOCK_SIZE_CANDIDATES:
-            if not self._block_size_ok(dtype_name, bs):
+            if not self._preferred_ok(dtype_name, bs):
+                fallback = self._backend_for(dtype_name, bs)
                 verdicts.append(CandidateVerdict(
-                    value=str(bs), ok=False, check=UNSUPPORTED_BY_BACKEND,
+                    value=str(bs), ok=False,
+                    check=SWITCHES_BACKEND if fallback else UNSUPPORTED_BY_BACKEND,
                     detail=f"{backend.name if backend else 'the backend'} accepts "
-                    f"{backend.block_size_rule(self.cc) if backend else 'none'}",
+                    f"{backend.block_size_rule(self.cc) if backend else 'none'}"
+                    + (f"; vLLM would fall back to {fallback.name}" if fallback else ""),
                 ))
                 continue
             # Half a block per running sequence is allocated but empty on average; only
@@ -959,6 +971,13 @@ class _Planner:
         ):
             raise self._no_fit(plan.max_model_len, batched, utilization, ())
         backend = self._backend_for(plan.kv_cache_dtype, plan.block_size)
+        preferred = self._backend_for(plan.kv_cache_dtype)
+        if backend is not None and preferred is not None and backend.name != preferred.name:
+            self.warnings.append(
+                f"block size {plan.block_size} makes vLLM fall back from {preferred.name} to "
+                f"{backend.name} for {plan.kv_cache_dtype} KV ({preferred.name} accepts "
+                f"{preferred.block_size_rule(self.cc)})"
+            )
         if backend is not None and plan.attention_backend is None:
             self.reasons.append(Reason(
                 knob="attention-backend", choice=f"auto ({backend.name})", code="RuntimePicks",
