@@ -343,3 +343,37 @@ def test_gpu_check_script_prints_nvml_next_to_the_plan(
     plan_file.write_text(pool_plan("B200").model_dump_json())
     assert gpu_check.main(["--plan", str(plan_file)], nvml=busy) == 3
     assert "REFUSED (WrongGpuClass)" in capsys.readouterr().out
+
+
+class FakeMigNvml(FakeNvml):
+    """One H100 in MIG mode with a 3g.40gb instance: the instance's memory is what counts."""
+
+    def nvmlDeviceGetMigMode(self, h: Any) -> tuple[int, int]:
+        return (1, 1)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: Any) -> int:
+        return 2
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: Any, i: int) -> Any:
+        if i == 1:
+            raise RuntimeError("NVMLError_NotFound")  # an empty slot
+        return ("mig", h, i)
+
+    def nvmlDeviceGetName(self, h: Any) -> bytes:
+        if isinstance(h, tuple):
+            return b"NVIDIA H100 80GB HBM3 MIG 3g.40gb"
+        return super().nvmlDeviceGetName(h)
+
+    def nvmlDeviceGetMemoryInfo(self, h: Any) -> SimpleNamespace:
+        if isinstance(h, tuple):
+            return SimpleNamespace(total=40 * GIB, free=39 * GIB, used=GIB)
+        return super().nvmlDeviceGetMemoryInfo(h)
+
+
+def test_mig_instances_are_read_instead_of_the_whole_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    fake = FakeMigNvml([("NVIDIA H100 80GB HBM3", 80 * GIB, 79 * GIB, (9, 0))])
+    (found,) = gpus.read_gpus(fake)
+    assert found == gpus.GpuInfo(0, "NVIDIA H100 80GB HBM3 MIG 3g.40gb", 40 * GIB, 39 * GIB,
+                                 (9, 0), mig=True)
+    assert gpus.class_of(found) == "H100"
