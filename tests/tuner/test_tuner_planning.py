@@ -84,16 +84,23 @@ def test_b200_offers_nvfp4() -> None:
     assert "nvfp4" in sessions and sessions["nvfp4"] > sessions["fp8"]
 
 
-def test_mla_on_hopper_and_blackwell() -> None:
+@pytest.mark.parametrize(
+    ("gpu", "backend", "block_size"), [("H200", "FLASHMLA", 64), ("B200", "FLASHINFER_MLA", 32)])
+def test_mla_block_size_follows_the_preferred_backend(
+    gpu: str, backend: str, block_size: int
+) -> None:
     v3 = get_model("deepseek-ai/DeepSeek-V3")
-    for gpu, backend in (("H200", "FLASHMLA"), ("B200", "FLASHINFER_MLA")):
-        req = PlanRequest(model=v3, gpu=get_gpu_class(gpu), tensor_parallel=8,
+    request = PlanRequest(model=v3, gpu=get_gpu_class(gpu), tensor_parallel=8,
                           profile=preset_profile("chat"))
-        pool = plan_pool(req)
-        assert pool.expected.kv_bytes_per_token in (61 * 576, 61 * 576 * 2)
-        chosen = next(r for r in pool.reasons if r.knob == "attention-backend")
-        if pool.plan.kv_cache_dtype == "fp8":
-            assert backend in chosen.choice or "TRITON_MLA" in chosen.choice
+    pool = plan_pool(request)
+    assert pool.plan.kv_cache_dtype == "fp8"
+    assert pool.expected.kv_bytes_per_token == 61 * 576  # latent replicated on all 8 ranks
+    assert pool.plan.block_size == block_size
+    chosen = next(r for r in pool.reasons if r.knob == "attention-backend")
+    assert chosen.choice == f"auto ({backend})"
+    # A block size the preferred backend refuses is allowed as a pin, with a warning.
+    pinned = request.model_copy(update={"policy": PlanPolicy(pins=Pins(block_size=16))})
+    assert any("fall back" in w for w in plan_pool(pinned).warnings)
 
 
 def test_pins_are_honoured() -> None:
