@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -38,6 +39,13 @@ def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 60.0,
         tail = "\n--- operator log ---\n" + "\n".join(log.read_text().splitlines()[-40:])
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last}"
                          f"{tail}")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def install_crd(api_client: Any) -> None:
@@ -77,11 +85,17 @@ class OperatorProcess:
         self.kubeconfig, self.namespaces, self.log = kubeconfig, namespaces, log
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.metrics_port = free_port()
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def start(self) -> None:
         self.starts += 1
         argv = [str(Path(sys.executable).parent / "kvtune"), "operator",
-                "--kubeconfig", str(self.kubeconfig), "--standalone", "--metrics-port", "0"]
+                "--kubeconfig", str(self.kubeconfig), "--standalone",
+                "--metrics-port", str(self.metrics_port)]
         for ns in self.namespaces:
             argv += ["--namespace", ns]
         with self.log.open("a") as out:

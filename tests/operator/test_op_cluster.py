@@ -4,11 +4,13 @@ its garbage collector, scheduler, kwok GPU nodes): `kvtune operator` runs as a s
 from __future__ import annotations
 
 import copy
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from op_cluster_helpers import (
@@ -25,6 +27,8 @@ from op_cluster_helpers import (
     wait_for,
 )
 from op_samples import SAMPLE_SPEC
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 NAMESPACES = ["op-two-pools", "op-recommend", "op-invalid", "op-degraded", "op-nodes",
@@ -272,3 +276,28 @@ def test_invalid_pod_template_is_reported_and_nothing_changes(
     assert "tpl-h200" in cond["message"] and "nothing was changed" in cond["message"]
     after = _deployments(cluster_api, ns)["tpl-h200"]
     assert after.metadata.generation == before.metadata.generation
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_pass_the_api_servers_validation(cluster_api: Any, path: Path) -> None:
+    doc = yaml.safe_load(path.read_text())
+    doc["metadata"]["namespace"] = "op-invalid"
+    created = client.CustomObjectsApi(cluster_api).create_namespaced_custom_object(
+        GROUP, VERSION, "op-invalid", PLURAL, doc, dry_run="All")
+    assert created["spec"]["pools"] == [
+        {"replicas": 1, "tensorParallel": 1, **p} for p in doc["spec"]["pools"]]
+
+
+def test_operator_metrics_count_reconciles(operator: OperatorProcess) -> None:
+    def scrape() -> str | None:
+        try:
+            with urllib.request.urlopen(operator.metrics_url, timeout=5) as resp:
+                text: str = resp.read().decode()
+        except OSError:
+            return None
+        return text if "kvtune_reconciles_total{" in text else None
+
+    text = wait_for(scrape, "reconcile counts on the operator's /metrics", 30, operator.log)
+    assert 'outcome="ok"' in text
+    assert "kvtune_reconcile_duration_seconds_count" in text
+    assert 'kvtune_pools{name="support-bot",namespace="op-two-pools",phase="Applied"} 2.0' in text
