@@ -377,3 +377,37 @@ def test_mig_instances_are_read_instead_of_the_whole_gpu(monkeypatch: pytest.Mon
     assert found == gpus.GpuInfo(0, "NVIDIA H100 80GB HBM3 MIG 3g.40gb", 40 * GIB, 39 * GIB,
                                  (9, 0), mig=True)
     assert gpus.class_of(found) == "H100"
+
+
+def test_operator_render_to_runtime_entrypoint_end_to_end(tmp_path: Path) -> None:
+    """runtime_images/pod-template.yaml.j2 rendered by the operator's real renderer, then
+    the rendered container (its env and args) run through the entrypoint on a busy H200."""
+    from kvtune.operator.render import RenderInput, render_pool
+
+    pool = pool_plan("H200")
+    template = (Path(__file__).resolve().parents[2] / "runtime_images/pod-template.yaml.j2")
+    objects = render_pool(RenderInput(
+        name="bot", namespace="llm", pool="h200", pool_plan=pool, model_name=pool.model_id,
+        image="unused", replicas=1, revision=3, pod_template=template.read_text(),
+        node_selector={"nvidia.com/gpu.product": "NVIDIA-H200"}))
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "ghcr.io/kvtune/kvtune-vllm-h200:0.1.0-vllm0.33.0"
+    assert container["command"] == ["python3", "-m", "kvtune.runtime"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+
+    execs: list[list[str]] = []
+    rc = run(container["args"],
+             {"KVTUNE_PLAN": env["KVTUNE_PLAN"]["value"], "KVTUNE_IMAGE_GPU_CLASS": "H200",
+              "KVTUNE_STATUS_FILE": str(tmp_path / "r.json")},
+             [gpu(H200, free_bytes=110 * GIB)], exec_fn=lambda f, a: execs.append(a))
+    assert rc == 0
+    (command,) = execs
+    assert command[:3] == ["vllm", "serve", pool.model_id]
+    assert "--port=8000" in command and "--tensor-parallel-size=1" in command
+    util = [a for a in command if a.startswith("--gpu-memory-utilization=")]
+    assert len(util) == 1 and float(util[0].split("=")[1]) < 0.92
+    # Everything else is exactly what the operator rendered.
+    assert [a for a in command[2:] if a not in util] == [
+        a for a in container["args"] if not a.startswith("--gpu-memory-utilization=")]
