@@ -24,5 +24,6 @@ def log_tail(path: Path, lines: int = 8) -> str:
         text = path.read_text(errors="replace")
     except OSError:
         return "(no log written)"
-    kept = [line for line in text.splitlines() if line.strip()][-lines:]
+    # Lines starting with "# " are the supervisor's own (the command line it ran).
+    kept = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("# ")][-lines:]
     return " | ".join(kept) if kept else "(log is empty)"

@@ -21,6 +21,7 @@ import atexit
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import time
@@ -175,7 +176,7 @@ class Supervisor:
 
 
 def _why_exited(record: ProcessRecord, status: int) -> str:
-    tail = log_tail(record.log_path, 6)
+    tail = log_tail(record.log_path, 4)
     if status < 0 and status != -1:
         how = f"was killed by signal {-status}"
     elif status == -1:
@@ -183,8 +184,10 @@ def _why_exited(record: ProcessRecord, status: int) -> str:
     else:
         how = f"exited with status {status}"
     hint = ""
-    if "address already in use" in tail.lower():
-        hint = " (a port it was given is already in use by another process; pick other ports)"
+    in_use = re.search(r"([0-9.]+:[0-9]+): bind: address already in use", tail)
+    if in_use is not None:
+        hint = (f" ({in_use.group(1)} is already in use by another process; free it, or let "
+                "LocalCluster choose free ports)")
     return f"{how} during start-up{hint}: {tail}"
 
 
