@@ -33,7 +33,13 @@ Worked example, Llama 3.3 70B (80 layers, 8 KV heads, head_dim 128):
 - bf16, TP 2: 4 heads per rank, 163,840 bytes per token per GPU.
 
 A page (block) holds ``block_size`` tokens of every layer; vLLM's num_gpu_blocks is the KV
-budget divided by the page bytes summed over layers.
+budget divided by the page bytes summed over layers. Hybrid models (Gemma 2/3, Llama 4) are
+split into groups of equal layer count that share one block pool (``kv_cache_groups``): a
+block then holds one group's layers, and a request takes blocks in every group, capped by
+the window in sliding-window and chunked groups. Gemma 3 27B (10 full + 52 sliding layers,
+window 1024): 7 groups of 10 layers (8 padding), a 32K-token request at 8,192 batched tokens
+takes 2,048 + 6 x 1,089 blocks of 10 x 16 x 8,192 bytes = 11.2 GB at bf16, against 16.6 GB
+if every layer kept every token.
 """
 
 from __future__ import annotations
@@ -191,6 +197,75 @@ def blocks_per_request(
     return tuple(out)
 
 
+@dataclass(frozen=True, slots=True)
+class CacheGroup:
+    """vLLM's KV-cache groups of one attention kind (``_get_kv_cache_groups_uniform_page_size``):
+    ``count`` groups of ``layers_per_group`` layers; all groups draw block ids from one pool,
+    and a block is ``layers_per_group`` layers' pages. ``padding_layers`` are allocated but
+    unused (Gemma 3: 52 sliding layers in 6 groups of 10)."""
+
+    kind: AttentionKind
+    window_tokens: int | None
+    layers_per_group: int
+    count: int
+    padding_layers: int
+
+
+def kv_cache_groups(model: ModelArchitecture) -> tuple[CacheGroup, ...]:
+    """How vLLM groups a model's attention layers. One kind: one group of every layer. Several
+    kinds: the group size is the smallest kind's layer count (the "1" of an n:1 pattern), or
+    the largest when the counts are within 1.5x of each other; every kind is split into
+    groups of that size, the last padded."""
+    groups = model.layer_groups
+    if len(groups) == 1:
+        g = groups[0]
+        return (CacheGroup(g.kind, g.window_tokens, g.num_layers, 1, 0),)
+    counts = [g.num_layers for g in groups]
+    size = min(counts)
+    if max(counts) < size * 1.5:
+        size = max(counts)
+    out = []
+    for g in groups:
+        count = cdiv(g.num_layers, size)
+        out.append(CacheGroup(g.kind, g.window_tokens, size, count, count * size - g.num_layers))
+    return tuple(out)
+
+
+def block_bytes(
+    model: ModelArchitecture,
+    kv_cache_dtype: str,
+    tensor_parallel: int,
+    block_size: int,
+    *,
+    model_dtype: str = "bfloat16",
+) -> int:
+    """Bytes of one block of vLLM's shared pool on one GPU: ``block_size`` tokens of one
+    group's layers (``_get_kv_cache_bytes_per_block``). Equals ``page_size_bytes`` for
+    models with one attention kind."""
+    if block_size < 1:
+        raise InvalidInput("block_size", block_size, "must be a positive number of tokens")
+    per_layer = layer_kv_bytes_per_token(
+        model, kv_cache_dtype, tensor_parallel, model_dtype=model_dtype)
+    return kv_cache_groups(model)[0].layers_per_group * block_size * per_layer
+
+
+def request_blocks(
+    model: ModelArchitecture,
+    context_tokens: int,
+    block_size: int,
+    max_num_batched_tokens: int,
+    max_model_len: int,
+) -> int:
+    """Blocks one request takes from vLLM's shared pool: each group's block table, summed
+    (``get_max_concurrency_for_kv_cache_config``)."""
+    per_kind = {
+        g.kind: g.blocks
+        for g in blocks_per_request(
+            model, context_tokens, block_size, max_num_batched_tokens, max_model_len)
+    }
+    return sum(g.count * per_kind[g.kind] for g in kv_cache_groups(model))
+
+
 def request_kv_bytes(
     model: ModelArchitecture,
     kv_cache_dtype: str,
@@ -202,15 +277,11 @@ def request_kv_bytes(
     *,
     model_dtype: str = "bfloat16",
 ) -> int:
-    """Bytes one request of ``context_tokens`` holds on one GPU, in whole blocks, with the
-    sliding-window and chunked caps."""
-    per_layer_page = block_size * layer_kv_bytes_per_token(
-        model, kv_cache_dtype, tensor_parallel, model_dtype=model_dtype
-    )
-    groups = blocks_per_request(
+    """Bytes one request of ``context_tokens`` holds on one GPU, in whole blocks of vLLM's
+    pool, with the sliding-window and chunked caps (and vLLM's group padding)."""
+    return request_blocks(
         model, context_tokens, block_size, max_num_batched_tokens, max_model_len
-    )
-    return sum(g.num_layers * g.blocks * per_layer_page for g in groups)
+    ) * block_bytes(model, kv_cache_dtype, tensor_parallel, block_size, model_dtype=model_dtype)
 
 
 def effective_kv_bytes_per_token(

@@ -42,8 +42,9 @@ from kvtune.tuner.capabilities import (
 from kvtune.tuner.errors import InvalidInput, NoFeasiblePlan
 from kvtune.tuner.gpus import GPUClass
 from kvtune.tuner.kvmemory import (
+    block_bytes,
     kv_bytes_per_token,
-    page_size_bytes,
+    request_blocks,
     request_kv_bytes,
 )
 from kvtune.tuner.models import ModelArchitecture
@@ -308,7 +309,7 @@ class _Planner:
             kv_budget = self.pins.kv_cache_memory_bytes
         else:
             kv_budget = budget.kv_budget_bytes(self.gpu, utilization, non_kv)
-        page = page_size_bytes(
+        page = block_bytes(
             self.model, dtype, self.tp, block_size, model_dtype=self.model_dtype
         )
         blocks = max(0, kv_budget) // page
@@ -1164,7 +1165,11 @@ class _Planner:
             kv_bytes_per_token=kv_bytes_per_token(
                 self.model, plan.kv_cache_dtype, self.tp, model_dtype=self.model_dtype),
             kv_cache_bytes=mem.kv_cache_bytes,
-            kv_cache_tokens=mem.num_gpu_blocks * plan.block_size,
+            # As vLLM logs it ("GPU KV cache size: N tokens"): max-model-len requests that
+            # fit times max-model-len; num_blocks x block_size for single-kind models.
+            kv_cache_tokens=int(mem.num_gpu_blocks / request_blocks(
+                self.model, plan.max_model_len, plan.block_size, batched, plan.max_model_len,
+            ) * plan.max_model_len),
             num_gpu_blocks=mem.num_gpu_blocks,
             weights_bytes_per_gpu=self.weights_bytes,
             non_kv_bytes_per_gpu=mem.non_kv.total_bytes,

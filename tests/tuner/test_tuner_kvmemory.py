@@ -6,9 +6,12 @@ import pytest
 from kvtune.tuner.catalog import get_model
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.kvmemory import (
+    block_bytes,
     blocks_per_request,
     kv_bytes_per_token,
+    kv_cache_groups,
     page_size_bytes,
+    request_blocks,
     request_kv_bytes,
 )
 
@@ -90,9 +93,32 @@ def test_request_bytes_hybrid_below_all_layers_full() -> None:
     gemma3 = get_model("google/gemma-3-27b-it")
     ctx = 32_768
     hybrid = request_kv_bytes(gemma3, "auto", 1, 16, ctx, 8192, 131072)
-    # 16 KV heads x 128 x 2 x 2 bytes = 8,192 bytes per token per layer; 10 full layers hold
-    # 2,048 blocks, 52 sliding layers cdiv(1023 + 2 x 8192, 16) + 1 = 1,089 blocks.
-    assert hybrid == 16 * 8192 * (10 * 2048 + 52 * 1089)
-    assert hybrid < ctx * kv_bytes_per_token(gemma3, "auto", 1) * 0.65
+    # 16 KV heads x 128 x 2 x 2 bytes = 8,192 bytes per token per layer. vLLM groups the
+    # 10 full layers as one group and the 52 sliding layers as 6 groups of 10 (8 padding
+    # layers); a block is 10 layers x 16 tokens. The full group holds 2,048 blocks, each
+    # sliding group cdiv(1023 + 2 x 8192, 16) + 1 = 1,089.
+    assert hybrid == 10 * 16 * 8192 * (2048 + 6 * 1089)
+    assert hybrid < ctx * kv_bytes_per_token(gemma3, "auto", 1) * 0.7
     llama = request_kv_bytes(LLAMA_70B, "auto", 1, 16, ctx, 8192, 131072)
     assert llama == ctx * 327_680
+
+
+@pytest.mark.parametrize(
+    ("model_id", "groups"),
+    [
+        ("meta-llama/Llama-3.3-70B-Instruct", [("full", 80, 1, 0)]),
+        ("google/gemma-3-27b-it", [("full", 10, 1, 0), ("sliding_window", 10, 6, 8)]),
+        ("google/gemma-2-27b-it", [("full", 23, 1, 0), ("sliding_window", 23, 1, 0)]),
+        ("meta-llama/Llama-4-Scout-17B-16E-Instruct", [("full", 12, 1, 0), ("chunked", 12, 3, 0)]),
+    ],
+)
+def test_vllm_cache_groups(model_id: str, groups: list[tuple[str, int, int, int]]) -> None:
+    model = get_model(model_id)
+    got = [(g.kind, g.layers_per_group, g.count, g.padding_layers) for g in kv_cache_groups(model)]
+    assert got == groups
+    first = kv_cache_groups(model)[0]
+    assert block_bytes(model, "auto", 1, 16) == first.layers_per_group * 16 * (
+        kv_bytes_per_token(model, "auto", 1) // model.num_hidden_layers)
+    if len(groups) == 1:
+        assert block_bytes(model, "auto", 1, 16) == page_size_bytes(model, "auto", 1, 16)
+        assert request_blocks(model, 1000, 16, 8192, 4096) == 63
