@@ -4,6 +4,7 @@ its garbage collector, scheduler, kwok GPU nodes): `kvtune operator` runs as a s
 from __future__ import annotations
 
 import copy
+import json
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +33,8 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yam
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 NAMESPACES = ["op-two-pools", "op-recommend", "op-invalid", "op-degraded", "op-nodes",
-              "op-template"]
+              "op-template", "op-lifecycle", "op-configmap"]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -301,3 +303,73 @@ def test_operator_metrics_count_reconciles(operator: OperatorProcess) -> None:
     assert 'outcome="ok"' in text
     assert "kvtune_reconcile_duration_seconds_count" in text
     assert 'kvtune_pools{name="support-bot",namespace="op-two-pools",phase="Applied"} 2.0' in text
+
+
+def _one_pool_spec(**pool: Any) -> dict[str, Any]:
+    spec = copy.deepcopy(SAMPLE_SPEC)
+    spec["pools"] = [{"gpuClass": "H100", "replicas": 1, **pool}]
+    return spec
+
+
+def test_plan_change_rolls_out_a_new_revision_and_mode_switches_leave_it(
+    cluster_api: Any, operator: OperatorProcess
+) -> None:
+    ns = "op-lifecycle"
+    spec = _one_pool_spec()
+    spec["pools"].append({"gpuClass": "H200", "replicas": 1})
+    create_infd(cluster_api, ns, "life", spec)
+    wait_for(lambda: _ready(cluster_api, ns, "life"), "Ready", 60, operator.log)
+    first = _deployments(cluster_api, ns)["life-h100"]
+
+    # A new pin changes the plan: a new revision, a new pod template, one rollout.
+    patch_spec(cluster_api, ns, "life", {"tuning": {"pin": {"blockSize": 64}}})
+
+    def revision_2() -> dict[str, Any] | None:
+        obj = _ready(cluster_api, ns, "life")
+        pools = (obj or {}).get("status", {}).get("pools", [])
+        return obj if pools and all(p["revision"] == 2 for p in pools) else None
+
+    wait_for(revision_2, "plan revision 2 rolled out", 60, operator.log)
+    second = _deployments(cluster_api, ns)["life-h100"]
+    assert second.metadata.generation == first.metadata.generation + 1
+    assert "--block-size=64" in second.spec.template.spec.containers[0].args
+    assert second.spec.template.metadata.labels["kvtune.io/plan-revision"] == "2"
+
+    # recommend and off: the plan may change, the runtime does not.
+    for mode, reason in (("recommend", "Recommended"), ("off", "TuningOff")):
+        patch_spec(cluster_api, ns, "life", {"tuning": {"mode": mode,
+                                                        "pin": {"blockSize": 128}}})
+        wait_for(lambda reason=reason: _ready(cluster_api, ns, "life", reason),
+                 f"Ready/{reason}", 60, operator.log)
+        now = _deployments(cluster_api, ns)["life-h100"]
+        assert now.metadata.generation == second.metadata.generation
+        assert "--block-size=64" in now.spec.template.spec.containers[0].args
+
+    # Back to auto without the H200 pool: its objects are pruned, H100 rolls out 128.
+    patch_spec(cluster_api, ns, "life", {"tuning": {"mode": "auto"},
+                                         "pools": [{"gpuClass": "H100", "replicas": 1}]})
+    wait_for(lambda: sorted(_deployments(cluster_api, ns)) == ["life-h100"] and
+             _ready(cluster_api, ns, "life", "AllPoolsApplied"),
+             "the H200 pool pruned and H100 Ready", 60, operator.log)
+    last = _deployments(cluster_api, ns)["life-h100"]
+    assert "--block-size=128" in last.spec.template.spec.containers[0].args
+    assert client.CoreV1Api(cluster_api).list_namespaced_service(
+        ns, label_selector="kvtune.io/pool=h200").items == []
+
+
+def test_model_outside_the_catalog_from_a_config_map(
+    cluster_api: Any, operator: OperatorProcess
+) -> None:
+    ns = "op-configmap"
+    doc = json.loads((REPO / "tuner" / "data" / "models" /
+                      "meta-llama--Llama-3.1-8B-Instruct.json").read_text())
+    client.CoreV1Api(cluster_api).create_namespaced_config_map(
+        ns, {"metadata": {"name": "acme-8b"}, "data": {"config.json": json.dumps(doc["config"])}})
+    spec = _one_pool_spec()
+    spec["model"] = {"name": "acme/house-model-8b",
+                     "config": {"configMapRef": {"name": "acme-8b"}}}
+    create_infd(cluster_api, ns, "house", spec)
+    obj = wait_for(lambda: _ready(cluster_api, ns, "house"), "Ready", 60, operator.log)
+    pool = obj["status"]["pools"][0]
+    assert pool["vllmArgs"][0] == "acme/house-model-8b"
+    assert pool["expected"]["kvBytesPerToken"] > 0
