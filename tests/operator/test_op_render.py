@@ -4,6 +4,7 @@ a plan hash that changes only with the plan, and user templates that fail cleanl
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -179,3 +180,26 @@ def test_bad_user_templates_raise_render_error(
     with pytest.raises(RenderError, match=r"spec\.runtime\.podTemplate") as info:
         render_pool(_input(pool_plan, pod_template=template))
     assert needle in str(info.value)
+
+
+RUNTIME_TEMPLATE = Path(__file__).resolve().parents[2] / "runtime_images" / "pod-template.yaml.j2"
+
+
+def test_plan_env_is_what_the_runtime_entrypoint_reads(pool_plan: PoolPlan) -> None:
+    from kvtune.runtime.runtime_plan import parse_plan
+
+    dep = _by_kind(render_pool(_input(pool_plan)))["Deployment"]
+    env = {e["name"]: e["value"] for e in _container(dep)["env"]}
+    runtime_plan = parse_plan(env["KVTUNE_PLAN"])
+    assert runtime_plan.gpu_class == "H200" and runtime_plan.tensor_parallel == 1
+    assert runtime_plan.plan.vllm_args() == pool_plan.plan.vllm_args()
+
+
+def test_the_runtime_images_pod_template_renders(pool_plan: PoolPlan) -> None:
+    dep = _by_kind(render_pool(_input(
+        pool_plan, pod_template=RUNTIME_TEMPLATE.read_text())))["Deployment"]
+    container = _container(dep)
+    assert container["command"] == ["python3", "-m", "kvtune.runtime"]
+    assert container["args"][0] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert dep["spec"]["template"]["spec"]["affinity"] == {"nodeAffinity": AFFINITY}
+    assert "kvtune.io/pool" in dep["spec"]["template"]["metadata"]["labels"]
