@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -206,3 +207,41 @@ def test_readme_and_schema_are_generated_from_values() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     assert schema["additionalProperties"] is False
     assert schema["properties"]["operator"]["additionalProperties"] is False
+
+
+def _rbac_doc_rules(namespaced: bool) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) from docs/rbac.md's table, as the operator engineer wrote
+    it from the operator's calls."""
+    triples: set[tuple[str, str, str]] = set()
+    for line in (REPO / "docs/rbac.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or not cells[0].startswith("`"):
+            continue
+        group = cells[0].strip("`").replace('""', "")
+        resources = re.findall(r"`([^`]+)`", cells[1])
+        if len(resources) > 1:  # kopfpeerings / clusterkopfpeerings
+            resources = [r for r in resources if r.startswith("kopf") == namespaced]
+        if resources == ["namespaces"] and not namespaced:
+            continue  # kopf needs it only when it serves named namespaces
+        for resource in resources:
+            for verb in re.findall(r"`([a-z]+)`", cells[2]):
+                triples.add((group, resource, verb))
+    return triples
+
+
+@pytest.mark.parametrize("namespaced", [False, True], ids=["cluster-wide", "namespaced"])
+def test_rbac_grants_exactly_what_docs_rbac_lists(helm: Path, namespaced: bool) -> None:
+    docs = render(helm, *(NAMESPACED if namespaced else []))
+    granted: set[tuple[str, str, str]] = set()
+    for doc in by_kind(docs, "ClusterRole") + by_kind(docs, "Role"):
+        if "aggregate-to" in str(doc["metadata"].get("labels")):
+            continue  # the view/edit roles for people, not the operator's
+        for rule in doc["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        granted.add((group, resource, verb))
+    expected = _rbac_doc_rules(namespaced)
+    assert len(expected) > 20, "docs/rbac.md's table was not parsed"
+    assert granted == expected, (
+        f"chart grants more: {sorted(granted - expected)}; less: {sorted(expected - granted)}")

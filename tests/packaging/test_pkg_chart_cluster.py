@@ -40,7 +40,7 @@ NEEDED = [
     ("patch", "kvtune.io", "inferencedeployments", "status", WATCHED_NS),
     ("create", "apps", "deployments", "", WATCHED_NS),
     ("patch", "apps", "deployments", "", WATCHED_NS),
-    ("watch", "apps", "deployments", "", WATCHED_NS),
+    ("get", "apps", "deployments", "", WATCHED_NS),
     ("delete", "apps", "deployments", "", WATCHED_NS),
     ("patch", "", "services", "", WATCHED_NS),
     ("patch", "policy", "poddisruptionbudgets", "", WATCHED_NS),
@@ -58,6 +58,9 @@ FORBIDDEN = [
     ("patch", "", "nodes", "", ""),
     ("create", "", "pods", "", WATCHED_NS),
     ("list", "", "configmaps", "", WATCHED_NS),
+    ("update", "kvtune.io", "inferencedeployments", "status", WATCHED_NS),
+    ("watch", "apps", "deployments", "", WATCHED_NS),
+    ("get", "", "pods", "", WATCHED_NS),
     ("create", "rbac.authorization.k8s.io", "clusterroles", "", ""),
     ("create", "apiextensions.k8s.io", "customresourcedefinitions", "", ""),
 ]

@@ -4,25 +4,24 @@ Namespaced rules go into a ClusterRole in cluster mode and into a Role per watch
 in namespaced mode; the cluster-scoped reads (Nodes, CRDs) always need a ClusterRole.
 */}}
 
-{{/* InferenceDeployments: kopf lists and watches them, reads one, patches metadata
-(kvtune.io/ progress annotations, the finalizer, the GPU-inventory annotation); the status
-subresource is its own rule (merge patches of status), so it can be audited apart. */}}
+{{/* InferenceDeployments: kopf lists and watches them, the retune timer reads one, kopf
+patches its bookkeeping annotations; the status subresource is its own rule (merge patches
+of status only when it changed), so it can be audited and granted apart. */}}
 {{- define "kvtune.rules.inferencedeployments" -}}
 - apiGroups: [kvtune.io]
   resources: [inferencedeployments]
   verbs: [get, list, watch, patch]
 - apiGroups: [kvtune.io]
   resources: [inferencedeployments/status]
-  verbs: [get, patch]
+  verbs: [patch]
 {{- end -}}
 
 {{/* What the operator renders per pool: server-side apply (patch, and create when the
-object is new), prune by label (list, delete); Deployments are also read and watched for the
-rollout's progress. */}}
+object is new), prune by label (list, delete); the rollout timer reads Deployments. */}}
 {{- define "kvtune.rules.rendered" -}}
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [get, list, create, patch, delete]
 - apiGroups: [""]
   resources: [services]
   verbs: [list, create, patch, delete]
@@ -40,17 +39,17 @@ rollout's progress. */}}
 
 {{/* Events about plans and rollouts (kvtune's own and kopf's warnings). */}}
 {{- define "kvtune.rules.events" -}}
-- apiGroups: ["", events.k8s.io]
+- apiGroups: [""]
   resources: [events]
-  verbs: [create, patch]
+  verbs: [create]
 {{- end -}}
 
-{{/* GPU pool discovery reads Node labels (nvidia.com/gpu.product …); kopf observes CRDs to
-notice when the InferenceDeployment CRD appears or changes. */}}
+{{/* GPU pool discovery reads Node labels (nvidia.com/gpu.product …) and kopf watches
+them; kopf observes CRDs to notice when the InferenceDeployment CRD appears or changes. */}}
 {{- define "kvtune.rules.cluster" -}}
 - apiGroups: [""]
   resources: [nodes]
-  verbs: [get, list, watch]
+  verbs: [list, watch]
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [list, watch]
