@@ -27,29 +27,11 @@ from kvtune.tuner.planning import PlanRequest
 from kvtune.tuner.presets import profile_from_trace
 from kvtune.tuner.simulator.engine import step_cost_for
 from kvtune.tuner.simulator.scheduler import EngineConfig, simulate
-from kvtune.tuner.simulator.workload import requests_from_trace
-from kvtune.tuner.traces import Trace, load_trace
+from kvtune.tuner.simulator.workload import ideal_prefix_hit_rate, requests_from_trace
+from kvtune.tuner.traces import load_trace
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-
-
-def ideal_hit_rate(trace: Trace) -> float:
-    """Prefix hits with an unbounded cache at the trace's own 512-token granularity."""
-    seen: set[tuple[int, ...]] = set()
-    hit = total = 0
-    for r in trace.requests:
-        ids = r.prefix_block_ids
-        n = 0
-        for k in range(len(ids)):
-            if ids[: k + 1] in seen and (k + 1) * r.hash_block_tokens <= r.prompt_tokens - 1:
-                n = k + 1
-            else:
-                break
-        seen.update(ids[: k + 1] for k in range(len(ids)))
-        hit += n * r.hash_block_tokens
-        total += r.prompt_tokens
-    return hit / total if total else 0.0
 
 
 def azure_paged_vs_contiguous(data: Path, speed: float, kv_tokens: int) -> None:
@@ -90,10 +72,11 @@ def mooncake_prefix_caching(data: Path, speed: float) -> None:
                           profile=profile_from_trace(trace))
     cost = step_cost_for(request, "fp8")
     reqs = requests_from_trace(trace, speed=speed)
+    served = [r for r in reqs if r.prompt_tokens < 131072]
     print(f"\n### Mooncake trace: prefix caching vs none\n\n{len(reqs)} requests replayed at "
           f"{speed:g}x, FP8 KV, max-num-seqs 256, max-num-batched-tokens 8192, max-model-len "
-          f"131072. Ideal hit rate (unbounded cache, 512-token granularity): "
-          f"{ideal_hit_rate(trace):.1%}.\n")
+          f"131072. Ideal hit rate (a cache that never evicts, block 16, the requests that fit "
+          f"max-model-len): {ideal_prefix_hit_rate(served, 16):.1%}.\n")
     print("| KV cache tokens | block | prefix caching | hit rate | TTFT p50 s | TTFT p95 s | "
           "TPOT p95 ms | req/s | peak running | preemptions |")
     print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")

@@ -14,7 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 from kvtune.tuner.errors import InvalidInput
-from kvtune.tuner.simulator.prefix import Segment, SegmentInterner, shareable_prefix_tokens
+from kvtune.tuner.simulator.prefix import (
+    Segment,
+    SegmentInterner,
+    block_hashes,
+    shareable_prefix_tokens,
+)
 from kvtune.tuner.traces import Trace
 from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
 
@@ -201,3 +206,24 @@ def synthetic_profile_from_workload(
         system_prompt_tokens=shared, turns_per_session=turns,
         max_context_tokens=ctx.max + workload.output_tokens.max,
     )
+
+
+def ideal_prefix_hit_rate(requests: Sequence[SimRequest], block_size: int) -> float:
+    """Prefix-cache hit rate (tokens) with an unbounded cache that never evicts: the upper
+    bound any KV-cache size can reach on these requests, counted as vLLM counts (full
+    blocks only, at most ``prompt - 1`` tokens, requests in arrival order; a request's own
+    blocks count for later requests once it has arrived)."""
+    seen: set[int] = set()
+    hit = total = 0
+    for r in requests:
+        keys = block_hashes(r.segments, r.shareable_tokens, block_size)
+        cap = (r.prompt_tokens - 1) // block_size
+        n = 0
+        for key in keys[:cap]:
+            if key not in seen:
+                break
+            n += 1
+        seen.update(keys)
+        hit += n * block_size
+        total += r.prompt_tokens
+    return hit / total if total else 0.0
