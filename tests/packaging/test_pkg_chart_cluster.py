@@ -228,27 +228,26 @@ def test_operator_as_the_chart_service_account_reconciles_an_example(
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
     custom = client.CustomObjectsApi(admin)
-    name = "pkg-chat"
+    # The demo's example (two pools, H200 and H100), moved into the watched namespace.
+    example = yaml.safe_load((REPO / "examples/support-bot.yaml").read_text())
+    example["metadata"]["namespace"] = WATCHED_NS
+    name = example["metadata"]["name"]
     try:
-        custom.create_namespaced_custom_object(GROUP, VERSION, WATCHED_NS, PLURAL, {
-            "apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceDeployment",
-            "metadata": {"name": name, "namespace": WATCHED_NS},
-            "spec": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
-                     "pools": [{"gpuClass": "H100", "replicas": 1, "tensorParallel": 1}],
-                     "tuning": {"mode": "auto"}},
-        })
+        custom.create_namespaced_custom_object(GROUP, VERSION, WATCHED_NS, PLURAL, example)
 
         def ready() -> dict[str, Any] | None:
             obj: dict[str, Any] = custom.get_namespaced_custom_object(
                 GROUP, VERSION, WATCHED_NS, PLURAL, name)
             pools = (obj.get("status") or {}).get("pools") or []
-            return obj if pools and pools[0].get("plan") and pools[0].get("deployment") \
-                else None
+            done = len(pools) == len(example["spec"]["pools"]) and all(
+                p.get("plan") and p.get("deployment") for p in pools)
+            return obj if done else None
 
         obj = wait_for(ready, f"{name} to get a plan and a Deployment", 120, log)
-        deployment = obj["status"]["pools"][0]["deployment"]
-        rendered = client.AppsV1Api(admin).read_namespaced_deployment(deployment, WATCHED_NS)
-        assert rendered.metadata.labels["app.kubernetes.io/managed-by"] == "kvtune"
+        for pool in obj["status"]["pools"]:
+            rendered = client.AppsV1Api(admin).read_namespaced_deployment(pool["deployment"],
+                                                                          WATCHED_NS)
+            assert rendered.metadata.labels["app.kubernetes.io/managed-by"] == "kvtune"
 
         # The peering object shows the active operator (kopf's heartbeat in its status).
         def peered() -> bool:
@@ -265,10 +264,11 @@ def test_operator_as_the_chart_service_account_reconciles_an_example(
              "-o", "patch"], capture_output=True, text=True, timeout=120, check=True).stdout
         assert out.startswith(f"# kvtune: pin the plan recommended for {WATCHED_NS}/{name}")
         patch = yaml.safe_load(out)
-        plan = obj["status"]["pools"][0]["plan"]
         pin = patch["spec"]["tuning"]["pin"]
-        assert pin["blockSize"] == plan["blockSize"]
-        assert pin["kvCacheDtype"] == plan["kvCacheDtype"]
+        plans = [p["plan"] for p in obj["status"]["pools"]]
+        for knob, value in pin.items():  # only what both pools' plans share is pinned
+            assert all(plan.get(knob) == value for plan in plans), knob
+        assert pin, "the two pools share no knob at all"
         # The patch applies: the API server's CEL rules and schema accept the pinned plan.
         custom.patch_namespaced_custom_object(GROUP, VERSION, WATCHED_NS, PLURAL, name,
                                               {"spec": patch["spec"]})
