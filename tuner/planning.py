@@ -139,14 +139,6 @@ class _Memory:
         return self.num_gpu_blocks * self.page_bytes
 
 
-@dataclass(frozen=True, slots=True)
-class _DTypeOption:
-    dtype: KVCacheDType
-    backend: BackendCapability | None
-    verdict: CandidateVerdict
-    sessions: int  # concurrent sequences at the p95 session (0 when ruled out early)
-
-
 def _gib(n: float) -> str:
     return f"{n / GiB:.2f} GiB"
 
@@ -178,6 +170,11 @@ class _Planner:
             self.model, request.weights_dtype, self.tp
         )
         self.p95_session = session_tokens(request.profile, "p95")
+        # vLLM's profiling run sizes the sampler for max-num-seqs sequences: until that is
+        # chosen, memory is figured for the pin or the runtime default.
+        _, default_seqs = self.runtime.defaults_for_memory(
+            self.gpu.cuda_total_bytes, self.gpu.name)
+        self.seqs_for_memory = self.pins.max_num_seqs or min(default_seqs, MAX_NUM_SEQS_CEILING)
         self.p50_session = session_tokens(request.profile, "p50")
 
     # --- validation ---------------------------------------------------------------------
@@ -541,7 +538,7 @@ class _Planner:
     def choose_dtype(
         self, block_size: int, batched_tokens: int, seqs_for_memory: int, utilization: float,
         max_model_len: int, target: int, target_why: str,
-    ) -> tuple[str, list[CandidateVerdict]]:
+    ) -> str:
         floor_name = self.req.policy.lowest_kv_precision
         floor_bits = _PRECISION_FLOOR_BITS[floor_name]
         verdicts: list[CandidateVerdict] = []
@@ -619,7 +616,7 @@ class _Planner:
             knob="kv-cache-dtype", choice=chosen.name, code=code, message=message,
             candidates=tuple(verdicts),
         ))
-        return chosen.name, verdicts
+        return chosen.name
 
     def _narrower(self, name: str, chosen: KVCacheDType) -> bool:
         order = [d.name for d in self.dtype_options()]
@@ -775,19 +772,23 @@ class _Planner:
         except InvalidInput:
             return False
         bs = other._smallest_block(dtype)
-        mem = other.memory(dtype, bs, 1, batched, utilization)
+        mem = other.memory(dtype, bs, other.seqs_for_memory, batched, utilization)
         return other.preflight_ok(mem, dtype, bs, batched, max_model_len)
 
     def _no_fit(
         self, max_model_len: int, batched: int, utilization: float,
         verdicts: Sequence[CandidateVerdict],
     ) -> NoFeasiblePlan:
-        narrowest = "auto"
-        for d in self.dtype_options():
-            if self._dtype_unusable(d) is None:
-                narrowest = d.name
+        # Bytes are quoted at the policy's narrowest allowed dtype (what could have fitted).
+        floor_bits = _PRECISION_FLOOR_BITS[self.req.policy.lowest_kv_precision]
+        allowed = [
+            d.name for d in self.dtype_options()
+            if self._dtype_unusable(d) is None and d.bits >= floor_bits
+        ] or ["auto"]
+        narrowest = self.pins.kv_cache_dtype or min(allowed, key=lambda name: kv_bytes_per_token(
+            self.model, name, self.tp, model_dtype=self.model_dtype))
         bs = self._smallest_block(narrowest)
-        mem = self.memory(narrowest, bs, 1, batched, utilization)
+        mem = self.memory(narrowest, bs, self.seqs_for_memory, batched, utilization)
         need = mem.non_kv.total_bytes + self.request_bytes(
             narrowest, bs, max_model_len, batched, max_model_len
         ) + mem.page_bytes
@@ -805,10 +806,10 @@ class _Planner:
             self.tp, "fp8", narrowest, max_model_len, batched, utilization
         ):
             suggestions.append("FP8 weights (--weights-dtype fp8)")
-        floor_bits = _PRECISION_FLOOR_BITS[self.req.policy.lowest_kv_precision]
         for d in self.dtype_options():
             if d.bits < floor_bits and self._dtype_unusable(d) is None:
-                m = self.memory(d.name, self._smallest_block(d.name), 1, batched, utilization)
+                m = self.memory(d.name, self._smallest_block(d.name), self.seqs_for_memory,
+                                batched, utilization)
                 if self.preflight_ok(m, d.name, self._smallest_block(d.name), batched,
                                      max_model_len):
                     suggestions.append(
@@ -844,10 +845,7 @@ class _Planner:
     def plan(self, scorer: CandidateScorer | None) -> PoolPlan:
         batched = self.batched_tokens()
         utilization = self.utilization()
-        _, default_seqs = self.runtime.defaults_for_memory(
-            self.gpu.cuda_total_bytes, self.gpu.name
-        )
-        seqs_for_memory = self.pins.max_num_seqs or min(default_seqs, MAX_NUM_SEQS_CEILING)
+        seqs_for_memory = self.seqs_for_memory
         prefix_caching = self.prefix_caching()
         max_model_len, len_code, len_message = self.max_model_len_target()
         self._len_target = max_model_len
@@ -890,10 +888,9 @@ class _Planner:
                 "tokens (p95) fit",
             ))
         else:
-            dtype = self._choose_dtype_with_preflight(
+            dtype, (max_model_len, len_code, len_message) = self._choose_dtype_with_preflight(
                 bs_probe, batched, seqs_for_memory, utilization, max_model_len, target,
                 target_why, len_code, len_message)
-            max_model_len, len_code, len_message = self._len_after_dtype
 
         # max-num-seqs: bandwidth model at the chosen dtype, capped by what fits.
         bs = self.pins.block_size or self._smallest_block(dtype)
@@ -997,38 +994,37 @@ class _Planner:
             warnings=tuple(self.warnings),
         )
 
-    _len_after_dtype: tuple[int, str, str]
     _len_target: int
 
     def _choose_dtype_with_preflight(
         self, bs: int, batched: int, seqs: int, utilization: float, max_model_len: int,
         target: int, target_why: str, len_code: str, len_message: str,
-    ) -> str:
-        self._len_after_dtype = (max_model_len, len_code, len_message)
+    ) -> tuple[str, tuple[int, str, str]]:
+        """The dtype, and max-model-len with its (code, message), lowered to what fits when
+        no allowed dtype passes pre-flight at the target length (and it is not pinned)."""
         try:
-            dtype, _ = self.choose_dtype(
+            dtype = self.choose_dtype(
                 bs, batched, seqs, utilization, max_model_len, target, target_why)
-            return dtype
+            return dtype, (max_model_len, len_code, len_message)
         except NoFeasiblePlan:
             if self.pins.max_model_len is not None:
                 raise
-        # Nothing passes pre-flight at the target length: shrink it for the narrowest
-        # allowed dtype, then choose again.
+        # Shrink for the allowed dtype with the fewest bytes per token, then choose again.
         floor_bits = _PRECISION_FLOOR_BITS[self.req.policy.lowest_kv_precision]
-        narrowest: str | None = None
-        for d in self.dtype_options():
-            if self._dtype_unusable(d) is None and d.bits >= floor_bits:
-                narrowest = d.name if narrowest is None or d.bits <= self.runtime.dtype(
-                    narrowest).bits else narrowest
-        if narrowest is None:
+        allowed = [
+            d.name for d in self.dtype_options()
+            if self._dtype_unusable(d) is None and d.bits >= floor_bits
+        ]
+        if not allowed:
             raise self._no_fit(max_model_len, batched, utilization, ())
+        narrowest = min(allowed, key=lambda name: kv_bytes_per_token(
+            self.model, name, self.tp, model_dtype=self.model_dtype))
         nbs = self._smallest_block(narrowest)
         mem = self.memory(narrowest, nbs, seqs, batched, utilization)
-        new_len, code, message = self._shrink_len(
+        length = self._shrink_len(
             mem, narrowest, nbs, batched, max_model_len, len_code, len_message, utilization)
-        self._len_after_dtype = (new_len, code, message)
-        dtype, _ = self.choose_dtype(bs, batched, seqs, utilization, new_len, target, target_why)
-        return dtype
+        dtype = self.choose_dtype(bs, batched, seqs, utilization, length[0], target, target_why)
+        return dtype, length
 
     def _shrink_len(
         self, mem: _Memory, dtype: str, bs: int, batched: int, max_model_len: int,

@@ -369,3 +369,26 @@ def test_scorer_ties_go_to_less_waste() -> None:
     assert pool.plan.block_size == 16 == min(sizes)
     reason = next(r for r in pool.reasons if r.knob == "block-size")
     assert {c.check for c in reason.candidates} == {"Chosen", "MoreWaste"}
+
+
+def test_suggested_changes_really_fit() -> None:
+    base = PlanRequest(
+        model=LLAMA_70B, gpu=get_gpu_class("H100"), weights_dtype="fp8",
+        profile=preset_profile("chat"),
+        policy=PlanPolicy(lowest_kv_precision="bf16", pins=Pins(max_model_len=16384)),
+    )
+    with pytest.raises(NoFeasiblePlan) as info:
+        plan_pool(base)
+    for suggestion in info.value.suggestions:
+        if suggestion.startswith("max-model-len"):
+            length = int(suggestion.split()[1])
+            fixed = base.model_copy(update={"policy": base.policy.model_copy(
+                update={"pins": Pins(max_model_len=length)})})
+        elif suggestion.startswith("tensor parallel"):
+            fixed = base.model_copy(update={"tensor_parallel": int(suggestion.split()[2])})
+        else:
+            assert "precision" in suggestion
+            fixed = base.model_copy(update={"policy": base.policy.model_copy(
+                update={"lowest_kv_precision": "fp8"})})
+        pool = plan_pool(fixed)
+        assert preflight(fixed, pool.plan)[0], suggestion
