@@ -1,0 +1,124 @@
+"""The simulator as the planner's scorer, and `kvtune simulate` end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from kvtune.cli.main import cli
+from kvtune.tuner.catalog import get_model
+from kvtune.tuner.errors import InvalidInput
+from kvtune.tuner.gpus import get_gpu_class
+from kvtune.tuner.planning import PlanRequest, plan_pool
+from kvtune.tuner.policy import SLO, PlanPolicy
+from kvtune.tuner.presets import preset_profile
+from kvtune.tuner.simulator.compare import configurations, parse_overrides
+from kvtune.tuner.simulator.engine import simulated_plan, vllm_default_plan
+from kvtune.tuner.simulator.scoring import SimulatorScorer
+
+AZURE = Path(__file__).resolve().parents[3] / "shared" / "data" / "AzureLLMInferenceTrace_conv.csv"
+
+
+def _request() -> PlanRequest:
+    return PlanRequest(
+        model=get_model("meta-llama/Llama-3.1-8B-Instruct"), gpu=get_gpu_class("H100"),
+        profile=preset_profile("chat"),
+        policy=PlanPolicy(slo=SLO(ttft_p95_seconds=2.0, tpot_p95_seconds=0.08)),
+    )
+
+
+def test_plan_pool_with_the_simulator_scorer_records_what_each_candidate_scored() -> None:
+    request = _request()
+    scorer = SimulatorScorer(num_requests=300, seed=1, request_rate_per_second=4.0)
+    pool = plan_pool(request, scorer=scorer)
+    block = next(r for r in pool.reasons if r.knob == "block-size")
+    assert len(block.candidates) > 1
+    assert all("simulated" in c.detail for c in block.candidates)
+    assert pool.expected.prefix_hit_rate is not None
+    # Deterministic: the same seed scores the same.
+    again = plan_pool(request, scorer=SimulatorScorer(num_requests=300, seed=1,
+                                                       request_rate_per_second=4.0))
+    assert again.plan == pool.plan
+
+
+def test_scores_follow_the_candidates_order_and_see_the_slo_effect_of_batch_limits() -> None:
+    request = _request()
+    base = vllm_default_plan(request).model_copy(update={"max_model_len": 16384})
+    small = base.model_copy(update={"max_num_seqs": 2})
+    scores = SimulatorScorer(num_requests=200, seed=0, request_rate_per_second=4.0)(
+        request, [base, small])
+    assert [s.plan for s in scores] == [base, small]
+    assert scores[1].peak_concurrent_sequences <= 2
+    assert scores[1].ttft_p95_seconds > scores[0].ttft_p95_seconds
+
+
+def test_default_plan_is_vllm_033s() -> None:
+    plan = vllm_default_plan(_request())
+    assert (plan.block_size, plan.kv_cache_dtype, plan.gpu_memory_utilization) == (16, "auto", 0.92)
+    assert (plan.max_num_seqs, plan.max_num_batched_tokens) == (1024, 8192)  # 80 GB class
+    assert plan.max_model_len == 131072 and plan.enable_prefix_caching
+
+
+def test_configurations_share_memory_and_differ_in_one_knob() -> None:
+    request = _request()
+    c = {s.name: s for s in configurations(request, ["defaults", "contiguous", "no-prefix-cache",
+                                                      "custom"], {"block_size": 32})}
+    assert c["contiguous"].engine.allocation == "contiguous"
+    assert not c["no-prefix-cache"].engine.enable_prefix_caching
+    assert c["custom"].engine.block_size == 32
+    # contiguous and no-prefix-cache are the defaults plan otherwise (planned not asked).
+    assert c["contiguous"].engine.num_gpu_blocks == c["defaults"].engine.num_gpu_blocks
+    with pytest.raises(InvalidInput, match="--compare"):
+        configurations(request, ["fastest"])
+
+
+def test_parse_overrides_types_and_errors() -> None:
+    assert parse_overrides(["block-size=32", "enable_prefix_caching=off"]) == {
+        "block_size": 32, "enable_prefix_caching": False}
+    with pytest.raises(InvalidInput, match="block_size takes a int"):
+        parse_overrides(["block_size=big"])
+    with pytest.raises(InvalidInput, match="expected K=V"):
+        parse_overrides(["swap_space=4"])
+
+
+def test_a_plan_that_does_not_fit_is_reported_not_simulated() -> None:
+    request = _request()
+    plan = vllm_default_plan(request).model_copy(update={"gpu_memory_utilization": 0.3})
+    sim = simulated_plan(request, plan, "tight")
+    assert not sim.starts and "max-model-len" in sim.start_error
+
+
+@pytest.mark.skipif(not AZURE.exists(), reason="shared/data traces not present")
+def test_cli_json_and_plot(tmp_path: Path) -> None:
+    out = tmp_path / "sim.png"
+    result = CliRunner().invoke(cli, [
+        "simulate", "--trace", str(AZURE), "--model", "meta-llama/Llama-3.1-8B-Instruct",
+        "--gpu", "H100", "--limit", "400", "--speed", "4", "--score-sample", "150",
+        "--compare", "defaults,planned,contiguous,no-prefix-cache",
+        "--config", "block_size=64", "-o", "json", "--plot", str(out),
+    ])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    names = [c["name"] for c in doc["configurations"]]
+    assert names == ["defaults", "planned", "contiguous", "no-prefix-cache", "custom"]
+    for c in doc["configurations"]:
+        for key in ("peak_concurrent_sequences", "throughput_requests_per_second",
+                    "ttft_p95_seconds", "tpot_p95_seconds", "prefix_hit_rate", "preemptions"):
+            assert key in c, (c["name"], key)
+    assert out.stat().st_size > 10_000
+
+
+@pytest.mark.skipif(not AZURE.exists(), reason="shared/data traces not present")
+def test_cli_table_and_bad_input() -> None:
+    runner = CliRunner()
+    ok = runner.invoke(cli, [
+        "simulate", "--trace", str(AZURE), "--model", "meta-llama/Llama-3.1-8B-Instruct",
+        "--gpu", "H100", "--limit", "200", "--compare", "defaults", "--score-sample", "0"])
+    assert ok.exit_code == 0, ok.output
+    assert "TTFT p95" in ok.output and "defaults" in ok.output
+    bad = runner.invoke(cli, [
+        "simulate", "--trace", str(AZURE), "--model", "meta-llama/Llama-3.1-8B-Instruct",
+        "--gpu", "H100", "--config", "nonsense=1"])
+    assert bad.exit_code != 0 and "expected K=V" in bad.output
