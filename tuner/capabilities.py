@@ -10,7 +10,7 @@ the flags in ``vllm/engine/arg_utils.py``), so it cannot drift from the runtime.
 from __future__ import annotations
 
 import json
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from typing import Literal
 
@@ -105,14 +105,18 @@ class RuntimeCapabilities(BaseModel):
     default_max_num_batched_tokens: tuple[dict[str, int], ...]
     source: str
 
-    @property
+    @cached_property
     def kv_cache_dtype_names(self) -> tuple[str, ...]:
         return tuple(d.name for d in self.kv_cache_dtypes)
 
+    @cached_property
+    def _dtypes_by_name(self) -> dict[str, KVCacheDType]:
+        return {d.name: d for d in self.kv_cache_dtypes}
+
     def dtype(self, name: str) -> KVCacheDType:
-        for d in self.kv_cache_dtypes:
-            if d.name == name:
-                return d
+        found = self._dtypes_by_name.get(name)
+        if found is not None:
+            return found
         raise InvalidInput(
             "kv_cache_dtype", name,
             f"vLLM {self.vllm_version} has no such --kv-cache-dtype; allowed: "

@@ -45,9 +45,10 @@ if every layer kept every token.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from kvtune.tuner.errors import InvalidInput
-from kvtune.tuner.models import AttentionKind, ModelArchitecture
+from kvtune.tuner.models import AttentionKind, LayerGroup, ModelArchitecture
 
 _ELEMENT_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 _FP32_SCALE_BYTES = 4
@@ -216,7 +217,11 @@ def kv_cache_groups(model: ModelArchitecture) -> tuple[CacheGroup, ...]:
     kinds: the group size is the smallest kind's layer count (the "1" of an n:1 pattern), or
     the largest when the counts are within 1.5x of each other; every kind is split into
     groups of that size, the last padded."""
-    groups = model.layer_groups
+    return _groups_of(model.layer_groups)
+
+
+@lru_cache(maxsize=256)
+def _groups_of(groups: tuple[LayerGroup, ...]) -> tuple[CacheGroup, ...]:
     if len(groups) == 1:
         g = groups[0]
         return (CacheGroup(g.kind, g.window_tokens, g.num_layers, 1, 0),)

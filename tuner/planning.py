@@ -165,6 +165,7 @@ class _Planner:
         self.model_dtype = self.model.torch_dtype
         self.reasons: list[Reason] = []
         self.warnings: list[str] = []
+        self._backend_cache: dict[tuple[str, int | None], BackendCapability | None] = {}
         self._validate_static()
         self.weights_bytes = weights_bytes_per_gpu(
             self.model, request.weights_dtype, self.tp
@@ -265,6 +266,14 @@ class _Planner:
         return None
 
     def _backend_for(self, dtype_name: str, block_size: int | None = None) -> (
+        BackendCapability | None
+    ):
+        key = (dtype_name, block_size)
+        if key not in self._backend_cache:
+            self._backend_cache[key] = self._select_backend(dtype_name, block_size)
+        return self._backend_cache[key]
+
+    def _select_backend(self, dtype_name: str, block_size: int | None) -> (
         BackendCapability | None
     ):
         if self.pins.attention_backend is not None:
