@@ -384,6 +384,14 @@ def estimate_parameter_count(
     return embed + num_layers * (attn + norms) + mlp_total + hidden_size
 
 
+# Config keys that mark hybrid state-space / linear-attention models (Jamba, Nemotron-H,
+# Qwen3-Next, Falcon-H1, ...).
+_STATE_SPACE_MARKERS: tuple[str, ...] = (
+    "hybrid_override_pattern", "layers_block_type", "full_attention_interval",
+    "attn_layer_indices", "mamba_d_state", "linear_num_value_heads",
+)
+
+
 def _parse_hf_config(
     config: Mapping[str, Any], hf_id: str, parameter_count: int | None, source: str
 ) -> ModelArchitecture:
@@ -391,6 +399,16 @@ def _parse_hf_config(
         raise InvalidInput("config.json", type(config).__name__, "expected a JSON object")
     cfg = _merged_text_config(config)
     model_type = str(cfg.get("model_type", "unknown"))
+    for marker in _STATE_SPACE_MARKERS:
+        if cfg.get(marker) is not None:
+            # Mamba / linear-attention layers keep a fixed state per request, not per token;
+            # sizing them as attention would be wrong, so say so instead of guessing.
+            raise InvalidInput(
+                f"config.json:{marker}", cfg.get(marker),
+                f"{hf_id} ({model_type}) mixes attention with Mamba or linear-attention "
+                "layers, whose per-request state kvtune does not model yet; plan a "
+                "pure-attention model or pin kv_cache_memory_bytes and size it by hand",
+            )
     num_layers = _required_int(cfg, "num_hidden_layers", hf_id)
     num_heads = _required_int(cfg, "num_attention_heads", hf_id)
     hidden = _required_int(cfg, "hidden_size", hf_id)

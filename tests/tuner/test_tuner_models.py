@@ -122,3 +122,11 @@ def test_unknown_model_lists_close_matches() -> None:
         get_model("Llama-3.3-70B")
     assert "meta-llama/Llama-3.3-70B-Instruct" in info.value.close_matches
     assert "Did you mean" in str(info.value)
+
+
+def test_state_space_hybrids_are_refused_not_guessed() -> None:
+    # nvidia/NVIDIA-Nemotron-Nano-9B-v2 style: most layers are Mamba.
+    config = dict(LLAMA_8B, hybrid_override_pattern="M-M-M-M*-M-M-M-M*-")
+    with pytest.raises(InvalidInput, match="Mamba") as info:
+        ModelArchitecture.from_hf_config(config, "x/hybrid")
+    assert info.value.field == "config.json:hybrid_override_pattern"
