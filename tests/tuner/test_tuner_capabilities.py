@@ -141,6 +141,26 @@ def test_backend_priorities_and_flags_exist(version: str) -> None:
     assert '{"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}' in mla
     torch_utils = (src / "utils" / "torch_utils.py").read_text(encoding="utf-8")
     assert "return head_size // 2 + head_size // 16" in torch_utils
+    # Per-token-head dtypes: one fp32 scale per K and per V side of each head (kvmemory.py).
+    triton = (src / "v1" / "attention" / "backends" / "triton_attn.py").read_text()
+    assert "content = (hs_k + hs_v) * get_dtype_size(spec.dtype) + 2 * scale_bytes" in triton
+    assert "hs_k, hs_v = hs_k // 2, hs_v // 2" in triton  # int4 packs two per byte
+    # The server's default batch per GPU memory tier (capabilities.defaults_for_memory).
+    for tier in runtime.default_max_num_batched_tokens:
+        if tier["min_memory_gib"]:
+            assert f"device_memory >= {tier['min_memory_gib']} * GiB_bytes" in arg_utils
+        assert f"UsageContext.OPENAI_API_SERVER: {tier['tokens']}," in arg_utils
+        assert f"UsageContext.OPENAI_API_SERVER: {tier['seqs']}," in arg_utils
+    assert '"a100" not in device_name' in arg_utils
+    # Sliding-window admission cap and the in-flight batches (kvmemory.blocks_per_request).
+    spec = (src / "v1" / "kv_cache_interface.py").read_text(encoding="utf-8")
+    assert "return cdiv(num_tokens, self.block_size) + 1" in spec
+    vllm_config = (src / "config" / "vllm.py").read_text(encoding="utf-8")
+    assert "self.max_concurrent_batches * self.scheduler_config.max_num_batched_tokens" in (
+        vllm_config)
+    # Hybrid grouping (kvmemory.kv_cache_groups): the 1.5x rule.
+    planning = (src / "v1" / "core" / "kv_cache_planning.py").read_text(encoding="utf-8")
+    assert "if max_num_layers < min_num_layers * 1.5:" in planning
 
 
 def test_selection_follows_vllm_priorities() -> None:
