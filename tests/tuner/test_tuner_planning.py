@@ -392,3 +392,28 @@ def test_suggested_changes_really_fit() -> None:
                 update={"lowest_kv_precision": "fp8"})})
         pool = plan_pool(fixed)
         assert preflight(fixed, pool.plan)[0], suggestion
+
+
+def test_kv_offload_for_reusable_kv_with_a_cpu_budget() -> None:
+    agent = PlanRequest(model=LLAMA_70B, gpu=H200, tensor_parallel=2, weights_dtype="fp8",
+                        profile=preset_profile("agent"),
+                        policy=PlanPolicy(cpu_offload_budget_bytes=100 * budget.GiB))
+    pool = plan_pool(agent)
+    # GiB across TP ranks, as vLLM's --kv-offloading-size takes it.
+    assert pool.plan.kv_offloading_size_gib == 200
+    assert "--kv-offloading-size=200" in pool.plan.vllm_args()
+    assert "--kv-offloading-backend=native" in pool.plan.vllm_args()
+    # No budget, or a workload without reuse: off, with the reason.
+    rag_like = agent.model_copy(update={"profile": preset_profile("long-context")})
+    off = plan_pool(rag_like)
+    assert off.plan.kv_offloading_size_gib is None
+    assert next(r for r in off.reasons if r.knob == "kv-offloading-size").code == "NoOffload"
+
+
+def test_prefix_caching_off_only_when_observed_sharing_is_nil() -> None:
+    nil = fixed_session_profile(4096).model_copy(update={"prefix_hit_rate": 0.0})
+    pool = plan_pool(PlanRequest(model=LLAMA_70B, gpu=H200, weights_dtype="fp8", profile=nil))
+    assert pool.plan.enable_prefix_caching is False
+    assert "--no-enable-prefix-caching" in pool.plan.vllm_args()
+    unknown = plan_pool(article_request())
+    assert unknown.plan.enable_prefix_caching is True
