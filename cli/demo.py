@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import signal
 import sys
-import threading
 from pathlib import Path
 
 import click
 from kvtune.e2e.binaries import cache_dir
 from kvtune.e2e.cluster import LocalCluster
-from kvtune.e2e.demo import EXAMPLE, Demo
+from kvtune.e2e.demo import DEFAULT_TRACE, EXAMPLE, Demo
 from kvtune.e2e.errors import ClusterError
 
 
@@ -22,22 +21,27 @@ from kvtune.e2e.errors import ClusterError
               default=EXAMPLE, show_default=True, help="The InferenceDeployment to apply.")
 @click.option("--keep", is_flag=True,
               help="Keep everything running after the report, until Ctrl-C.")
+@click.option("--trace", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_TRACE,
+              show_default=True,
+              help="Request trace replayed as vLLM metrics into Prometheus, for the operator "
+              "to profile (Azure CSV or Mooncake JSONL).")
+@click.option("--no-traffic", is_flag=True,
+              help="Skip Prometheus and the replay: plan on the declared workload only.")
 @click.option("--timeout", "timeout_seconds", type=float, default=180.0, show_default=True,
               help="Seconds to wait for each step (Ready, pods Running).")
-def demo(state_dir: Path | None, example: Path, keep: bool, timeout_seconds: float) -> None:
+def demo(state_dir: Path | None, example: Path, keep: bool, trace: Path, no_traffic: bool,
+         timeout_seconds: float) -> None:
     """Bring up the local control plane with fake H100/H200/B200 pools, install kvtune's CRDs,
-    start the operator, apply an InferenceDeployment with H100 and H200 pools, and print what
-    kvtune decided per pool and the pods Running on the fake GPU nodes. Then tear it all down
-    (or, with --keep, leave it up until Ctrl-C)."""
+    replay a real trace's vLLM metrics into Prometheus, start the operator, apply an
+    InferenceDeployment with H100 and H200 pools, and print what kvtune decided per pool (on the
+    declared workload, then on the traffic it observed) and the pods Running on the fake GPU
+    nodes. Then tear it all down (or, with --keep, leave it up until Ctrl-C)."""
     cluster = LocalCluster(state_dir or cache_dir() / "demo")
     # SIGTERM (a CI timeout, `kill`) must tear down like Ctrl-C does.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        Demo(cluster, example, echo=click.echo, timeout_seconds=timeout_seconds).run()
-        if keep:
-            click.echo(f"\nRunning. export KUBECONFIG={cluster.kubeconfig_path}  "
-                       "(Ctrl-C to stop everything)")
-            threading.Event().wait()
+        Demo(cluster, example, echo=click.echo, timeout_seconds=timeout_seconds,
+             trace=None if no_traffic else trace).run(keep=keep)
     except ClusterError as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(1)

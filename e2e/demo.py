@@ -8,7 +8,11 @@ they are all stopped at the end, on Ctrl-C, and on any error.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +26,12 @@ from kvtune.e2e.errors import ClusterError, log_tail
 REPO = Path(__file__).resolve().parents[1]
 CRD_DIR = REPO / "crds"
 EXAMPLE = REPO / "examples" / "support-bot.yaml"
+# A real conversation trace (Azure, CC BY 4.0; see shared/data/SOURCES.md) for the traffic step.
+DEFAULT_TRACE = Path(os.environ.get(
+    "KVTUNE_DEMO_TRACE", REPO.parent / "shared" / "data" / "AzureLLMInferenceTrace_conv.csv"
+))
+TRAFFIC_SPEED = 10.0  # trace seconds per wall second
+PROFILE_WINDOW_SECONDS = 30
 GROUP, VERSION, PLURAL = "kvtune.io", "v1alpha1", "inferencedeployments"
 T = TypeVar("T")
 
@@ -46,6 +56,9 @@ class DemoReport:
     pools: list[dict[str, Any]]
     pods: list[PodRow]
     timings_seconds: dict[str, float] = field(default_factory=dict)
+    declared_pools: list[dict[str, Any]] = field(default_factory=list)
+    profile: dict[str, Any] | None = None
+    traffic: str | None = None  # why there was none, or what it was
 
 
 class Demo:
@@ -55,18 +68,33 @@ class Demo:
         example: Path = EXAMPLE,
         echo: Callable[[str], None] = print,
         timeout_seconds: float = 180.0,
+        trace: Path | None = DEFAULT_TRACE,
     ) -> None:
+        """``trace``: replay it to Prometheus so the operator profiles real traffic (None:
+        plan on the declared workload only)."""
         self.cluster, self.example, self.echo = cluster, example, echo
         self.timeout_seconds = timeout_seconds
+        self.trace = trace
         self.manifest: dict[str, Any] = yaml.safe_load(example.read_text())
         self.name = self.manifest["metadata"]["name"]
         self.namespace = self.manifest["metadata"].get("namespace", "default")
         self.operator_log = cluster.log_path("kvtune-operator")
 
-    def run(self) -> DemoReport:
+    def run(self, keep: bool = False) -> DemoReport:
+        """Everything, then the report; ``keep``: stay up until interrupted. The caller
+        stops the cluster (and with it the operator); the traffic is stopped here."""
+        with contextlib.ExitStack() as stack:
+            report = self._run(stack)
+            if keep:
+                self.echo(f"\nRunning. export KUBECONFIG={self.cluster.kubeconfig_path}  "
+                          "(Ctrl-C to stop everything)")
+                threading.Event().wait()
+            return report
+
+    def _run(self, stack: contextlib.ExitStack) -> DemoReport:
         timings: dict[str, float] = {}
         start = time.monotonic()
-        self.echo("[1/5] control plane: etcd, kube-apiserver, kube-controller-manager, "
+        self.echo("[1/6] control plane: etcd, kube-apiserver, kube-controller-manager, "
                   "kube-scheduler, kwok with fake GPU nodes (127.0.0.1 only) ...")
         self.cluster.up()
         timings["cluster_up"] = time.monotonic() - start
@@ -76,28 +104,46 @@ class Demo:
             self.echo(f"      pool {pool:<5} {ready} nodes Ready")
         api = self.cluster.api_client()
 
-        self.echo(f"[2/5] CRDs from {CRD_DIR} ...")
+        self.echo(f"[2/6] CRDs from {CRD_DIR} ...")
         names = self._install_crds(api)
         self.echo(f"      established: {', '.join(names)}")
 
-        self.echo(f"[3/5] operator: kvtune operator (log: {self.operator_log}) ...")
+        self.echo("[3/6] traffic: vLLM metrics replayed from a real trace, scraped by "
+                  "Prometheus ...")
+        traffic = self._start_traffic(stack)
+        self.echo(f"      {traffic}")
+
+        self.echo(f"[4/6] operator: kvtune operator (log: {self.operator_log}) ...")
         self._start_operator()
 
         example = self.example
         shown = example.relative_to(REPO) if example.is_relative_to(REPO) else example
-        self.echo(f"[4/5] applying {shown} (InferenceDeployment {self.namespace}/{self.name}) ...")
+        self.echo(f"[5/6] applying {shown} (InferenceDeployment {self.namespace}/{self.name}) ...")
         t = time.monotonic()
         self._apply_example(api)
         ready = self._wait_ready(api)
-        pods = self._wait_pods(api)
         timings["ready"] = time.monotonic() - t
+        self.echo(f"      Ready after {timings['ready']:.1f}s on the declared workload: "
+                  f"{ready.get('message', '')}")
+        declared = list((self._get(api).get("status") or {}).get("pools", []))
+        profile = None
+        if self._observing:
+            self.echo(f"[6/6] waiting for the operator to profile the traffic in Prometheus "
+                      f"(window {PROFILE_WINDOW_SECONDS}s) and re-plan ...")
+            t = time.monotonic()
+            profile = self._wait_observed_profile(api)
+            ready = self._wait_settled(api)
+            timings["observed"] = time.monotonic() - t
+            self.echo(f"      re-planned on observed traffic after {timings['observed']:.1f}s")
+        else:
+            self.echo("[6/6] no traffic to profile: the plans stay on the declared workload")
+        pods = self._wait_pods(api)
         obj = self._get(api)
         report = DemoReport(
             name=self.name, namespace=self.namespace, ready_condition=ready,
             pools=list((obj.get("status") or {}).get("pools", [])), pods=pods,
-            timings_seconds=timings,
+            timings_seconds=timings, declared_pools=declared, profile=profile, traffic=traffic,
         )
-        self.echo(f"[5/5] Ready after {timings['ready']:.1f}s: {ready.get('message', '')}")
         self._print_report(report)
         return report
 
@@ -135,12 +181,53 @@ class Demo:
         self._wait("the CRDs to be Established", established, "kube-apiserver")
         return names
 
+    _observing = False
+
+    def _start_traffic(self, stack: contextlib.ExitStack) -> str:
+        """Replay exporter + Prometheus, if both are here; returns what happened, in words.
+        Without them the demo still runs, planning on the declared workload."""
+        if self.trace is None:
+            return "skipped (--no-traffic): plans use the declared workload"
+        if not self.trace.is_file():
+            return f"skipped: no trace at {self.trace} (--trace PATH or $KVTUNE_DEMO_TRACE)"
+        if shutil.which("prometheus") is None:
+            return "skipped: no `prometheus` on PATH (scripts/setup.sh installs Debian's)"
+        try:
+            from kvtune.e2e.prometheus import start_prometheus
+            from kvtune.e2e.replay_exporter import Replay, ReplayServer
+            from kvtune.e2e.replay_instance import InstanceConfig
+        except ImportError as error:
+            return f"skipped: the replay exporter or Prometheus module is missing ({error})"
+        model = self.manifest["spec"]["model"]["name"]
+        server = ReplayServer(Replay(InstanceConfig(model_name=model), self.trace, TRAFFIC_SPEED))
+        server.start()
+        stack.callback(server.stop)
+        prometheus = start_prometheus([server.target], labels={"namespace": self.namespace})
+        stack.callback(shutil.rmtree, prometheus.data_dir, True)
+        stack.callback(prometheus.stop)
+        prometheus.wait_for(
+            f'vllm:request_success_total{{namespace="{self.namespace}"}}',
+            timeout_seconds=self.timeout_seconds, min_value=1,
+        )
+        spec = self.manifest["spec"]
+        tuning = spec.setdefault("tuning", {})
+        tuning["prometheus"] = {"url": prometheus.url, "window": f"{PROFILE_WINDOW_SECONDS}s"}
+        tuning.setdefault("retune", {"minInterval": f"{PROFILE_WINDOW_SECONDS}s",
+                                     "driftThreshold": 0.2})
+        self._observing = True
+        return (f"{self.trace.name} at {TRAFFIC_SPEED:g}x on http://{server.target}/metrics, "
+                f"Prometheus {prometheus.url} (log: {prometheus.log_path})")
+
     def _start_operator(self) -> None:
         kvtune = Path(sys.executable).parent / "kvtune"
+        env = {"PYTHONUNBUFFERED": "1"}
+        if self._observing:
+            # Profile every 5 s instead of every minute, so the demo shows it within seconds.
+            env |= {"KVTUNE_RETUNE_INTERVAL_SECONDS": "5", "KVTUNE_PROFILE_MIN_REQUESTS": "100"}
         self.cluster.supervisor.start("kvtune-operator", [
             str(kvtune), "operator", "--kubeconfig", str(self.cluster.kubeconfig_path),
             "--standalone", "--metrics-port", "0", "--namespace", self.namespace,
-        ], env={"PYTHONUNBUFFERED": "1"})
+        ], env=env)
 
     def _apply_example(self, api: Any) -> None:
         from kubernetes import client
@@ -172,6 +259,29 @@ class Demo:
 
         return self._wait(f"InferenceDeployment {self.name} to be Ready", ready, "kvtune-operator")
 
+    def _wait_observed_profile(self, api: Any) -> dict[str, Any]:
+        def observed() -> dict[str, Any] | None:
+            profile = (self._get(api).get("status") or {}).get("profile") or {}
+            return dict(profile) if profile.get("source") == "prometheus" else None
+
+        return self._wait("a profile observed in Prometheus", observed, "kvtune-operator")
+
+    def _wait_settled(self, api: Any) -> dict[str, Any]:
+        """Ready, and no rollout in progress (the observed plan may have changed pods)."""
+
+        def settled() -> dict[str, Any] | None:
+            conditions = {
+                c.get("type"): c for c in (self._get(api).get("status") or {}).get("conditions", [])
+            }
+            ready = conditions.get("Ready", {})
+            if ready.get("status") == "True" and conditions.get("Progressing", {}).get(
+                "status"
+            ) != "True":
+                return dict(ready)
+            return None
+
+        return self._wait("Ready with no rollout in progress", settled, "kvtune-operator")
+
     def _wait_pods(self, api: Any) -> list[PodRow]:
         from kubernetes import client
 
@@ -198,7 +308,8 @@ class Demo:
                     gpus="+".join(limits) or "0", phase=pod.status.phase or "-",
                     ready=any(c.type == "Ready" and c.status == "True" for c in conditions),
                 ))
-            done = len(rows) >= wanted and all(r.phase == "Running" and r.ready for r in rows)
+            # Exactly the replicas asked for: more means a rollout is still replacing pods.
+            done = len(rows) == wanted and all(r.phase == "Running" and r.ready for r in rows)
             return sorted(rows, key=lambda r: r.name) if done else None
 
         return self._wait(f"{wanted} runtime pods Running and Ready", running, "kwok")
@@ -225,7 +336,10 @@ class Demo:
     def _print_report(self, report: DemoReport) -> None:
         echo = self.echo
         echo("")
+        if report.profile is not None:
+            echo(f"Traffic kvtune observed in Prometheus: {_profile_line(report.profile)}")
         echo(f"What kvtune decided for {report.namespace}/{report.name}:")
+        declared = {p.get("name"): p.get("plan") or {} for p in report.declared_pools}
         for pool in report.pools:
             plan = pool.get("plan") or {}
             echo(f"  pool {pool.get('name', pool.get('gpuClass'))} ({pool.get('gpuClass')}, "
@@ -234,6 +348,12 @@ class Demo:
                  f"{pool.get('phase')}, revision {pool.get('revision')}):")
             if plan:
                 echo("    plan: " + ", ".join(f"{k}={v}" for k, v in plan.items() if v is not None))
+            before = declared.get(pool.get("name"))
+            if report.profile is not None and before is not None:
+                changes = [f"{k} {before.get(k)} -> {v}" for k, v in plan.items()
+                           if before.get(k) != v]
+                echo("    changed from the declared-workload plan: "
+                     + (", ".join(changes) if changes else "nothing (the traffic fits it)"))
             expected = pool.get("expected") or {}
             if expected:
                 echo("    expected: " + ", ".join(
@@ -248,3 +368,19 @@ class Demo:
         for row in report.pods:
             echo(f"  {row.name:<44} {row.node:<8} {row.gpu_product:<22} {row.gpus:<5} "
                  f"{row.phase:<8} {row.ready}")
+
+
+def _profile_line(profile: dict[str, Any]) -> str:
+    """One line of what the operator measured (keys as the status has them, camelCase)."""
+    parts = [f"window {profile.get('window')}"] if profile.get("window") else []
+    if profile.get("requests") is not None:
+        parts.append(f"{profile['requests']} requests")
+    for key, label in (("contextTokens", "context"), ("outputTokens", "output")):
+        q = profile.get(key) or {}
+        if q:
+            parts.append(f"{label} p50/p95/p99 {q.get('p50')}/{q.get('p95')}/{q.get('p99')} tokens")
+    if profile.get("prefixHitRate") is not None:
+        parts.append(f"prefix hit rate {profile['prefixHitRate']:.2f}")
+    if profile.get("requestRatePerSecond") is not None:
+        parts.append(f"{profile['requestRatePerSecond']:.1f} req/s")
+    return ", ".join(parts)

@@ -4,14 +4,16 @@ subprocess, the example InferenceDeployment with H100 and H200 pools; then every
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from kvtune.e2e.demo import DEFAULT_TRACE
 from kvtune.e2e.processes import processes_mentioning
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
 
 
 def test_demo_prints_plans_per_pool_and_pods_on_their_gpu_class(tmp_path: Path) -> None:
@@ -23,7 +25,17 @@ def test_demo_prints_plans_per_pool_and_pods_on_their_gpu_class(tmp_path: Path) 
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
     assert "established: inferencedeployments.kvtune.io" in out
-    assert re.search(r"\[5/5\] Ready after [0-9.]+s", out)
+    assert re.search(r"\[5/6\] applying examples/support-bot.yaml", out)
+    assert re.search(r"Ready after [0-9.]+s on the declared workload", out)
+    if DEFAULT_TRACE.is_file() and shutil.which("prometheus"):
+        # The operator profiled the replayed trace in Prometheus and re-planned on it.
+        assert "re-planned on observed traffic" in out
+        observed = re.search(r"Traffic kvtune observed in Prometheus: .* (\d+) requests", out)
+        assert observed and int(observed.group(1)) >= 100, out
+        assert out.count("changed from the declared-workload plan:") == 2
+        assert "revision 2" in out
+    else:
+        assert "skipped:" in out
     # One plan per pool, each with its knobs and the reasons for them.
     for gpu_class in ("H200", "H100"):
         header = re.search(rf"pool \S+ \({gpu_class}, 2 replica\(s\).*Applied", out)
