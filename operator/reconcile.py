@@ -156,6 +156,22 @@ def _plan_status(pool_plan: PoolPlan) -> tuple[PlanStatus, ExpectedStatus, list[
     return knobs, expected, reasons
 
 
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch (RFC 7386) turning ``old`` into ``new``: keys that disappeared are
+    nulled at every depth (else the server keeps them); lists are replaced whole."""
+    patch: dict[str, Any] = {}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            patch[key] = merge_patch(before, value)
+        else:
+            patch[key] = value
+    for key in old:
+        if key not in new:
+            patch[key] = None
+    return patch
+
+
 def _dump(status: InferenceDeploymentStatus) -> dict[str, Any]:
     data: dict[str, Any] = status.model_dump(mode="json", by_alias=True, exclude_none=True)
     return data
@@ -206,10 +222,8 @@ def reconcile(
         new, old = _dump(status), _dump(previous)
         changed = new != old
         if changed and write_status:
-            # Keys that disappeared must be nulled explicitly in a merge patch.
-            patch: dict[str, Any] = {k: None for k in old if k not in new}
-            patch.update(new)
-            kapply.patch_status(kube, namespace, name, patch)
+            stored = dict(body.get("status") or {})
+            kapply.patch_status(kube, namespace, name, merge_patch(stored, new))
         return ReconcileResult(status=new, status_changed=changed, events=events, **kw)
 
     try:
@@ -470,7 +484,8 @@ def refresh_rollout(body: Mapping[str, Any], *, kube: kapply.Kube,
     new = _dump(status)
     if new == _dump(previous):
         return False
-    return kapply.patch_status(kube, meta["namespace"], meta["name"], new,
+    return kapply.patch_status(kube, meta["namespace"], meta["name"],
+                               merge_patch(dict(body.get("status") or {}), new),
                                resource_version=meta.get("resourceVersion"))
 
 

@@ -373,3 +373,47 @@ def test_model_outside_the_catalog_from_a_config_map(
     pool = obj["status"]["pools"][0]
     assert pool["vllmArgs"][0] == "acme/house-model-8b"
     assert pool["expected"]["kvBytesPerToken"] > 0
+
+
+def test_reconcile_seam_writes_status_only_when_it_changes(cluster_api: Any) -> None:
+    """The function the retune timer calls, used directly (no operator serves this
+    namespace): a second reconcile of an unchanged object writes nothing; an observed profile
+    replans, is kept in status, and survives a reconcile without one."""
+    from kvtune.operator.apply import Kube
+    from kvtune.operator.reconcile import reconcile
+    from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
+
+    ns = "op-direct"
+    ensure_namespace(cluster_api, ns)
+    create_infd(cluster_api, ns, "seam", _one_pool_spec())
+    kube = Kube(cluster_api)
+    first = reconcile(get_infd(cluster_api, ns, "seam"), kube=kube)
+    assert first.status_changed and first.permanent_error is None
+    assert [e.reason for e in first.events] == ["PlanChanged", "RolloutStarted"]
+    wait_for(lambda: (_deployments(cluster_api, ns)["seam-h100"].status.ready_replicas or 0)
+             >= 1, "the Deployment's pod ready", 60)
+    settled = reconcile(get_infd(cluster_api, ns, "seam"), kube=kube)  # sees the rollout end
+    assert settled.status["conditions"][0]["status"] == "True"
+    before = get_infd(cluster_api, ns, "seam")
+    second = reconcile(before, kube=kube)
+    assert not second.status_changed and second.events == []
+    assert get_infd(cluster_api, ns, "seam")["metadata"]["resourceVersion"] == \
+        before["metadata"]["resourceVersion"]
+
+    observed = WorkloadProfile(
+        source="prometheus", kind="chat",
+        context_tokens=TokenQuantiles(p50=9000, p90=20000, p95=30000, p99=60000, max=90000),
+        output_tokens=TokenQuantiles(p50=500, p95=2000, p99=4000, max=8000),
+        prefix_hit_rate=0.2, requests=12345)
+    third = reconcile(get_infd(cluster_api, ns, "seam"), kube=kube, profile=observed,
+                      profile_window="6h")
+    assert third.status["profile"]["source"] == "prometheus"
+    assert third.status["profile"]["window"] == "6h"
+    assert third.status["profile"]["requests"] == 12345
+    pool = third.status["pools"][0]
+    assert pool["revision"] == 2 and pool["plan"]["maxModelLen"] > 32768
+    fourth = reconcile(get_infd(cluster_api, ns, "seam"), kube=kube)
+    # The observed profile is kept, not the declared one: same plan, no new revision.
+    assert fourth.status["profile"] == third.status["profile"]
+    assert fourth.status["pools"][0]["planHash"] == pool["planHash"]
+    assert fourth.status["pools"][0]["revision"] == 2 and fourth.events == []

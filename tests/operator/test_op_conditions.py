@@ -41,3 +41,18 @@ def test_other_conditions_kept_and_ordered() -> None:
     assert [c.type for c in out] == ["Ready", "Progressing", "Degraded"]
     assert cond.get_condition(out, "Ready") == _ready("True")
     assert cond.get_condition(out, cond.PROFILE_STALE) is None
+
+
+@pytest.mark.parametrize(("old", "new", "patch"), [
+    ({}, {"a": 1}, {"a": 1}),
+    ({"a": 1, "b": 2}, {"a": 1}, {"a": 1, "b": None}),
+    ({"p": {"x": 1, "y": 2}}, {"p": {"x": 1}}, {"p": {"x": 1, "y": None}}),
+    ({"l": [{"x": 1, "y": 2}]}, {"l": [{"x": 1}]}, {"l": [{"x": 1}]}),  # lists replaced whole
+    ({"p": {"x": 1}}, {"p": 3}, {"p": 3}),
+])
+def test_status_merge_patch_nulls_what_disappeared(
+    old: dict[str, object], new: dict[str, object], patch: dict[str, object]
+) -> None:
+    from kvtune.operator.reconcile import merge_patch
+
+    assert merge_patch(old, new) == patch
