@@ -13,6 +13,7 @@ the field, the value and the fix, and leaves that pool's running objects as they
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -38,6 +39,7 @@ from kvtune.tuner.plan import PoolPlan
 from kvtune.tuner.policy import SLO, Pins, PlanPolicy
 from kvtune.tuner.workload import WorkloadProfile
 from pydantic import ValidationError
+from pydantic.alias_generators import to_camel
 
 NO_NODES_RETRY_SECONDS = 30.0
 
@@ -147,6 +149,18 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
     )
     result: PoolPlan = plan_pool(request)
     return result
+
+
+_PIN_FIELD = re.compile(r"\bpins\.([a-z_]+)")
+
+
+def spec_field_names(exc: Exception) -> str:
+    """The planner names pins as ``pins.kv_cache_dtype``; the user wrote
+    ``spec.tuning.pin.kvCacheDtype``: say it the user's way."""
+    def camel(match: re.Match[str]) -> str:
+        return "spec.tuning.pin." + to_camel(match.group(1)).replace("Gib", "GiB")
+
+    return _PIN_FIELD.sub(camel, str(exc))
 
 
 def _plan_status(pool_plan: PoolPlan) -> tuple[PlanStatus, ExpectedStatus, list[str]]:
@@ -363,7 +377,7 @@ def _reconcile_pool(
         return failed(cond.NO_FEASIBLE_PLAN, f"{field_} ({pool.gpu_class}, "
                       f"tensorParallel={pool.tensor_parallel}): {exc}")
     except KVTuneError as exc:
-        return failed(cond.INVALID_SPEC, f"{field_} ({pool.gpu_class}): {exc}")
+        return failed(cond.INVALID_SPEC, f"{field_} ({pool.gpu_class}): {spec_field_names(exc)}")
 
     gpu_class = pool_plan.gpu_class
     knobs, expected, reasons = _plan_status(pool_plan)
