@@ -10,6 +10,7 @@ import numpy as np
 from kvtune.tuner.simulator.metrics import SimResult
 
 _MAX_POINTS = 1500
+_STYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)))
 
 
 def _thin(t: Sequence[float], y: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -29,15 +30,23 @@ def plot_comparison(results: Sequence[SimResult], path: str | Path, title: str =
 
     fig, axes = plt.subplots(3, 1, figsize=(10, 11), constrained_layout=True)
     ax_kv, ax_hit, ax_ttft = axes
-    for r in results:
+    any_hits = False
+    for i, r in enumerate(results):
+        # Distinct dashes: configurations that behave the same draw on top of each other.
+        style = {"label": r.name, "linestyle": _STYLES[i % len(_STYLES)]}
         t, kv = _thin(r.series.time_seconds, r.series.kv_usage)
-        ax_kv.plot(t / 60.0, kv * 100.0, label=r.name, linewidth=0.9)
+        ax_kv.plot(t / 60.0, kv * 100.0, linewidth=0.9, **style)
         t, hit = _thin(r.series.time_seconds, r.series.prefix_hit_rate)
-        ax_hit.plot(t / 60.0, hit * 100.0, label=r.name, linewidth=1.2)
+        any_hits = any_hits or bool(hit.size and hit.max() > 0)
+        ax_hit.plot(t / 60.0, hit * 100.0, linewidth=1.4, **style)
         ttft = np.sort(r.ttft_seconds())
         if ttft.size:
             cdf = np.arange(1, ttft.size + 1) / ttft.size
-            ax_ttft.plot(np.maximum(ttft, 1e-3), cdf * 100.0, label=r.name, linewidth=1.2)
+            ax_ttft.plot(np.maximum(ttft, 1e-3), cdf * 100.0, linewidth=1.4, **style)
+    if not any_hits:
+        ax_hit.text(0.5, 0.5, "no prefix-cache hits in any configuration\n"
+                    "(the trace shares no prefixes, or caching is off)",
+                    transform=ax_hit.transAxes, ha="center", va="center", color="grey")
     ax_kv.set_title("KV-cache usage (blocks held, % of the cache)")
     ax_kv.set_xlabel("simulated time (minutes)")
     ax_kv.set_ylabel("KV usage %")
