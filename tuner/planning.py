@@ -998,7 +998,7 @@ class _Planner:
             tensor_parallel=self.tp,
             vllm_version=self.runtime.vllm_version,
             plan=plan,
-            expected=self.expected(plan, tpot, chosen_score),
+            expected=self.expected(plan, chosen_score),
             reasons=tuple(self.reasons),
             warnings=tuple(self.warnings),
         )
@@ -1147,9 +1147,8 @@ class _Planner:
         return chosen, reason, best
 
     def expected(
-        self, plan: KVPlan, tpot: float, score: CandidateScore | None
+        self, plan: KVPlan, score: CandidateScore | None
     ) -> ExpectedFigures:
-        del tpot
         batched = plan.max_num_batched_tokens
         mem = self.memory(
             plan.kv_cache_dtype, plan.block_size, plan.max_num_seqs, batched,
