@@ -29,6 +29,8 @@ MiB = 1 << 20
 # Memory outside vLLM's fraction: the CUDA context (~0.5 GiB, counted in the total but never
 # free), allocator fragmentation and any sidecar. Larger GPUs can give a larger fraction.
 OUTSIDE_RESERVE_BYTES = 4 * GiB
+# What the CUDA context takes of the total before vLLM allocates anything.
+CUDA_CONTEXT_BYTES = 512 * MiB
 MAX_GPU_MEMORY_UTILIZATION = 0.97
 CUDA_GRAPH_BASE_BYTES = 256 * MiB
 CUDA_GRAPH_BYTES_PER_LAYER = 8 * MiB

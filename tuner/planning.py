@@ -863,6 +863,18 @@ class _Planner:
         probe = self.memory("auto", 16, seqs_for_memory, batched, utilization)
         if probe.kv_budget_bytes <= 0:
             raise self._no_fit(max_model_len, batched, utilization, ())
+        pinned_kv = self.pins.kv_cache_memory_bytes
+        if pinned_kv is not None:
+            # vLLM allocates exactly this much without profiling: it must fit beside the
+            # weights and buffers, leaving the CUDA context its share.
+            room = self.gpu.cuda_total_bytes - budget.CUDA_CONTEXT_BYTES - probe.non_kv.total_bytes
+            if pinned_kv > room:
+                raise InvalidInput(
+                    "pins.kv_cache_memory_bytes", pinned_kv,
+                    f"{_gib(pinned_kv)} of KV does not fit beside {_gib(probe.non_kv.total_bytes)} "
+                    f"of weights and buffers on {self.gpu.name} ({_gib(self.gpu.cuda_total_bytes)} "
+                    f"total); at most {max(0, room)} bytes ({_gib(max(0, room))})",
+                )
 
         tpot, tpot_why = self.tpot_target()
         base_dtype = "auto" if self._dtype_unusable(self.runtime.dtype("auto")) is None else (

@@ -417,3 +417,13 @@ def test_prefix_caching_off_only_when_observed_sharing_is_nil() -> None:
     assert "--no-enable-prefix-caching" in pool.plan.vllm_args()
     unknown = plan_pool(article_request())
     assert unknown.plan.enable_prefix_caching is True
+
+
+def test_pinned_kv_bytes_must_fit_beside_the_weights() -> None:
+    ok = plan_pool(article_request(pins=Pins(kv_cache_memory_bytes=40 * budget.GiB)))
+    assert ok.plan.kv_cache_memory_bytes == 40 * budget.GiB
+    assert "--kv-cache-memory-bytes=42949672960" in ok.plan.vllm_args()
+    assert ok.expected.kv_cache_bytes <= 40 * budget.GiB
+    with pytest.raises(InvalidInput) as info:
+        plan_pool(article_request(pins=Pins(kv_cache_memory_bytes=100 * budget.GiB)))
+    assert info.value.field == "pins.kv_cache_memory_bytes"
