@@ -461,9 +461,22 @@ class _Planner:
         return chosen
 
     def utilization(self) -> float:
-        if self.pins.gpu_memory_utilization is not None:
-            self._pinned("gpu-memory-utilization", f"{self.pins.gpu_memory_utilization:g}")
-            return self.pins.gpu_memory_utilization
+        pinned = self.pins.gpu_memory_utilization
+        if pinned is not None:
+            # vLLM refuses to start when free memory is below the requested fraction, and the
+            # CUDA context is never free.
+            most = (self.gpu.cuda_total_bytes - budget.CUDA_CONTEXT_BYTES) / (
+                self.gpu.cuda_total_bytes)
+            if pinned > most:
+                raise InvalidInput(
+                    "pins.gpu_memory_utilization", pinned,
+                    f"asks for {_gib(budget.requested_bytes(self.gpu, pinned))} of "
+                    f"{self.gpu.name}'s {_gib(self.gpu.cuda_total_bytes)}, but the CUDA context "
+                    f"takes about {_gib(budget.CUDA_CONTEXT_BYTES)}: vLLM would refuse to start; "
+                    f"use at most {math.floor(most * 100) / 100:g}",
+                )
+            self._pinned("gpu-memory-utilization", f"{pinned:g}")
+            return pinned
         util = budget.default_gpu_memory_utilization(self.gpu)
         outside = self.gpu.cuda_total_bytes - budget.requested_bytes(self.gpu, util)
         self.reasons.append(Reason(

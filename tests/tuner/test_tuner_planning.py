@@ -125,6 +125,7 @@ def test_pins_are_honoured() -> None:
         (Pins(block_size=24), "pins.block_size", "multiple of 16"),
         (Pins(attention_backend="CUTLASS_MLA"), "pins.attention_backend", "FLASH_ATTN"),
         (Pins(max_model_len=200_000), "pins.max_model_len", "131072"),
+        (Pins(gpu_memory_utilization=1.0), "pins.gpu_memory_utilization", "at most 0.99"),
     ],
 )
 def test_bad_pins_name_the_pin_and_the_allowed_values(
