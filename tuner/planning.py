@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from kvtune.tuner import budget, decode
+from kvtune.tuner import budget, decode, prefill
 from kvtune.tuner.capabilities import (
     PINNED_VLLM_VERSION,
     AttentionFamily,
@@ -389,76 +389,34 @@ class _Planner:
         self, default: int, dtype: str, bs: int, num_seqs: int, utilization: float,
         max_model_len: int,
     ) -> int:
-        """vLLM's default token budget per step, shrunk when a step carrying a prefill chunk
-        would push decodes too far past the TPOT SLO, grown when the p95 prompt would miss the
-        TTFT SLO (and memory allows). Decode tokens count against the budget (one per running
-        sequence); the rest is prefill."""
+        """``prefill.step_token_budget`` for this pool (pinned: left alone)."""
         if self.pins.max_num_batched_tokens is not None:
             return default
-        slo = self.req.policy.slo
-        prompt = self.req.profile.context_tokens.p95
         bits = weight_bits(self.model, self.req.weights_dtype)
-        per_token = decode.prefill_seconds_per_token(self.model, self.gpu, self.tp, bits)
-        decode_s = self.chunked_step_seconds(dtype, bs, num_seqs, 0, max_model_len, default)
-        floor = num_seqs + 512  # always leave prefill room
-
-        def step(tokens: int) -> float:
-            return decode_s + max(0, tokens - num_seqs) * per_token
-
-        def ttft(tokens: int) -> float:
-            # The prompt's compute plus one step's decodes per chunk it is split into.
-            room = max(1, tokens - num_seqs)
-            return prompt * per_token + math.ceil(prompt / room) * decode_s
 
         def fits(tokens: int) -> bool:
             mem = self.memory(dtype, bs, num_seqs, tokens, utilization)
             return self.preflight_ok(mem, dtype, bs, tokens, max_model_len)
 
-        chosen = max(default, floor if default < floor else default)
-        code = "RuntimeDefault"
-        message = (
-            f"vLLM {self.runtime.vllm_version}'s default for a "
-            f"{_gib(self.gpu.cuda_total_bytes)} GPU"
+        result = prefill.step_token_budget(
+            default_tokens=default,
+            num_seqs=num_seqs,
+            prompt_tokens=self.req.profile.context_tokens.p95,
+            decode_seconds=self.chunked_step_seconds(
+                dtype, bs, num_seqs, 0, max_model_len, default),
+            prefill_seconds_per_token=decode.prefill_seconds_per_token(
+                self.model, self.gpu, self.tp, bits),
+            ttft_slo_seconds=self.req.policy.slo.ttft_p95_seconds,
+            fits=fits,
+            default_label=f"vLLM {self.runtime.vllm_version}'s default for a "
+            f"{_gib(self.gpu.cuda_total_bytes)} GPU",
         )
-        # The chunk size barely moves TPOT p95 under steady load: the prompt tokens arriving
-        # per second must be computed whatever the chunking, so the average step is
-        # decode / (1 - prompt load) for any chunk size. It moves inter-token spikes (a step
-        # that carries a full chunk) and TTFT, so kvtune keeps vLLM's default unless the
-        # TTFT SLO needs larger chunks, and reports the spike.
-        ttft_slo = slo.ttft_p95_seconds
-        if ttft_slo is not None and ttft(chosen) > ttft_slo:
-            before = ttft(chosen)
-            for tokens in (chosen * 2, chosen * 4):
-                if not fits(tokens) or ttft(tokens) >= ttft(chosen) * 0.98:
-                    break
-                chosen, code = tokens, "TTFTBudget"
-                if ttft(tokens) <= ttft_slo:
-                    break
-            if code == "TTFTBudget":
-                message = (
-                    f"the p95 prompt ({prompt} tokens) takes {before:.2f} s to prefill at "
-                    f"{default} tokens per step; at {chosen} it takes {ttft(chosen):.2f} s "
-                    f"(TTFT p95 SLO {ttft_slo:g} s)"
-                )
-            if ttft(chosen) > ttft_slo:
-                self.warnings.append(
-                    f"the p95 prompt ({prompt} tokens) needs about {ttft(chosen):.2f} s to "
-                    f"prefill, above the TTFT p95 SLO of {ttft_slo:g} s, even at {chosen} "
-                    "tokens per step; more tensor parallel or a faster GPU would help"
-                )
-        if code == "RuntimeDefault":
-            message += (
-                f": {chosen} tokens per step; the p95 prompt ({prompt} tokens) prefills in "
-                f"about {ttft(chosen):.2f} s"
-            )
-        message += (
-            f"; a step that carries a full chunk takes about {step(chosen) * 1000:.0f} ms "
-            f"(an inter-token spike for the {num_seqs} running sequences)"
-        )
+        self.warnings.extend(result.warnings)
         self.reasons.append(Reason(
-            knob="max-num-batched-tokens", choice=str(chosen), code=code, message=message,
+            knob="max-num-batched-tokens", choice=str(result.tokens), code=result.code,
+            message=result.message,
         ))
-        return chosen
+        return result.tokens
 
     def utilization(self) -> float:
         pinned = self.pins.gpu_memory_utilization
