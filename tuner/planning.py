@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from kvtune.tuner import budget, decode, prefill
+from kvtune.tuner import budget, decode, prefill, scored
 from kvtune.tuner.capabilities import (
     PINNED_VLLM_VERSION,
     AttentionFamily,
@@ -38,6 +38,19 @@ from kvtune.tuner.capabilities import (
     KVCacheDType,
     RuntimeCapabilities,
     get_runtime,
+)
+from kvtune.tuner.checks import (
+    BELOW_QUALITY_FLOOR,
+    CHOSEN,
+    FITS,
+    MAX_MODEL_LEN_DOES_NOT_FIT,
+    MORE_WASTE,
+    NOT_MODELED,
+    PINNED,
+    SWITCHES_BACKEND,
+    TOO_FEW_SEQUENCES,
+    UNSUPPORTED_BY_BACKEND,
+    WIDER_MEETS_TARGET,
 )
 from kvtune.tuner.errors import InvalidInput, NoFeasiblePlan
 from kvtune.tuner.gpus import GPUClass
@@ -63,20 +76,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 GiB = 1 << 30
 
-# Check names used in CandidateVerdict.check and Reason.code (CamelCase constants).
-CHOSEN = "Chosen"
-FITS = "Fits"
-PINNED = "Pinned"
-BELOW_QUALITY_FLOOR = "BelowQualityFloor"
-UNSUPPORTED_BY_BACKEND = "UnsupportedByBackend"
-SWITCHES_BACKEND = "SwitchesToSlowerBackend"
-NOT_MODELED = "NotModeledByKvtune"
-WIDER_MEETS_TARGET = "WiderDTypeMeetsTarget"
-TOO_FEW_SEQUENCES = "TooFewSequences"
-MAX_MODEL_LEN_DOES_NOT_FIT = "MaxModelLenRequestDoesNotFit"
-FAILS_SLO = "FailsSLO"
-LOWER_THROUGHPUT = "LowerThroughput"
-MORE_WASTE = "MoreWaste"
 
 # When the policy sets no TPOT target, size the batch for this one (interactive serving).
 DEFAULT_TPOT_SECONDS = 0.05
@@ -84,8 +83,6 @@ DEFAULT_TPOT_SECONDS = 0.05
 MAX_MODEL_LEN_HEADROOM = 1.1
 MAX_MODEL_LEN_ROUNDING_TOKENS = 1024
 BLOCK_SIZE_CANDIDATES: tuple[int, ...] = (16, 32, 64, 128)
-# Scored throughputs within this fraction of the best count as a tie (simulation noise).
-THROUGHPUT_TIE = 0.005
 # vLLM's scheduler cap on running sequences by default.
 MAX_NUM_SEQS_CEILING = 1024
 
@@ -1069,48 +1066,10 @@ class _Planner:
                 "scorer", type(scorer).__name__,
                 f"returned {len(scores)} scores for {len(candidates)} candidates",
             )
-        slo = self.req.policy.slo
-
-        def violation(s: CandidateScore) -> float:
-            v = 0.0
-            if slo.ttft_p95_seconds is not None:
-                v = max(v, s.ttft_p95_seconds / slo.ttft_p95_seconds - 1.0)
-            if slo.tpot_p95_seconds is not None:
-                v = max(v, s.tpot_p95_seconds / slo.tpot_p95_seconds - 1.0)
-            return v
-
-        meeting = [s for s in scores if violation(s) <= 0.0]
-        top = max((s.throughput_requests_per_second for s in meeting), default=0.0)
-
-        def tied(s: CandidateScore) -> bool:
-            return s.throughput_requests_per_second >= top * (1.0 - THROUGHPUT_TIE)
-
-        if meeting:
-            # Highest throughput; within THROUGHPUT_TIE of it, the least waste: smaller
-            # blocks (less fragmentation), fewer preemptions, fewer sequences.
-            best = min((s for s in meeting if tied(s)), key=lambda s: (
-                s.plan.block_size, s.preemptions, s.plan.max_num_seqs,
-                -s.throughput_requests_per_second))
-            code = "BestScoredWithinSLO"
-        else:
-            best = min(scores, key=lambda s: (violation(s), -s.throughput_requests_per_second))
-            code = "LeastSLOViolation"
-            self.warnings.append(
-                f"no candidate met the SLOs in the simulator; the closest misses by "
-                f"{violation(best):.0%} ({best.summary})"
-            )
-        verdicts = []
-        for s in scores:
-            label = f"block {s.plan.block_size} x seqs {s.plan.max_num_seqs}"
-            if s is best:
-                check, ok = CHOSEN, True
-            elif violation(s) > 0:
-                check, ok = FAILS_SLO, False
-            elif not tied(s):
-                check, ok = LOWER_THROUGHPUT, True
-            else:
-                check, ok = MORE_WASTE, True
-            verdicts.append(CandidateVerdict(value=label, ok=ok, check=check, detail=s.summary))
+        picked = scored.pick_scored(scores, self.req.policy.slo)
+        best, code, verdicts = picked.best, picked.code, picked.verdicts
+        if picked.warning is not None:
+            self.warnings.append(picked.warning)
         chosen = best.plan
         reason = Reason(
             knob="block-size", choice=str(chosen.block_size), code=code,
@@ -1119,7 +1078,7 @@ class _Planner:
                 f"block {chosen.block_size} with {chosen.max_num_seqs} sequences: "
                 f"{best.summary}"
             ),
-            candidates=tuple(verdicts),
+            candidates=verdicts,
         )
         if chosen.max_num_seqs != plan.max_num_seqs:
             self.reasons.append(Reason(

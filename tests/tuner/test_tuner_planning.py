@@ -428,3 +428,19 @@ def test_pinned_kv_bytes_must_fit_beside_the_weights() -> None:
     with pytest.raises(InvalidInput) as info:
         plan_pool(article_request(pins=Pins(kv_cache_memory_bytes=100 * budget.GiB)))
     assert info.value.field == "pins.kv_cache_memory_bytes"
+
+
+def test_pick_scored_without_any_candidate_meeting_the_slo() -> None:
+    from kvtune.tuner import checks, scored
+
+    plan = plan_pool(article_request()).plan
+    scores = [CandidateScore(
+        plan=plan.model_copy(update={"max_num_seqs": n}), ttft_p95_seconds=1.0,
+        tpot_p95_seconds=tpot, throughput_requests_per_second=float(n), prefix_hit_rate=0.0,
+        preemptions=0, peak_concurrent_sequences=n, summary=f"tpot {tpot}",
+    ) for n, tpot in ((32, 0.1), (64, 0.12))]
+    picked = scored.pick_scored(scores, SLO(tpot_p95_seconds=0.08))
+    assert picked.code == checks.LEAST_SLO_VIOLATION
+    assert picked.best.plan.max_num_seqs == 32
+    assert picked.warning is not None and "25%" in picked.warning
+    assert [v.check for v in picked.verdicts] == [checks.CHOSEN, checks.FAILS_SLO]
