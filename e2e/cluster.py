@@ -49,6 +49,8 @@ COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-schedul
 
 # What the kubernetes client raises while the apiserver is still starting (not yet serving a
 # resource, connection refused): worth another poll, unlike a bug in our own code.
+_START_ATTEMPTS = 3
+_PORT_TAKEN = "is already in use by another process"
 _TRANSIENT_ERRORS = frozenset({"ApiException", "MaxRetryError", "ProtocolError"})
 
 
@@ -164,9 +166,27 @@ class LocalCluster:
         what was started and raise :class:`ClusterError` naming the component."""
         self._refuse_if_running()
         self._started_at = time.monotonic()
+        given_ports = dict(self.ports)
+        exe = self._executables()
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            # A port found free can be taken by another process before our component binds
+            # it; only then, and only for ports we chose ourselves, try again with new ones.
+            self.ports = dict(given_ports)
+            try:
+                self._start_all(exe, first_attempt=attempt == 1)
+                break
+            except ClusterError as error:
+                taken = error.component != "kwok" and _PORT_TAKEN in error.reason
+                ours = not any(f":{port}" in error.reason for port in given_ports.values())
+                if not (taken and ours) or attempt == _START_ATTEMPTS:
+                    raise
+        if self.detached:
+            self.supervisor.detach()
+        return self
+
+    def _start_all(self, exe: dict[str, Path], first_attempt: bool) -> None:
         try:
-            exe = self._executables()
-            self._prepare_state_dir()
+            self._prepare_state_dir(keep_logs=not first_attempt)
             ports = free_ports(len(PORT_NAMES))
             for name, port in zip(PORT_NAMES, ports, strict=True):
                 self.ports.setdefault(name, port)
@@ -184,9 +204,6 @@ class LocalCluster:
             self.supervisor.stop_all()
             (self.state_dir / STATE_FILE).unlink(missing_ok=True)
             raise
-        if self.detached:
-            self.supervisor.detach()
-        return self
 
     def down(self) -> None:
         """Stop every process of this cluster (ours, or those recorded in the state dir)."""
@@ -257,9 +274,10 @@ class LocalCluster:
         built = binaries.ensure_built(missing) if missing else {}
         return {**built, **self.executables}
 
-    def _prepare_state_dir(self) -> None:
+    def _prepare_state_dir(self, keep_logs: bool) -> None:
         # A fresh cluster each time: old etcd data would resurrect old nodes and objects.
-        for sub in ("etcd", "logs", "pki", "certs"):
+        # A retry keeps the logs, which then tell both attempts.
+        for sub in ("etcd", "pki", "certs") if keep_logs else ("etcd", "logs", "pki", "certs"):
             shutil.rmtree(self.state_dir / sub, ignore_errors=True)
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
 

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 from kvtune.e2e import binaries
+from kvtune.e2e import cluster as cluster_module
 from kvtune.e2e.cluster import LocalCluster
 from kvtune.e2e.errors import ClusterError
+from kvtune.e2e.gpu_nodes import NodePool
 from kvtune.e2e.processes import processes_mentioning
 
 
@@ -34,6 +36,38 @@ def test_port_in_use_names_etcd_and_its_log(tmp_path: Path) -> None:
     assert str(busy_port) in str(error)  # etcd's own log line, quoted
     assert error.log_path == tmp_path / "c" / "logs" / "etcd.log"
     assert str(error.log_path) in str(error) and error.log_path.is_file()
+    _assert_nothing_left(tmp_path / "c")
+
+
+@pytest.mark.cluster
+def test_a_port_taken_after_it_was_chosen_is_chosen_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The race free_ports() cannot close: another process binds a port between our probe and
+    # the component's bind. Simulated by handing etcd a port that is already taken, once.
+    real_free_ports = cluster_module.free_ports
+    calls: list[int] = []
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        busy_port = squatter.getsockname()[1]
+
+        def racy_free_ports(count: int) -> list[int]:
+            ports = real_free_ports(count)
+            calls.append(count)
+            return [busy_port, *ports[1:]] if len(calls) == 1 else ports
+
+        monkeypatch.setattr(cluster_module, "free_ports", racy_free_ports)
+        cluster = LocalCluster(tmp_path / "c", pools=(NodePool("H100", 1),))
+        try:
+            cluster.up()
+            assert len(calls) == 2
+            assert cluster.ports["etcd-client"] != busy_port
+            assert cluster.nodes_ready_by_pool() == {"H100": "1/1"}
+            # The first attempt's failure stays in the log.
+            assert "address already in use" in cluster.log_path("etcd").read_text()
+        finally:
+            cluster.down()
     _assert_nothing_left(tmp_path / "c")
 
 
