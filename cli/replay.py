@@ -25,10 +25,13 @@ from kvtune.e2e.replay_instance import InstanceConfig
 @click.option("--config", "config_pairs", multiple=True, metavar="K=V",
               help="Instance setting, e.g. num_gpu_blocks=60000 block_size=16 "
                    "max_model_len=131072 enable_prefix_caching=true (repeatable).")
+@click.option("--shuffle-seed", type=int, default=None,
+              help="Permute the requests (arrival times kept): a stationary sample of the trace.")
 @click.option("--then", "then", multiple=True, metavar="TRACE@SECONDS",
               help="Switch to TRACE after SECONDS of wall time (repeatable).")
 def replay(trace_path: str, speed: float, port: int, model_name: str, offset_seconds: float,
-           config_pairs: tuple[str, ...], then: tuple[str, ...]) -> None:
+           config_pairs: tuple[str, ...], shuffle_seed: int | None,
+           then: tuple[str, ...]) -> None:
     """Play TRACE through a model of a vLLM instance and serve /metrics with vLLM's exact
     metric names, types, labels and buckets. POST /control/trace {"trace": PATH} switches
     the traffic while running."""
@@ -41,7 +44,8 @@ def replay(trace_path: str, speed: float, port: int, model_name: str, offset_sec
             if not sep or not path:
                 raise ValueError(f"--then {item!r}: expected TRACE@SECONDS")
             schedule.append((float(secs), Path(path)))
-        server = ReplayServer(Replay(config, Path(trace_path), speed, offset_seconds), port)
+        server = ReplayServer(Replay(config, Path(trace_path), speed, offset_seconds,
+                                     shuffle_seed=shuffle_seed), port)
     except (ValueError, OSError) as exc:
         raise click.UsageError(str(exc)) from exc
     server.start()

@@ -5,13 +5,15 @@ wall clock (``speed`` model seconds per wall second) and an HTTP server on 127.0
   ``kvtune.operator.vllm_metrics``), Prometheus text format;
 - ``GET /health``: 200;
 - ``GET /control/state``: JSON with the trace playing, model time, queue and cache figures;
-- ``POST /control/trace``: JSON ``{"trace": PATH, "speed": N?, "offset_seconds": S?}`` switches
+- ``POST /control/trace``: JSON ``{"trace": PATH, "speed": N?, "offset_seconds": S?,
+  "shuffle_seed": K?}`` switches
   the traffic to another trace from now on (requests in flight finish), so a test can shift
   the workload under a running Prometheus.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -87,7 +89,8 @@ class Replay:
 
     def __init__(self, config: InstanceConfig, trace_path: Path, speed: float,
                  offset_seconds: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 shuffle_seed: int | None = None) -> None:
         if speed <= 0:
             raise ValueError(f"--speed={speed}: must be > 0 (model seconds per wall second)")
         self.lock = threading.Lock()
@@ -96,15 +99,17 @@ class Replay:
         self._wall0 = clock()
         self._model0 = 0.0
         self.speed = speed
-        self.schedule = self._schedule(trace_path, offset_seconds, start_seconds=0.0)
+        self.schedule = self._schedule(trace_path, offset_seconds, start_seconds=0.0,
+                                       shuffle_seed=shuffle_seed)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     @staticmethod
-    def _schedule(path: Path, offset_seconds: float, start_seconds: float) -> TraceSchedule:
+    def _schedule(path: Path, offset_seconds: float, start_seconds: float,
+                  shuffle_seed: int | None = None) -> TraceSchedule:
         trace = load_trace(path)
         return TraceSchedule(list(trace.requests), start_seconds, offset_seconds,
-                             name=trace.name)
+                             name=trace.name, shuffle_seed=shuffle_seed)
 
     def model_now(self) -> float:
         return self._model0 + (self._clock() - self._wall0) * self.speed
@@ -115,14 +120,15 @@ class Replay:
             self.instance.advance_to(t, self.schedule.due(t))
 
     def switch_trace(self, path: Path, speed: float | None = None,
-                     offset_seconds: float = 0.0) -> None:
+                     offset_seconds: float = 0.0, shuffle_seed: int | None = None) -> None:
         with self.lock:
             now_model = self.model_now()
             if speed is not None:
                 if speed <= 0:
                     raise ValueError(f"speed={speed}: must be > 0")
                 self._model0, self._wall0, self.speed = now_model, self._clock(), speed
-            self.schedule = self._schedule(path, offset_seconds, start_seconds=now_model)
+            self.schedule = self._schedule(path, offset_seconds, start_seconds=now_model,
+                                           shuffle_seed=shuffle_seed)
 
     def state(self) -> ReplayState:
         with self.lock:
@@ -158,7 +164,9 @@ def _handler(replay: Replay, registry: CollectorRegistry) -> type[BaseHTTPReques
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            # The scraper may have given up (scrape timeout); the next scrape gets fresh data.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                self.wfile.write(body)
 
         def do_GET(self) -> None:
             if self.path.startswith("/metrics"):
@@ -179,8 +187,10 @@ def _handler(replay: Replay, registry: CollectorRegistry) -> type[BaseHTTPReques
             try:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(length) or b"{}")
+                seed = body.get("shuffle_seed")
                 replay.switch_trace(Path(body["trace"]), body.get("speed"),
-                                    float(body.get("offset_seconds", 0.0)))
+                                    float(body.get("offset_seconds", 0.0)),
+                                    None if seed is None else int(seed))
             except (KeyError, ValueError, OSError, TypeError) as exc:
                 self._send(400, f"{exc}\n".encode(), "text/plain")
                 return

@@ -22,7 +22,9 @@ What it models, and how coarsely:
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
+import random
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
@@ -388,9 +390,19 @@ class TraceSchedule:
     continues for as long as the replay runs."""
 
     def __init__(self, requests: list[TraceRequest], start_seconds: float,
-                 offset_seconds: float = 0.0, loop: bool = True, name: str = "") -> None:
+                 offset_seconds: float = 0.0, loop: bool = True, name: str = "",
+                 shuffle_seed: int | None = None) -> None:
         if not requests:
             raise ValueError(f"trace {name!r} has no requests")
+        if shuffle_seed is not None:
+            # Keep the arrival times, permute what arrives: a stationary sample of the
+            # trace's requests (real traces drift within themselves, e.g. Mooncake's median
+            # prompt grows from 2k to 16k tokens over its 17 minutes).
+            contents = list(requests)
+            random.Random(shuffle_seed).shuffle(contents)
+            requests = [dataclasses.replace(c, arrival_seconds=r.arrival_seconds)
+                        for r, c in zip(requests, contents, strict=True)]
+            name = f"{name} (shuffled, seed {shuffle_seed})"
         self.name = name
         self.requests = requests
         self.start_seconds = start_seconds

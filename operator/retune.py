@@ -7,8 +7,9 @@
    shift of the typical length). The prefix hit rate counts by its absolute change. The
    score is the largest of the three, so one of them moving is enough.
 2. ``decide``: a score above ``drift_threshold`` must persist for ``dwell_seconds`` (one
-   noisy window does not count), and ``min_interval_seconds`` must have passed since the
-   last rollout; then plan again.
+   noisy window does not count) with the new traffic holding still meanwhile (observed
+   profiles within the threshold of each other: plan for a regime, not a transition), and
+   ``min_interval_seconds`` must have passed since the last rollout; then plan again.
 3. ``plan_change_matters``: a new plan is applied only if a knob moved by more than its
    noise margin (a different max-model-len by 10 %, max-num-seqs by 20 %, any change of
    block size, KV dtype, prefix caching or offload).
@@ -26,11 +27,14 @@ from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
 from pydantic import BaseModel, ConfigDict, Field
 
 _QUANTILES = ("p50", "p90", "p95", "p99")
+# A drift that never settles is planned for after this many dwell times.
+MAX_DWELL_FACTOR = 4.0
 
 # Reasons (CamelCase, documented vocabulary).
 PROFILE_UNTRUSTED = "ProfileUntrusted"  # too few requests / no data: the plan stays
 BELOW_THRESHOLD = "BelowThreshold"  # drift under the threshold: nothing to do
 DWELL_PENDING = "DwellPending"  # drift above the threshold, not for long enough yet
+STILL_SHIFTING = "TrafficStillShifting"  # drifting, and not yet settled into a new regime
 MIN_INTERVAL_PENDING = "MinIntervalPending"  # the last rollout was too recent
 REPLAN = "Replan"  # drift persisted: plan again
 PLAN_CHANGED = "PlanChanged"  # the new plan differs materially: roll it out
@@ -65,7 +69,11 @@ class RetuneState(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    drift_since_seconds: float | None = None
+    drift_since_seconds: float | None = None  # first tick above the threshold
+    # The traffic must hold still before it is planned for: the profile the current dwell
+    # started from, and since when the observed profiles stayed within the threshold of it.
+    candidate: WorkloadProfile | None = None
+    stable_since_seconds: float | None = None
     last_rollout_seconds: float | None = None
 
 
@@ -125,14 +133,30 @@ def decide(
         return Decision(
             action="keep", reason=BELOW_THRESHOLD,
             message=f"{drift.describe()} <= threshold {threshold:.3f}; the plan stays",
-            drift=drift, state=state.model_copy(update={"drift_since_seconds": None}))
+            drift=drift, state=state.model_copy(update={
+                "drift_since_seconds": None, "candidate": None, "stable_since_seconds": None}))
     since = state.drift_since_seconds if state.drift_since_seconds is not None else now_seconds
-    state = state.model_copy(update={"drift_since_seconds": since})
     held = now_seconds - since
-    if held < settings.dwell_seconds:
+    # Plan for a regime, not for a transition: while the observed profile still moves by
+    # more than the threshold from where the dwell started, restart the dwell from here.
+    # A shift that never settles is planned for after MAX_DWELL_FACTOR dwell times anyway.
+    moving = (state.candidate is None
+              or drift_score(state.candidate, observed).score > threshold)
+    if moving:
+        state = state.model_copy(update={"drift_since_seconds": since, "candidate": observed,
+                                         "stable_since_seconds": now_seconds})
+    else:
+        state = state.model_copy(update={"drift_since_seconds": since})
+    stable_since = state.stable_since_seconds if state.stable_since_seconds is not None \
+        else now_seconds
+    stable = now_seconds - stable_since
+    forced = held >= MAX_DWELL_FACTOR * settings.dwell_seconds
+    if stable < settings.dwell_seconds and not forced:
+        reason = STILL_SHIFTING if moving and held > 0 else DWELL_PENDING
         return Decision(
-            action="wait", reason=DWELL_PENDING,
-            message=f"{drift.describe()} > threshold {threshold:.3f} for {held:.0f}s of the "
+            action="wait", reason=reason,
+            message=f"{drift.describe()} > threshold {threshold:.3f} for {held:.0f}s; the "
+                    f"new traffic held still for {stable:.0f}s of the "
                     f"{settings.dwell_seconds:.0f}s dwell time",
             drift=drift, state=state)
     if state.last_rollout_seconds is not None:
@@ -144,9 +168,12 @@ def decide(
                         f"but the last rollout was {since_rollout:.0f}s ago (minInterval "
                         f"{settings.min_interval_seconds:.0f}s)",
                 drift=drift, state=state)
+    why_now = (f"the new traffic steady for {stable:.0f}s" if stable >= settings.dwell_seconds
+               else f"still shifting, planned for after {held:.0f}s of drift "
+                    f"(at most {MAX_DWELL_FACTOR:g} dwell times)")
     return Decision(
         action="replan", reason=REPLAN,
-        message=f"{drift.describe()} > threshold {threshold:.3f} for {held:.0f}s "
+        message=f"{drift.describe()} > threshold {threshold:.3f} for {held:.0f}s, {why_now} "
                 f"(dwell {settings.dwell_seconds:.0f}s): planning for the observed traffic",
         drift=drift, state=state)
 

@@ -118,9 +118,8 @@ def observed_status(obs: ObservedFigures) -> dict[str, Any]:
 def _state_from(profile_raw: Mapping[str, Any] | None) -> RetuneState:
     raw = ((profile_raw or {}).get("retune") or {}).get("state") or {}
     try:
-        return RetuneState(drift_since_seconds=raw.get("driftSinceSeconds"),
-                           last_rollout_seconds=raw.get("lastRolloutSeconds"))
-    except ValueError:
+        return RetuneState.model_validate(raw)
+    except ValueError:  # written by an older kvtune: start the dwell clock over
         return RetuneState()
 
 
@@ -170,6 +169,15 @@ def retune_once(
     if spec.tuning.mode == "off" or prom is None:
         return RetuneOutcome(NOT_CONFIGURED, "tuning.mode=off or no tuning.prometheus: "
                              "the retune timer does nothing")
+    progressing = conditions.get_condition(rec.status_of(body).conditions,
+                                           conditions.PROGRESSING)
+    if progressing is not None and progressing.status == "True" \
+            and progressing.reason == conditions.ROLLING_OUT:
+        # A rollout this timer started is checked here: no spec change will re-trigger the
+        # handlers. The plan comes from the stored profile, so nothing new is applied.
+        rec.reconcile(body, kube=kube)
+        body = kube.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace,
+                                                        api.PLURAL, name)
     window_seconds = parse_duration(prom.window, field="spec.tuning.prometheus.window")
     retune_spec = spec.tuning.retune or api.RetuneSpec()
     settings = RetuneSettings(
@@ -234,7 +242,8 @@ def retune_once(
             message = f"{decision.message}; the new plan differs only by noise: " \
                       f"{'; '.join(changes)}; nothing rolled out"
             # Look again after another dwell time rather than re-plan every tick.
-            state = state.model_copy(update={"drift_since_seconds": now})
+            state = state.model_copy(update={"drift_since_seconds": now,
+                                             "stable_since_seconds": now})
     if decision.drift is not None:
         DRIFT_SCORE.labels(namespace, name).set(decision.drift.score)
     DECISIONS.labels(namespace, name, reason).inc()
@@ -242,8 +251,7 @@ def retune_once(
         "reason": reason, "message": message, "at": conditions.now_rfc3339(),
         "driftScore": _finite(decision.drift.score) if decision.drift else None,
         "driftThreshold": settings.drift_threshold,
-        "state": {"driftSinceSeconds": state.drift_since_seconds,
-                  "lastRolloutSeconds": state.last_rollout_seconds},
+        "state": state.model_dump(mode="json"),
     }
     extra = {"observed": observed_status(result.observed), "trusted": result.trusted,
              "profileMessage": result.message, "retune": retune_status}

@@ -77,6 +77,15 @@ def test_schedule_loops_and_offsets() -> None:
     assert len(later) == 10  # the second lap started
 
 
+def test_shuffle_keeps_arrivals_and_permutes_contents() -> None:
+    reqs = [TraceRequest(float(t), 100 + t, 1) for t in range(50)]
+    s = TraceSchedule(reqs, start_seconds=0.0, shuffle_seed=3, loop=False)
+    got = s.due(100.0)
+    assert [t for t, _ in got] == [float(t) for t in range(50)]
+    assert sorted(r.prompt_tokens for _, r in got) == list(range(100, 150))
+    assert [r.prompt_tokens for _, r in got] != list(range(100, 150))
+
+
 def test_config_overrides_are_typed_and_checked() -> None:
     assert parse_config_overrides(["num_gpu_blocks=5", "enable-prefix-caching=false"]) == {
         "num_gpu_blocks": 5, "enable_prefix_caching": False}

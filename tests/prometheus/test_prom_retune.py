@@ -63,7 +63,8 @@ def test_dwell_time(steps: list[tuple[float, float]], expected: str) -> None:
 
 
 def test_min_interval_since_the_last_rollout() -> None:
-    state = RetuneState(drift_since_seconds=0, last_rollout_seconds=1000)
+    state = RetuneState(drift_since_seconds=0, candidate=_profile(3.0), stable_since_seconds=0,
+                        last_rollout_seconds=1000)
     wait = retune.decide(now_seconds=1100, baseline=_profile(), observed=_profile(3.0),
                          untrusted_reason=None, state=state, settings=SETTINGS)
     assert wait.action == "wait" and wait.reason == retune.MIN_INTERVAL_PENDING
@@ -71,6 +72,24 @@ def test_min_interval_since_the_last_rollout() -> None:
     go = retune.decide(now_seconds=1301, baseline=_profile(), observed=_profile(3.0),
                        untrusted_reason=None, state=state, settings=SETTINGS)
     assert go.action == "replan"
+
+
+def test_a_shift_still_moving_waits_until_it_settles_or_lasts_too_long() -> None:
+    state = RetuneState()
+    reasons = []
+    # The traffic keeps growing by 1.5x every 30 s: never steady for the 60 s dwell.
+    for i in range(10):
+        d = retune.decide(now_seconds=30.0 * i, baseline=_profile(), observed=_profile(
+            2.0 * 1.5 ** i), untrusted_reason=None, state=state, settings=SETTINGS)
+        state = d.state
+        reasons.append(d.reason)
+        if d.action == "replan":
+            break
+    assert reasons[0] == retune.DWELL_PENDING
+    assert retune.STILL_SHIFTING in reasons[1:]
+    # Planned for anyway after MAX_DWELL_FACTOR (4) dwell times of drift: at 240 s.
+    assert reasons[-1] == retune.REPLAN and len(reasons) == 9
+    assert "still shifting" in d.message
 
 
 def test_untrusted_profile_keeps_the_plan_and_the_dwell_clock() -> None:
