@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -208,6 +210,20 @@ class _PoolOutcome:
     no_nodes: bool = False
 
 
+_LOCKS: dict[tuple[str, str], threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+@contextmanager
+def object_lock(namespace: str, name: str) -> Iterator[None]:
+    """One reconcile per object at a time in this process (kopf's handlers, the GPU-inventory
+    thread and the retune timer all call in)."""
+    with _LOCKS_GUARD:
+        lock = _LOCKS.setdefault((namespace, name), threading.Lock())
+    with lock:
+        yield
+
+
 def reconcile(
     body: Mapping[str, Any],
     *,
@@ -219,7 +235,31 @@ def reconcile(
     write_status: bool = True,
 ) -> ReconcileResult:
     """Plan, apply (``auto``), and write status when it changed. ``profile``: the observed
-    workload to plan for (None: the observed profile kept in status, else the spec's)."""
+    workload to plan for (None: the observed profile kept in status, else the spec's).
+
+    ``body`` names the object; it is read again under a per-object lock, so a caller holding
+    an older copy (a queued handler, a listing made before a spec change) can never apply an
+    older spec over a newer one."""
+    meta = body["metadata"]
+    with object_lock(meta["namespace"], meta["name"]):
+        fresh = kapply.read_inference_deployment(kube, meta["namespace"], meta["name"])
+        if fresh is None:  # deleted meanwhile: the garbage collector has the children
+            return ReconcileResult(status=dict(body.get("status") or {}), status_changed=False)
+        return _reconcile_locked(fresh, kube=kube, profile=profile,
+                                 profile_window=profile_window, nodes=nodes, now=now,
+                                 write_status=write_status)
+
+
+def _reconcile_locked(
+    body: Mapping[str, Any],
+    *,
+    kube: kapply.Kube,
+    profile: WorkloadProfile | None,
+    profile_window: str | None,
+    nodes: list[dict[str, Any]] | None,
+    now: str | None,
+    write_status: bool,
+) -> ReconcileResult:
     meta = body["metadata"]
     name, namespace = meta["name"], meta["namespace"]
     generation = meta.get("generation")
@@ -280,7 +320,9 @@ def reconcile(
         set_c(cond.READY, False, reason, "no plan without a model; running objects are left "
               "as they are")
         set_c(cond.PROGRESSING, False, reason, "waiting for a valid model")
-        events.append(Event("Warning", reason, str(exc)))
+        before = cond.get_condition(previous.conditions, cond.DEGRADED)
+        if before is None or (before.status, before.message) != ("True", str(exc)):
+            events.append(Event("Warning", reason, str(exc)))  # once, not on every retry
         status = previous.model_copy(update={"observed_generation": generation, "mode": mode,
                                              "conditions": conditions})
         # A missing ConfigMap may appear later: retry; an unknown catalog id will not.
@@ -461,6 +503,14 @@ def refresh_rollout(body: Mapping[str, Any], *, kube: kapply.Kube,
 
     The patch carries the resourceVersion it was computed from, so it never overwrites a
     status a concurrent reconcile wrote meanwhile."""
+    meta = body["metadata"]
+    with object_lock(meta["namespace"], meta["name"]):
+        fresh = kapply.read_inference_deployment(kube, meta["namespace"], meta["name"])
+        return fresh is not None and _refresh_rollout_locked(fresh, kube=kube, now=now)
+
+
+def _refresh_rollout_locked(body: Mapping[str, Any], *, kube: kapply.Kube,
+                            now: str | None) -> bool:
     previous = _previous_status(body)
     degraded = cond.get_condition(previous.conditions, cond.DEGRADED)
     ready = cond.get_condition(previous.conditions, cond.READY)
