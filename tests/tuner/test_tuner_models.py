@@ -76,8 +76,6 @@ def test_deepseek_v3_facts() -> None:
 )
 def test_parameter_estimate_matches_the_published_count(model_id: str) -> None:
     published = get_model(model_id)
-    doc_path = Path(published.source.replace("https://huggingface.co/", ""))
-    del doc_path
     folder = Path(__file__).resolve().parents[2] / "tuner" / "data" / "models"
     doc = json.loads((folder / (model_id.replace("/", "--") + ".json")).read_text())
     estimated = ModelArchitecture.from_hf_config(doc["config"], model_id)
