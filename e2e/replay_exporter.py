@@ -114,10 +114,15 @@ class Replay:
     def model_now(self) -> float:
         return self._model0 + (self._clock() - self._wall0) * self.speed
 
-    def tick(self) -> None:
-        with self.lock:
-            t = self.model_now()
-            self.instance.advance_to(t, self.schedule.due(t))
+    def tick(self, chunk_model_seconds: float = 1.0) -> None:
+        # Advance in short chunks so a scrape never waits behind a long catch-up.
+        target = self.model_now()
+        while True:
+            with self.lock:
+                t = min(target, self.instance.now_seconds + chunk_model_seconds)
+                self.instance.advance_to(t, self.schedule.due(t))
+                if t >= target:
+                    return
 
     def switch_trace(self, path: Path, speed: float | None = None,
                      offset_seconds: float = 0.0, shuffle_seed: int | None = None) -> None:

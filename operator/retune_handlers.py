@@ -65,6 +65,20 @@ DECISIONS = Counter(
     ["namespace", "name", "reason"], registry=metrics.REGISTRY,
 )
 
+PLAN_MAX_MODEL_LEN = Gauge(
+    "kvtune_plan_max_model_len", "max-model-len of each pool's current plan (tokens).",
+    ["namespace", "name", "pool"], registry=metrics.REGISTRY,
+)
+PLAN_REVISION = Gauge(
+    "kvtune_plan_revision", "Revision of each pool's current plan (dashboard annotations).",
+    ["namespace", "name", "pool"], registry=metrics.REGISTRY,
+)
+PLAN_EXPECTED_BLOCKS = Gauge(
+    "kvtune_plan_expected_num_gpu_blocks", "KV blocks per GPU the plan expects vLLM to "
+    "allocate (compare vllm:cache_config_info's num_gpu_blocks).",
+    ["namespace", "name", "pool"], registry=metrics.REGISTRY,
+)
+
 # Condition reasons for ProfileStale.
 PROMETHEUS_UNAVAILABLE = "PrometheusUnavailable"
 NOT_CONFIGURED = "NotConfigured"
@@ -131,6 +145,18 @@ def _current_plans(status: api.InferenceDeploymentStatus) -> dict[str, KVPlan]:
     return out
 
 
+def export_plan_gauges(namespace: str, name: str,
+                       status: api.InferenceDeploymentStatus) -> None:
+    """The plan as operator metrics, so dashboards can draw it next to vLLM's series."""
+    for pool in status.pools:
+        labels = (namespace, name, pool.name)
+        PLAN_REVISION.labels(*labels).set(pool.revision)
+        if pool.plan is not None:
+            PLAN_MAX_MODEL_LEN.labels(*labels).set(pool.plan.max_model_len)
+        if pool.expected is not None:
+            PLAN_EXPECTED_BLOCKS.labels(*labels).set(pool.expected.num_gpu_blocks)
+
+
 def _write(kube: kapply.Kube, namespace: str, name: str, *, stale: bool, stale_reason: str,
            stale_message: str, profile_extra: dict[str, Any]) -> None:
     """Merge our part into the freshest status: ProfileStale and status.profile extras
@@ -178,6 +204,7 @@ def retune_once(
         rec.reconcile(body, kube=kube)
         body = kube.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace,
                                                         api.PLURAL, name)
+    export_plan_gauges(namespace, name, rec.status_of(body))
     window_seconds = parse_duration(prom.window, field="spec.tuning.prometheus.window")
     retune_spec = spec.tuning.retune or api.RetuneSpec()
     settings = RetuneSettings(
@@ -237,6 +264,8 @@ def retune_once(
             if outcome.permanent_error:
                 event_type, message = "Warning", f"{message}; reconcile: {outcome.permanent_error}"
             state = RetuneState(drift_since_seconds=None, last_rollout_seconds=now)
+            export_plan_gauges(namespace, name, api.InferenceDeploymentStatus.model_validate(
+                outcome.status))
         else:
             reason = retune.PLAN_UNCHANGED
             message = f"{decision.message}; the new plan differs only by noise: " \
