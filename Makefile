@@ -1,6 +1,6 @@
 # The two commands of the README: `make demo` (the local demo) and `make test` (the tests).
 # Both install what they need first (scripts/setup.sh is idempotent and fast when warm).
-.PHONY: setup demo test lint bench crds
+.PHONY: setup setup-python demo test lint bench crds
 
 setup:
 	scripts/setup.sh
@@ -11,8 +11,12 @@ demo: setup
 test: setup
 	.venv/bin/python -m pytest
 
-lint:
-	.venv/bin/ruff check . && .venv/bin/mypy tuner
+lint: setup-python
+	.venv/bin/ruff check .
+	scripts/mypy.sh
+
+setup-python:
+	scripts/setup.sh python
 
 bench:
 	.venv/bin/python bench/plan_bench.py && .venv/bin/python bench/simulate_bench.py

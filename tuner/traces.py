@@ -72,7 +72,9 @@ def parse_azure_csv(lines: Iterable[str], name: str = "azure") -> Trace:
             ts, ctx, gen = line.strip().split(",")
             rows.append((_parse_azure_timestamp(ts), int(ctx), int(gen)))
         except ValueError as exc:
-            raise InvalidInput("trace", f"{name}:{lineno}", f"cannot parse {line!r}: {exc}") from exc
+            raise InvalidInput(
+                "trace", f"{name}:{lineno}", f"cannot parse {line!r}: {exc}"
+            ) from exc
     rows.sort(key=lambda r: r[0])
     t0 = rows[0][0] if rows else None
     requests = [

@@ -7,6 +7,7 @@ Prometheus (``prometheus``). All lengths are in tokens.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -33,7 +34,7 @@ class TokenQuantiles(BaseModel):
         if self.p90 is not None:
             chain.append(("p90", self.p90))
         chain += [("p95", self.p95), ("p99", self.p99), ("max", self.max)]
-        for (lo_name, lo), (hi_name, hi) in zip(chain, chain[1:], strict=False):
+        for (lo_name, lo), (hi_name, hi) in pairwise(chain):
             if lo > hi:
                 raise ValueError(
                     f"quantiles must not decrease: {lo_name}={lo} > {hi_name}={hi}; "
