@@ -6,7 +6,7 @@ import math
 
 import pytest
 from kvtune.tuner.errors import InvalidInput
-from kvtune.tuner.simulator.scheduler import EngineConfig, Scheduler, simulate
+from kvtune.tuner.simulator.scheduler import EngineConfig, RequestState, Scheduler, simulate
 from simhelpers import STEP_SECONDS, fixed_step_cost, request
 
 
@@ -112,3 +112,43 @@ def test_requests_longer_than_the_limits_are_rejected() -> None:
 def test_contiguous_needs_room_for_one_reservation() -> None:
     with pytest.raises(InvalidInput, match="max_model_len"):
         cfg(num_gpu_blocks=3, block_size=16, max_model_len=64, allocation="contiguous")
+
+
+def test_block_ids_and_eviction_order_through_the_scheduler() -> None:
+    # Block size 4, 9 usable blocks. A (8-token shared prefix, 1 output token) takes blocks
+    # 1, 2; both full, so both cached; freed in reverse -> the back of the queue: [..., 2, 1].
+    # B (same 8 tokens + 4 own) hits both (cap: (12-1)//4 = 2 blocks) and gets block 3 new.
+    shared = ((5, 8),)
+    reqs = [request(0, 0.0, 8, 1, shared), request(1, 1.0, 12, 1, shared)]
+    seen: dict[int, list[int]] = {}
+
+    class Recording(Scheduler):
+        def _free(self, st: RequestState) -> None:
+            seen[st.req.request_id] = [b.block_id for b in st.blocks]
+            super()._free(st)
+
+    sched = Recording(reqs, cfg(num_gpu_blocks=10, block_size=4), fixed_step_cost())
+    res = sched.run()
+    assert seen == {0: [1, 2], 1: [1, 2, 3]}
+    assert res.prefix_hit_tokens == 8
+    # After B: its partial-free order is tail first; all three are full (12 tokens), the
+    # first two were already cached, block 3 gets B's own (unshared) hash.
+    assert sched.pool.free_block_queue.block_ids() == [4, 5, 6, 7, 8, 9, 3, 2, 1]
+    sched.pool.check_invariants()
+
+
+def test_a_preempted_request_finds_its_own_cached_blocks_again() -> None:
+    # Five usable blocks of 4; two unique requests each grow to 4 blocks: the newer one is
+    # preempted. Its full blocks stay cached in the free queue (vLLM keeps their hashes),
+    # so when it resumes it hits at least its prompt blocks not yet reused.
+    reqs = [request(0, 0.0, 8, 9), request(1, 0.0, 8, 9)]
+    sched = Scheduler(reqs, cfg(num_gpu_blocks=6, block_size=4), fixed_step_cost())
+    res = sched.run()
+    assert res.preemptions >= 1
+    assert res.resume_hit_tokens > 0
+    assert res.prefix_hit_tokens == 0  # first admissions shared nothing
+    assert all(not math.isnan(t) for t in res.finish_seconds)
+    off = simulate(reqs, cfg(num_gpu_blocks=6, block_size=4, enable_prefix_caching=False),
+                   fixed_step_cost())
+    assert off.resume_hit_tokens == 0
+    sched.pool.check_invariants()

@@ -33,6 +33,8 @@ class SimResult:
     output_tokens: list[int]
     rejected: int  # longer than max-model-len or than the whole KV cache
     preemptions: int
+    # Tokens preempted requests found still cached when they resumed (not recomputed).
+    resume_hit_tokens: int
     prefix_query_tokens: int  # prompt tokens looked up at first admission
     prefix_hit_tokens: int
     peak_running: int
@@ -83,6 +85,7 @@ class SimResult:
             "tpot_p95_seconds": pct(tpot, 95),
             "tpot_p99_seconds": pct(tpot, 99),
             "preemptions": self.preemptions,
+            "resume_hit_tokens": self.resume_hit_tokens,
             "prefix_hit_rate": (self.prefix_hit_tokens / self.prefix_query_tokens
                                 if self.prefix_query_tokens else 0.0),
             "prefix_hit_tokens": self.prefix_hit_tokens,

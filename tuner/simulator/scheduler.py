@@ -171,6 +171,8 @@ class Scheduler:
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
         self.preemptions = 0
+        # Tokens a resumed (preempted) request found still cached: recompute it was spared.
+        self.resume_hit_tokens = 0
         self.query_tokens = 0
         self.hit_tokens = 0
         self.series = TimeSeries()
@@ -212,6 +214,12 @@ class Scheduler:
         st.num_cached_blocks = 0
 
     def _preempt(self, st: RequestState) -> None:
+        if self.pool.enable_caching and len(st.hashes) < st.num_cached_blocks:
+            # The request itself will look its blocks up when it resumes (vLLM keeps them
+            # cached), so its own full blocks need real keys, not UNSHARED_HASH.
+            known = len(st.hashes)
+            st.hashes = block_hashes(st.req.segments, st.num_tokens, self.block_size)
+            self.pool.cache_full_blocks(st.blocks, st.hashes, known, st.num_cached_blocks)
         self._free(st)
         st.num_computed = 0
         st.preemptions += 1
@@ -339,6 +347,8 @@ class Scheduler:
                     st.admitted = True
                     self.query_tokens += st.num_tokens
                     self.hit_tokens += computed
+                else:
+                    self.resume_hit_tokens += computed
                 pool.touch(hits)
                 st.blocks = list(hits)
                 st.num_cached_blocks = len(hits)
@@ -472,6 +482,7 @@ class Scheduler:
             output_tokens=[st.output_tokens for st in self.states],
             rejected=self.rejected,
             preemptions=self.preemptions,
+            resume_hit_tokens=self.resume_hit_tokens,
             prefix_query_tokens=self.query_tokens,
             prefix_hit_tokens=self.hit_tokens,
             peak_running=self.peak_running,
