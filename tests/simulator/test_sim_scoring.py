@@ -122,3 +122,24 @@ def test_cli_table_and_bad_input() -> None:
         "simulate", "--trace", str(AZURE), "--model", "meta-llama/Llama-3.1-8B-Instruct",
         "--gpu", "H100", "--config", "nonsense=1"])
     assert bad.exit_code != 0 and "expected K=V" in bad.output
+
+
+def test_step_costs_follow_the_model_gpu_and_tensor_parallel() -> None:
+    base = _request()
+    c1 = simulated_plan(base, vllm_default_plan(base), "tp1").cost
+    tp2 = base.model_copy(update={"tensor_parallel": 2})
+    c2 = simulated_plan(tp2, vllm_default_plan(tp2), "tp2").cost
+    assert c2.weights_bytes == pytest.approx(c1.weights_bytes / 2, rel=1e-6)
+    assert c2.kv_bytes_per_token == c1.kv_bytes_per_token // 2  # 8 KV heads over 2 GPUs
+    assert c2.efficiency.step_overhead_seconds > c1.efficiency.step_overhead_seconds
+    mla = PlanRequest(model=get_model("deepseek-ai/DeepSeek-V2-Lite"), gpu=get_gpu_class("H200"),
+                      profile=preset_profile("chat"))
+    plan = vllm_default_plan(mla)
+    assert plan.block_size == 64
+    cost = simulated_plan(mla, plan, "mla").cost
+    assert cost.attention_flops_per_token_pair > 0 and cost.kv_bytes_per_token > 0
+    # Halving the KV dtype width doubles the blocks of the same memory.
+    fp8 = simulated_plan(base, vllm_default_plan(base).model_copy(
+        update={"kv_cache_dtype": "fp8"}), "fp8")
+    auto = simulated_plan(base, vllm_default_plan(base), "auto")
+    assert fp8.engine.num_gpu_blocks == pytest.approx(2 * auto.engine.num_gpu_blocks, rel=0.01)
