@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import logging
+import os
+import socket
 
 import click
 
@@ -38,10 +41,13 @@ def load_handlers() -> list[str]:
               help="Peering object name, so only one of several replicas handles objects.")
 @click.option("--liveness", "liveness_endpoint", default=None,
               help="Liveness endpoint URL, e.g. http://0.0.0.0:8081/healthz.")
+@click.option("--priority", type=int, default=None,
+              help="Peering priority (highest is active). Default with --peering: derived from "
+              "$POD_NAME (or host and pid), so replicas differ; equal priorities pause all.")
 @click.option("--verbose", "-v", is_flag=True)
 def operator(kubeconfig: str | None, namespaces: tuple[str, ...], metrics_port: int,
              metrics_address: str, standalone: bool, peering_name: str | None,
-             liveness_endpoint: str | None, verbose: bool) -> None:
+             liveness_endpoint: str | None, priority: int | None, verbose: bool) -> None:
     """Run the kvtune operator until interrupted."""
     import kopf
     from kvtune.operator import handlers, metrics
@@ -57,7 +63,13 @@ def operator(kubeconfig: str | None, namespaces: tuple[str, ...], metrics_port: 
                f"{', '.join(namespaces) or 'all'}; metrics on {metrics_address}:{metrics_port}",
                err=True)
     metrics.serve(metrics_port, metrics_address)
+    if peering_name and priority is None:
+        # kopf pauses every operator that sees a live peer of the same priority, so the
+        # replicas of one Deployment (issue 6's chart runs two) must each get their own.
+        who = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+        priority = int(hashlib.sha256(who.encode()).hexdigest()[:6], 16)
     kopf.run(
+        priority=priority,
         standalone=standalone or not peering_name,
         peering_name=peering_name,
         namespaces=list(namespaces),

@@ -10,8 +10,11 @@ example InferenceDeployment without a single permission error.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -201,86 +204,153 @@ def service_account_kubeconfig(admin: Any, local_cluster: Any, sa: str, path: Pa
     return path
 
 
-def test_operator_as_the_chart_service_account_reconciles_an_example(
+class Replica:
+    """One `kvtune operator` process: a stand-in for one pod of the chart's Deployment."""
+
+    def __init__(self, argv: list[str], log: Path) -> None:
+        self.log = log
+        with log.open("w") as out:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def active(self) -> bool:
+        """kopf starts paused and logs each change: "Resuming operations" when it may
+        handle objects, "Pausing operations" when a peer of higher priority appears."""
+        state = False
+        for line in self.text().splitlines():
+            if "Resuming operations" in line:
+                state = True
+            elif "Pausing operations" in line or "Pausing all operators" in line:
+                state = False
+        return state
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def test_two_replicas_as_the_chart_service_account_reconcile_an_example(
     releases: dict[str, str], admin: Any, local_cluster: Any, tmp_path: Path
 ) -> None:
     from kubernetes import client
+    from kubernetes import config as kube_config
 
     sa = releases["namespaced"]
     kubeconfig = service_account_kubeconfig(admin, local_cluster, sa, tmp_path / "sa.kubeconfig")
     # The token really is the ServiceAccount's: the API server says who we are.
-    from kubernetes import config as kube_config
-
     as_sa = kube_config.new_client_from_config(config_file=str(kubeconfig))
     review = client.AuthenticationV1Api(as_sa).create_self_subject_review(
         client.V1SelfSubjectReview())
     assert review.status.user_info.username == f"system:serviceaccount:{RELEASE_NS}:{sa}"
 
-    # The operator with the args the chart renders, but no port on 0.0.0.0 here.
+    # The operator with the args the chart renders, but no port on 0.0.0.0 here; two of
+    # them, as the chart's two replicas, meeting in the chart's KopfPeering.
     deploy = client.AppsV1Api(admin).read_namespaced_deployment(sa, RELEASE_NS)
+    assert deploy.spec.replicas == 2
     args = [a for a in deploy.spec.template.spec.containers[0].args
             if not a.startswith(("--liveness", "--metrics-"))]
     assert args[0] == "operator" and f"--namespace={WATCHED_NS}" in args
-    log = tmp_path / "operator.log"
     argv = [str(Path(sys.executable).parent / "kvtune"), *args, "--metrics-port", "0",
             "--kubeconfig", str(kubeconfig)]
-    with log.open("w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
     custom = client.CustomObjectsApi(admin)
-    # The demo's example (two pools, H200 and H100), moved into the watched namespace.
+
+    def peers() -> dict[str, Any]:
+        peering = custom.get_namespaced_custom_object("kopf.dev", "v1", WATCHED_NS,
+                                                      "kopfpeerings", sa)
+        return dict(peering.get("status") or {})
+
+    replicas: list[Replica] = []
     example = yaml.safe_load((REPO / "examples/support-bot.yaml").read_text())
-    example["metadata"]["namespace"] = WATCHED_NS
     name = example["metadata"]["name"]
     try:
-        custom.create_namespaced_custom_object(GROUP, VERSION, WATCHED_NS, PLURAL, example)
+        replicas.append(Replica(argv, tmp_path / "operator-a.log"))
+        wait_for(lambda: len(peers()) == 1, "replica a in the KopfPeering", 60, replicas[0].log)
+        wait_for(replicas[0].active, "replica a, alone, to become active", 60, replicas[0].log)
+        replicas.append(Replica(argv, tmp_path / "operator-b.log"))
+        wait_for(lambda: len(peers()) == 2, "replica b in the KopfPeering", 60, replicas[1].log)
+        # `kvtune operator` derives each replica's priority from $POD_NAME, here (no pod)
+        # from host and pid: they must differ, or kopf pauses both.
+        def derived_priority(r: Replica) -> int:
+            who = f"{socket.gethostname()}-{r.proc.pid}"
+            return int(hashlib.sha256(who.encode()).hexdigest()[:6], 16)
 
-        def ready() -> dict[str, Any] | None:
+        assert sorted(p["priority"] for p in peers().values()) == sorted(
+            derived_priority(r) for r in replicas)
+        active = max(replicas, key=derived_priority)
+        standby = replicas[1 - replicas.index(active)]
+        wait_for(lambda: active.active() and not standby.active(),
+                 "the higher-priority replica active, the other paused", 60, standby.log)
+        _run_example(custom, admin, local_cluster, example, name, active, standby)
+    finally:
+        for replica in replicas:
+            replica.stop()
+        from kubernetes.client.exceptions import ApiException
+
+        with contextlib.suppress(ApiException):  # not created when an earlier step failed
+            custom.delete_namespaced_custom_object(GROUP, VERSION, WATCHED_NS, PLURAL, name)
+    for replica in replicas:
+        for complaint in ("Forbidden", "status=403", "Not enough permissions"):
+            assert complaint not in replica.text(), (
+                f"permission problem in {replica.log.name}:\n{replica.text()[-4000:]}")
+
+
+def _run_example(custom: Any, admin: Any, local_cluster: Any, example: dict[str, Any],
+                 name: str, active: Replica, standby: Replica) -> None:
+    from kubernetes import client
+
+    # The demo's example (two pools, H200 and H100), moved into the watched namespace.
+    example["metadata"]["namespace"] = WATCHED_NS
+
+    def reconciled(replicas_wanted: int) -> Callable[[], dict[str, Any] | None]:
+        def probe() -> dict[str, Any] | None:
             obj: dict[str, Any] = custom.get_namespaced_custom_object(
                 GROUP, VERSION, WATCHED_NS, PLURAL, name)
             pools = (obj.get("status") or {}).get("pools") or []
             done = len(pools) == len(example["spec"]["pools"]) and all(
-                p.get("plan") and p.get("deployment") for p in pools)
+                p.get("plan") and p.get("deployment") and p.get("replicas") == replicas_wanted
+                for p in pools)
             return obj if done else None
+        return probe
 
-        obj = wait_for(ready, f"{name} to get a plan and a Deployment", 120, log)
-        for pool in obj["status"]["pools"]:
-            rendered = client.AppsV1Api(admin).read_namespaced_deployment(pool["deployment"],
-                                                                          WATCHED_NS)
-            assert rendered.metadata.labels["app.kubernetes.io/managed-by"] == "kvtune"
+    custom.create_namespaced_custom_object(GROUP, VERSION, WATCHED_NS, PLURAL, example)
+    obj = wait_for(reconciled(2), f"{name} to get a plan and a Deployment per pool", 120,
+                   active.log)
+    for pool in obj["status"]["pools"]:
+        rendered = client.AppsV1Api(admin).read_namespaced_deployment(pool["deployment"],
+                                                                      WATCHED_NS)
+        assert rendered.metadata.labels["app.kubernetes.io/managed-by"] == "kvtune"
+    assert "reconciled:" in active.text() and "reconciled:" not in standby.text()
 
-        # The peering object shows the active operator (kopf's heartbeat in its status).
-        def peered() -> bool:
-            peering = custom.get_namespaced_custom_object("kopf.dev", "v1", WATCHED_NS,
-                                                          "kopfpeerings", sa)
-            return bool(peering.get("status"))
+    # `kvtune plan --from-cluster` (the reviewer's side) reads the plan back as a patch.
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "kvtune"), "plan", "--from-cluster", name,
+         "-n", WATCHED_NS, "--kubeconfig", str(local_cluster.kubeconfig_path),
+         "-o", "patch"], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.startswith(f"# kvtune: pin the plan recommended for {WATCHED_NS}/{name}")
+    patch = yaml.safe_load(out)
+    pin = patch["spec"]["tuning"]["pin"]
+    plans = [p["plan"] for p in obj["status"]["pools"]]
+    for knob, value in pin.items():  # only what both pools' plans share is pinned
+        assert all(plan.get(knob) == value for plan in plans), knob
+    assert pin, "the two pools share no knob at all"
+    # The patch applies: the API server's CEL rules and schema accept the pinned plan.
+    custom.patch_namespaced_custom_object(GROUP, VERSION, WATCHED_NS, PLURAL, name,
+                                          {"spec": patch["spec"]})
 
-        wait_for(peered, "the operator to register in its KopfPeering", 60, log)
-
-        # `kvtune plan --from-cluster` (the reviewer's side) reads the plan back as a patch.
-        out = subprocess.run(
-            [str(Path(sys.executable).parent / "kvtune"), "plan", "--from-cluster", name,
-             "-n", WATCHED_NS, "--kubeconfig", str(local_cluster.kubeconfig_path),
-             "-o", "patch"], capture_output=True, text=True, timeout=120, check=True).stdout
-        assert out.startswith(f"# kvtune: pin the plan recommended for {WATCHED_NS}/{name}")
-        patch = yaml.safe_load(out)
-        pin = patch["spec"]["tuning"]["pin"]
-        plans = [p["plan"] for p in obj["status"]["pools"]]
-        for knob, value in pin.items():  # only what both pools' plans share is pinned
-            assert all(plan.get(knob) == value for plan in plans), knob
-        assert pin, "the two pools share no knob at all"
-        # The patch applies: the API server's CEL rules and schema accept the pinned plan.
-        custom.patch_namespaced_custom_object(GROUP, VERSION, WATCHED_NS, PLURAL, name,
-                                              {"spec": patch["spec"]})
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        custom.delete_namespaced_custom_object(GROUP, VERSION, WATCHED_NS, PLURAL, name)
-    text = log.read_text()
-    for complaint in ("Forbidden", "403", "Not enough permissions"):
-        assert complaint not in text, f"permission problem in the operator log:\n{text[-4000:]}"
-
+    # A restart of the active replica (rolling update, node drain) loses nothing: the
+    # standby resumes and handles the next change.
+    active.stop()
+    wait_for(lambda: "Resuming operations" in standby.text(),
+             "the standby replica to resume", 90, standby.log)
+    pools = [{**p, "replicas": 3} for p in example["spec"]["pools"]]
+    custom.patch_namespaced_custom_object(GROUP, VERSION, WATCHED_NS, PLURAL, name,
+                                          {"spec": {"pools": pools}})
+    wait_for(reconciled(3), "the former standby to reconcile the change", 120, standby.log)
