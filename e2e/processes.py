@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -67,6 +68,12 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+# util-linux's setpriv sets PR_SET_PDEATHSIG and execs the command (same pid): no Python code
+# between fork and exec, which can deadlock when other threads hold locks (the demo's replay
+# exporter and Prometheus helpers run threads). The preexec_fn is the fallback without it.
+_SETPRIV = shutil.which("setpriv")
+
+
 def _signal_group(record: ProcessRecord, sig: signal.Signals) -> None:
     if not is_running(record):
         return
@@ -106,15 +113,20 @@ class Supervisor:
         with log_path.open("ab") as log:
             log.write(f"# {time.strftime('%H:%M:%S')} starting: {' '.join(argv)}\n".encode())
             log.flush()
+            wrapped, preexec = argv, None
+            if self.die_with_parent and _SETPRIV is not None:
+                wrapped = [_SETPRIV, "--pdeathsig", "KILL", "--", *argv]
+            elif self.die_with_parent:
+                preexec = _die_with_parent
             try:
                 popen = subprocess.Popen(
-                    argv,
+                    wrapped,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env={**os.environ, **(env or {})},
                     start_new_session=True,
-                    preexec_fn=_die_with_parent if self.die_with_parent else None,
+                    preexec_fn=preexec,
                 )
             except OSError as error:
                 reason = f"could not execute {executable}: {error}"

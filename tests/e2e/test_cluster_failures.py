@@ -3,8 +3,12 @@ the log file's path, and no process of the cluster is left running afterwards.""
 
 from __future__ import annotations
 
+import shutil
 import socket
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -135,3 +139,32 @@ def test_failing_build_names_the_component_and_its_build_log(
     assert not binaries.is_built(etcd, gomod)
     assert not (tmp_path / "cache" / "bin" / "etcd-v3.6.999").exists()
     _assert_nothing_left(tmp_path / "c")
+
+
+def test_components_die_with_a_killed_owner(tmp_path: Path) -> None:
+    # `finally` and atexit do not run when the owner is SIGKILLed (a CI timeout): the kernel's
+    # parent-death signal must still stop what it started.
+    sleeper = tmp_path / "sleeper"  # a path that names the test's directory in `ps`
+    shutil.copy("/bin/sleep", sleeper)
+    code = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from kvtune.e2e.processes import Supervisor\n"
+        f"s = Supervisor(Path({str(tmp_path)!r}), die_with_parent=True)\n"
+        f"r = s.start('sleeper', [{str(sleeper)!r}, '300'])\n"
+        "print(r.pid, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
+    pid = int(owner.stdout.readline())
+    deadline = time.monotonic() + 30
+    # Wait until the component has exec'd (its command line names the state dir).
+    while not any(line.startswith(f"{pid}:") for line in processes_mentioning(str(tmp_path))):
+        assert time.monotonic() < deadline, "the component never started"
+        time.sleep(0.02)
+    owner.kill()
+    owner.wait()
+    while processes_mentioning(str(tmp_path)):
+        assert time.monotonic() < deadline, processes_mentioning(str(tmp_path))
+        time.sleep(0.02)
