@@ -117,8 +117,11 @@ def releases(helm: Path, local_cluster: Any, admin: Any) -> Iterator[dict[str, s
             raise
     kubeconfig = local_cluster.kubeconfig_path
     # --take-ownership: other tests in this session may have created the CRD directly.
-    run_helm(helm, kubeconfig, "install", "kvtune", str(CHART), "-n", RELEASE_NS,
-             "--create-namespace", "--take-ownership")
+    out = run_helm(helm, kubeconfig, "install", "kvtune", str(CHART), "-n", RELEASE_NS,
+                   "--create-namespace", "--take-ownership")
+    # NOTES.txt: what was installed and the next step.
+    assert "kvtune 0.1.0 is installed in namespace kvtune-system" in out
+    assert "Next step:" in out and "kvtune plan --from-cluster chat -n default -o patch" in out
     run_helm(helm, kubeconfig, "install", "kvtune-ns", str(CHART), "-n", RELEASE_NS,
              "--set", "operator.namespaced=true",
              "--set", f"operator.watchNamespaces={{{WATCHED_NS}}}",
