@@ -245,3 +245,18 @@ def test_rbac_grants_exactly_what_docs_rbac_lists(helm: Path, namespaced: bool) 
     assert len(expected) > 20, "docs/rbac.md's table was not parsed"
     assert granted == expected, (
         f"chart grants more: {sorted(granted - expected)}; less: {sorted(expected - granted)}")
+
+
+def test_packaged_chart_carries_what_it_renders_and_no_tooling(helm: Path, tmp_path: Path) -> None:
+    import tarfile
+
+    run_helm(helm, "package", str(CHART), "-d", str(tmp_path))
+    (archive,) = tmp_path.glob("kvtune-*.tgz")
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    for needed in ("kvtune/values.schema.json", "kvtune/crds/kopf-peering.yaml",
+                   "kvtune/files/argocd/health.lua", "kvtune/README.md"):
+        assert needed in names
+    assert {f"kvtune/files/crds/{p.name}" for p in (CHART / "files/crds").glob("*.yaml")} <= names
+    assert {f"kvtune/dashboards/{p.name}" for p in (CHART / "dashboards").glob("*.json")} <= names
+    assert not [n for n in names if n.startswith("kvtune/hack/")]
