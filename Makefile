@@ -22,4 +22,4 @@ bench:
 	.venv/bin/python bench/plan_bench.py && .venv/bin/python bench/simulate_bench.py
 
 crds:
-	.venv/bin/kvtune crds --write
+	.venv/bin/kvtune crds --write && charts/kvtune/hack/sync_crds.sh
