@@ -152,3 +152,13 @@ def test_a_preempted_request_finds_its_own_cached_blocks_again() -> None:
                    fixed_step_cost())
     assert off.resume_hit_tokens == 0
     sched.pool.check_invariants()
+
+
+def test_a_token_budget_below_the_running_count_stalls_the_newest_decodes() -> None:
+    # Budget 2 tokens per step, 3 decoding requests: each step only the two oldest advance.
+    reqs = [request(i, 0.0, 1, 6) for i in range(3)]
+    res = simulate(reqs, cfg(max_num_batched_tokens=2), fixed_step_cost())
+    exact = Scheduler(reqs, cfg(max_num_batched_tokens=2), fixed_step_cost(),
+                      decode_runs=False).run()
+    assert res.finish_seconds == pytest.approx(exact.finish_seconds)
+    assert res.finish_seconds[0] < res.finish_seconds[2]

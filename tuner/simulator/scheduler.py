@@ -399,8 +399,8 @@ class Scheduler:
     def _decode_run(self, next_arrival: float | None) -> bool:
         """Take k identical decode steps at once, if the state allows; False if not."""
         running = self.running
-        if not running:
-            return False
+        if not running or len(running) > self.config.max_num_batched_tokens:
+            return False  # not every sequence gets its token each step: step exactly
         k = 1 << 62
         context = 0
         for st in running:
