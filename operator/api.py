@@ -266,6 +266,16 @@ class TuningSpec(_Model):
 class RolloutSpec(_Model):
     canary_replicas: int = Field(default=0, ge=0, le=512)
     analysis: str = Field(default="10m", pattern=DURATION_PATTERN, max_length=32)
+    progress_deadline: str = Field(
+        default="30m", pattern=DURATION_PATTERN, max_length=32,
+        description="A pool whose new pods are not ready by then is Degraded/RolloutStuck "
+                    "(the Deployment's progressDeadlineSeconds; loading a large model takes "
+                    "minutes).",
+    )
+
+    def progress_deadline_seconds(self) -> int:
+        seconds = parse_duration(self.progress_deadline, field="spec.rollout.progressDeadline")
+        return max(1, round(seconds))
 
 
 def _pin_floor_rule() -> tuple[str, str]:

@@ -175,6 +175,15 @@ def rollout_done(deployment: Mapping[str, Any]) -> tuple[bool, str]:
     return True, f"{want}/{want} replicas updated and available"
 
 
+def rollout_stuck(deployment: Mapping[str, Any]) -> str | None:
+    """The Deployment controller's message when the rollout passed its progress deadline."""
+    for condition in (deployment.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Progressing" and condition.get("status") == "False" \
+                and condition.get("reason") == "ProgressDeadlineExceeded":
+            return str(condition.get("message") or "progress deadline exceeded")
+    return None
+
+
 def prune_pools(kube: Kube, namespace: str, name: str, keep: set[str]) -> list[str]:
     """Delete the children of pools no longer in the spec; returns the deleted names."""
     selector = f"{LABEL_DEPLOYMENT}={name}"

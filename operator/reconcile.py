@@ -32,6 +32,7 @@ from kvtune.operator.api import (
     PoolSpec,
     PoolStatus,
     ProfileStatus,
+    RolloutSpec,
 )
 from kvtune.operator.render import RenderError, RenderInput, object_name, plan_hash, render_pool
 from kvtune.operator.render import vllm_args as render_vllm_args
@@ -429,6 +430,7 @@ def _reconcile_pool(
         name=meta["name"], namespace=meta["namespace"], pool=pool.pool_name,
         pool_plan=pool_plan, model_name=spec.model.name, image=spec.runtime.image,
         replicas=pool.replicas, revision=revision,
+        progress_deadline_seconds=(spec.rollout or RolloutSpec()).progress_deadline_seconds(),
         node_selector=dict(pool.node_selector or {}),
         tolerations=[t.model_dump(by_alias=True, exclude_none=True)
                      for t in pool.tolerations or []],
@@ -484,10 +486,21 @@ def _reconcile_pool(
         events.append(Event("Normal", "RolloutStarted", f"Deployment {deployment_name} rolls "
                             f"out plan revision {revision}"))
     done, progress = kapply.rollout_done(deployment)
-    return _PoolOutcome(
-        planned.model_copy(update={"phase": "Applied", "message": progress}),
-        rolling=None if done else progress,
-    )
+    stuck = None if done else kapply.rollout_stuck(deployment)
+    applied_status = planned.model_copy(update={"phase": "Applied", "message": progress})
+    if stuck is not None:
+        message = stuck_message(pool.pool_name, deployment, stuck, revision)
+        return _PoolOutcome(applied_status.model_copy(update={"message": message}),
+                            failure=(cond.ROLLOUT_STUCK, message), rolling=progress)
+    return _PoolOutcome(applied_status, rolling=None if done else progress)
+
+
+def stuck_message(pool: str, deployment: Mapping[str, Any], reason: str, revision: int) -> str:
+    name = deployment.get("metadata", {}).get("name", "?")
+    return (f"pool {pool}: Deployment {name} is stuck at plan revision {revision} ({reason}); "
+            f"see `kubectl describe pod -l kvtune.io/pool={pool}` and the container's "
+            f"termination message (kvtune's runtime refuses a plan that does not fit the GPU); "
+            f"fix the cause, or pin a smaller gpuMemoryUtilization/maxNumSeqs")
 
 
 def pool_summary(pools: list[PoolStatus]) -> str:
@@ -514,12 +527,15 @@ def _refresh_rollout_locked(body: Mapping[str, Any], *, kube: kapply.Kube,
     previous = _previous_status(body)
     degraded = cond.get_condition(previous.conditions, cond.DEGRADED)
     ready = cond.get_condition(previous.conditions, cond.READY)
-    if previous.mode != "auto" or not previous.pools or (degraded and degraded.status == "True"):
+    # Only a rollout's own states are refreshed here; any other failure needs a reconcile.
+    if previous.mode != "auto" or not previous.pools or (
+            degraded and degraded.status == "True" and degraded.reason != cond.ROLLOUT_STUCK):
         return False
-    if ready and ready.reason not in (cond.ALL_POOLS_APPLIED, cond.ROLLING_OUT):
+    if ready and ready.reason not in (cond.ALL_POOLS_APPLIED, cond.ROLLING_OUT,
+                                      cond.ROLLOUT_STUCK):
         return False
     meta = body["metadata"]
-    pools, rolling = [], []
+    pools, rolling, stuck = [], [], []
     for pool in previous.pools:
         if pool.phase == "Applied" and pool.deployment:
             deployment = kapply.read_deployment(kube, meta["namespace"], pool.deployment)
@@ -527,12 +543,29 @@ def _refresh_rollout_locked(body: Mapping[str, Any], *, kube: kapply.Kube,
                 return False  # the next reconcile re-creates it
             done, progress = kapply.rollout_done(deployment)
             pool = pool.model_copy(update={"message": progress})
+            reason = None if done else kapply.rollout_stuck(deployment)
+            if reason is not None:
+                pool = pool.model_copy(update={"message": stuck_message(
+                    pool.name, deployment, reason, pool.revision)})
+                stuck.append(pool.message)
             if not done:
                 rolling.append(f"{pool.name}: {progress}")
         pools.append(pool)
     conditions = list(previous.conditions)
     generation = previous.observed_generation
-    if rolling:
+    # A stuck rollout stays Progressing (it may still recover: the timer keeps looking).
+    if stuck:
+        conditions = cond.set_condition(conditions, cond.DEGRADED, True, cond.ROLLOUT_STUCK,
+                                        " | ".join(stuck), generation=generation, now=now)
+    elif degraded and degraded.reason == cond.ROLLOUT_STUCK:
+        conditions = cond.set_condition(conditions, cond.DEGRADED, False, cond.AS_EXPECTED, "",
+                                        generation=generation, now=now)
+    if stuck:
+        conditions = cond.set_condition(conditions, cond.PROGRESSING, True, cond.ROLLOUT_STUCK,
+                                        "; ".join(rolling), generation=generation, now=now)
+        conditions = cond.set_condition(conditions, cond.READY, False, cond.ROLLOUT_STUCK,
+                                        " | ".join(stuck), generation=generation, now=now)
+    elif rolling:
         conditions = cond.set_condition(conditions, cond.PROGRESSING, True, cond.ROLLING_OUT,
                                         "; ".join(rolling), generation=generation, now=now)
         conditions = cond.set_condition(conditions, cond.READY, False, cond.ROLLING_OUT,

@@ -52,6 +52,7 @@ class RenderInput:
     tolerations: list[dict[str, Any]] = field(default_factory=list)
     command: tuple[str, ...] = DEFAULT_COMMAND
     pod_template: str | None = None  # the user's Jinja2 pod template, if any
+    progress_deadline_seconds: int = 1800
 
 
 def object_name(name: str, pool: str) -> str:
@@ -180,6 +181,7 @@ def render_pool(inp: RenderInput) -> list[dict[str, Any]]:
         "plan_hash": hash_,
         "revision": inp.revision,
         "replicas": inp.replicas,
+        "progress_deadline_seconds": inp.progress_deadline_seconds,
         "labels": labels,
         "selector": selector,
         "pod_labels": labels,

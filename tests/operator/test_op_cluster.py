@@ -33,7 +33,7 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yam
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 NAMESPACES = ["op-two-pools", "op-recommend", "op-invalid", "op-degraded", "op-nodes",
-              "op-template", "op-lifecycle", "op-configmap"]
+              "op-template", "op-lifecycle", "op-configmap", "op-stuck"]
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -417,3 +417,31 @@ def test_reconcile_seam_writes_status_only_when_it_changes(cluster_api: Any) -> 
     assert fourth.status["profile"] == third.status["profile"]
     assert fourth.status["pools"][0]["planHash"] == pool["planHash"]
     assert fourth.status["pools"][0]["revision"] == 2 and fourth.events == []
+
+
+def test_a_rollout_past_its_progress_deadline_is_degraded(
+    cluster_api: Any, operator: OperatorProcess
+) -> None:
+    ns = "op-stuck"
+    # No node carries this label: the pods stay Pending, the deadline passes.
+    spec = _one_pool_spec(nodeSelector={"kvtune.io/test": "no-such-node"})
+    spec["rollout"] = {"canaryReplicas": 0, "progressDeadline": "3s"}
+    create_infd(cluster_api, ns, "stuck", spec)
+
+    def degraded() -> dict[str, Any] | None:
+        cond = condition(get_infd(cluster_api, ns, "stuck"), "Degraded")
+        return cond if cond and cond["status"] == "True" else None
+
+    cond = wait_for(degraded, "Degraded=True/RolloutStuck", 90, operator.log)
+    assert cond["reason"] == "RolloutStuck"
+    assert "stuck-h100" in cond["message"] and "kubectl describe pod" in cond["message"]
+    obj = get_infd(cluster_api, ns, "stuck")
+    assert condition(obj, "Ready")["status"] == "False"  # type: ignore[index]
+    assert condition(obj, "Progressing")["status"] == "True"  # type: ignore[index]
+    dep = _deployments(cluster_api, ns)["stuck-h100"]
+    assert dep.spec.progress_deadline_seconds == 3
+
+    # The cause goes away (the selector is dropped): the rollout recovers, Degraded clears.
+    patch_spec(cluster_api, ns, "stuck", {"pools": [{"gpuClass": "H100", "replicas": 1}]})
+    wait_for(lambda: _ready(cluster_api, ns, "stuck"), "Ready after the fix", 90, operator.log)
+    assert condition(get_infd(cluster_api, ns, "stuck"), "Degraded")["status"] == "False"  # type: ignore[index]

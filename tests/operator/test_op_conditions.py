@@ -56,3 +56,40 @@ def test_status_merge_patch_nulls_what_disappeared(
     from kvtune.operator.reconcile import merge_patch
 
     assert merge_patch(old, new) == patch
+
+
+def _deployment(generation: int = 2, observed: int = 2, replicas: int = 2, updated: int = 2,
+                available: int = 2, total: int = 2,
+                conditions: list[dict[str, str]] | None = None) -> dict[str, object]:
+    return {"metadata": {"generation": generation}, "spec": {"replicas": replicas},
+            "status": {"observedGeneration": observed, "updatedReplicas": updated,
+                       "availableReplicas": available, "replicas": total,
+                       "conditions": conditions or []}}
+
+
+STUCK = {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+         "message": 'ReplicaSet "x" has timed out progressing.'}
+
+
+@pytest.mark.parametrize(("deployment", "done", "progress", "stuck"), [
+    (_deployment(), True, "2/2 replicas updated and available", None),
+    (_deployment(observed=1), False, "has not seen the new template", None),
+    (_deployment(updated=1, total=3), False, "1/2 replicas updated", None),
+    (_deployment(total=3), False, "1 old replicas pending termination", None),
+    (_deployment(available=1), False, "1/2 replicas available", None),
+    (_deployment(available=0, conditions=[STUCK]), False, "0/2 replicas available",
+     "timed out progressing"),
+    (_deployment(conditions=[{"type": "Progressing", "status": "True",
+                              "reason": "NewReplicaSetAvailable"}]), True, "2/2", None),
+])
+def test_rollout_progress_of_a_deployment(
+    deployment: dict[str, object], done: bool, progress: str, stuck: str | None
+) -> None:
+    from kvtune.operator.apply import rollout_done, rollout_stuck
+
+    got_done, got_progress = rollout_done(deployment)
+    assert got_done == done and progress in got_progress
+    got_stuck = rollout_stuck(deployment)
+    assert (got_stuck is None) == (stuck is None)
+    if stuck is not None:
+        assert stuck in got_stuck  # type: ignore[operator]
