@@ -305,6 +305,24 @@ def test_two_replicas_as_the_chart_service_account_reconcile_an_example(
                 f"permission problem in {replica.log.name}:\n{replica.text()[-4000:]}")
 
 
+def argocd_health_of(obj: dict[str, Any]) -> tuple[str, str]:
+    """charts/kvtune/files/argocd/health.lua in Lua 5.1, as Argo CD runs it."""
+    import lupa.lua51 as lua51
+
+    runtime = lua51.LuaRuntime()
+
+    def table(value: Any) -> Any:
+        if isinstance(value, dict):
+            return runtime.table_from({k: table(v) for k, v in value.items()})
+        if isinstance(value, list):
+            return runtime.table_from([table(v) for v in value])
+        return value
+
+    runtime.globals().obj = table(obj)
+    hs = runtime.execute((CHART / "files/argocd/health.lua").read_text())
+    return str(hs["status"]), str(hs["message"])
+
+
 def _run_example(custom: Any, admin: Any, local_cluster: Any, example: dict[str, Any],
                  name: str, active: Replica, standby: Replica) -> None:
     from kubernetes import client
@@ -332,6 +350,14 @@ def _run_example(custom: Any, admin: Any, local_cluster: Any, example: dict[str,
         assert rendered.metadata.labels["app.kubernetes.io/managed-by"] == "kvtune"
     assert "reconciled:" in active.text() and "reconciled:" not in standby.text()
 
+    # Argo CD's view of the real object: the health check on the status the operator wrote.
+    def argocd_health() -> str | None:
+        live = custom.get_namespaced_custom_object(GROUP, VERSION, WATCHED_NS, PLURAL, name)
+        status, message = argocd_health_of(live)
+        return f"{status}: {message}" if status == "Healthy" else None
+
+    wait_for(argocd_health, "Argo CD health Healthy once the pools rolled out", 90, active.log)
+
     # `kvtune plan --from-cluster` (the reviewer's side) reads the plan back as a patch.
     out = subprocess.run(
         [str(Path(sys.executable).parent / "kvtune"), "plan", "--from-cluster", name,
@@ -357,3 +383,13 @@ def _run_example(custom: Any, admin: Any, local_cluster: Any, example: dict[str,
     custom.patch_namespaced_custom_object(GROUP, VERSION, WATCHED_NS, PLURAL, name,
                                           {"spec": {"pools": pools}})
     wait_for(reconciled(3), "the former standby to reconcile the change", 120, standby.log)
+
+    # Tuning off: Argo CD shows the application Suspended, not Degraded.
+    custom.patch_namespaced_custom_object(GROUP, VERSION, WATCHED_NS, PLURAL, name,
+                                          {"spec": {"tuning": {"mode": "off"}}})
+
+    def suspended() -> bool:
+        live = custom.get_namespaced_custom_object(GROUP, VERSION, WATCHED_NS, PLURAL, name)
+        return argocd_health_of(live)[0] == "Suspended"
+
+    wait_for(suspended, "Argo CD health Suspended with spec.tuning.mode off", 60, standby.log)
