@@ -51,7 +51,12 @@ class SimResult:
     config: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
-        """The figures per configuration (``kvtune simulate -o json``); seconds and rates."""
+        """The figures per configuration (``kvtune simulate -o json``); seconds and rates.
+
+        TTFT: arrival to the end of the step that computed the last prompt token (queueing
+        included). TPOT: per request, (finish - first token) / (output tokens - 1), as vLLM's
+        ``vllm:request_time_per_output_token_seconds``; percentiles are over requests.
+        Throughput: completed requests (tokens) over first arrival to last finish."""
         arr = np.asarray(self.arrival_seconds)
         first = np.asarray(self.first_token_seconds)
         fin = np.asarray(self.finish_seconds)
