@@ -87,6 +87,10 @@ def test_default_render(helm: Path) -> None:
     assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
     assert svc["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
     assert by_kind(docs, "ServiceMonitor") == [] and by_kind(docs, "PrometheusRule") == []
+    (pdb,) = by_kind(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"] == deploy["spec"]["selector"]
+    assert by_kind(render(helm, "--set", "replicaCount=1"), "PodDisruptionBudget") == []
 
 
 def test_namespaced_mode_uses_roles(helm: Path) -> None:
