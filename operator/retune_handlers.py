@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import kopf
-from kvtune.operator import api, conditions, metrics, retune
+from kvtune.operator import alert_rules, api, conditions, metrics, retune
 from kvtune.operator import apply as kapply
 from kvtune.operator import reconcile as rec
 from kvtune.operator.durations import parse_duration
@@ -290,6 +290,22 @@ def retune_once(
                          events=[RetuneEvent(event_type, f"Retune{reason}", message)])
 
 
+def sync_alert_rules(kube: kapply.Kube, body: Mapping[str, Any], memo: Any) -> None:
+    """Apply the deployment's PrometheusRule when its rendering changed (best effort: an
+    alerting problem is logged, it never stops profiling or re-tuning)."""
+    try:
+        rule = alert_rules.rendered_rule(body)
+        digest = alert_rules.rule_digest(rule)
+        if memo.get("alert_rules_digest") == digest:
+            return
+        if alert_rules.apply_rule(kube, rule):
+            LOG.info("applied PrometheusRule %s/%s", rule["metadata"]["namespace"],
+                     rule["metadata"]["name"])
+        memo["alert_rules_digest"] = digest
+    except Exception:
+        LOG.exception("cannot render or apply the alert rules")
+
+
 @dataclass
 class _Backoff:
     failures: int = 0
@@ -320,4 +336,5 @@ def retune_timer(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
         backoff.failures, backoff.next_attempt = 0, 0.0
     for event in outcome.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+    sync_alert_rules(kube, body, memo)
     logger.info("retune: %s: %s", outcome.reason, outcome.message)

@@ -137,3 +137,28 @@ def test_prometheus_scrapes_vllm_names_and_the_trace_switch(prometheus: Promethe
         prometheus.wait_for("vllm:prefix_cache_hits_total", min_value=1, timeout_seconds=60)
     finally:
         server.stop()
+
+
+def test_kvtune_replay_command_serves_and_stops_on_sigterm() -> None:
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    kvtune = Path(sys.executable).parent / "kvtune"
+    proc = subprocess.Popen(
+        [str(kvtune), "replay", "--trace", str(AZURE), "--speed", "50", "--port", "0",
+         "--model-name", "cli", "--config", "num_gpu_blocks=1234"],
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        match = re.search(r"http://(127\.0\.0\.1:\d+)/metrics", line)
+        assert match, line
+        with urllib.request.urlopen(f"http://{match.group(1)}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        assert 'vllm:cache_config_info{' in text and 'num_gpu_blocks="1234"' in text
+        assert 'model_name="cli"' in text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0

@@ -65,19 +65,32 @@ def _install_crds(api: Any) -> None:
     from kubernetes.client.exceptions import ApiException
 
     ext = client.ApiextensionsV1Api(api)
-    for path in sorted((REPO / "crds").glob("*.yaml")):
-        for crd in yaml.safe_load_all(path.read_text()):
-            if not crd:
-                continue
-            try:
-                ext.create_custom_resource_definition(crd)
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-            name = crd["metadata"]["name"]
-            _wait(f"CRD {name} Established", lambda name=name: any(
-                c.type == "Established" and c.status == "True"
-                for c in ext.read_custom_resource_definition(name).status.conditions or []), 60)
+    crds = [c for path in sorted((REPO / "crds").glob("*.yaml"))
+            for c in yaml.safe_load_all(path.read_text()) if c]
+    for crd in [*crds, PROMETHEUS_RULE_CRD]:
+        try:
+            ext.create_custom_resource_definition(crd)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        name = crd["metadata"]["name"]
+        _wait(f"CRD {name} Established", lambda name=name: any(
+            c.type == "Established" and c.status == "True"
+            for c in ext.read_custom_resource_definition(name).status.conditions or []), 60)
+
+
+# The Prometheus operator's PrometheusRule kind, reduced to what the API server needs to
+# store objects (the real CRD's schema is large); kvtune applies its rules when it exists.
+PROMETHEUS_RULE_CRD: dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "prometheusrules.monitoring.coreos.com"},
+    "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+         "names": {"kind": "PrometheusRule", "plural": "prometheusrules",
+                   "singular": "prometheusrule", "listKind": "PrometheusRuleList"},
+         "versions": [{"name": "v1", "served": True, "storage": True, "schema": {
+             "openAPIV3Schema": {"type": "object",
+                                 "x-kubernetes-preserve-unknown-fields": True}}}]},
+}
 
 
 @pytest.fixture
@@ -101,6 +114,19 @@ def operator_process(local_cluster: Any, tmp_path: Path) -> Iterator[Path]:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+def _get_rule(custom: Any) -> dict[str, Any] | None:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        rule: dict[str, Any] = custom.get_namespaced_custom_object(
+            "monitoring.coreos.com", "v1", NS, "prometheusrules", f"{NAME}-kvtune")
+        return rule
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
 
 
 def _switch(server: ReplayServer, trace: Path, shuffle_seed: int | None = None) -> None:
@@ -200,7 +226,11 @@ def test_retune_follows_a_traffic_shift_and_does_not_flap(
         changed = next(e for e in events if e.reason == "RetunePlanChanged")
         assert "drift" in changed.message and "threshold 0.300" in changed.message
         print(f"\nmax-model-len {azure_len} -> {mooncake['plan']['maxModelLen']} "
-              f"{took:.0f}s after the switch (window {WINDOW_SECONDS}s)")
+              f"{took:.0f}s after the switch (window {WINDOW_SECONDS}s); plan "
+              f"{mooncake['plan']}")
+        for e in sorted(events, key=lambda e: e.metadata.creation_timestamp):
+            if e.reason == "RetunePlanChanged":
+                print(f"  event {e.reason}: {e.message}")
 
         # Let the last transition windows pass, then: the same traffic from elsewhere in the
         # trace is noise, not drift -> no new revision over several windows.
@@ -214,6 +244,12 @@ def test_retune_follows_a_traffic_shift_and_does_not_flap(
             assert pool()["revision"] == settled_rev, (reasons_seen, status().get("profile"))
             time.sleep(1)
         assert "PlanChanged" not in reasons_seen
+
+        # The deployment's alert rules were applied as a PrometheusRule it owns.
+        rule = _wait("the PrometheusRule", lambda: _get_rule(custom), 30, operator_process)
+        assert rule["metadata"]["ownerReferences"][0]["name"] == NAME
+        alert_names = {r.get("alert") for g in rule["spec"]["groups"] for r in g["rules"]}
+        assert {"KVCacheSaturated", "KVTuneProfileStale"} <= alert_names
 
         # 4. Monitoring breaks: ProfileStale, and nothing is torn down or reconfigured.
         deployment_before = client.AppsV1Api(api).list_namespaced_deployment(NS).items
