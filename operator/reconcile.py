@@ -34,7 +34,14 @@ from kvtune.operator.api import (
     ProfileStatus,
     RolloutSpec,
 )
-from kvtune.operator.render import RenderError, RenderInput, object_name, plan_hash, render_pool
+from kvtune.operator.render import (
+    ANNOTATION_PLAN_HASH,
+    RenderError,
+    RenderInput,
+    object_name,
+    plan_hash,
+    render_pool,
+)
 from kvtune.operator.render import vllm_args as render_vllm_args
 from kvtune.operator.workloads import declared_profile, profile_from_status, profile_status
 from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan, UnknownName
@@ -386,7 +393,7 @@ def _reconcile_locked(
         profile=used_profile_status, pools=[o.status for o in outcomes],
         pool_summary=pool_summary([o.status for o in outcomes]),
     )
-    # Rollouts are followed by the Deployment watch (refresh_rollout), not by retries.
+    # Rollouts are followed by the rollout timer (refresh_rollout), not by retries.
     return finish(status, retry_after=NO_NODES_RETRY_SECONDS if waiting else None)
 
 
@@ -471,6 +478,11 @@ def _reconcile_pool(
             return failed(cond.INVALID_POD_TEMPLATE, str(exc))
     inp = RenderInput(**{**inp.__dict__, "affinity": nodes.node_affinity(),
                          "pod_template": template})
+    # What the Deployment runs now (the plan in status may be one only recommended).
+    running = kapply.read_deployment(kube, meta["namespace"], object_name(meta["name"],
+                                                                          pool.pool_name))
+    running_hash = ((running or {}).get("metadata", {}).get("annotations") or {}).get(
+        ANNOTATION_PLAN_HASH)
     try:
         objects = render_pool(inp)
         applied = kapply.apply_pool(kube, objects, body)
@@ -481,7 +493,7 @@ def _reconcile_pool(
         return failed(cond.APPLY_FAILED, f"pool {pool.pool_name}: {exc}; nothing was changed")
 
     deployment = next(o for o in applied if o.get("kind") == "Deployment")
-    if base.plan_hash != hash_:
+    if running_hash != hash_:
         deployment_name = object_name(inp.name, pool.pool_name)
         events.append(Event("Normal", "RolloutStarted", f"Deployment {deployment_name} rolls "
                             f"out plan revision {revision}"))

@@ -345,7 +345,8 @@ def test_plan_change_rolls_out_a_new_revision_and_mode_switches_leave_it(
         assert now.metadata.generation == second.metadata.generation
         assert "--block-size=64" in now.spec.template.spec.containers[0].args
 
-    # Back to auto without the H200 pool: its objects are pruned, H100 rolls out 128.
+    # Back to auto without the H200 pool: its objects are pruned, H100 rolls out 128 (the
+    # plan recommended meanwhile), and says so.
     patch_spec(cluster_api, ns, "life", {"tuning": {"mode": "auto"},
                                          "pools": [{"gpuClass": "H100", "replicas": 1}]})
     wait_for(lambda: sorted(_deployments(cluster_api, ns)) == ["life-h100"] and
@@ -355,6 +356,9 @@ def test_plan_change_rolls_out_a_new_revision_and_mode_switches_leave_it(
     assert "--block-size=128" in last.spec.template.spec.containers[0].args
     assert client.CoreV1Api(cluster_api).list_namespaced_service(
         ns, label_selector="kvtune.io/pool=h200").items == []
+    rollouts = [e.message for e in client.CoreV1Api(cluster_api).list_namespaced_event(ns).items
+                if e.reason == "RolloutStarted"]
+    assert any("life-h100" in m and "revision 3" in m for m in rollouts), rollouts
 
 
 def test_model_outside_the_catalog_from_a_config_map(
