@@ -143,3 +143,13 @@ def test_step_costs_follow_the_model_gpu_and_tensor_parallel() -> None:
         update={"kv_cache_dtype": "fp8"}), "fp8")
     auto = simulated_plan(base, vllm_default_plan(base), "auto")
     assert fp8.engine.num_gpu_blocks == pytest.approx(2 * auto.engine.num_gpu_blocks, rel=0.01)
+
+
+def test_simulated_kv_cache_is_the_planned_one() -> None:
+    request = _request()
+    pool = plan_pool(request)
+    sim = simulated_plan(request, pool.plan, "planned")
+    assert sim.starts
+    assert sim.engine.num_gpu_blocks == pool.expected.num_gpu_blocks
+    assert sim.cost.kv_bytes_per_token == pool.expected.kv_bytes_per_token
+    assert sim.cost.weights_bytes == pool.expected.weights_bytes_per_gpu
