@@ -43,8 +43,6 @@ POD_CIDR = "10.244.0.0/16"
 PORT_NAMES = (
     "etcd-client", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler"
 )
-# Start order; also the order of the log files a person reads when something is wrong.
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
 
 # What the kubernetes client raises while the apiserver is still starting (not yet serving a
