@@ -8,7 +8,8 @@
 - Node events: when the GPU inventory (class -> schedulable nodes) changes, every
   InferenceDeployment is reconciled at once (a new pool is noticed without waiting for the
   retry of a pool that had no nodes).
-- A timer follows rollouts into Progressing/Ready while Progressing is True.
+- A timer follows rollouts into Progressing/Ready while Progressing is True; another
+  re-reads the ConfigMaps a spec references (pod template, config.json) every minute.
 
 kopf keeps its bookkeeping in annotations under ``kvtune.io`` (not in status, whose schema
 kvtune owns and the API server prunes).
@@ -31,6 +32,9 @@ from kvtune.operator import reconcile as rec
 RESOURCE = (api.GROUP, api.VERSION, api.PLURAL)
 INVENTORY_PERIOD_SECONDS = 2.0
 ROLLOUT_POLL_SECONDS = 2.0
+# ConfigMaps a spec references (model config.json, pod template) are re-read this often, so
+# an edit takes effect without a spec change (and without list/watch on every ConfigMap).
+CONFIGMAP_RESYNC_SECONDS = float(os.environ.get("KVTUNE_CONFIGMAP_RESYNC_SECONDS", "60"))
 LOG = logging.getLogger("kvtune.operator")
 
 
@@ -81,7 +85,8 @@ def stop_inventory(memo: kopf.Memo, **_: Any) -> None:
 class _QuietWatchSuccess(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        return not (message.startswith(("Handler 'gpu-inventory'", "Timer 'rollout'"))
+        return not (message.startswith(("Handler 'gpu-inventory'", "Timer 'rollout'",
+                                        "Timer 'referenced-configmaps'"))
                     and "succeeded" in message)
 
 
@@ -149,6 +154,20 @@ def follow_rollout(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     timer, not a Deployment watch: it cannot miss a rollout that ended before the status
     saying it started was written.)"""
     rec.refresh_rollout(body, kube=memo.kube)
+
+
+def _references_config_maps(spec: kopf.Spec, **_: Any) -> bool:
+    return bool((spec.get("runtime") or {}).get("podTemplate")
+                or (spec.get("model") or {}).get("config"))
+
+
+@kopf.timer(*RESOURCE, id="referenced-configmaps", interval=CONFIGMAP_RESYNC_SECONDS,
+            initial_delay=CONFIGMAP_RESYNC_SECONDS, when=_references_config_maps)
+def resync_config_maps(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
+                       **_: Any) -> None:
+    """Reconcile again: an edited template or config.json changes the rendered objects (a
+    no-op apply when nothing changed)."""
+    _run(body, memo, logger, "configmap")
 
 
 @kopf.on.event("", "v1", "nodes", id="gpu-inventory")

@@ -101,7 +101,8 @@ class OperatorProcess:
         with self.log.open("a") as out:
             out.write(f"\n=== start #{self.starts} ===\n")
         self.proc = subprocess.Popen(argv, stdout=self.log.open("a"), stderr=subprocess.STDOUT,
-                                     cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                                    "KVTUNE_CONFIGMAP_RESYNC_SECONDS": "2"})
 
     def stop(self) -> None:
         if self.proc is None:

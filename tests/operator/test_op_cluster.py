@@ -279,6 +279,18 @@ def test_invalid_pod_template_is_reported_and_nothing_changes(
     after = _deployments(cluster_api, ns)["tpl-h200"]
     assert after.metadata.generation == before.metadata.generation
 
+    # Fixing the ConfigMap is enough: the referenced ConfigMaps are re-read periodically.
+    fixed = template.replace("not-a-quantity", "1").replace(
+        "spec:\n", "spec:\n  serviceAccountName: default\n", 1)
+    client.CoreV1Api(cluster_api).patch_namespaced_config_map(
+        "pod-tpl", ns, {"data": {"pod.yaml.j2": fixed}})
+    wait_for(lambda: _ready(cluster_api, ns, "tpl"), "Ready after the template was fixed", 60,
+             operator.log)
+    pod_spec = _deployments(cluster_api, ns)["tpl-h200"].spec.template.spec
+    assert pod_spec.containers[0].resources.limits == {"nvidia.com/gpu": "1"}
+    assert "--block-size=32" in pod_spec.containers[0].args
+    assert pod_spec.service_account_name == "default"
+
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_examples_pass_the_api_servers_validation(cluster_api: Any, path: Path) -> None:
