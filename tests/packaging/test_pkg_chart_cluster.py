@@ -48,6 +48,7 @@ NEEDED = [
     ("patch", "", "services", "", WATCHED_NS),
     ("patch", "policy", "poddisruptionbudgets", "", WATCHED_NS),
     ("get", "", "configmaps", "", WATCHED_NS),
+    ("patch", "monitoring.coreos.com", "prometheusrules", "", WATCHED_NS),
     ("create", "", "events", "", WATCHED_NS),
     ("list", "", "nodes", "", ""),
     ("watch", "", "nodes", "", ""),
@@ -348,7 +349,10 @@ def _run_example(custom: Any, admin: Any, local_cluster: Any, example: dict[str,
         rendered = client.AppsV1Api(admin).read_namespaced_deployment(pool["deployment"],
                                                                       WATCHED_NS)
         assert rendered.metadata.labels["app.kubernetes.io/managed-by"] == "kvtune"
-    assert "reconciled:" in active.text() and "reconciled:" not in standby.text()
+    # The status is written before the handler logs its line: wait for the line.
+    wait_for(lambda: "reconciled:" in active.text(), "the active replica's log line", 30,
+             active.log)
+    assert "reconciled:" not in standby.text(), "the standby replica handled the object"
 
     # Argo CD's view of the real object: the health check on the status the operator wrote.
     def argocd_health() -> str | None:

@@ -30,6 +30,14 @@ object is new), prune by label (list, delete); the rollout timer reads Deploymen
   verbs: [list, create, patch, delete]
 {{- end -}}
 
+{{/* Each InferenceDeployment's alert rules (SLO, KV cache), server-side applied by the
+retune timer when the Prometheus operator's API is served. */}}
+{{- define "kvtune.rules.alerting" -}}
+- apiGroups: [monitoring.coreos.com]
+  resources: [prometheusrules]
+  verbs: [create, patch]
+{{- end -}}
+
 {{/* Model configs (config.json) and pod templates that the spec references by name. */}}
 {{- define "kvtune.rules.reads" -}}
 - apiGroups: [""]
