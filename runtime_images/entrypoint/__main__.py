@@ -34,7 +34,14 @@ def run(
         _log(str(err))
         write_termination_message(str(err))
         return EXIT_BAD_PLAN
-    reserve = int(env.get("KVTUNE_CONTEXT_RESERVE_BYTES", DEFAULT_CONTEXT_RESERVE_BYTES))
+    raw_reserve = env.get("KVTUNE_CONTEXT_RESERVE_BYTES", str(DEFAULT_CONTEXT_RESERVE_BYTES))
+    if not raw_reserve.isdigit():
+        message = (f"KVTUNE_CONTEXT_RESERVE_BYTES={raw_reserve!r}: expected a whole number of "
+                   f"bytes, e.g. {DEFAULT_CONTEXT_RESERVE_BYTES} for 1 GiB")
+        _log(message)
+        write_termination_message(message)
+        return EXIT_BAD_PLAN
+    reserve = int(raw_reserve)
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     for gpu in gpus:
         _log(f"found {gpu.describe()}")

@@ -411,3 +411,20 @@ def test_operator_render_to_runtime_entrypoint_end_to_end(tmp_path: Path) -> Non
     # Everything else is exactly what the operator rendered.
     assert [a for a in command[2:] if a not in util] == [
         a for a in container["args"] if not a.startswith("--gpu-memory-utilization=")]
+
+
+def test_a_driver_that_reserves_more_shrinks_the_kv_cache_not_the_fraction() -> None:
+    # The plan assumed the H100's 79.6 GiB; this driver/ECC setting leaves 77 GiB total.
+    plan = parse_plan(pool_plan("H100", util=0.9).model_dump_json())
+    smaller = ("NVIDIA H100 80GB HBM3", 77 * GIB, (9, 0))
+    d = decisions.decide(plan, [gpu(smaller, free_bytes=76 * GIB)])
+    assert not d.recomputed and d.gpu_memory_utilization == 0.9
+    assert d.kv_cache_bytes == int(77 * GIB * 0.9) - 40 * GIB
+    assert d.kv_cache_bytes < plan.expected.kv_cache_bytes
+    assert any("of the" in n and "planned" in n for n in d.notes)
+
+
+def test_a_bad_reserve_setting_is_a_clear_error(tmp_path: Path) -> None:
+    env = {"KVTUNE_PLAN": pool_plan("H200").model_dump_json(),
+           "KVTUNE_CONTEXT_RESERVE_BYTES": "1GiB", "KVTUNE_STATUS_FILE": str(tmp_path / "r")}
+    assert run([], env, [gpu(H200)], exec_fn=lambda f, a: None) == EXIT_BAD_PLAN
