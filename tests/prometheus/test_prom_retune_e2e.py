@@ -220,11 +220,13 @@ def test_retune_follows_a_traffic_shift_and_does_not_flap(
         mooncake = pool()
         assert mooncake["revision"] > azure_rev
         assert mooncake["plan"]["maxModelLen"] >= 4 * azure_len, (azure_len, mooncake["plan"])
-        events = core.list_namespaced_event(NS).items
-        reasons = {e.reason for e in events}
-        assert "RetunePlanChanged" in reasons, reasons
-        changed = next(e for e in events if e.reason == "RetunePlanChanged")
+        # The decision is an Event with its numbers (kopf posts it shortly after the status).
+        changed = _wait("a RetunePlanChanged Event naming max_model_len", lambda: next(
+            (e for e in core.list_namespaced_event(NS).items
+             if e.reason == "RetunePlanChanged" and "max_model_len" in e.message), None),
+            30, operator_process)
         assert "drift" in changed.message and "threshold 0.300" in changed.message
+        events = core.list_namespaced_event(NS).items
         print(f"\nmax-model-len {azure_len} -> {mooncake['plan']['maxModelLen']} "
               f"{took:.0f}s after the switch (window {WINDOW_SECONDS}s); plan "
               f"{mooncake['plan']}")
