@@ -394,7 +394,16 @@ class ExpectedStatus(_Status):
     prefix_hit_rate: float | None = None
 
 
-PoolPhase = Literal["Applied", "Recommended", "Unmanaged", "NoNodes", "Failed"]
+PoolPhase = Literal["Applied", "Canary", "Recommended", "Unmanaged", "NoNodes", "Failed"]
+
+
+class CanaryStatus(_Status):
+    """A new plan running on ``canaryReplicas`` replicas beside the old one."""
+
+    plan_hash: str
+    revision: int
+    started_at: str
+    deployment: str
 
 
 class PoolStatus(_Status):
@@ -413,6 +422,9 @@ class PoolStatus(_Status):
     vllm_args: list[str] = []
     plan_hash: str | None = None
     revision: int = 0
+    canary: CanaryStatus | None = None
+    # A plan that failed its canary; kvtune does not try it again (another plan will be).
+    rejected_plan_hash: str | None = None
 
 
 class TokenQuantilesStatus(_Status):

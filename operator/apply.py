@@ -175,6 +175,18 @@ def rollout_done(deployment: Mapping[str, Any]) -> tuple[bool, str]:
     return True, f"{want}/{want} replicas updated and available"
 
 
+def delete_deployment(kube: Kube, namespace: str, name: str) -> bool:
+    """Delete a Deployment (and, in the background, its pods); False when it was not there."""
+    try:
+        kube.apps.delete_namespaced_deployment(name, namespace, propagation_policy="Background",
+                                               _preload_content=False)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
 def rollout_stuck(deployment: Mapping[str, Any]) -> str | None:
     """The Deployment controller's message when the rollout passed its progress deadline."""
     for condition in (deployment.get("status") or {}).get("conditions") or []:

@@ -26,6 +26,7 @@ TUNING_OFF = "TuningOff"  # mode=off: the runtime is left alone
 POOL_WITHOUT_NODES = "PoolWithoutNodes"  # a pool's GPU class has no nodes (retried)
 ROLLING_OUT = "RollingOut"  # a Deployment has not yet all replicas updated and available
 ROLLED_OUT = "RolledOut"
+CANARY_FAILED = "CanaryFailed"  # a new plan's canary was not available in time: rolled back
 ROLLOUT_STUCK = "RolloutStuck"  # new pods not ready by spec.rollout.progressDeadline
 INVALID_SPEC = "InvalidSpec"  # a spec field that can never work (names field, value, fix)
 NO_FEASIBLE_PLAN = "NoFeasiblePlan"  # the model does not fit a pool

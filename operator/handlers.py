@@ -106,7 +106,7 @@ def _run(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, trigger: str) ->
     phases: dict[str, int] = {}
     for pool in result.status.get("pools", []):
         phases[pool["phase"]] = phases.get(pool["phase"], 0) + 1
-    for phase in ("Applied", "Recommended", "Unmanaged", "NoNodes", "Failed"):
+    for phase in ("Applied", "Canary", "Recommended", "Unmanaged", "NoNodes", "Failed"):
         metrics.POOLS.labels(meta["namespace"], meta["name"], phase).set(phases.get(phase, 0))
     if result.permanent_error:
         metrics.RECONCILES.labels(trigger, "invalid").inc()
@@ -149,11 +149,16 @@ def _progressing(status: kopf.Status, **_: Any) -> bool:
 
 
 @kopf.timer(*RESOURCE, id="rollout", interval=ROLLOUT_POLL_SECONDS, when=_progressing)
-def follow_rollout(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """While a rollout is in progress, follow the Deployments into Progressing/Ready. (A
-    timer, not a Deployment watch: it cannot miss a rollout that ended before the status
-    saying it started was written.)"""
-    rec.refresh_rollout(body, kube=memo.kube)
+def follow_rollout(body: kopf.Body, status: kopf.Status, memo: kopf.Memo,
+                   logger: kopf.Logger, **_: Any) -> None:
+    """While a rollout is in progress, follow the Deployments into Progressing/Ready (a
+    canary under analysis needs a full reconcile: it is promoted or rolled back). A timer,
+    not a Deployment watch: it cannot miss a rollout that ended before the status saying it
+    started was written."""
+    if any(p.get("phase") == "Canary" for p in status.get("pools", [])):
+        _run(body, memo, logger, "canary")
+    else:
+        rec.refresh_rollout(body, kube=memo.kube)
 
 
 def _references_config_maps(spec: kopf.Spec, **_: Any) -> bool:

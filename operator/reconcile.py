@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kvtune.operator import apply as kapply
+from kvtune.operator import canary
 from kvtune.operator import conditions as cond
 from kvtune.operator import pools as gpu_pools
 from kvtune.operator.api import (
+    CanaryStatus,
     Condition,
     ExpectedStatus,
     InferenceDeploymentSpec,
@@ -34,6 +36,7 @@ from kvtune.operator.api import (
     ProfileStatus,
     RolloutSpec,
 )
+from kvtune.operator.durations import parse_duration
 from kvtune.operator.render import (
     ANNOTATION_PLAN_HASH,
     RenderError,
@@ -351,7 +354,7 @@ def _reconcile_locked(
     prev_pools = {p.name: p for p in previous.pools}
     outcomes = [
         _reconcile_pool(spec, i, pool, model, used_profile, policy, discovered,
-                        prev_pools.get(pool.pool_name), body, kube, events)
+                        prev_pools.get(pool.pool_name), body, kube, events, now)
         for i, pool in enumerate(spec.pools)
     ]
     if mode == "auto":
@@ -401,7 +404,9 @@ def _reconcile_pool(
     spec: InferenceDeploymentSpec, index: int, pool: PoolSpec, model: Any,
     profile: WorkloadProfile, policy: PlanPolicy, discovered: Mapping[str, gpu_pools.GPUPool],
     prev: PoolStatus | None, body: Mapping[str, Any], kube: kapply.Kube, events: list[Event],
+    now: str | None = None,
 ) -> _PoolOutcome:
+    now = now or cond.now_rfc3339()
     meta = body["metadata"]
     field_ = f"spec.pools[{index}]"
     base = PoolStatus(
@@ -412,7 +417,8 @@ def _reconcile_pool(
         plan=prev.plan if prev else None, expected=prev.expected if prev else None,
         reasons=list(prev.reasons) if prev else [], vllm_args=list(prev.vllm_args) if prev
         else [], plan_hash=prev.plan_hash if prev else None, revision=prev.revision if prev
-        else 0,
+        else 0, canary=prev.canary if prev else None,
+        rejected_plan_hash=prev.rejected_plan_hash if prev else None,
     )
 
     def failed(reason: str, message: str) -> _PoolOutcome:
@@ -478,19 +484,72 @@ def _reconcile_pool(
             return failed(cond.INVALID_POD_TEMPLATE, str(exc))
     inp = RenderInput(**{**inp.__dict__, "affinity": nodes.node_affinity(),
                          "pod_template": template})
+    namespace = meta["namespace"]
     # What the Deployment runs now (the plan in status may be one only recommended).
-    running = kapply.read_deployment(kube, meta["namespace"], object_name(meta["name"],
-                                                                          pool.pool_name))
+    running = kapply.read_deployment(kube, namespace, object_name(meta["name"],
+                                                                  pool.pool_name))
     running_hash = ((running or {}).get("metadata", {}).get("annotations") or {}).get(
         ANNOTATION_PLAN_HASH)
     try:
         objects = render_pool(inp)
-        applied = kapply.apply_pool(kube, objects, body)
     except RenderError as exc:
         return failed(cond.INVALID_POD_TEMPLATE, f"pool {pool.pool_name}: {exc}; nothing was "
                       f"changed")
+
+    rollout = spec.rollout or RolloutSpec()
+    canary_name = object_name(meta["name"], f"{pool.pool_name}-canary")
+    prev_canary = base.canary
+    canary_dep = kapply.read_deployment(kube, namespace, canary_name) if prev_canary else None
+    decision = canary.decide(
+        canary_replicas=rollout.canary_replicas, replicas=pool.replicas,
+        running_hash=running_hash, new_hash=hash_,
+        canary_hash=prev_canary.plan_hash if prev_canary else None,
+        canary_started_at=prev_canary.started_at if prev_canary else None,
+        rejected_hash=base.rejected_plan_hash, canary_deployment=canary_dep, now=now,
+        analysis_seconds=parse_duration(rollout.analysis, field="spec.rollout.analysis"),
+        deadline_seconds=rollout.progress_deadline_seconds(),
+    )
+    old_plan = f"{pool.replicas} replica(s) keep the previous plan"
+    if decision.action == "rejected":
+        return failed(cond.CANARY_FAILED, f"pool {pool.pool_name}: plan revision {revision} "
+                      f"failed its canary before; the pool keeps its previous plan. Change the "
+                      f"spec, pins or workload to get another plan")
+    if decision.action == "rollback":
+        kapply.delete_deployment(kube, namespace, canary_name)
+        message = (f"pool {pool.pool_name}: plan revision {revision} rolled back: "
+                   f"{decision.message}; {old_plan}")
+        events.append(Event("Warning", "CanaryRolledBack", message))
+        out = failed(cond.CANARY_FAILED, message)
+        out.status = out.status.model_copy(update={"rejected_plan_hash": hash_,
+                                                   "canary": None})
+        return out
+    if decision.action in ("start", "wait"):
+        canary_status = prev_canary
+        if decision.action == "start":
+            try:
+                kapply.apply_pool(kube, [canary.canary_objects(
+                    objects, name=canary_name, replicas=rollout.canary_replicas)], body)
+            except kapply.ApplyError as exc:
+                return failed(cond.APPLY_FAILED, f"pool {pool.pool_name} canary: {exc}")
+            canary_status = CanaryStatus(plan_hash=hash_, revision=revision, started_at=now,
+                                         deployment=canary_name)
+            events.append(Event("Normal", "CanaryStarted", f"Deployment {canary_name} runs "
+                                f"plan revision {revision} on {rollout.canary_replicas} "
+                                f"replica(s) for a {rollout.analysis} analysis"))
+        message = f"{decision.message}; {old_plan}"
+        return _PoolOutcome(planned.model_copy(update={
+            "phase": "Canary", "message": message, "canary": canary_status}), rolling=message)
+
+    try:
+        applied = kapply.apply_pool(kube, objects, body)
     except kapply.ApplyError as exc:
         return failed(cond.APPLY_FAILED, f"pool {pool.pool_name}: {exc}; nothing was changed")
+    if prev_canary is not None:
+        kapply.delete_deployment(kube, namespace, canary_name)
+        if decision.action == "promote":
+            events.append(Event("Normal", "CanaryPromoted", f"pool {pool.pool_name}: plan "
+                                f"revision {revision} promoted: {decision.message}"))
+    planned = planned.model_copy(update={"canary": None})
 
     deployment = next(o for o in applied if o.get("kind") == "Deployment")
     if running_hash != hash_:
@@ -546,6 +605,8 @@ def _refresh_rollout_locked(body: Mapping[str, Any], *, kube: kapply.Kube,
     if ready and ready.reason not in (cond.ALL_POOLS_APPLIED, cond.ROLLING_OUT,
                                       cond.ROLLOUT_STUCK):
         return False
+    if any(p.phase == "Canary" for p in previous.pools):
+        return False  # a canary's analysis needs a reconcile (promote or roll back)
     meta = body["metadata"]
     pools, rolling, stuck = [], [], []
     for pool in previous.pools:

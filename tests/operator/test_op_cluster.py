@@ -33,7 +33,7 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yam
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 NAMESPACES = ["op-two-pools", "op-recommend", "op-invalid", "op-degraded", "op-nodes",
-              "op-template", "op-lifecycle", "op-configmap", "op-stuck"]
+              "op-template", "op-lifecycle", "op-configmap", "op-stuck", "op-canary"]
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -461,3 +461,52 @@ def test_a_rollout_past_its_progress_deadline_is_degraded(
     patch_spec(cluster_api, ns, "stuck", {"pools": [{"gpuClass": "H100", "replicas": 1}]})
     wait_for(lambda: _ready(cluster_api, ns, "stuck"), "Ready after the fix", 90, operator.log)
     assert condition(get_infd(cluster_api, ns, "stuck"), "Degraded")["status"] == "False"  # type: ignore[index]
+
+
+def test_canary_promotes_a_healthy_plan_and_rolls_back_a_broken_one(
+    cluster_api: Any, operator: OperatorProcess
+) -> None:
+    ns = "op-canary"
+    spec = _one_pool_spec(replicas=3)
+    spec["rollout"] = {"canaryReplicas": 1, "analysis": "4s", "progressDeadline": "3s"}
+    create_infd(cluster_api, ns, "can", spec)
+    wait_for(lambda: _ready(cluster_api, ns, "can"), "Ready", 60, operator.log)
+
+    def args(name: str) -> list[str]:
+        return list(_deployments(cluster_api, ns)[name].spec.template.spec.containers[0].args)
+
+    # A healthy new plan: one canary replica first, the three others stay on the old plan.
+    patch_spec(cluster_api, ns, "can", {"tuning": {"pin": {"blockSize": 64}}})
+
+    def in_canary() -> dict[str, Any] | None:
+        pools = get_infd(cluster_api, ns, "can").get("status", {}).get("pools", [])
+        return pools[0] if pools and pools[0]["phase"] == "Canary" else None
+
+    pool = wait_for(in_canary, "phase Canary", 60, operator.log)
+    assert pool["canary"]["deployment"] == "can-h100-canary" and pool["canary"]["revision"] == 2
+    assert "--block-size=64" in args("can-h100-canary")
+    assert "--block-size=32" in args("can-h100")
+    assert _deployments(cluster_api, ns)["can-h100-canary"].spec.replicas == 1
+    wait_for(lambda: "can-h100-canary" not in _deployments(cluster_api, ns)
+             and _ready(cluster_api, ns, "can"), "the canary promoted", 60, operator.log)
+    assert "--block-size=64" in args("can-h100")
+
+    # A broken plan (its pods cannot be scheduled): rolled back, the pool keeps 64.
+    patch_spec(cluster_api, ns, "can", {
+        "tuning": {"pin": {"blockSize": 128}},
+        "pools": [{"gpuClass": "H100", "replicas": 3,
+                   "nodeSelector": {"kvtune.io/test": "no-such-node"}}]})
+
+    def degraded() -> dict[str, Any] | None:
+        cond = condition(get_infd(cluster_api, ns, "can"), "Degraded")
+        return cond if cond and cond["status"] == "True" else None
+
+    cond = wait_for(degraded, "Degraded=True/CanaryFailed", 90, operator.log)
+    assert cond["reason"] == "CanaryFailed" and "rolled back" in cond["message"]
+    wait_for(lambda: "can-h100-canary" not in _deployments(cluster_api, ns),
+             "the canary deleted", 30, operator.log)
+    assert "--block-size=64" in args("can-h100")
+    pool = get_infd(cluster_api, ns, "can")["status"]["pools"][0]
+    assert pool["rejectedPlanHash"] == pool["planHash"]
+    reasons = {e.reason for e in client.CoreV1Api(cluster_api).list_namespaced_event(ns).items}
+    assert {"CanaryStarted", "CanaryPromoted", "CanaryRolledBack"} <= reasons
