@@ -80,8 +80,12 @@ def publish(report: dict[str, Any], env: dict[str, str] | None = None) -> str:
             return f"annotation {REPORT_ANNOTATION} on pod {namespace}/{pod_name}"
         except (OSError, urllib.error.URLError, RuntimeError) as err:
             failure = f"patching pod {namespace}/{pod_name} failed: {err}"
-    status_file.parent.mkdir(parents=True, exist_ok=True)
-    status_file.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    # Reporting is best effort: a read-only filesystem must not keep vLLM from starting.
+    try:
+        status_file.parent.mkdir(parents=True, exist_ok=True)
+        status_file.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    except OSError as err:
+        return f"nowhere: {failure}; writing {status_file} failed: {err}"
     return f"file {status_file} ({failure})"
 
 

@@ -428,3 +428,13 @@ def test_a_bad_reserve_setting_is_a_clear_error(tmp_path: Path) -> None:
     env = {"KVTUNE_PLAN": pool_plan("H200").model_dump_json(),
            "KVTUNE_CONTEXT_RESERVE_BYTES": "1GiB", "KVTUNE_STATUS_FILE": str(tmp_path / "r")}
     assert run([], env, [gpu(H200)], exec_fn=lambda f, a: None) == EXIT_BAD_PLAN
+
+
+def test_an_unwritable_report_does_not_stop_vllm(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    env = {"KVTUNE_PLAN": pool_plan("H200").model_dump_json(),
+           "KVTUNE_STATUS_FILE": str(blocker / "report.json")}  # a file as the parent dir
+    execs: list[Any] = []
+    assert run([], env, [gpu(H200)], exec_fn=lambda f, a: execs.append(a)) == 0
+    assert execs, "vLLM must still be exec'd"
