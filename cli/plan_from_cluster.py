@@ -125,13 +125,13 @@ def fetch(name: str, namespace: str, kubeconfig: str | None = None,
     from kubernetes.client.exceptions import ApiException
 
     try:
-        config.load_kube_config(config_file=kubeconfig, context=context)
+        config.load_kube_config(config_file=kubeconfig, context=context)  # type: ignore[no-untyped-call]
     except config.ConfigException:
-        config.load_incluster_config()
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
     api = client.CustomObjectsApi()
     try:
-        obj: dict[str, Any] = api.get_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, name)
+        got: Any = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        obj: dict[str, Any] = got
     except ApiException as err:
         if err.status == 404:
             raise NoRecommendation(

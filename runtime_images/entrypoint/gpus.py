@@ -6,6 +6,7 @@ of ``GpuInfo`` so the checks run (and are tested) on a machine without a GPU.
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -120,10 +121,9 @@ def _import_pynvml() -> Any:
     """pynvml (nvidia-ml-py), imported only at the real boundary; vLLM's vendored copy when
     the image lacks the package (vLLM ships ``vllm/third_party/pynvml.py``)."""
     try:
-        import pynvml
+        return importlib.import_module("pynvml")
     except ImportError:
-        from vllm.third_party import pynvml  # type: ignore[no-redef]
-    return pynvml
+        return importlib.import_module("vllm.third_party.pynvml")
 
 
 def _mig_enabled(nvml: Any, handle: Any) -> bool:
