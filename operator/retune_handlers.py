@@ -237,26 +237,34 @@ def retune_once(
     PROFILE_STALE.labels(namespace, name).set(0)
     PROFILE_LAST_SUCCESS.labels(namespace, name).set(now)
 
-    baseline = profile_from_status(previous.profile, declared_profile(spec.workload))
+    declared = declared_profile(spec.workload)
+    baseline = profile_from_status(previous.profile, declared)
+    observed = None
+    if result.trusted and result.profile is not None:
+        # Metrics cannot tell the workload's kind or whether requests re-send a conversation;
+        # those stay as declared, so this plan and any later re-plan from the stored profile
+        # (which the reconcile seam rebuilds on the declared one) agree.
+        observed = result.profile.model_copy(update={"kind": declared.kind,
+                                                     "multi_turn": declared.multi_turn})
     decision = retune.decide(
         now_seconds=now, baseline=baseline,
-        observed=result.profile if result.trusted else None,
+        observed=observed,
         untrusted_reason=result.message, state=state, settings=settings)
     reason, message, state = decision.reason, decision.message, decision.state
     rolled_out = False
     event_type: Literal["Normal", "Warning"] = "Normal"
-    if decision.action == "replan" and result.profile is not None:
+    if decision.action == "replan" and observed is not None:
         model = rec.resolve_model(spec, namespace, kube)
         policy = rec.policy_for(spec)
         changes: list[str] = []
         material = False
         for pool in spec.pools:
-            new_plan = rec.plan_one_pool(spec, pool, model, result.profile, policy).plan
+            new_plan = rec.plan_one_pool(spec, pool, model, observed, policy).plan
             matters, why = retune.plan_change_matters(plans.get(pool.pool_name), new_plan)
             material = material or matters
             changes.append(f"{pool.pool_name}: {', '.join(why)}")
         if material:
-            outcome = rec.reconcile(body, kube=kube, profile=result.profile,
+            outcome = rec.reconcile(body, kube=kube, profile=observed,
                                     profile_window=prom.window)
             rolled_out = True
             reason = retune.PLAN_CHANGED
