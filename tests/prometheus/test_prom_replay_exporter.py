@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from pathlib import Path
 
@@ -148,7 +149,8 @@ def test_kvtune_replay_command_serves_and_stops_on_sigterm() -> None:
     kvtune = Path(sys.executable).parent / "kvtune"
     proc = subprocess.Popen(
         [str(kvtune), "replay", "--trace", str(AZURE), "--speed", "50", "--port", "0",
-         "--model-name", "cli", "--config", "num_gpu_blocks=1234"],
+         "--model-name", "cli", "--config", "num_gpu_blocks=1234",
+         "--then", f"{MOONCAKE}@1"],
         stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert proc.stderr is not None
@@ -159,6 +161,17 @@ def test_kvtune_replay_command_serves_and_stops_on_sigterm() -> None:
             text = resp.read().decode()
         assert 'vllm:cache_config_info{' in text and 'num_gpu_blocks="1234"' in text
         assert 'model_name="cli"' in text
+        # --then TRACE@SECONDS switched the traffic after a second.
+        deadline = time.monotonic() + 20
+        state: dict[str, object] = {}
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(f"http://{match.group(1)}/control/state",
+                                        timeout=5) as resp:
+                state = json.load(resp)
+            if state["trace"] == MOONCAKE.name:
+                break
+            time.sleep(0.2)
+        assert state["trace"] == MOONCAKE.name, state
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
