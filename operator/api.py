@@ -114,6 +114,13 @@ class RuntimeSpec(_Model):
         default=None,
         description="A ConfigMap whose key holds a Jinja2 pod template replacing kvtune's own.",
     )
+    entrypoint: Literal["vllm", "kvtune"] = Field(
+        default="vllm",
+        description="vllm: the container runs `vllm serve` (any vLLM image). kvtune: it runs "
+                    "kvtune's runtime entrypoint (`python3 -m kvtune.runtime`, in kvtune's "
+                    "runtime images), which checks the GPU against the plan, sizes the memory "
+                    "fraction to what is free, reports to the pod, then execs `vllm serve`.",
+    )
 
 
 class DeclaredTokens(_Model):
@@ -406,6 +413,36 @@ class CanaryStatus(_Status):
     deployment: str
 
 
+class UtilizationStatus(_Status):
+    planned: float
+    actual: float
+
+
+class TokensStatus(_Status):
+    expected: int
+    actual: int
+
+
+class RuntimeStatus(_Status):
+    """What kvtune's runtime entrypoint found on the pool's pods running the current plan
+    (their ``kvtune.io/runtime-report`` annotations; ``spec.runtime.entrypoint: kvtune``).
+    Figures are the worst pod's: the smallest fraction and KV cache, the least free memory."""
+
+    pods: int  # pods of the pool running the current plan
+    reported_pods: int
+    started_pods: int = 0
+    refused_pods: int = 0
+    gpu_product: str | None = None  # NVML's product name, e.g. "NVIDIA H200"
+    gpu_memory_total_bytes: int | None = None
+    gpu_memory_free_bytes: int | None = None  # when the entrypoint looked, before vLLM
+    gpu_memory_utilization: UtilizationStatus | None = None
+    kv_cache_tokens: TokensStatus | None = None
+    refusal_reason: str | None = None
+    refusal: str | None = None  # the entrypoint's message: expected, found, the fix
+    message: str = ""
+    last_report_time: str | None = None
+
+
 class PoolStatus(_Status):
     name: str
     gpu_class: str
@@ -425,6 +462,7 @@ class PoolStatus(_Status):
     canary: CanaryStatus | None = None
     # A plan that failed its canary; kvtune does not try it again (another plan will be).
     rejected_plan_hash: str | None = None
+    runtime: RuntimeStatus | None = None
 
 
 class TokenQuantilesStatus(_Status):

@@ -57,6 +57,10 @@ class Kube:
         return client.PolicyV1Api(self.api_client)
 
     @property
+    def rbac(self) -> client.RbacAuthorizationV1Api:
+        return client.RbacAuthorizationV1Api(self.api_client)
+
+    @property
     def custom(self) -> client.CustomObjectsApi:
         return client.CustomObjectsApi(self.api_client)
 
@@ -113,6 +117,10 @@ def _patcher(kube: Kube, kind: str) -> Callable[..., Any]:
         "Deployment": kube.apps.patch_namespaced_deployment,
         "Service": kube.core.patch_namespaced_service,
         "PodDisruptionBudget": kube.policy.patch_namespaced_pod_disruption_budget,
+        # spec.runtime.entrypoint: kvtune (operator/runtime_access.py)
+        "ServiceAccount": kube.core.patch_namespaced_service_account,
+        "Role": kube.rbac.patch_namespaced_role,
+        "RoleBinding": kube.rbac.patch_namespaced_role_binding,
     }
     if kind not in patchers:
         raise ApplyError(f"kvtune does not apply objects of kind {kind!r}")
@@ -173,6 +181,13 @@ def rollout_done(deployment: Mapping[str, Any]) -> tuple[bool, str]:
     if available < want:
         return False, f"{available}/{want} replicas available"
     return True, f"{want}/{want} replicas updated and available"
+
+
+def list_pods(kube: Kube, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+    """The pods matching ``label_selector`` (the runtime reports are in their annotations)."""
+    items: list[dict[str, Any]] = _json(kube.core.list_namespaced_pod(
+        namespace, label_selector=label_selector, _preload_content=False)).get("items", [])
+    return items
 
 
 def delete_deployment(kube: Kube, namespace: str, name: str) -> bool:

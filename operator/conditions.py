@@ -17,7 +17,10 @@ PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
 # Set by the profiling module when the Prometheus profile is older than the window allows.
 PROFILE_STALE = "ProfileStale"
-CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, PROFILE_STALE)
+# Set from the runtime entrypoint's reports (spec.runtime.entrypoint: kvtune): whether the
+# pods run the plan as planned (operator/runtime_reports.py).
+RUNTIME_AS_PLANNED = "RuntimeAsPlanned"
+CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, PROFILE_STALE, RUNTIME_AS_PLANNED)
 
 # Reasons.
 ALL_POOLS_APPLIED = "AllPoolsApplied"  # Ready=True: every pool's runtime carries its plan
@@ -34,6 +37,11 @@ UNKNOWN_MODEL = "UnknownModel"
 INVALID_POD_TEMPLATE = "InvalidPodTemplate"  # the user's template renders no valid object
 APPLY_FAILED = "ApplyFailed"
 AS_EXPECTED = "AsExpected"  # Degraded=False
+# RuntimeAsPlanned: every reporting pod runs the plan's memory fraction (within 5 points).
+AS_PLANNED = "AsPlanned"
+AWAITING_REPORTS = "AwaitingRuntimeReports"  # Unknown: no pod of the current plan reported
+GPU_MEMORY_LOWERED = "GpuMemoryLowered"  # the runtime lowered the fraction: less KV cache
+RUNTIME_REFUSED = "RuntimeRefused"  # the runtime refused to start vLLM: the plan cannot fit
 
 
 def now_rfc3339() -> str:

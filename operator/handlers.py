@@ -9,7 +9,8 @@
   InferenceDeployment is reconciled at once (a new pool is noticed without waiting for the
   retry of a pool that had no nodes).
 - A timer follows rollouts into Progressing/Ready while Progressing is True; another
-  re-reads the ConfigMaps a spec references (pod template, config.json) every minute.
+  re-reads the ConfigMaps a spec references (pod template, config.json) every minute; with
+  ``spec.runtime.entrypoint: kvtune`` a third reads the runtime's reports from the pods.
 
 kopf keeps its bookkeeping in annotations under ``kvtune.io`` (not in status, whose schema
 kvtune owns and the API server prunes).
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import kopf
-from kvtune.operator import api, metrics
+from kvtune.operator import api, metrics, runtime_reports
 from kvtune.operator import apply as kapply
 from kvtune.operator import pools as gpu_pools
 from kvtune.operator import reconcile as rec
@@ -35,6 +36,8 @@ ROLLOUT_POLL_SECONDS = 2.0
 # ConfigMaps a spec references (model config.json, pod template) are re-read this often, so
 # an edit takes effect without a spec change (and without list/watch on every ConfigMap).
 CONFIGMAP_RESYNC_SECONDS = float(os.environ.get("KVTUNE_CONFIGMAP_RESYNC_SECONDS", "60"))
+# How often the pods' runtime reports are read (a pod reports once, when it starts).
+RUNTIME_REPORT_SECONDS = float(os.environ.get("KVTUNE_RUNTIME_REPORT_SECONDS", "15"))
 LOG = logging.getLogger("kvtune.operator")
 
 
@@ -86,7 +89,8 @@ class _QuietWatchSuccess(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         return not (message.startswith(("Handler 'gpu-inventory'", "Timer 'rollout'",
-                                        "Timer 'referenced-configmaps'"))
+                                        "Timer 'referenced-configmaps'",
+                                        "Timer 'runtime-reports'"))
                     and "succeeded" in message)
 
 
@@ -173,6 +177,20 @@ def resync_config_maps(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
     """Reconcile again: an edited template or config.json changes the rendered objects (a
     no-op apply when nothing changed)."""
     _run(body, memo, logger, "configmap")
+
+
+def _uses_kvtune_entrypoint(spec: kopf.Spec, **_: Any) -> bool:
+    return (spec.get("runtime") or {}).get("entrypoint") == "kvtune"
+
+
+@kopf.timer(*RESOURCE, id="runtime-reports", interval=RUNTIME_REPORT_SECONDS,
+            when=_uses_kvtune_entrypoint)
+def read_runtime_reports(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """The runtime entrypoint's reports (pod annotations) into status.pools[].runtime: a
+    timer listing the pools' pods by label, not a pod watch, so the operator needs no watch
+    on pods and a report written while it was down is still read."""
+    for event in runtime_reports.refresh(body, kube=memo.kube):
+        kapply.post_event(memo.kube, body, event.type, event.reason, event.message)
 
 
 @kopf.on.event("", "v1", "nodes", id="gpu-inventory")

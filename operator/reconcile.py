@@ -55,6 +55,7 @@ from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
 
 NO_NODES_RETRY_SECONDS = 30.0
+RUNTIME_ACCESS_KINDS = ("ServiceAccount", "Role", "RoleBinding")
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,11 @@ def _dump(status: InferenceDeploymentStatus) -> dict[str, Any]:
     return data
 
 
+def dump_status(status: InferenceDeploymentStatus) -> dict[str, Any]:
+    """Status as written to the API (camelCase, no nulls): what "changed" compares."""
+    return _dump(status)
+
+
 def _previous_status(body: Mapping[str, Any]) -> InferenceDeploymentStatus:
     raw = dict(body.get("status") or {})
     try:
@@ -309,6 +315,9 @@ def _reconcile_locked(
         status = previous.model_copy(update={"observed_generation": generation,
                                              "conditions": conditions})
         return finish(status, permanent_error=message)
+
+    if spec.runtime.entrypoint != "kvtune":  # no runtime reports without kvtune's entrypoint
+        conditions = [c for c in conditions if c.type != cond.RUNTIME_AS_PLANNED]
 
     mode = spec.tuning.mode
     if mode == "off":
@@ -419,6 +428,8 @@ def _reconcile_pool(
         else [], plan_hash=prev.plan_hash if prev else None, revision=prev.revision if prev
         else 0, canary=prev.canary if prev else None,
         rejected_plan_hash=prev.rejected_plan_hash if prev else None,
+        # What the runtime reported is refreshed by the runtime-reports timer only.
+        runtime=prev.runtime if prev and spec.runtime.entrypoint == "kvtune" else None,
     )
 
     def failed(reason: str, message: str) -> _PoolOutcome:
@@ -442,7 +453,7 @@ def _reconcile_pool(
     inp = RenderInput(
         name=meta["name"], namespace=meta["namespace"], pool=pool.pool_name,
         pool_plan=pool_plan, model_name=spec.model.name, image=spec.runtime.image,
-        replicas=pool.replicas, revision=revision,
+        replicas=pool.replicas, revision=revision, entrypoint=spec.runtime.entrypoint,
         progress_deadline_seconds=(spec.rollout or RolloutSpec()).progress_deadline_seconds(),
         node_selector=dict(pool.node_selector or {}),
         tolerations=[t.model_dump(by_alias=True, exclude_none=True)
@@ -527,7 +538,10 @@ def _reconcile_pool(
         canary_status = prev_canary
         if decision.action == "start":
             try:
-                kapply.apply_pool(kube, [canary.canary_objects(
+                # The runtime's ServiceAccount/Role/RoleBinding (entrypoint kvtune) too: the
+                # canary pods run as it.
+                access = [o for o in objects if o["kind"] in RUNTIME_ACCESS_KINDS]
+                kapply.apply_pool(kube, [*access, canary.canary_objects(
                     objects, name=canary_name, replicas=rollout.canary_replicas)], body)
             except kapply.ApplyError as exc:
                 return failed(cond.APPLY_FAILED, f"pool {pool.pool_name} canary: {exc}")

@@ -18,6 +18,7 @@ from typing import Any
 import jinja2
 import yaml
 from jinja2.sandbox import SandboxedEnvironment
+from kvtune.operator import runtime_access
 from kvtune.tuner.plan import PoolPlan
 
 FIELD_MANAGER = "kvtune"
@@ -53,6 +54,9 @@ class RenderInput:
     command: tuple[str, ...] = DEFAULT_COMMAND
     pod_template: str | None = None  # the user's Jinja2 pod template, if any
     progress_deadline_seconds: int = 1800
+    # "kvtune": the container runs kvtune's runtime entrypoint (which execs vllm) as a
+    # ServiceAccount that may annotate its pod; ``command`` is then ignored.
+    entrypoint: str = "vllm"
 
 
 def object_name(name: str, pool: str) -> str:
@@ -62,6 +66,11 @@ def object_name(name: str, pool: str) -> str:
         return full
     digest = hashlib.sha256(full.encode()).hexdigest()[:8]
     return f"{full[: _MAX_NAME - 9].rstrip('-')}-{digest}"
+
+
+def runtime_service_account(name: str) -> str:
+    """The runtime pods' ServiceAccount (and Role, RoleBinding): ``<name>-runtime``."""
+    return object_name(name, "runtime")
 
 
 def plan_hash(pool_plan: PoolPlan, image: str) -> str:
@@ -143,7 +152,10 @@ def _check_pod_template(obj: Any, where: str) -> dict[str, Any]:
 
 
 def render_pool(inp: RenderInput) -> list[dict[str, Any]]:
-    """Deployment, Service and PodDisruptionBudget of one pool, in apply order."""
+    """Deployment, Service and PodDisruptionBudget of one pool, in apply order; with
+    ``entrypoint="kvtune"`` the runtime's ServiceAccount, Role and RoleBinding first (the
+    same for every pool of the InferenceDeployment: applying them twice is a no-op)."""
+    kvtune_entrypoint = inp.entrypoint == "kvtune"
     name = object_name(inp.name, inp.pool)
     hash_ = plan_hash(inp.pool_plan, inp.image)
     selector = {LABEL_DEPLOYMENT: inp.name, LABEL_POOL: inp.pool}
@@ -170,7 +182,8 @@ def render_pool(inp: RenderInput) -> list[dict[str, Any]]:
         "gpu_class": inp.pool_plan.gpu_class,
         "model": inp.model_name,
         "image": inp.image,
-        "command": list(inp.command),
+        "command": list(runtime_access.ENTRYPOINT_COMMAND if kvtune_entrypoint
+                        else inp.command),
         "args": vllm_args(inp),
         "plan_args": inp.pool_plan.plan.vllm_args(),
         "plan": inp.pool_plan.plan.model_dump(mode="json"),
@@ -205,9 +218,16 @@ def render_pool(inp: RenderInput) -> list[dict[str, Any]]:
     else:
         pod = _check_pod_template(
             _render_yaml(_template_text("pod.yaml.j2"), "pod.yaml.j2", context), "pod.yaml.j2")
+    access: list[dict[str, Any]] = []
+    if kvtune_entrypoint:
+        account = runtime_service_account(inp.name)
+        runtime_access.use_runtime_access(pod, account)
+        access = runtime_access.runtime_access_objects(account, inp.namespace, {
+            k: v for k, v in labels.items() if k.startswith("app.kubernetes.io/")
+            or k == LABEL_DEPLOYMENT})
     context["pod_template"] = pod
     objects = [
         _render_yaml(_template_text(t), t, context)
         for t in ("deployment.yaml.j2", "service.yaml.j2", "pdb.yaml.j2")
     ]
-    return objects
+    return access + objects

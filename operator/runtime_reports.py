@@ -1,0 +1,182 @@
+"""Expected vs actual: what kvtune's runtime entrypoint reported from each pool's pods.
+
+With ``spec.runtime.entrypoint: kvtune`` every vLLM pod's entrypoint checks the GPU through
+NVML, sizes the memory fraction to the memory really free, and patches its decisions into
+its own pod's ``kvtune.io/runtime-report`` annotation (``kvtune.runtime.report``). The
+runtime-reports timer (``operator/handlers.py``) reads them back here into
+``status.pools[].runtime`` and the ``RuntimeAsPlanned`` condition, and posts an Event when a
+pool's runtime refused to start or lowered the fraction materially.
+
+``summarize`` and ``finding`` are pure; ``refresh`` reads pods and patches status (only when
+it changed, with a resourceVersion precondition, like the rollout timer).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from kvtune.operator import apply as kapply
+from kvtune.operator import conditions as cond
+from kvtune.operator import reconcile as rec
+from kvtune.operator.api import PoolStatus, RuntimeStatus, TokensStatus, UtilizationStatus
+from kvtune.operator.render import ANNOTATION_PLAN_HASH, LABEL_DEPLOYMENT, LABEL_POOL
+
+# The entrypoint's own constant (kvtune.runtime.report.REPORT_ANNOTATION); not imported, so
+# the operator does not depend on the runtime package.
+REPORT_ANNOTATION = "kvtune.io/runtime-report"
+# A fraction lowered by more than this (5 points of GPU memory), or a KV cache smaller than
+# planned by more than this share, is worth an Event: the pool serves fewer sequences.
+MATERIAL_UTILIZATION_DROP = 0.05
+MATERIAL_TOKEN_SHORTFALL = 0.05
+GIB = 1024**3
+
+
+def _report(pod: Mapping[str, Any]) -> dict[str, Any] | None:
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(REPORT_ANNOTATION)
+    if not raw:
+        return None
+    try:
+        report = json.loads(raw)
+    except ValueError:
+        return None
+    return report if isinstance(report, dict) else None
+
+
+def _tokens(n: int) -> str:
+    return f"{n / 1e6:.2f}M" if n >= 1_000_000 else f"{n}"
+
+
+def summarize(pods: list[Mapping[str, Any]], plan_hash: str | None) -> RuntimeStatus | None:
+    """The reports of the pods running ``plan_hash`` (others are old or canary pods of
+    another plan); None when no such pod exists. Figures are the worst pod's."""
+    current = sorted(
+        (p for p in pods
+         if not (p.get("metadata") or {}).get("deletionTimestamp")
+         and ((p.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_PLAN_HASH)
+         == plan_hash),
+        key=lambda p: str(p["metadata"].get("name")))
+    if not current:
+        return None
+    reports = [(p["metadata"]["name"], r) for p in current if (r := _report(p)) is not None]
+    started = [r for _, r in reports if r.get("started") is True]
+    refused = [(n, r) for n, r in reports if r.get("started") is False]
+    gpus = [g for r in started for g in r.get("gpus") or [] if isinstance(g, dict)]
+    utils = [r["gpuMemoryUtilization"] for r in started
+             if isinstance(r.get("gpuMemoryUtilization"), dict)]
+    tokens = [r["kvCacheTokens"] for r in started if isinstance(r.get("kvCacheTokens"), dict)]
+    util = None if not utils else UtilizationStatus(
+        planned=float(utils[0]["planned"]), actual=min(float(u["actual"]) for u in utils))
+    kv = None if not tokens else TokensStatus(
+        expected=int(tokens[0]["expected"]), actual=min(int(t["actual"]) for t in tokens))
+    parts = [f"{len(reports)}/{len(current)} pod(s) reported"]
+    if gpus:
+        parts.append(f"{gpus[0].get('name')}, "
+                     f"{min(int(g['freeBytes']) for g in gpus) / GIB:.1f} GiB free of "
+                     f"{min(int(g['totalBytes']) for g in gpus) / GIB:.1f} GiB")
+    if util is not None:
+        parts.append(f"gpu-memory-utilization {util.actual:.4g} (planned {util.planned:.4g})")
+    if kv is not None:
+        parts.append(f"KV cache {_tokens(kv.actual)} tokens (expected {_tokens(kv.expected)})")
+    if refused:
+        parts.append(f"{len(refused)} refused to start")
+    times = [str(r["time"]) for _, r in reports if r.get("time")]
+    return RuntimeStatus(
+        pods=len(current), reported_pods=len(reports), started_pods=len(started),
+        refused_pods=len(refused),
+        gpu_product=str(gpus[0].get("name")) if gpus else None,
+        gpu_memory_total_bytes=min(int(g["totalBytes"]) for g in gpus) if gpus else None,
+        gpu_memory_free_bytes=min(int(g["freeBytes"]) for g in gpus) if gpus else None,
+        gpu_memory_utilization=util, kv_cache_tokens=kv,
+        refusal_reason=str(refused[0][1].get("reason")) if refused else None,
+        refusal=(f"pod {refused[0][0]}: {refused[0][1].get('message')}" if refused else None),
+        message="; ".join(parts), last_report_time=max(times) if times else None,
+    )
+
+
+def finding(pool: str, runtime: RuntimeStatus | None) -> tuple[str, str] | None:
+    """(reason, message) when the pool's runtime did not run the plan as planned."""
+    if runtime is None:
+        return None
+    if runtime.refused_pods:
+        return cond.RUNTIME_REFUSED, (
+            f"pool {pool}: {runtime.refused_pods}/{runtime.pods} pod(s) refused to start vLLM "
+            f"({runtime.refusal_reason}): {runtime.refusal}")
+    util, kv = runtime.gpu_memory_utilization, runtime.kv_cache_tokens
+    lowered = util is not None and util.planned - util.actual > MATERIAL_UTILIZATION_DROP
+    short = kv is not None and kv.expected > 0 and \
+        kv.actual < kv.expected * (1 - MATERIAL_TOKEN_SHORTFALL)
+    if not (lowered or short):
+        return None
+    what = (f"lowered gpu-memory-utilization from {util.planned:.4g} to {util.actual:.4g}"
+            if util is not None and lowered else "shrank the KV cache")
+    free = "" if runtime.gpu_memory_free_bytes is None else (
+        f" ({runtime.gpu_product}: {runtime.gpu_memory_free_bytes / GIB:.1f} GiB free of "
+        f"{(runtime.gpu_memory_total_bytes or 0) / GIB:.1f} GiB)")
+    held = "" if kv is None else (
+        f"; the KV cache holds {kv.actual} tokens, {kv.actual / max(kv.expected, 1):.0%} of "
+        f"the {kv.expected} planned")
+    return cond.GPU_MEMORY_LOWERED, (
+        f"pool {pool}: the runtime {what}: less GPU memory was free than the plan assumed"
+        f"{free}{held}. Fix: free the GPUs (another process holds memory), or pin "
+        f"spec.tuning.pin.gpuMemoryUtilization to what is free so the plan is made for it")
+
+
+def runtime_condition(pools: list[PoolStatus]) -> tuple[str, str, str]:
+    """(status, reason, message) of RuntimeAsPlanned over every pool."""
+    findings = [f for p in pools if (f := finding(p.name, p.runtime)) is not None]
+    if findings:
+        refused = [m for r, m in findings if r == cond.RUNTIME_REFUSED]
+        reason = cond.RUNTIME_REFUSED if refused else cond.GPU_MEMORY_LOWERED
+        return "False", reason, " | ".join(m for _, m in findings)
+    reported = [p for p in pools if p.runtime is not None and p.runtime.reported_pods]
+    if not reported:
+        return "Unknown", cond.AWAITING_REPORTS, "no pod of the current plans has reported yet"
+    return "True", cond.AS_PLANNED, " | ".join(
+        f"{p.name}: {p.runtime.message}" for p in reported if p.runtime is not None)
+
+
+def refresh(body: Mapping[str, Any], *, kube: kapply.Kube,
+            now: str | None = None) -> list[rec.Event]:
+    """Read the reports of every pool's pods into status; returns the Events to post (a
+    refusal or a material lowering that was not in status before)."""
+    meta = body["metadata"]
+    with rec.object_lock(meta["namespace"], meta["name"]):
+        fresh = kapply.read_inference_deployment(kube, meta["namespace"], meta["name"])
+        if fresh is None:
+            return []
+        return _refresh_locked(fresh, kube=kube, now=now)
+
+
+def _refresh_locked(body: Mapping[str, Any], *, kube: kapply.Kube,
+                    now: str | None) -> list[rec.Event]:
+    meta = body["metadata"]
+    if ((body.get("spec") or {}).get("runtime") or {}).get("entrypoint") != "kvtune":
+        return []
+    previous = rec.status_of(body)
+    if previous.mode != "auto" or not previous.pools:
+        return []
+    pools, events = [], []
+    for pool in previous.pools:
+        runtime = pool.runtime
+        if pool.phase in ("Applied", "Canary") and pool.plan_hash:
+            pods = kapply.list_pods(kube, meta["namespace"],
+                                    f"{LABEL_DEPLOYMENT}={meta['name']},{LABEL_POOL}={pool.name}")
+            runtime = summarize(pods, pool.plan_hash)
+        before, after = finding(pool.name, pool.runtime), finding(pool.name, runtime)
+        if after is not None and after != before:
+            events.append(rec.Event("Warning", after[0], after[1]))
+        pools.append(pool.model_copy(update={"runtime": runtime}))
+    status_, reason, message = runtime_condition(pools)
+    conditions = cond.set_condition(previous.conditions, cond.RUNTIME_AS_PLANNED, status_,
+                                    reason, message, generation=previous.observed_generation,
+                                    now=now)
+    status = previous.model_copy(update={"pools": pools, "conditions": conditions})
+    new = rec.dump_status(status)
+    if new == rec.dump_status(previous):
+        return []
+    written = kapply.patch_status(kube, meta["namespace"], meta["name"],
+                                  rec.merge_patch(dict(body.get("status") or {}), new),
+                                  resource_version=meta.get("resourceVersion"))
+    return events if written else []
