@@ -270,3 +270,43 @@ def test_each_alert_fires_on_its_symptom_and_stays_quiet_when_healthy(tmp_path: 
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS" in proc.stdout + proc.stderr
+
+
+def test_rules_evaluate_live_on_the_replayed_vllm_series(tmp_path: Path) -> None:
+    """The rendered rules loaded into a real Prometheus scraping the replay exporter: the
+    capacity rule goes pending when vLLM's num_gpu_blocks is far from the plan's, the TTFT
+    burn recording rules produce values, and a healthy rule stays quiet."""
+    import json
+    import urllib.request
+
+    from kvtune.e2e.prometheus import running_prometheus
+    from kvtune.e2e.replay_exporter import Replay, ReplayServer
+    from kvtune.e2e.replay_instance import InstanceConfig
+
+    data = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+    body = copy.deepcopy(BODY)
+    body["status"]["pools"][0]["expected"]["numGpuBlocks"] = 30000  # replay runs 60000
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump(alerts.rule_file(alerts.inputs_from_body(body))))
+    server = ReplayServer(Replay(InstanceConfig(model_name=MODEL),
+                                 data / "AzureLLMInferenceTrace_conv.csv", speed=20.0), port=0)
+    server.start()
+    try:
+        with running_prometheus(rule_files=[rules]) as prom:
+            prom.set_targets([server.target],
+                             labels={"namespace": NS, "pod": f"{NAME}-h200-5c7d-q8"})
+            prom.wait_for('ALERTS{alertname="KVCacheCapacityOffPlan",alertstate="pending"}',
+                          timeout_seconds=60)
+            prom.wait_for(f'kvtune:ttft_slo_errors:ratio_rate5m{{kvtune_deployment="{NAME}"}}',
+                          timeout_seconds=60)
+            with urllib.request.urlopen(f"{prom.url}/api/v1/alerts", timeout=5) as resp:
+                active = json.load(resp)["data"]["alerts"]
+            names = {a["labels"]["alertname"] for a in active}
+            capacity = next(a for a in active
+                            if a["labels"]["alertname"] == "KVCacheCapacityOffPlan")
+            assert capacity["labels"]["num_gpu_blocks"] == "60000"
+            assert "expects 30000" in capacity["annotations"]["description"]
+            # Azure at 20x on a 60,000-block cache is far from saturated.
+            assert "KVCacheSaturated" not in names
+    finally:
+        server.stop()
