@@ -30,6 +30,23 @@ object is new), prune by label (list, delete); the rollout timer reads Deploymen
   verbs: [list, create, patch, delete]
 {{- end -}}
 
+{{/* spec.runtime.entrypoint: kvtune. The operator applies a ServiceAccount, Role and
+RoleBinding per InferenceDeployment so the runtime entrypoint can annotate its own pod with
+its report. Kubernetes lets a subject create (and bind) a Role only with permissions it holds
+itself, hence get/patch on pods, which the operator never calls; list on pods is the
+runtime-reports timer reading those annotations back. */}}
+{{- define "kvtune.rules.runtime" -}}
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  verbs: [create, patch]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [create, patch]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, patch]
+{{- end -}}
+
 {{/* Each InferenceDeployment's alert rules (SLO, KV cache), server-side applied by the
 retune timer when the Prometheus operator's API is served. */}}
 {{- define "kvtune.rules.alerting" -}}
