@@ -1,0 +1,251 @@
+"""spec.runtime.entrypoint: kvtune against the real control plane: the operator renders the
+runtime's ServiceAccount/Role/RoleBinding, and the runtime entrypoint's own code, authenticated
+as that ServiceAccount (a TokenRequest token), reports into its pod; the operator shows
+expected vs actual in status and posts an Event.
+
+kwok makes the pods Running but no container runs, so the test plays the runtime's part: it
+calls ``kvtune.runtime.__main__.run`` (the entrypoint without the NVML read and the exec) with
+the rendered container's args and KVTUNE_PLAN, the pod's downward-API values, a service
+account directory holding the token, and GPUs read through the fake NVML of the entrypoint's
+packaging tests."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import importlib.util
+import json
+import sys
+import urllib.error
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from kvtune.runtime import __main__ as entrypoint_main
+from kvtune.runtime import gpus, report
+from op_cluster_helpers import (
+    OperatorProcess,
+    condition,
+    create_infd,
+    ensure_namespace,
+    get_infd,
+    install_crd,
+    wait_for,
+)
+from op_samples import SAMPLE_SPEC
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+NS, OTHER_NS = "op-runtime", "op-runtime-other"
+NAME = "chat"
+MIB, GIB = 1024**2, 1024**3
+H200_TOTAL = 143771 * MIB
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _fake_nvml() -> Any:
+    """The FakeNvml class of tests/packaging/test_pkg_runtime_entrypoint.py."""
+    path = REPO / "tests/packaging/test_pkg_runtime_entrypoint.py"
+    spec = importlib.util.spec_from_file_location("_kvtune_pkg_entrypoint_fakes", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.FakeNvml
+
+
+@pytest.fixture(scope="module")
+def cluster_api(local_cluster: Any) -> Any:
+    api = local_cluster.api_client()
+    install_crd(api)
+    for ns in (NS, OTHER_NS):
+        ensure_namespace(api, ns)
+    return api
+
+
+@pytest.fixture(scope="module")
+def operator(local_cluster: Any, cluster_api: Any,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    log = Path(tmp_path_factory.mktemp("operator-runtime")) / "operator.log"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KVTUNE_RUNTIME_REPORT_SECONDS", "1")
+        proc = OperatorProcess(Path(local_cluster.kubeconfig_path), [NS], log)
+        proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def running(cluster_api: Any, operator: OperatorProcess) -> dict[str, Any]:
+    """The InferenceDeployment with entrypoint kvtune, Ready, and its one pod."""
+    spec = copy.deepcopy(SAMPLE_SPEC)
+    spec["pools"] = [{"gpuClass": "H200", "replicas": 1, "tensorParallel": 1}]
+    spec.pop("rollout")
+    spec["runtime"] = {"entrypoint": "kvtune",
+                       "image": "ghcr.io/kvtune/kvtune-vllm-h200:0.1.0-vllm0.33.0"}
+    create_infd(cluster_api, NS, NAME, spec)
+
+    def ready() -> dict[str, Any] | None:
+        obj = get_infd(cluster_api, NS, NAME)
+        c = condition(obj, "Ready")
+        return obj if c and c["status"] == "True" else None
+
+    obj = wait_for(ready, "Ready=True with entrypoint kvtune", 120, operator.log)
+    pods = wait_for(lambda: [p for p in client.CoreV1Api(cluster_api).list_namespaced_pod(
+        NS, label_selector=f"kvtune.io/deployment={NAME}").items
+        if p.status.phase == "Running"], "a Running pod", 60, operator.log)
+    return {"infd": obj, "pod": pods[0]}
+
+
+def _token(api: Any, namespace: str, service_account: str) -> str:
+    """A token of the ServiceAccount (TokenRequest API), as the kubelet would mount it."""
+    got = client.CoreV1Api(api).create_namespaced_service_account_token(
+        service_account, namespace, {"spec": {"expirationSeconds": 3600}})
+    return str(got.status.token)
+
+
+def _ca_pem(kubeconfig: Path) -> bytes:
+    cfg = yaml.safe_load(kubeconfig.read_text())
+    return base64.b64decode(cfg["clusters"][0]["cluster"]["certificate-authority-data"])
+
+
+def _service_account_dir(tmp: Path, local_cluster: Any, token: str, namespace: str) -> Path:
+    sa_dir = tmp / "serviceaccount"
+    sa_dir.mkdir(parents=True, exist_ok=True)
+    (sa_dir / "token").write_text(token)
+    (sa_dir / "namespace").write_text(namespace)
+    (sa_dir / "ca.crt").write_bytes(_ca_pem(Path(local_cluster.kubeconfig_path)))
+    return sa_dir
+
+
+def _run_entrypoint(pod: Any, sa_dir: Path, server: str, tmp: Path, free_bytes: int) -> int:
+    """The entrypoint as the pod would run it, up to (not including) exec'ing vllm."""
+    container = pod.spec.containers[0]
+    env_of = {e.name: e.value for e in container.env if e.value is not None}
+    host, port = server.removeprefix("https://").rsplit(":", 1)
+    env = {
+        "KVTUNE_PLAN": env_of["KVTUNE_PLAN"],
+        # The downward API's values for this pod.
+        "POD_NAME": pod.metadata.name, "POD_NAMESPACE": pod.metadata.namespace,
+        "KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port,
+        "KVTUNE_SERVICEACCOUNT_DIR": str(sa_dir),
+        "KVTUNE_STATUS_FILE": str(tmp / "runtime-report.json"),
+        "KVTUNE_DRY_RUN": "1",
+    }
+    fake = _fake_nvml()([("NVIDIA H200", H200_TOTAL, free_bytes, (9, 0))])
+    found = gpus.read_gpus(fake)
+    return entrypoint_main.run(list(container.args), env, found,
+                               exec_fn=lambda *_: pytest.fail("exec'd"))
+
+
+def _runtime(api: Any) -> dict[str, Any] | None:
+    pools = (get_infd(api, NS, NAME).get("status") or {}).get("pools") or []
+    return pools[0].get("runtime") if pools else None
+
+
+def _events(api: Any, reason: str) -> list[Any]:
+    return [e for e in client.CoreV1Api(api).list_namespaced_event(NS).items
+            if e.involved_object.name == NAME and e.reason == reason]
+
+
+def test_runtime_access_objects_are_rendered_and_owned(cluster_api: Any,
+                                                       running: dict[str, Any]) -> None:
+    sa_name = f"{NAME}-runtime"
+    owner_uid = running["infd"]["metadata"]["uid"]
+    core, rbac = client.CoreV1Api(cluster_api), client.RbacAuthorizationV1Api(cluster_api)
+    for obj in (core.read_namespaced_service_account(sa_name, NS),
+                rbac.read_namespaced_role(sa_name, NS),
+                rbac.read_namespaced_role_binding(sa_name, NS)):
+        assert [o.uid for o in obj.metadata.owner_references] == [owner_uid]
+    role = rbac.read_namespaced_role(sa_name, NS)
+    assert [(r.api_groups, r.resources, r.verbs) for r in role.rules] == [
+        ([""], ["pods"], ["get", "patch"])]
+    pod = running["pod"]
+    assert pod.spec.service_account_name == sa_name
+    assert pod.spec.containers[0].command == ["python3", "-m", "kvtune.runtime"]
+    assert {e.name for e in pod.spec.containers[0].env} >= {"KVTUNE_PLAN", "POD_NAME",
+                                                            "POD_NAMESPACE"}
+
+
+def test_the_runtimes_report_shows_as_expected_vs_actual(
+    local_cluster: Any, cluster_api: Any, running: dict[str, Any], operator: OperatorProcess,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A refusal also writes the container's termination message: keep it in tmp_path.
+    monkeypatch.setattr(entrypoint_main, "write_termination_message",
+                        lambda message: (tmp_path / "termination-log").write_text(message))
+    pod = running["pod"]
+    planned = running["infd"]["status"]["pools"][0]
+    util = planned["plan"]["gpuMemoryUtilization"]
+    token = _token(cluster_api, NS, f"{NAME}-runtime")
+    sa_dir = _service_account_dir(tmp_path, local_cluster, token, NS)
+
+    # 1. Another process holds GPU memory: 10 points less free than the plan asks for.
+    free = int(H200_TOTAL * (util - 0.10)) + GIB
+    assert _run_entrypoint(pod, sa_dir, local_cluster.server, tmp_path, free) == 0
+    assert not (tmp_path / "runtime-report.json").exists(), "fell back to the status file"
+    annotations = client.CoreV1Api(cluster_api).read_namespaced_pod(
+        pod.metadata.name, NS).metadata.annotations
+    assert json.loads(annotations[report.REPORT_ANNOTATION])["started"] is True
+
+    runtime = wait_for(lambda: (r := _runtime(cluster_api)) and r.get("reportedPods") == 1
+                       and r, "status.pools[0].runtime", 30, operator.log)
+    assert runtime["pods"] == 1 and runtime["startedPods"] == 1
+    assert runtime["gpuProduct"] == "NVIDIA H200"
+    assert runtime["gpuMemoryTotalBytes"] == H200_TOTAL
+    assert runtime["gpuMemoryFreeBytes"] == free
+    assert runtime["gpuMemoryUtilization"]["planned"] == util
+    assert util - 0.11 <= runtime["gpuMemoryUtilization"]["actual"] <= util - 0.09
+    assert runtime["kvCacheTokens"]["expected"] == planned["expected"]["kvCacheTokens"]
+    assert 0 < runtime["kvCacheTokens"]["actual"] < runtime["kvCacheTokens"]["expected"]
+    obj = get_infd(cluster_api, NS, NAME)
+    c = condition(obj, "RuntimeAsPlanned")
+    assert c is not None and (c["status"], c["reason"]) == ("False", "GpuMemoryLowered")
+    assert "lowered gpu-memory-utilization" in c["message"]
+    assert condition(obj, "Ready")["status"] == "True"  # type: ignore[index]
+    wait_for(lambda: _events(cluster_api, "GpuMemoryLowered"), "a GpuMemoryLowered Event", 30,
+             operator.log)
+
+    # 2. The pod restarts on a GPU with almost nothing free: the runtime refuses.
+    free = planned["expected"]["kvBytesPerToken"] + 1 * GIB  # not even one sequence fits
+    assert _run_entrypoint(pod, sa_dir, local_cluster.server, tmp_path, free) == \
+        entrypoint_main.EXIT_REFUSED
+    runtime = wait_for(lambda: (r := _runtime(cluster_api)) and r.get("refusedPods") == 1
+                       and r, "a refusal in status", 30, operator.log)
+    assert runtime["refusalReason"] == "InsufficientGpuMemory"
+    assert "Fix:" in runtime["refusal"]
+    c = condition(get_infd(cluster_api, NS, NAME), "RuntimeAsPlanned")
+    assert c is not None and (c["status"], c["reason"]) == ("False", "RuntimeRefused")
+    wait_for(lambda: _events(cluster_api, "RuntimeRefused"), "a RuntimeRefused Event", 30,
+             operator.log)
+    # Events are posted when the finding changes, not on every timer tick.
+    assert len(_events(cluster_api, "GpuMemoryLowered")) == 1
+
+
+def test_the_runtimes_token_cannot_patch_pods_elsewhere(
+    local_cluster: Any, cluster_api: Any, running: dict[str, Any],
+) -> None:
+    core = client.CoreV1Api(cluster_api)
+    try:
+        core.create_namespaced_pod(OTHER_NS, {
+            "metadata": {"name": "bystander"},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    token = _token(cluster_api, NS, f"{NAME}-runtime")
+    ca = Path(local_cluster.kubeconfig_path).parent / "runtime-sa-ca.crt"
+    ca.write_bytes(_ca_pem(Path(local_cluster.kubeconfig_path)))
+    for namespace, pod, allowed in ((NS, running["pod"].metadata.name, True),
+                                    (OTHER_NS, "bystander", False)):
+        call = dict(report={"started": True}, api_base_url=local_cluster.server,
+                    namespace=namespace, pod_name=pod, token=token, ca_file=str(ca))
+        if allowed:
+            report.patch_pod_annotation(**call)  # type: ignore[arg-type]
+            continue
+        with pytest.raises(urllib.error.HTTPError) as err:
+            report.patch_pod_annotation(**call)  # type: ignore[arg-type]
+        assert err.value.code == 403
