@@ -26,9 +26,10 @@ from kvtune.e2e.errors import ClusterError, log_tail
 REPO = Path(__file__).resolve().parents[1]
 CRD_DIR = REPO / "crds"
 EXAMPLE = REPO / "examples" / "support-bot.yaml"
-# A real conversation trace (Azure, CC BY 4.0; see shared/data/SOURCES.md) for the traffic step.
+# A real conversation trace (Azure, CC BY 4.0; see examples/traces/SOURCES.md) for the traffic
+# step, shipped in the repository so the demo needs nothing beside it.
 DEFAULT_TRACE = Path(os.environ.get(
-    "KVTUNE_DEMO_TRACE", REPO.parent / "shared" / "data" / "AzureLLMInferenceTrace_conv.csv"
+    "KVTUNE_DEMO_TRACE", REPO / "examples" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 ))
 TRAFFIC_SPEED = 10.0  # trace seconds per wall second
 PROFILE_WINDOW_SECONDS = 30

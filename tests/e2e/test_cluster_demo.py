@@ -27,15 +27,15 @@ def test_demo_prints_plans_per_pool_and_pods_on_their_gpu_class(tmp_path: Path) 
     assert "established: inferencedeployments.kvtune.io" in out
     assert re.search(r"\[5/6\] applying examples/support-bot.yaml", out)
     assert re.search(r"Ready after [0-9.]+s on the declared workload", out)
-    if DEFAULT_TRACE.is_file() and shutil.which("prometheus"):
-        # The operator profiled the replayed trace in Prometheus and re-planned on it.
-        assert "re-planned on observed traffic" in out
-        observed = re.search(r"Traffic kvtune observed in Prometheus: .* (\d+) requests", out)
-        assert observed and int(observed.group(1)) >= 100, out
-        assert out.count("changed from the declared-workload plan:") == 2
-        assert "revision 2" in out
-    else:
-        assert "skipped:" in out
+    # The trace ships in examples/traces and `make test` installs Prometheus, so the traffic
+    # step must run: the operator profiled the replayed trace in Prometheus and re-planned.
+    assert DEFAULT_TRACE.is_file() and shutil.which("prometheus")
+    assert "skipped:" not in out, out
+    assert "re-planned on observed traffic" in out
+    observed = re.search(r"Traffic kvtune observed in Prometheus: .* (\d+) requests", out)
+    assert observed and int(observed.group(1)) >= 100, out
+    assert out.count("changed from the declared-workload plan:") == 2
+    assert "revision 2" in out
     # One plan per pool, each with its knobs and the reasons for them.
     for gpu_class in ("H200", "H100"):
         header = re.search(rf"pool \S+ \({gpu_class}, 2 replica\(s\).*Applied", out)
