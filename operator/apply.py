@@ -154,6 +154,15 @@ def apply_pool(
     return [apply_object(kube, obj) for obj in owned]
 
 
+def apply_each(
+    kube: Kube, objects: list[dict[str, Any]], owner: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """Dry-run and apply one object at a time, in order, for objects whose admission needs an
+    earlier one to exist: a RoleBinding's escalation check resolves its Role, so its dry run
+    fails while the Role is only dry-run too (unless the caller may ``bind``)."""
+    return [apply_pool(kube, [obj], owner)[0] for obj in objects]
+
+
 def read_deployment(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
     try:
         return _json(kube.apps.read_namespaced_deployment(name, namespace,

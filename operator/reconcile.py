@@ -507,6 +507,17 @@ def _reconcile_pool(
         return failed(cond.INVALID_POD_TEMPLATE, f"pool {pool.pool_name}: {exc}; nothing was "
                       f"changed")
 
+    # The runtime's ServiceAccount, Role, RoleBinding (entrypoint kvtune) come first, for
+    # real, one by one: the pods (canary ones too) run as it, and the RoleBinding's dry run
+    # needs the Role to exist.
+    access = [o for o in objects if o["kind"] in RUNTIME_ACCESS_KINDS]
+    objects = [o for o in objects if o["kind"] not in RUNTIME_ACCESS_KINDS]
+    try:
+        kapply.apply_each(kube, access, body)
+    except kapply.ApplyError as exc:
+        return failed(cond.APPLY_FAILED, f"pool {pool.pool_name}: the runtime's access "
+                      f"(spec.runtime.entrypoint=kvtune): {exc}")
+
     rollout = spec.rollout or RolloutSpec()
     canary_name = object_name(meta["name"], f"{pool.pool_name}-canary")
     prev_canary = base.canary
@@ -538,10 +549,7 @@ def _reconcile_pool(
         canary_status = prev_canary
         if decision.action == "start":
             try:
-                # The runtime's ServiceAccount/Role/RoleBinding (entrypoint kvtune) too: the
-                # canary pods run as it.
-                access = [o for o in objects if o["kind"] in RUNTIME_ACCESS_KINDS]
-                kapply.apply_pool(kube, [*access, canary.canary_objects(
+                kapply.apply_pool(kube, [canary.canary_objects(
                     objects, name=canary_name, replicas=rollout.canary_replicas)], body)
             except kapply.ApplyError as exc:
                 return failed(cond.APPLY_FAILED, f"pool {pool.pool_name} canary: {exc}")

@@ -50,6 +50,17 @@ NEEDED = [
     ("get", "", "configmaps", "", WATCHED_NS),
     ("patch", "monitoring.coreos.com", "prometheusrules", "", WATCHED_NS),
     ("create", "", "events", "", WATCHED_NS),
+    # spec.runtime.entrypoint: kvtune: the runtime's ServiceAccount/Role/RoleBinding; get and
+    # patch on pods only because the Role grants them (Kubernetes' escalation rule).
+    ("create", "", "serviceaccounts", "", WATCHED_NS),
+    ("patch", "", "serviceaccounts", "", WATCHED_NS),
+    ("create", "rbac.authorization.k8s.io", "roles", "", WATCHED_NS),
+    ("patch", "rbac.authorization.k8s.io", "roles", "", WATCHED_NS),
+    ("create", "rbac.authorization.k8s.io", "rolebindings", "", WATCHED_NS),
+    ("patch", "rbac.authorization.k8s.io", "rolebindings", "", WATCHED_NS),
+    ("get", "", "pods", "", WATCHED_NS),
+    ("patch", "", "pods", "", WATCHED_NS),
+    ("list", "", "pods", "", WATCHED_NS),
     ("list", "", "nodes", "", ""),
     ("watch", "", "nodes", "", ""),
     ("watch", "apiextensions.k8s.io", "customresourcedefinitions", "", ""),
@@ -64,7 +75,10 @@ FORBIDDEN = [
     ("list", "", "configmaps", "", WATCHED_NS),
     ("update", "kvtune.io", "inferencedeployments", "status", WATCHED_NS),
     ("watch", "apps", "deployments", "", WATCHED_NS),
-    ("get", "", "pods", "", WATCHED_NS),
+    ("watch", "", "pods", "", WATCHED_NS),
+    ("delete", "", "pods", "", WATCHED_NS),
+    ("escalate", "rbac.authorization.k8s.io", "roles", "", WATCHED_NS),
+    ("bind", "rbac.authorization.k8s.io", "roles", "", WATCHED_NS),
     ("create", "rbac.authorization.k8s.io", "clusterroles", "", ""),
     ("create", "apiextensions.k8s.io", "customresourcedefinitions", "", ""),
 ]
@@ -185,6 +199,37 @@ def test_service_account_can_do_exactly_what_the_operator_needs(
         # Nothing namespaced outside the watched namespace.
         assert not access_allowed(admin, sa, ("patch", "apps", "deployments", "", "default"))
         assert not access_allowed(admin, sa, ("list", "kvtune.io", PLURAL, "", "default"))
+
+
+@pytest.mark.parametrize("mode", ["cluster", "namespaced"])
+def test_service_account_may_grant_the_runtime_its_role(
+    releases: dict[str, str], admin: Any, local_cluster: Any, tmp_path: Path, mode: str
+) -> None:
+    """Kubernetes' escalation rule, for real: as the chart's ServiceAccount, the operator's
+    rendered ServiceAccount/Role/RoleBinding for entrypoint kvtune are applied, in the order
+    and the way the reconcile does (each dry-run, then applied)."""
+    from kubernetes import client
+    from kubernetes import config as kube_config
+    from kubernetes.client.exceptions import ApiException
+    from kvtune.operator import apply as kapply
+    from kvtune.operator.render import runtime_service_account
+    from kvtune.operator.runtime_access import runtime_access_objects
+
+    sa = releases[mode]
+    kubeconfig = service_account_kubeconfig(admin, local_cluster, sa, tmp_path / "sa.kubeconfig")
+    kube = kapply.Kube(kube_config.new_client_from_config(config_file=str(kubeconfig)))
+    account = runtime_service_account("chat")
+    objects = runtime_access_objects(account, WATCHED_NS, {"kvtune.io/deployment": "chat"})
+    try:
+        for obj in objects:
+            kapply.apply_object(kube, obj, dry_run=True)
+            kapply.apply_object(kube, obj)
+    finally:
+        rbac, core = client.RbacAuthorizationV1Api(admin), client.CoreV1Api(admin)
+        for delete in (rbac.delete_namespaced_role_binding, rbac.delete_namespaced_role,
+                       core.delete_namespaced_service_account):
+            with contextlib.suppress(ApiException):
+                delete(account, WATCHED_NS)
 
 
 def service_account_kubeconfig(admin: Any, local_cluster: Any, sa: str, path: Path) -> Path:
