@@ -14,7 +14,7 @@ it changed, with a resourceVersion precondition, like the rollout timer).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvtune.operator import apply as kapply
@@ -48,7 +48,7 @@ def _tokens(n: int) -> str:
     return f"{n / 1e6:.2f}M" if n >= 1_000_000 else f"{n}"
 
 
-def summarize(pods: list[Mapping[str, Any]], plan_hash: str | None) -> RuntimeStatus | None:
+def summarize(pods: Sequence[Mapping[str, Any]], plan_hash: str | None) -> RuntimeStatus | None:
     """The reports of the pods running ``plan_hash`` (others are old or canary pods of
     another plan); None when no such pod exists. Figures are the worst pod's."""
     current = sorted(
