@@ -215,10 +215,26 @@ class PrometheusSpec(_Model):
     url: str = Field(min_length=1, max_length=512, pattern=r"^https?://")
     window: str = Field(default="6h", pattern=DURATION_PATTERN, max_length=32)
 
+    def window_seconds(self) -> float:
+        return parse_duration(self.window, field="spec.tuning.prometheus.window")
+
 
 class RetuneSpec(_Model):
     min_interval: str = Field(default="6h", pattern=DURATION_PATTERN, max_length=32)
     drift_threshold: float = Field(default=0.2, gt=0.0, le=1.0)
+    dwell: str | None = Field(
+        default=None, pattern=DURATION_PATTERN, max_length=32,
+        description="How long a drift must persist, with the new traffic holding still, "
+                    "before the pool is planned again. Default: tuning.prometheus.window. "
+                    "At least the window: a shift fills the window only after one window, "
+                    "and a shorter dwell would plan for a mix of old and new traffic.",
+    )
+
+    def dwell_seconds(self, window_seconds: float) -> float:
+        """The dwell time; the window when the spec leaves it out."""
+        if self.dwell is None:
+            return window_seconds
+        return parse_duration(self.dwell, field="spec.tuning.retune.dwell")
 
 
 class PinSpec(_Model):
@@ -260,7 +276,18 @@ class PinSpec(_Model):
         return self
 
 
+_DWELL_RULE = (
+    "!has(self.retune) || !has(self.retune.dwell) || !has(self.prometheus) || "
+    "duration(self.retune.dwell) >= "
+    "duration(has(self.prometheus.window) ? self.prometheus.window : '6h')",
+    "tuning.retune.dwell must be at least tuning.prometheus.window: a traffic shift fills "
+    "the window only after one window; raise dwell or shorten the window",
+)
+
+
 class TuningSpec(_Model):
+    model_config = ConfigDict(json_schema_extra=_rules(_DWELL_RULE))
+
     mode: Mode = Field(
         default="auto",
         description="auto: apply plans; recommend: write plans to status only; off: hands off.",
@@ -268,6 +295,21 @@ class TuningSpec(_Model):
     prometheus: PrometheusSpec | None = None
     retune: RetuneSpec | None = None
     pin: PinSpec | None = None
+
+    @model_validator(mode="after")
+    def _dwell_covers_the_window(self) -> TuningSpec:
+        if self.retune is None or self.retune.dwell is None or self.prometheus is None:
+            return self
+        window = self.prometheus.window_seconds()
+        dwell = self.retune.dwell_seconds(window)
+        if dwell < window:
+            raise ValueError(
+                f"spec.tuning.retune.dwell={self.retune.dwell!r} ({dwell:g}s) is shorter "
+                f"than spec.tuning.prometheus.window={self.prometheus.window!r} "
+                f"({window:g}s): a traffic shift fills the window only after one window; "
+                f"raise dwell or shorten the window"
+            )
+        return self
 
 
 class RolloutSpec(_Model):

@@ -209,8 +209,9 @@ def retune_once(
     retune_spec = spec.tuning.retune or api.RetuneSpec()
     settings = RetuneSettings(
         drift_threshold=retune_spec.drift_threshold,
-        # Drift must hold over a whole window: one window of noise never triggers a rollout.
-        dwell_seconds=window_seconds,
+        # Drift must hold over at least a whole window (the CRD and the spec model refuse a
+        # shorter dwell): one window of noise never triggers a rollout.
+        dwell_seconds=retune_spec.dwell_seconds(window_seconds),
         min_interval_seconds=parse_duration(retune_spec.min_interval,
                                             field="spec.tuning.retune.minInterval"),
     )

@@ -153,6 +153,8 @@ def test_recommend_mode_writes_plans_and_changes_nothing(
     ({"tuning": {"pin": {"kvCacheDtype": "nvfp4"}}}, "narrower than"),
     ({"slo": {"ttftP95": "2 seconds"}}, "ttftP95"),
     ({"pools": [{"gpuClass": "H200", "tensorParallel": 3}]}, "tensorParallel"),
+    ({"tuning": {"prometheus": {"url": "http://p:9090", "window": "10m"},
+                 "retune": {"dwell": "5m"}}}, "dwell must be at least"),
 ])
 def test_invalid_objects_are_refused_by_the_crd(
     cluster_api: Any, change: dict[str, Any], message: str
