@@ -7,8 +7,9 @@ import threading
 from pathlib import Path
 
 import click
-from kvtune.e2e.replay_exporter import Replay, ReplayServer, parse_config_overrides
+from kvtune.e2e.replay_exporter import ENGINES, Replay, ReplayServer, parse_config_overrides
 from kvtune.e2e.replay_instance import InstanceConfig
+from kvtune.e2e.replay_sim import Hardware
 
 
 @click.command()
@@ -29,14 +30,43 @@ from kvtune.e2e.replay_instance import InstanceConfig
               help="Permute the requests (arrival times kept): a stationary sample of the trace.")
 @click.option("--then", "then", multiple=True, metavar="TRACE@SECONDS",
               help="Switch to TRACE after SECONDS of wall time (repeatable).")
+@click.option("--engine", type=click.Choice(ENGINES), default="simulator", show_default=True,
+              help="simulator: kvtune's simulator (the planner's block pool, scheduler and "
+                   "step times); simple: a small fixed-step instance model.")
+@click.option("--model", "catalog_model", default=None,
+              help="Simulator engine: a catalog model; with --gpu, num_gpu_blocks comes from "
+                   "the planner's KV math unless --config num_gpu_blocks=N pins it.")
+@click.option("--gpu", "gpu_name", default=None, help="Simulator engine: GPU class (H100...).")
+@click.option("--tensor-parallel", default=1, show_default=True, type=int)
+@click.option("--follow-deployment", default=None, metavar="NAMESPACE/NAME",
+              help="Poll this Deployment's vllm container args and restart the instance "
+                   "with them when they change (a rollout).")
+@click.option("--kubeconfig", default=None, type=click.Path(dir_okay=False),
+              help="For --follow-deployment (default: $KUBECONFIG / ~/.kube/config).")
+@click.option("--follow-interval", default=2.0, show_default=True, type=float,
+              help="Seconds between polls of the followed Deployment.")
 def replay(trace_path: str, speed: float, port: int, model_name: str, offset_seconds: float,
            config_pairs: tuple[str, ...], shuffle_seed: int | None,
-           then: tuple[str, ...]) -> None:
+           then: tuple[str, ...], engine: str, catalog_model: str | None,
+           gpu_name: str | None, tensor_parallel: int, follow_deployment: str | None,
+           kubeconfig: str | None, follow_interval: float) -> None:
     """Play TRACE through a model of a vLLM instance and serve /metrics with vLLM's exact
     metric names, types, labels and buckets. POST /control/trace {"trace": PATH} switches
-    the traffic while running."""
+    the traffic while running; POST /control/config {"args": [vllm flags]} restarts the
+    instance with a new configuration (a rollout)."""
+    from kvtune.e2e.replay_follow import DeploymentFollower, parse_target
+
+    follower: DeploymentFollower | None = None
     try:
         overrides = parse_config_overrides(config_pairs)
+        pinned = overrides.get("num_gpu_blocks")
+        hardware = None
+        if catalog_model or gpu_name:
+            if engine != "simulator":
+                raise ValueError("--model/--gpu need --engine simulator")
+            hardware = Hardware(model=catalog_model or Hardware.model,
+                                gpu=gpu_name or Hardware.gpu,
+                                tensor_parallel=tensor_parallel)
         config = InstanceConfig(**{"model_name": model_name, **overrides})
         schedule: list[tuple[float, Path]] = []
         for item in then:
@@ -45,12 +75,23 @@ def replay(trace_path: str, speed: float, port: int, model_name: str, offset_sec
                 raise ValueError(f"--then {item!r}: expected TRACE@SECONDS")
             schedule.append((float(secs), Path(path)))
         server = ReplayServer(Replay(config, Path(trace_path), speed, offset_seconds,
-                                     shuffle_seed=shuffle_seed), port)
-    except (ValueError, OSError) as exc:
+                                     shuffle_seed=shuffle_seed, engine=engine,  # type: ignore[arg-type]
+                                     hardware=hardware,
+                                     num_gpu_blocks_override=pinned if hardware else None),
+                              port)
+        if follow_deployment:
+            namespace, name = parse_target(follow_deployment)
+            follower = DeploymentFollower(server.replay, namespace, name, kubeconfig,
+                                          follow_interval)
+    except (ValueError, OSError, LookupError) as exc:
         raise click.UsageError(str(exc)) from exc
     server.start()
+    if follower is not None:
+        follower.start()
+    cfg = server.replay.instance.config
     click.echo(f"kvtune replay: {Path(trace_path).name} at {speed:g}x, "
-               f"metrics on http://{server.target}/metrics", err=True)
+               f"metrics on http://{server.target}/metrics ({engine} engine, "
+               f"{cfg.num_gpu_blocks} blocks of {cfg.block_size})", err=True)
     stop = threading.Event()
     timers = [threading.Timer(secs, server.replay.switch_trace, args=(path,))
               for secs, path in schedule]
@@ -65,4 +106,6 @@ def replay(trace_path: str, speed: float, port: int, model_name: str, offset_sec
     finally:
         for timer in timers:
             timer.cancel()
+        if follower is not None:
+            follower.stop()
         server.stop()

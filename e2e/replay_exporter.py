@@ -8,12 +8,20 @@ wall clock (``speed`` model seconds per wall second) and an HTTP server on 127.0
 - ``POST /control/trace``: JSON ``{"trace": PATH, "speed": N?, "offset_seconds": S?,
   "shuffle_seed": K?}`` switches
   the traffic to another trace from now on (requests in flight finish), so a test can shift
-  the workload under a running Prometheus.
+  the workload under a running Prometheus;
+- ``POST /control/config``: JSON ``{"args": ["--block-size=32", ...]}`` (``vllm serve``
+  flags, as the operator renders them) or ``{"block_size": 32, "kv_cache_dtype": "fp8",
+  ...}``: restarts the instance with the new configuration, as a rollout does (see
+  ``Replay.reconfigure``).
+
+Two engines: ``simulator`` (``replay_sim.py``: kvtune's simulator, the planner's block pool,
+scheduler and step times) and ``simple`` (``replay_instance.py``: a small fixed-step model).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import threading
 import time
@@ -21,9 +29,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from kvtune.e2e.replay_instance import Instance, InstanceConfig, TraceSchedule
+from kvtune.e2e.replay_sim import Hardware, SimInstance, engine_for
 from kvtune.operator import vllm_metrics as vm
 from kvtune.tuner.traces import load_trace
 from prometheus_client import CollectorRegistry, generate_latest
@@ -72,6 +81,10 @@ class _InstanceCollector(Collector):
             yield info
 
 
+Engine = Literal["simulator", "simple"]
+ENGINES: tuple[Engine, ...] = ("simulator", "simple")
+
+
 @dataclass
 class ReplayState:
     trace: str
@@ -82,6 +95,13 @@ class ReplayState:
     kv_cache_usage: float
     finished: int
     rejected_too_long: int
+    engine: str = "simple"
+    restarts: int = 0
+    dropped_on_restart: int = 0
+    num_gpu_blocks: int = 0
+    block_size: int = 0
+    # Model seconds the replay is behind the wall clock x speed (0: keeping up).
+    lag_model_seconds: float = 0.0
 
 
 class Replay:
@@ -90,19 +110,72 @@ class Replay:
     def __init__(self, config: InstanceConfig, trace_path: Path, speed: float,
                  offset_seconds: float = 0.0,
                  clock: Callable[[], float] = time.monotonic,
-                 shuffle_seed: int | None = None) -> None:
+                 shuffle_seed: int | None = None, engine: Engine = "simple",
+                 hardware: Hardware | None = None,
+                 num_gpu_blocks_override: int | None = None) -> None:
         if speed <= 0:
             raise ValueError(f"--speed={speed}: must be > 0 (model seconds per wall second)")
+        if engine not in ENGINES:
+            raise ValueError(f"--engine={engine!r}: one of {', '.join(ENGINES)}")
         self.lock = threading.Lock()
-        self.instance = Instance(config)
+        self.engine: Engine = engine
+        # Simulator engine: without a model, the configured num_gpu_blocks and Llama-3.1-8B's
+        # step times on an H100; with one, num_gpu_blocks from the planner's KV math.
+        self.hardware = hardware or Hardware(size_kv_cache=False)
+        self.num_gpu_blocks_override = num_gpu_blocks_override
+        self.restarts = 0
+        self.dropped_on_restart = 0
+        self.instance: Instance | SimInstance = self._make_instance(config, 0.0)
         self._clock = clock
         self._wall0 = clock()
         self._model0 = 0.0
+        self._lag = 0.0
         self.speed = speed
         self.schedule = self._schedule(trace_path, offset_seconds, start_seconds=0.0,
                                        shuffle_seed=shuffle_seed)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def _make_instance(self, config: InstanceConfig, start_seconds: float
+                       ) -> Instance | SimInstance:
+        if self.engine == "simple":
+            inst = Instance(config)
+            inst.now_seconds = start_seconds
+            return inst
+        sized, engine, cost = engine_for(config, self.hardware, self.num_gpu_blocks_override)
+        return SimInstance(sized, engine, cost, start_seconds=start_seconds)
+
+    def reconfigure(self, changes: dict[str, Any]) -> None:
+        """Restart the instance with ``changes`` (InstanceConfig fields; ``num_gpu_blocks``
+        pins the KV-cache size like ``--num-gpu-blocks-override``), as a rollout does: a new
+        vLLM process, so counters and histograms start from zero and the prefix cache is
+        cold. Requests in flight are dropped from the replay, not re-queued: vLLM finishes
+        them on the old pod during its termination grace period (the rendered pod template
+        gives 120 s) and that pod's series end with it; the new pod serves what arrives
+        after the restart. Raises ValueError (nothing changes) for a configuration vLLM
+        would not start with."""
+        with self.lock:
+            fields = dict(changes)
+            override = self.num_gpu_blocks_override
+            if "num_gpu_blocks" in fields:
+                override = int(fields["num_gpu_blocks"])
+            elif "gpu_memory_utilization" in fields and self.hardware.size_kv_cache:
+                override = None  # sized from memory again
+            try:
+                config = dataclasses.replace(self.instance.config, **fields)
+            except TypeError as exc:
+                raise ValueError(str(exc)) from exc
+            now = self.instance.now_seconds
+            previous = self.num_gpu_blocks_override
+            self.num_gpu_blocks_override = override
+            try:
+                fresh = self._make_instance(config, now)
+            except ValueError:
+                self.num_gpu_blocks_override = previous
+                raise
+            self.dropped_on_restart += len(self.instance.running) + len(self.instance.waiting)
+            self.instance = fresh
+            self.restarts += 1
 
     @staticmethod
     def _schedule(path: Path, offset_seconds: float, start_seconds: float,
@@ -122,6 +195,7 @@ class Replay:
                 t = min(target, self.instance.now_seconds + chunk_model_seconds)
                 self.instance.advance_to(t, self.schedule.due(t))
                 if t >= target:
+                    self._lag = max(0.0, self.model_now() - self.instance.now_seconds)
                     return
 
     def switch_trace(self, path: Path, speed: float | None = None,
@@ -142,7 +216,10 @@ class Replay:
                 trace=self.schedule.name, speed=self.speed, model_seconds=inst.now_seconds,
                 running=len(inst.running), waiting=len(inst.waiting),
                 kv_cache_usage=inst.usage(), finished=sum(inst.metrics.finished.values()),
-                rejected_too_long=inst.rejected_too_long,
+                rejected_too_long=inst.rejected_too_long, engine=self.engine,
+                restarts=self.restarts, dropped_on_restart=self.dropped_on_restart,
+                num_gpu_blocks=inst.config.num_gpu_blocks, block_size=inst.config.block_size,
+                lag_model_seconds=self._lag,
             )
 
     def start(self, tick_seconds: float = 0.05) -> None:
@@ -186,17 +263,20 @@ def _handler(replay: Replay, registry: CollectorRegistry) -> type[BaseHTTPReques
                 self._send(404, b"not found\n", "text/plain")
 
         def do_POST(self) -> None:
-            if self.path != "/control/trace":
+            if self.path not in ("/control/trace", "/control/config"):
                 self._send(404, b"not found\n", "text/plain")
                 return
             try:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(length) or b"{}")
-                seed = body.get("shuffle_seed")
-                replay.switch_trace(Path(body["trace"]), body.get("speed"),
-                                    float(body.get("offset_seconds", 0.0)),
-                                    None if seed is None else int(seed))
-            except (KeyError, ValueError, OSError, TypeError) as exc:
+                if self.path == "/control/config":
+                    replay.reconfigure(config_changes(body))
+                else:
+                    seed = body.get("shuffle_seed")
+                    replay.switch_trace(Path(body["trace"]), body.get("speed"),
+                                        float(body.get("offset_seconds", 0.0)),
+                                        None if seed is None else int(seed))
+            except (KeyError, ValueError, OSError, TypeError, AttributeError) as exc:
                 self._send(400, f"{exc}\n".encode(), "text/plain")
                 return
             self._send(200, json.dumps(replay.state().__dict__).encode(), "application/json")
@@ -258,4 +338,86 @@ def parse_config_overrides(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]
         else:
             value = raw
         out[key] = value
+    return out
+
+
+# vLLM serve flags -> InstanceConfig fields (num_gpu_blocks: the override).
+_FLAGS: dict[str, str] = {
+    "block-size": "block_size",
+    "kv-cache-dtype": "cache_dtype",
+    "cache-dtype": "cache_dtype",
+    "gpu-memory-utilization": "gpu_memory_utilization",
+    "max-model-len": "max_model_len",
+    "max-num-seqs": "max_num_seqs",
+    "max-num-batched-tokens": "max_num_batched_tokens",
+    "num-gpu-blocks-override": "num_gpu_blocks",
+    "num-gpu-blocks": "num_gpu_blocks",
+    "enable-prefix-caching": "enable_prefix_caching",
+}
+
+
+def changes_from_vllm_args(args: list[str]) -> dict[str, Any]:
+    """The configuration in ``vllm serve`` arguments (``--flag=value`` or ``--flag value``,
+    ``--[no-]enable-prefix-caching``); other flags (model, host, port, TP, ...) are not the
+    replay's concern and are skipped."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if not arg.startswith("--"):
+            continue
+        flag, eq, value = arg[2:].partition("=")
+        if flag in ("enable-prefix-caching", "no-enable-prefix-caching"):
+            out["enable_prefix_caching"] = flag == "enable-prefix-caching"
+            continue
+        field_name = _FLAGS.get(flag)
+        if field_name is None:
+            continue
+        if not eq:
+            if i >= len(args):
+                raise ValueError(f"--{flag}: needs a value")
+            value = args[i]
+            i += 1
+        out[field_name] = value
+    return _typed(out)
+
+
+def config_changes(body: dict[str, Any]) -> dict[str, Any]:
+    """``POST /control/config``'s body: ``{"args": [...]}`` (vLLM flags) or field names
+    (``block_size``, ``kv_cache_dtype``, ``max_model_len``, ``max_num_seqs``,
+    ``max_num_batched_tokens``, ``enable_prefix_caching``, ``num_gpu_blocks``,
+    ``gpu_memory_utilization``; dashes allowed)."""
+    if not isinstance(body, dict):
+        raise ValueError("expected a JSON object")
+    if "args" in body:
+        args = body["args"]
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise ValueError("args: expected a list of strings")
+        return changes_from_vllm_args(args)
+    out: dict[str, Any] = {}
+    for key, value in body.items():
+        name = _FLAGS.get(key.replace("_", "-"))
+        if name is None:
+            raise ValueError(f"{key!r}: not a setting; expected one of "
+                             f"{', '.join(sorted(set(_FLAGS.values())))}")
+        out[name] = value
+    return _typed(out)
+
+
+def _typed(raw: dict[str, Any]) -> dict[str, Any]:
+    defaults = InstanceConfig()
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        current = getattr(defaults, key)
+        if isinstance(value, str) and isinstance(current, bool):
+            out[key] = value.lower() in ("true", "1")
+        elif isinstance(current, bool):
+            out[key] = bool(value)
+        elif isinstance(current, int):
+            out[key] = int(value)
+        elif isinstance(current, float):
+            out[key] = float(value)
+        else:
+            out[key] = str(value)
     return out

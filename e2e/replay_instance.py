@@ -367,21 +367,25 @@ class Instance:
             self.submit(req, at)
 
     def cache_config_labels(self) -> dict[str, str]:
-        cfg = self.config
-        return {
-            "block_size": str(cfg.block_size),
-            "cache_dtype": cfg.cache_dtype,
-            "gpu_memory_utilization": str(cfg.gpu_memory_utilization),
-            "enable_prefix_caching": str(cfg.enable_prefix_caching),
-            "prefix_caching_hash_algo": "sha256",
-            "num_gpu_blocks": str(cfg.num_gpu_blocks),
-            "num_cpu_blocks": "None",
-            "kv_cache_memory_bytes": "None",
-            "kv_offloading_size": "None",
-            "kv_offloading_backend": "native",
-            "kv_cache_size_tokens": str(cfg.num_gpu_blocks * cfg.block_size),
-            "engine": "0",
-        }
+        return cache_config_labels(self.config)
+
+
+def cache_config_labels(cfg: InstanceConfig) -> dict[str, str]:
+    """``vllm:cache_config_info``'s labels for ``cfg`` (vLLM 0.33.0's CacheConfig fields)."""
+    return {
+        "block_size": str(cfg.block_size),
+        "cache_dtype": cfg.cache_dtype,
+        "gpu_memory_utilization": str(cfg.gpu_memory_utilization),
+        "enable_prefix_caching": str(cfg.enable_prefix_caching),
+        "prefix_caching_hash_algo": "sha256",
+        "num_gpu_blocks": str(cfg.num_gpu_blocks),
+        "num_cpu_blocks": "None",
+        "kv_cache_memory_bytes": "None",
+        "kv_offloading_size": "None",
+        "kv_offloading_backend": "native",
+        "kv_cache_size_tokens": str(cfg.num_gpu_blocks * cfg.block_size),
+        "engine": "0",
+    }
 
 
 class TraceSchedule:

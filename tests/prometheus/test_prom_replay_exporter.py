@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from kvtune.e2e.prometheus import PrometheusServer
-from kvtune.e2e.replay_exporter import Replay, ReplayServer, parse_config_overrides
+from kvtune.e2e.replay_exporter import Engine, Replay, ReplayServer, parse_config_overrides
 from kvtune.e2e.replay_instance import HistogramState, Instance, InstanceConfig, TraceSchedule
 from kvtune.operator import vllm_metrics as vm
 from kvtune.tuner.traces import TraceRequest, load_trace
@@ -108,8 +108,11 @@ def test_mooncake_reuses_prefixes_and_azure_does_not() -> None:
 
 
 @pytest.mark.prometheus
-def test_prometheus_scrapes_vllm_names_and_the_trace_switch(prometheus: PrometheusServer) -> None:
-    server = ReplayServer(Replay(InstanceConfig(model_name="m1"), AZURE, speed=20.0), port=0)
+@pytest.mark.parametrize("engine", ["simulator", "simple"])
+def test_prometheus_scrapes_vllm_names_and_the_trace_switch(prometheus: PrometheusServer,
+                                                            engine: Engine) -> None:
+    server = ReplayServer(Replay(InstanceConfig(model_name="m1"), AZURE, speed=20.0,
+                                 engine=engine), port=0)
     server.start()
     try:
         prometheus.set_targets([server.target])

@@ -94,6 +94,7 @@ class RequestState:
     __slots__ = (
         "admitted",
         "blocks",
+        "cached_tokens",
         "finish_seconds",
         "first_token_seconds",
         "generated",
@@ -104,6 +105,7 @@ class RequestState:
         "output_tokens",
         "preemptions",
         "req",
+        "scheduled_seconds",
     )
 
     def __init__(self, req: SimRequest, output_tokens: int, block_size: int) -> None:
@@ -122,6 +124,9 @@ class RequestState:
         self.finish_seconds = float("nan")
         self.preemptions = 0
         self.admitted = False
+        # At first admission: when (step start) and how many prompt tokens were prefix hits.
+        self.scheduled_seconds = float("nan")
+        self.cached_tokens = 0
 
 
 StepHook = Callable[["Scheduler"], None]
@@ -152,21 +157,13 @@ class Scheduler:
             self.block_size = config.block_size
             num_blocks = config.num_gpu_blocks
             caching = config.enable_prefix_caching
-        bs = self.block_size
         self.pool = BlockPool(num_blocks, enable_caching=caching)
         self.requests = list(requests)
         self.states: list[RequestState] = []
         self.rejected = 0
-        usable = num_blocks - 1
+        self._usable_blocks = num_blocks - 1
         for r in self.requests:
-            # vLLM rejects a prompt that leaves no room for one output token and stops a
-            # request at max_model_len; a request larger than the whole cache never runs.
-            out = min(r.output_tokens, config.max_model_len - r.prompt_tokens)
-            ok = out >= 1 and -(-(r.prompt_tokens + out - 1) // bs) <= usable
-            st = RequestState(r, out if ok else 0, bs if caching else 0)
-            if not ok:
-                self.rejected += 1
-            self.states.append(st)
+            self.states.append(self._new_state(r))
         self.now = 0.0
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
@@ -185,6 +182,20 @@ class Scheduler:
         self.peak_running = 0
         self.steps = 0  # engine steps simulated (a decode run counts its k steps)
         self.events = 0  # loop iterations (exact steps + decode runs)
+        # Step-wise use (``stepwise.py``): a decode run stops within one step of this time.
+        self.horizon_seconds: float | None = None
+
+    def _new_state(self, r: SimRequest) -> RequestState:
+        # vLLM rejects a prompt that leaves no room for one output token and stops a
+        # request at max_model_len; a request larger than the whole cache never runs
+        # (output_tokens 0 marks it rejected).
+        bs = self.block_size
+        out = min(r.output_tokens, self.config.max_model_len - r.prompt_tokens)
+        ok = out >= 1 and -(-(r.prompt_tokens + out - 1) // bs) <= self._usable_blocks
+        st = RequestState(r, out if ok else 0, bs if self.pool.enable_caching else 0)
+        if not ok:
+            self.rejected += 1
+        return st
 
     # -- allocation (vLLM's KVCacheManager.allocate_slots) ---------------------------------
 
@@ -345,6 +356,8 @@ class Scheduler:
                 num_new = min(st.num_tokens - computed, budget)
                 if not st.admitted:
                     st.admitted = True
+                    st.scheduled_seconds = self.now
+                    st.cached_tokens = computed
                     self.query_tokens += st.num_tokens
                     self.hit_tokens += computed
                 else:
@@ -426,6 +439,9 @@ class Scheduler:
                 else:
                     hi = mid
             k = lo
+        if self.horizon_seconds is not None:
+            k = min(k, self.cost.decode_steps_to_reach(
+                n, context, self.horizon_seconds - self.now, k))
         if k <= 1:
             return False  # the exact step handles it (and any preemption)
         dt = self.cost.decode_run_seconds(n, context, k)
