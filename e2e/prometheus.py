@@ -77,7 +77,14 @@ class PrometheusServer:
 
     def set_targets(self, targets: Sequence[str], labels: dict[str, str] | None = None) -> None:
         """Replace the scraped targets (``host:port``); Prometheus re-reads the file within ~1 s."""
-        entry = [{"targets": list(targets), "labels": labels or self.extra_labels}]
+        self.set_target_groups([(targets, labels or self.extra_labels)])
+
+    def set_target_groups(
+        self, groups: Sequence[tuple[Sequence[str], dict[str, str]]]
+    ) -> None:
+        """Several target groups, each with its own target labels (as Kubernetes service
+        discovery gives each pod its ``namespace`` and ``pod``)."""
+        entry = [{"targets": list(targets), "labels": dict(labels)} for targets, labels in groups]
         tmp = self.targets_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(entry), encoding="utf-8")
         tmp.replace(self.targets_file)  # atomic: Prometheus never reads half a file

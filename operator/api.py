@@ -211,9 +211,27 @@ class PoolSpec(_Model):
         return self.name or self.gpu_class.lower().replace("_", "-")
 
 
+_LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
+PoolSelectorKind = Literal["pod", "labels", "none"]
+
+
 class PrometheusSpec(_Model):
     url: str = Field(min_length=1, max_length=512, pattern=r"^https?://")
     window: str = Field(default="6h", pattern=DURATION_PATTERN, max_length=32)
+    pool_selector: PoolSelectorKind = Field(
+        default="pod",
+        description="How a pool's series are found. pod: namespaceLabel=<namespace>, "
+                    "podLabel=~<name>-<pool>-<rs>-<pod> (Kubernetes service discovery's "
+                    "target labels); labels: the pod labels kvtune.io/deployment and "
+                    "kvtune.io/pool copied onto the series (deploymentLabel, poolLabel); "
+                    "none: every pool is planned on the deployment-wide profile "
+                    "(model_name).",
+    )
+    namespace_label: str = Field(default="namespace", pattern=_LABEL_NAME, max_length=128)
+    pod_label: str = Field(default="pod", pattern=_LABEL_NAME, max_length=128)
+    deployment_label: str = Field(default="kvtune_io_deployment", pattern=_LABEL_NAME,
+                                  max_length=128)
+    pool_label: str = Field(default="kvtune_io_pool", pattern=_LABEL_NAME, max_length=128)
 
     def window_seconds(self) -> float:
         return parse_duration(self.window, field="spec.tuning.prometheus.window")
@@ -505,6 +523,7 @@ class PoolStatus(_Status):
     # A plan that failed its canary; kvtune does not try it again (another plan will be).
     rejected_plan_hash: str | None = None
     runtime: RuntimeStatus | None = None
+    profile: ProfileStatus | None = None  # what this pool's plan was made for
 
 
 class TokenQuantilesStatus(_Status):
@@ -515,11 +534,17 @@ class TokenQuantilesStatus(_Status):
     max: int
 
 
+ProfileScope = Literal["pool", "deployment"]
+
+
 class ProfileStatus(_Status):
     """The workload profile a plan was made for, and where it came from. The profiling
-    module fills this with ``source: prometheus``; until then it is the declared workload."""
+    module fills this with ``source: prometheus``; until then it is the declared workload.
+    ``scope`` (in ``pools[].profile``): ``pool`` when it was observed on the pool's own
+    series, ``deployment`` when it is the deployment-wide (or declared) one."""
 
     source: str
+    scope: ProfileScope | None = None
     kind: str | None = None
     window: str | None = None
     requests: int | None = None

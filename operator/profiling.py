@@ -16,10 +16,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
+from typing import Literal
 
 from kvtune.operator import histograms
 from kvtune.operator import vllm_metrics as vm
 from kvtune.operator.histograms import QuantileEstimate
+from kvtune.operator.selectors import SeriesSelector
 from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,11 +40,21 @@ class ProfilingSettings(BaseModel):
     window_seconds: float = Field(gt=0)
     # Fewer finished requests than this in the window: the profile is not trusted.
     min_requests: int = Field(default=200, ge=1)
-    # Label matchers selecting the deployment's series, e.g. {"model_name": "llama"}.
+    # Label matchers selecting the series, e.g. {"model_name": "llama"} (label="value") and
+    # {"pod": "llama-h200-.*"} (label=~"regex"); operator/selectors.py builds them.
     selector: dict[str, str] = Field(default_factory=dict)
+    selector_regex: dict[str, str] = Field(default_factory=dict)
     # The running max_model_len: values in the +Inf bucket are at most this.
     max_model_len_tokens: int | None = Field(default=None, gt=0)
     query_timeout_seconds: float = Field(default=10.0, gt=0)
+
+    @classmethod
+    def for_series(cls, series: SeriesSelector, **kw: object) -> ProfilingSettings:
+        return cls.model_validate({"selector": series.equal, "selector_regex": series.regex,
+                                   **kw})
+
+    def series(self) -> SeriesSelector:
+        return SeriesSelector(equal=self.selector, regex=self.selector_regex)
 
 
 class RawWindow(BaseModel):
@@ -134,6 +146,11 @@ def _describe(name: str, est: tuple[QuantileEstimate, ...]) -> str:
     return f"{name}: " + ", ".join(parts)
 
 
+def _describe_series(settings: ProfilingSettings) -> str:
+    return settings.series().promql() if settings.selector or settings.selector_regex \
+        else "all series"
+
+
 def build_profile(raw: RawWindow, settings: ProfilingSettings) -> ProfileResult:
     """The pure half: a RawWindow -> trusted profile or a reason why not."""
     cap = float(settings.max_model_len_tokens) if settings.max_model_len_tokens else None
@@ -160,7 +177,7 @@ def build_profile(raw: RawWindow, settings: ProfilingSettings) -> ProfileResult:
         return ProfileResult(
             trusted=False, reason="NoData", profile=None, observed=observed,
             message=f"no finished requests in the last {window} for "
-                    f"{settings.selector or 'all series'}; the declared workload stays",
+                    f"{_describe_series(settings)}; the declared workload stays",
         )
     if requests < settings.min_requests:
         return ProfileResult(
@@ -196,22 +213,55 @@ def build_profile(raw: RawWindow, settings: ProfilingSettings) -> ProfileResult:
     )
 
 
+class PoolProfile(BaseModel):
+    """The profile one pool is planned on: its own series' when trusted, else the
+    deployment-wide one (``scope`` says which), else none (the plan stays)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    profile: WorkloadProfile | None
+    scope: Literal["pool", "deployment"]
+    requests: int | None  # behind the pool's own series (None: not queried)
+    message: str
+
+
+def choose_for_pool(pool: str, own: ProfileResult | None,
+                    deployment: ProfileResult) -> PoolProfile:
+    """Pure: the pool's own profile if it can be trusted, else the deployment-wide one."""
+    wide = deployment.profile if deployment.trusted else None
+    if own is None:
+        return PoolProfile(profile=wide, scope="deployment", requests=None,
+                           message=f"pool {pool}: no per-pool series (poolSelector: none); "
+                                   f"deployment-wide: {deployment.message}")
+    if own.trusted and own.profile is not None:
+        return PoolProfile(profile=own.profile, scope="pool", requests=own.observed.requests,
+                           message=f"pool {pool}: {own.message}")
+    why = own.message.removesuffix("; the declared workload stays")
+    if wide is not None:
+        return PoolProfile(profile=wide, scope="deployment", requests=own.observed.requests,
+                           message=f"pool {pool}: {why}; planned on the deployment-wide "
+                                   f"profile ({wide.requests} requests)")
+    return PoolProfile(profile=None, scope="deployment", requests=own.observed.requests,
+                       message=f"pool {pool}: {why}; deployment-wide: {deployment.message}")
+
+
 # --- the edge: PromQL through prometheus-api-client ----------------------------------------
 
 
-def render_selector(labels: Mapping[str, str]) -> str:
-    def esc(v: str) -> str:
-        return v.replace("\\", "\\\\").replace('"', '\\"')
-
-    return "{" + ",".join(f'{k}="{esc(v)}"' for k, v in sorted(labels.items())) + "}"
+def render_selector(labels: Mapping[str, str],
+                    regex: Mapping[str, str] | None = None) -> str:
+    return SeriesSelector(equal=dict(labels), regex=dict(regex or {})).promql()
 
 
-def queries(selector: Mapping[str, str], window_seconds: float) -> dict[str, str]:
+def queries(selector: Mapping[str, str] | SeriesSelector,
+            window_seconds: float) -> dict[str, str]:
     """The PromQL behind one window, by name (shown in docs and used by the tests)."""
-    s, w = render_selector(selector), f"{int(window_seconds)}s"
+    series = selector if isinstance(selector, SeriesSelector) \
+        else SeriesSelector(equal=dict(selector))
+    s, w = series.promql(), f"{int(window_seconds)}s"
     # vllm:cache_config_info has no model_name label (its labels are CacheConfig's fields
     # and engine), so only the target labels (namespace, pod ...) can select it.
-    info_s = render_selector({k: v for k, v in selector.items() if k != "model_name"})
+    info_s = series.without("model_name").promql()
 
     def inc(counter: str) -> str:
         return f"sum(increase({vm.counter(counter)}{s}[{w}]))"
@@ -271,7 +321,7 @@ def query_window(url: str, settings: ProfilingSettings,
     with PrometheusConnect(url=url, disable_ssl=True,
                            timeout=math.ceil(settings.query_timeout_seconds),
                            retry=Retry(total=1, backoff_factor=0.1)) as client:
-        for name, promql in queries(settings.selector, settings.window_seconds).items():
+        for name, promql in queries(settings.series(), settings.window_seconds).items():
             try:
                 results[name] = client.custom_query(promql, params={"time": at})
             except (RequestException, PrometheusApiClientException, ValueError,

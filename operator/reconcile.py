@@ -1,9 +1,10 @@
 """One reconcile of an InferenceDeployment: plan every pool, apply (mode ``auto``), report.
 
 This is the seam other parts call: the kopf handlers (spec changes, node changes, resume)
-call ``reconcile(body, kube=…)``; the retune timer calls it with the profile it observed
-(``profile=…``, ``profile_window=…``). It knows nothing of kopf: it returns what happened
-(status, events, when to look again) and the caller turns that into kopf's retry policy.
+call ``reconcile(body, kube=…)``; the retune timer calls it with the profiles it observed
+(``profile=…`` deployment-wide, ``profiles={pool: …}`` per pool, ``profile_window=…``).
+It knows nothing of kopf: it returns what happened (status, events, when to look again) and
+the caller turns that into kopf's retry policy.
 
 Failure policy: a spec that can never work (bad field, unknown model, a pool that cannot fit
 the model, a template that renders an invalid object) sets ``Degraded`` with a message naming
@@ -33,6 +34,7 @@ from kvtune.operator.api import (
     PlanStatus,
     PoolSpec,
     PoolStatus,
+    ProfileScope,
     ProfileStatus,
     RolloutSpec,
 )
@@ -246,13 +248,20 @@ def reconcile(
     *,
     kube: kapply.Kube,
     profile: WorkloadProfile | None = None,
+    profiles: Mapping[str, WorkloadProfile] | None = None,
+    profile_scopes: Mapping[str, ProfileScope] | None = None,
     profile_window: str | None = None,
     nodes: list[dict[str, Any]] | None = None,
     now: str | None = None,
     write_status: bool = True,
 ) -> ReconcileResult:
-    """Plan, apply (``auto``), and write status when it changed. ``profile``: the observed
-    workload to plan for (None: the observed profile kept in status, else the spec's).
+    """Plan, apply (``auto``), and write status when it changed.
+
+    Each pool is planned on, first found: ``profiles[pool]`` (its scope from
+    ``profile_scopes``, default ``pool``); ``profile`` (the observed deployment-wide workload,
+    which is also what ``status.profile`` shows); the pool's profile kept in
+    ``status.pools[].profile`` when observed; the deployment's kept in ``status.profile``;
+    the spec's declared workload. ``pools[].profile`` says which, with its scope.
 
     ``body`` names the object; it is read again under a per-object lock, so a caller holding
     an older copy (a queued handler, a listing made before a spec change) can never apply an
@@ -263,6 +272,7 @@ def reconcile(
         if fresh is None:  # deleted meanwhile: the garbage collector has the children
             return ReconcileResult(status=dict(body.get("status") or {}), status_changed=False)
         return _reconcile_locked(fresh, kube=kube, profile=profile,
+                                 profiles=profiles or {}, profile_scopes=profile_scopes or {},
                                  profile_window=profile_window, nodes=nodes, now=now,
                                  write_status=write_status)
 
@@ -272,6 +282,8 @@ def _reconcile_locked(
     *,
     kube: kapply.Kube,
     profile: WorkloadProfile | None,
+    profiles: Mapping[str, WorkloadProfile],
+    profile_scopes: Mapping[str, ProfileScope],
     profile_window: str | None,
     nodes: list[dict[str, Any]] | None,
     now: str | None,
@@ -350,22 +362,37 @@ def _reconcile_locked(
             return finish(status, retry_after=NO_NODES_RETRY_SECONDS)
         return finish(status, permanent_error=str(exc))
 
+    declared = declared_profile(spec.workload)
     if profile is not None:
         used_profile = profile
         used_profile_status = profile_status(profile, window=profile_window, observed_at=now)
     else:
-        used_profile = profile_from_status(previous.profile, declared_profile(spec.workload))
+        used_profile = profile_from_status(previous.profile, declared)
         used_profile_status = previous.profile if used_profile.source == "prometheus" \
             else profile_status(used_profile)
+    deployment_wide = used_profile_status.model_copy(update={"scope": "deployment"})
+    prev_pools = {p.name: p for p in previous.pools}
+
+    def for_pool(pool_name: str) -> tuple[WorkloadProfile, ProfileStatus]:
+        if pool_name in profiles:
+            observed = profiles[pool_name]
+            return observed, profile_status(observed, window=profile_window, observed_at=now,
+                                            scope=profile_scopes.get(pool_name, "pool"))
+        kept = prev_pools[pool_name].profile if pool_name in prev_pools else None
+        if profile is None and kept is not None and kept.source == "prometheus":
+            return profile_from_status(kept, declared), kept
+        return used_profile, deployment_wide
+
     policy = policy_for(spec)
     discovered = gpu_pools.discover_pools(nodes if nodes is not None
                                           else kapply.list_nodes(kube))
-    prev_pools = {p.name: p for p in previous.pools}
-    outcomes = [
-        _reconcile_pool(spec, i, pool, model, used_profile, policy, discovered,
-                        prev_pools.get(pool.pool_name), body, kube, events, now)
-        for i, pool in enumerate(spec.pools)
-    ]
+    outcomes = []
+    for i, pool in enumerate(spec.pools):
+        pool_profile, pool_profile_status = for_pool(pool.pool_name)
+        outcomes.append(_reconcile_pool(
+            spec, i, pool, model, pool_profile, policy, discovered,
+            prev_pools.get(pool.pool_name), body, kube, events, now,
+            profile_used=pool_profile_status))
     if mode == "auto":
         for deleted in kapply.prune_pools(kube, namespace, name,
                                           {p.pool_name for p in spec.pools}):
@@ -413,8 +440,9 @@ def _reconcile_pool(
     spec: InferenceDeploymentSpec, index: int, pool: PoolSpec, model: Any,
     profile: WorkloadProfile, policy: PlanPolicy, discovered: Mapping[str, gpu_pools.GPUPool],
     prev: PoolStatus | None, body: Mapping[str, Any], kube: kapply.Kube, events: list[Event],
-    now: str | None = None,
+    now: str | None = None, profile_used: ProfileStatus | None = None,
 ) -> _PoolOutcome:
+    """``profile_used``: how ``profile`` is shown in the pool's status (scope, window)."""
     now = now or cond.now_rfc3339()
     meta = body["metadata"]
     field_ = f"spec.pools[{index}]"
@@ -430,6 +458,7 @@ def _reconcile_pool(
         rejected_plan_hash=prev.rejected_plan_hash if prev else None,
         # What the runtime reported is refreshed by the runtime-reports timer only.
         runtime=prev.runtime if prev and spec.runtime.entrypoint == "kvtune" else None,
+        profile=prev.profile if prev else None,
     )
 
     def failed(reason: str, message: str) -> _PoolOutcome:
@@ -462,7 +491,7 @@ def _reconcile_pool(
     planned = base.model_copy(update={
         "gpu_class": gpu_class, "plan": knobs, "expected": expected, "reasons": reasons,
         "warnings": list(pool_plan.warnings), "vllm_args": render_vllm_args(inp),
-        "plan_hash": hash_, "revision": revision, "message": "",
+        "plan_hash": hash_, "revision": revision, "message": "", "profile": profile_used,
     })
     if base.plan_hash != hash_:
         events.append(Event("Normal", "PlanChanged", f"pool {pool.pool_name} ({gpu_class}) "

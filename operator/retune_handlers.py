@@ -23,20 +23,25 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import kopf
-from kvtune.operator import alert_rules, api, conditions, metrics, retune
+from kvtune.operator import alert_rules, api, conditions, metrics, retune, selectors
 from kvtune.operator import apply as kapply
 from kvtune.operator import reconcile as rec
+from kvtune.operator.api import ProfileScope
 from kvtune.operator.durations import parse_duration
 from kvtune.operator.profiling import (
     ObservedFigures,
+    PoolProfile,
     ProfileResult,
     ProfilingSettings,
     PrometheusUnavailable,
+    choose_for_pool,
     profile_from_prometheus,
 )
 from kvtune.operator.retune import RetuneSettings, RetuneState
+from kvtune.operator.selectors import SeriesSelector
 from kvtune.operator.workloads import declared_profile, profile_from_status
 from kvtune.tuner.plan import KVPlan
+from kvtune.tuner.workload import WorkloadProfile
 from prometheus_client import Counter, Gauge
 
 LOG = logging.getLogger("kvtune.operator.retune")
@@ -91,6 +96,39 @@ class RetuneEvent:
     message: str
 
 
+# Which pool's decision names the tick (status.profile.retune.reason, the Event): the one
+# furthest along, so a roll-out or a pending re-plan is never hidden by a quiet pool.
+_REASON_RANK = {reason: rank for rank, reason in enumerate((
+    retune.BELOW_THRESHOLD, retune.PROFILE_UNTRUSTED, retune.DWELL_PENDING,
+    retune.STILL_SHIFTING, retune.MIN_INTERVAL_PENDING, retune.REPLAN,
+    retune.PLAN_UNCHANGED, retune.PLAN_CHANGED), start=1)}
+
+
+@dataclass
+class _PoolTick:
+    """One pool's part of a tick: the profile chosen for it and the decision."""
+
+    name: str
+    choice: PoolProfile
+    observed: WorkloadProfile | None  # the chosen profile, kind as declared
+    baseline: WorkloadProfile  # behind the pool's running plan
+    baseline_scope: ProfileScope
+    selector: str
+    decision: retune.Decision
+    reason: str
+    message: str
+    state: RetuneState
+    material: bool = False
+
+    def status(self) -> dict[str, Any]:
+        drift = self.decision.drift
+        return {"name": self.name, "scope": self.choice.scope, "selector": self.selector,
+                "requests": self.choice.requests, "profileMessage": self.choice.message,
+                "reason": self.reason, "message": self.message,
+                "driftScore": _finite(drift.score) if drift else None,
+                "state": self.state.model_dump(mode="json")}
+
+
 @dataclass
 class RetuneOutcome:
     reason: str
@@ -98,7 +136,8 @@ class RetuneOutcome:
     failed: bool = False  # profiling failed: the caller backs off
     rolled_out: bool = False
     events: list[RetuneEvent] = field(default_factory=list)
-    profile: ProfileResult | None = None
+    profile: ProfileResult | None = None  # the deployment-wide one
+    pool_profiles: dict[str, PoolProfile] = field(default_factory=dict)
 
 
 def _finite(x: float | None) -> float | None:
@@ -129,8 +168,12 @@ def observed_status(obs: ObservedFigures) -> dict[str, Any]:
     }
 
 
-def _state_from(profile_raw: Mapping[str, Any] | None) -> RetuneState:
-    raw = ((profile_raw or {}).get("retune") or {}).get("state") or {}
+def _state_from(profile_raw: Mapping[str, Any] | None, pool: str) -> RetuneState:
+    """The pool's dwell clocks; a status written before pools were profiled one by one kept
+    one state for the deployment, which every pool starts from."""
+    retune_raw = (profile_raw or {}).get("retune") or {}
+    raw = next((p.get("state") or {} for p in retune_raw.get("pools") or []
+                if p.get("name") == pool), retune_raw.get("state") or {})
     try:
         return RetuneState.model_validate(raw)
     except ValueError:  # written by an older kvtune: start the dwell clock over
@@ -218,14 +261,24 @@ def retune_once(
     previous = rec.status_of(body)
     plans = _current_plans(previous)
     cap = max((p.max_model_len for p in plans.values()), default=None)
-    profiling = ProfilingSettings(
-        window_seconds=window_seconds, min_requests=min_requests,
-        selector={"model_name": spec.model.name}, max_model_len_tokens=cap,
-    )
+
+    def settings_for(series: SeriesSelector, max_model_len: int | None) -> ProfilingSettings:
+        return ProfilingSettings.for_series(series, window_seconds=window_seconds,
+                                            min_requests=min_requests,
+                                            max_model_len_tokens=max_model_len)
+
     raw_profile = (body.get("status") or {}).get("profile") or {}
-    state = _state_from(raw_profile)
+    pool_series = {pool.pool_name: selectors.pool_selector(
+        prom, namespace=namespace, deployment=name, pool=pool.pool_name) for pool in spec.pools}
+    own: dict[str, ProfileResult] = {}
     try:
-        result = profiler(prom.url, profiling)
+        result = profiler(prom.url, settings_for(
+            selectors.deployment_selector(spec.model.name), cap))
+        for pool_name, series in pool_series.items():
+            if series is not None:
+                plan = plans.get(pool_name)
+                own[pool_name] = profiler(prom.url, settings_for(
+                    series, plan.max_model_len if plan else cap))
     except PrometheusUnavailable as exc:
         message = (f"{exc}; keeping the last good profile "
                    f"({previous.profile.source if previous.profile else 'declared'}) and the "
@@ -239,63 +292,101 @@ def retune_once(
     PROFILE_LAST_SUCCESS.labels(namespace, name).set(now)
 
     declared = declared_profile(spec.workload)
-    baseline = profile_from_status(previous.profile, declared)
-    observed = None
-    if result.trusted and result.profile is not None:
+
+    def as_declared(p: WorkloadProfile | None) -> WorkloadProfile | None:
         # Metrics cannot tell the workload's kind or whether requests re-send a conversation;
         # those stay as declared, so this plan and any later re-plan from the stored profile
         # (which the reconcile seam rebuilds on the declared one) agree.
-        observed = result.profile.model_copy(update={"kind": declared.kind,
-                                                     "multi_turn": declared.multi_turn})
-    decision = retune.decide(
-        now_seconds=now, baseline=baseline,
-        observed=observed,
-        untrusted_reason=result.message, state=state, settings=settings)
-    reason, message, state = decision.reason, decision.message, decision.state
+        return None if p is None else p.model_copy(update={"kind": declared.kind,
+                                                           "multi_turn": declared.multi_turn})
+
+    wide = as_declared(result.profile if result.trusted else None)
+    wide_baseline = profile_from_status(previous.profile, declared)
+    prev_pools = {p.name: p for p in previous.pools}
+    ticks: list[_PoolTick] = []
+    for pool in spec.pools:
+        pool_name = pool.pool_name
+        choice = choose_for_pool(pool_name, own.get(pool_name), result)
+        kept = prev_pools[pool_name].profile if pool_name in prev_pools else None
+        kept_observed = kept is not None and kept.source == "prometheus"
+        baseline = profile_from_status(kept, declared) if kept_observed else wide_baseline
+        decision = retune.decide(
+            now_seconds=now, baseline=baseline, observed=as_declared(choice.profile),
+            untrusted_reason=choice.message, state=_state_from(raw_profile, pool_name),
+            settings=settings)
+        series = pool_series[pool_name]
+        ticks.append(_PoolTick(
+            name=pool_name, choice=choice, observed=as_declared(choice.profile),
+            baseline=baseline,
+            baseline_scope=kept.scope if kept_observed and kept and kept.scope else "deployment",
+            selector=series.promql() if series is not None else "",
+            decision=decision, reason=decision.reason, message=decision.message,
+            state=decision.state))
+
     rolled_out = False
     event_type: Literal["Normal", "Warning"] = "Normal"
-    if decision.action == "replan" and observed is not None:
+    replan = [t for t in ticks if t.decision.action == "replan" and t.observed is not None]
+    if replan:
         model = rec.resolve_model(spec, namespace, kube)
         policy = rec.policy_for(spec)
-        changes: list[str] = []
-        material = False
-        for pool in spec.pools:
-            new_plan = rec.plan_one_pool(spec, pool, model, observed, policy).plan
-            matters, why = retune.plan_change_matters(plans.get(pool.pool_name), new_plan)
-            material = material or matters
-            changes.append(f"{pool.pool_name}: {', '.join(why)}")
-        if material:
-            outcome = rec.reconcile(body, kube=kube, profile=observed,
-                                    profile_window=prom.window)
-            rolled_out = True
-            reason = retune.PLAN_CHANGED
-            message = f"{decision.message}; new plan: {'; '.join(changes)}"
-            if outcome.permanent_error:
-                event_type, message = "Warning", f"{message}; reconcile: {outcome.permanent_error}"
-            state = RetuneState(drift_since_seconds=None, last_rollout_seconds=now)
-            export_plan_gauges(namespace, name, api.InferenceDeploymentStatus.model_validate(
-                outcome.status))
-        else:
-            reason = retune.PLAN_UNCHANGED
-            message = f"{decision.message}; the new plan differs only by noise: " \
-                      f"{'; '.join(changes)}; nothing rolled out"
-            # Look again after another dwell time rather than re-plan every tick.
-            state = state.model_copy(update={"drift_since_seconds": now,
-                                             "stable_since_seconds": now})
-    if decision.drift is not None:
-        DRIFT_SCORE.labels(namespace, name).set(decision.drift.score)
+        by_name = {p.pool_name: p for p in spec.pools}
+        for t in replan:
+            assert t.observed is not None
+            new_plan = rec.plan_one_pool(spec, by_name[t.name], model, t.observed, policy).plan
+            t.material, why = retune.plan_change_matters(plans.get(t.name), new_plan)
+            if t.material:
+                t.reason = retune.PLAN_CHANGED
+                t.message = f"{t.decision.message}; new plan: {', '.join(why)}"
+                t.state = RetuneState(drift_since_seconds=None, last_rollout_seconds=now)
+            else:
+                t.reason = retune.PLAN_UNCHANGED
+                t.message = (f"{t.decision.message}; the new plan differs only by noise: "
+                             f"{', '.join(why)}; nothing rolled out")
+                # Look again after another dwell time rather than re-plan every tick.
+                t.state = t.state.model_copy(update={"drift_since_seconds": now,
+                                                     "stable_since_seconds": now})
+    if any(t.material for t in ticks):
+        # Every pool is passed: a re-planned pool its observed profile, the others the one
+        # behind their running plan (so they keep it: a pool that did not drift is not
+        # re-planned).
+        outcome = rec.reconcile(
+            body, kube=kube, profile=wide,
+            profiles={t.name: t.observed if t.material and t.observed else t.baseline
+                      for t in ticks},
+            profile_scopes={t.name: t.choice.scope if t.material else t.baseline_scope
+                            for t in ticks},
+            profile_window=prom.window)
+        rolled_out = True
+        if outcome.permanent_error:
+            event_type = "Warning"
+            for t in ticks:
+                if t.material:
+                    t.message = f"{t.message}; reconcile: {outcome.permanent_error}"
+        export_plan_gauges(namespace, name, api.InferenceDeploymentStatus.model_validate(
+            outcome.status))
+
+    top = max(ticks, key=lambda t: _REASON_RANK.get(t.reason, 0))
+    reason = top.reason
+    message = ticks[0].message if len(ticks) == 1 else " | ".join(
+        f"pool {t.name}: {t.message}" for t in ticks)
+    drifts = [t.decision.drift.score for t in ticks if t.decision.drift is not None]
+    if drifts:
+        DRIFT_SCORE.labels(namespace, name).set(max(drifts))
     DECISIONS.labels(namespace, name, reason).inc()
     retune_status = {
         "reason": reason, "message": message, "at": conditions.now_rfc3339(),
-        "driftScore": _finite(decision.drift.score) if decision.drift else None,
+        "driftScore": _finite(max(drifts)) if drifts else None,
         "driftThreshold": settings.drift_threshold,
-        "state": state.model_dump(mode="json"),
+        "dwellSeconds": settings.dwell_seconds,
+        "state": None,  # kept per pool since pools are profiled one by one
+        "pools": [t.status() for t in ticks],
     }
     extra = {"observed": observed_status(result.observed), "trusted": result.trusted,
              "profileMessage": result.message, "retune": retune_status}
     _write(kube, namespace, name, stale=False, stale_reason=result.reason,
            stale_message=result.message, profile_extra=extra)
     return RetuneOutcome(reason, message, rolled_out=rolled_out, profile=result,
+                         pool_profiles={t.name: t.choice for t in ticks},
                          events=[RetuneEvent(event_type, f"Retune{reason}", message)])
 
 

@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvtune.operator.api import DeclaredTokens, ProfileStatus, TokenQuantilesStatus, WorkloadSpec
+from kvtune.operator.api import (
+    DeclaredTokens,
+    ProfileScope,
+    ProfileStatus,
+    TokenQuantilesStatus,
+    WorkloadSpec,
+)
 from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
 
 _ORDER = ("p50", "p90", "p95", "p99", "max")
@@ -61,9 +67,11 @@ def _quantiles_status(q: TokenQuantiles) -> TokenQuantilesStatus:
 
 
 def profile_status(profile: WorkloadProfile, *, window: str | None = None,
-                   observed_at: str | None = None) -> ProfileStatus:
+                   observed_at: str | None = None,
+                   scope: ProfileScope | None = None) -> ProfileStatus:
     return ProfileStatus(
         source=profile.source,
+        scope=scope,
         kind=profile.kind,
         window=window,
         requests=profile.requests,

@@ -155,7 +155,10 @@ def test_retune_follows_a_traffic_shift_and_does_not_flap(
     server = ReplayServer(Replay(InstanceConfig(model_name=MODEL), AZURE, speed=SPEED), port=0)
     server.start()
     try:
-        prometheus.set_targets([server.target], labels={"namespace": NS})
+        # The pod's target labels, as Kubernetes service discovery gives them: the pool's
+        # own series (poolSelector: pod, the default).
+        prometheus.set_targets([server.target], labels={
+            "namespace": NS, "pod": f"{NAME}-h200-6f7d9c8b5-x2x7q"})
         prometheus.wait_for(f'vllm:request_success_total{{namespace="{NS}"}}', min_value=1)
         custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, {
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceDeployment",
@@ -208,6 +211,9 @@ def test_retune_follows_a_traffic_shift_and_does_not_flap(
         azure_rev = azure["revision"]
         azure_profile = status()["profile"]
         assert azure_profile["observed"]["prefixHitRate"] == 0.0
+        # Planned on the pool's own series.
+        assert azure["profile"]["scope"] == "pool" and azure["profile"]["requests"] >= 100
+        assert azure_profile["retune"]["pools"][0]["scope"] == "pool"
         assert azure_len <= 16384, azure["plan"]
 
         # 2. Mooncake: longer contexts -> kvtune raises max-model-len within a few windows.
