@@ -159,19 +159,24 @@ class Replay:
             override = self.num_gpu_blocks_override
             if "num_gpu_blocks" in fields:
                 override = int(fields["num_gpu_blocks"])
-            elif "gpu_memory_utilization" in fields and self.hardware.size_kv_cache:
+            elif (("gpu_memory_utilization" in fields or "kv_cache_memory_bytes" in fields)
+                  and self.hardware.size_kv_cache):
                 override = None  # sized from memory again
+            hardware = self.hardware
+            if "tensor_parallel" in fields:
+                hardware = dataclasses.replace(hardware,
+                                               tensor_parallel=int(fields.pop("tensor_parallel")))
             try:
                 config = dataclasses.replace(self.instance.config, **fields)
             except TypeError as exc:
                 raise ValueError(str(exc)) from exc
             now = self.instance.now_seconds
-            previous = self.num_gpu_blocks_override
-            self.num_gpu_blocks_override = override
+            previous = self.num_gpu_blocks_override, self.hardware
+            self.num_gpu_blocks_override, self.hardware = override, hardware
             try:
                 fresh = self._make_instance(config, now)
             except ValueError:
-                self.num_gpu_blocks_override = previous
+                self.num_gpu_blocks_override, self.hardware = previous
                 raise
             self.dropped_on_restart += len(self.instance.running) + len(self.instance.waiting)
             self.instance = fresh
@@ -353,6 +358,9 @@ _FLAGS: dict[str, str] = {
     "num-gpu-blocks-override": "num_gpu_blocks",
     "num-gpu-blocks": "num_gpu_blocks",
     "enable-prefix-caching": "enable_prefix_caching",
+    "kv-cache-memory-bytes": "kv_cache_memory_bytes",
+    # Not an InstanceConfig field: the simulator engine's step costs and KV per GPU.
+    "tensor-parallel-size": "tensor_parallel",
 }
 
 
@@ -380,6 +388,8 @@ def changes_from_vllm_args(args: list[str]) -> dict[str, Any]:
             value = args[i]
             i += 1
         out[field_name] = value
+    if "gpu_memory_utilization" in out and "kv_cache_memory_bytes" not in out:
+        out["kv_cache_memory_bytes"] = 0  # the rendered flags carry one or the other
     return _typed(out)
 
 
@@ -387,7 +397,8 @@ def config_changes(body: dict[str, Any]) -> dict[str, Any]:
     """``POST /control/config``'s body: ``{"args": [...]}`` (vLLM flags) or field names
     (``block_size``, ``kv_cache_dtype``, ``max_model_len``, ``max_num_seqs``,
     ``max_num_batched_tokens``, ``enable_prefix_caching``, ``num_gpu_blocks``,
-    ``gpu_memory_utilization``; dashes allowed)."""
+    ``gpu_memory_utilization``, ``kv_cache_memory_bytes``, ``tensor_parallel_size``; dashes
+    allowed)."""
     if not isinstance(body, dict):
         raise ValueError("expected a JSON object")
     if "args" in body:
@@ -409,7 +420,7 @@ def _typed(raw: dict[str, Any]) -> dict[str, Any]:
     defaults = InstanceConfig()
     out: dict[str, Any] = {}
     for key, value in raw.items():
-        current = getattr(defaults, key)
+        current = 1 if key == "tensor_parallel" else getattr(defaults, key)
         if isinstance(value, str) and isinstance(current, bool):
             out[key] = value.lower() in ("true", "1")
         elif isinstance(current, bool):

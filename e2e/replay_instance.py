@@ -45,6 +45,8 @@ class InstanceConfig:
     enable_prefix_caching: bool = True
     cache_dtype: str = "auto"
     gpu_memory_utilization: float = 0.92
+    # vLLM's --kv-cache-memory-bytes (0: unset, the KV cache is sized from the utilization).
+    kv_cache_memory_bytes: int = 0
     prefill_tokens_per_second: float = 40_000.0
     decode_step_base_seconds: float = 0.015
     # Reading the KV of every token in the batch once per step (bandwidth-bound decode).
@@ -380,7 +382,7 @@ def cache_config_labels(cfg: InstanceConfig) -> dict[str, str]:
         "prefix_caching_hash_algo": "sha256",
         "num_gpu_blocks": str(cfg.num_gpu_blocks),
         "num_cpu_blocks": "None",
-        "kv_cache_memory_bytes": "None",
+        "kv_cache_memory_bytes": str(cfg.kv_cache_memory_bytes or None),
         "kv_offloading_size": "None",
         "kv_offloading_backend": "native",
         "kv_cache_size_tokens": str(cfg.num_gpu_blocks * cfg.block_size),

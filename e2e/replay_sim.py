@@ -13,6 +13,8 @@ from the planner's memory arithmetic (``engine.simulated_plan`` -> ``planning.pr
 gpu-memory-utilization and max-model-len, unless the configuration pins it
 (``num_gpu_blocks_override``, vLLM's ``--num-gpu-blocks-override``). Without a model the
 configured ``num_gpu_blocks`` is used and step times are Llama-3.1-8B's on an H100.
+``kv_cache_memory_bytes`` (``--kv-cache-memory-bytes``) sizes the cache as vLLM does: that
+many bytes, no profiling.
 
 Pure like the simulator: model time is the caller's argument.
 """
@@ -85,6 +87,7 @@ def _engine_for(config: InstanceConfig, hw: Hardware, num_gpu_blocks_override: i
         plan = KVPlan(
             block_size=config.block_size, kv_cache_dtype=config.cache_dtype,
             gpu_memory_utilization=config.gpu_memory_utilization,
+            kv_cache_memory_bytes=config.kv_cache_memory_bytes or None,
             max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             enable_prefix_caching=config.enable_prefix_caching,

@@ -22,6 +22,7 @@ from kvtune.e2e.replay_sim import Hardware
 from kvtune.operator import vllm_metrics as vm
 from kvtune.tuner.catalog import get_model
 from kvtune.tuner.gpus import get_gpu_class
+from kvtune.tuner.kvmemory import page_size_bytes
 from kvtune.tuner.planning import PlanRequest, plan_pool
 from kvtune.tuner.presets import profile_from_trace
 from kvtune.tuner.traces import load_trace
@@ -73,7 +74,9 @@ def _counter(text: str, name: str) -> float:
       "--max-num-seqs=128", "--max-num-batched-tokens=4096", "--no-enable-prefix-caching"],
      {"block_size": 32, "cache_dtype": "fp8", "gpu_memory_utilization": 0.9,
       "max_model_len": 16384, "max_num_seqs": 128, "max_num_batched_tokens": 4096,
-      "enable_prefix_caching": False}),
+      "enable_prefix_caching": False, "tensor_parallel": 1, "kv_cache_memory_bytes": 0}),
+    (["--kv-cache-memory-bytes=8000000000", "--tensor-parallel-size", "2"],
+     {"kv_cache_memory_bytes": 8_000_000_000, "tensor_parallel": 2}),
     (["--block-size", "64", "--enable-prefix-caching", "--num-gpu-blocks-override", "900"],
      {"block_size": 64, "enable_prefix_caching": True, "num_gpu_blocks": 900}),
 ])
@@ -145,6 +148,24 @@ def test_control_config_restarts_the_simulated_instance_with_the_planned_kv_cach
         assert state["finished"] > 0
     finally:
         server.stop()
+
+
+def test_kv_cache_memory_bytes_and_tensor_parallel_size_the_cache() -> None:
+    replay = Replay(InstanceConfig(max_model_len=32768), AZURE, speed=20.0,
+                    engine="simulator", hardware=Hardware(model=MODEL, gpu="H100"))
+    tp1 = replay.instance.config.num_gpu_blocks
+    replay.reconfigure(changes_from_vllm_args(["--kv-cache-memory-bytes=8000000000"]))
+    page = page_size_bytes(get_model(MODEL), "auto", 1, 16,
+                           model_dtype=get_model(MODEL).torch_dtype)
+    assert replay.instance.config.num_gpu_blocks == 8_000_000_000 // page
+    assert replay.instance.cache_config_labels()["kv_cache_memory_bytes"] == "8000000000"
+    # A rendered plan names one or the other: back to the utilization, then TP=2 halves
+    # the KV bytes per token on each GPU and the weights: more than twice the blocks.
+    replay.reconfigure(changes_from_vllm_args(["--gpu-memory-utilization=0.92",
+                                               "--tensor-parallel-size=2"]))
+    assert replay.instance.cache_config_labels()["kv_cache_memory_bytes"] == "None"
+    assert replay.hardware.tensor_parallel == 2
+    assert replay.instance.config.num_gpu_blocks > 2 * tp1
 
 
 def test_simple_engine_follows_control_config_too() -> None:
