@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kvtune.tuner.simulator.scheduler import EngineConfig, Scheduler
@@ -98,3 +99,61 @@ def test_fixed_cost_helper_is_fixed() -> None:
     c = fixed_step_cost(0.5)
     assert c.step_seconds(100, 1000, 1e6) == 0.5
     assert c.decode_run_seconds(3, 100, 4) == 2.0
+
+
+# Regression: hypothesis found these. The exact step skipped allocate_slots for a decode token
+# that *fills* its last block, so that block was cached one step late (vLLM caches it at once);
+# a request preempted or finished in between freed it unhashed (front of the free queue, no
+# resume hit), and exact stepping disagreed with the decode runs (which cache it): 4 vs 3
+# preemptions in the first case, different finish times in the second.
+REGRESSION_CASES = [
+    pytest.param(
+        [(0.0, 12, 16), (0.0, 12, 18), (0.0078125, 14, 14), (0.0078125, 1, 1),
+         (0.0078125, 1, 11), (0.0078125, 9, 5), (0.0078125, 1, 1)],
+        dict(num_gpu_blocks=40, block_size=2, max_num_seqs=5, max_num_batched_tokens=14,
+             max_model_len=79),
+        3, 24, [0, 0, 1, 0, 1, 1, 0],
+        [0.05312375, 0.063135, 0.063135, 0.0164425, 0.063135, 0.0598, 0.063135],
+        id="preemptions",
+    ),
+    pytest.param(
+        [(0.0, 10, 7), (0.0, 13, 7), (0.0, 5, 3), (0.0, 1, 1), (0.0, 1, 1), (0.0, 1, 1),
+         (0.0, 1, 1)],
+        dict(num_gpu_blocks=19, block_size=2, max_num_seqs=3, max_num_batched_tokens=8,
+             max_model_len=37),
+        1, 0, [0, 0, 1, 0, 0, 0, 0],
+        [0.02626125, 0.02954375, 0.02954375, 0.0327975, 0.0327975, 0.0327975, 0.03604875],
+        id="finish-times",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("spec", "knobs", "preemptions", "resume_hits", "per_request", "finish"), REGRESSION_CASES,
+)
+@pytest.mark.parametrize("decode_runs", [True, False])
+def test_decode_runs_regression_cases(
+    spec: list[tuple[float, int, int]], knobs: dict[str, int], preemptions: int,
+    resume_hits: int, per_request: list[int], finish: list[float], decode_runs: bool,
+) -> None:
+    reqs = [request(i, a, p, o) for i, (a, p, o) in enumerate(spec)]
+    sched = Scheduler(reqs, EngineConfig(**knobs), GROWING, decode_runs=decode_runs)  # type: ignore[arg-type]
+    res = sched.run()
+    assert res.preemptions == preemptions
+    assert res.resume_hit_tokens == resume_hits
+    assert [s.preemptions for s in sched.states] == per_request
+    assert res.finish_seconds == pytest.approx(finish, rel=1e-9, abs=1e-12)
+
+
+def test_a_decode_token_that_fills_its_block_caches_it_in_that_step() -> None:
+    # block_size 2, prompt 3: the prefill fills block 0; the first decode step computes
+    # token 3 (slot 3), which fills block 1: cached in that step, as vLLM's allocate_slots.
+    cached: list[int] = []
+
+    def hook(s: Scheduler) -> None:
+        cached.append(s.running[0].num_cached_blocks if s.running else -1)
+
+    config = EngineConfig(num_gpu_blocks=8, block_size=2, max_num_seqs=1,
+                          max_num_batched_tokens=16, max_model_len=64)
+    Scheduler([request(0, 0.0, 3, 4)], config, GROWING, on_step=hook, decode_runs=False).run()
+    assert cached == [1, 2, 2, -1]

@@ -323,8 +323,11 @@ class Scheduler:
         while i < len(running) and budget > 0:
             st = running[i]
             num_new = st.num_tokens - st.num_computed
-            if num_new == 1 and (st.num_tokens - 1) % bs:
-                # A decode token that lands in its last block: no new block, nothing fills.
+            if num_new == 1 and (st.num_tokens - 1) % bs and st.num_tokens % bs:
+                # A decode token inside its last block that does not fill it: no new block,
+                # nothing to cache. (A token that fills the block must go through _allocate:
+                # vLLM caches the block now, which matters if the request is preempted or
+                # finishes before its next block.)
                 scheduled.append((st, 1))
                 budget -= 1
                 i += 1
