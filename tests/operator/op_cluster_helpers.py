@@ -5,47 +5,20 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from kvtune.e2e.prometheus import free_port
+from waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / "inferencedeployments.kvtune.io.yaml"
 GROUP, VERSION, PLURAL = "kvtune.io", "v1alpha1", "inferencedeployments"
-T = TypeVar("T")
-
-
-def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 60.0,
-             log: Path | None = None) -> T:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what`` (and the
-    operator log's tail) on timeout."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.2)
-    tail = ""
-    if log is not None and log.exists():
-        tail = "\n--- operator log ---\n" + "\n".join(log.read_text().splitlines()[-40:])
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last}"
-                         f"{tail}")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def install_crd(api_client: Any) -> None:

@@ -17,20 +17,19 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
+from waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts/kvtune"
 RELEASE_NS = "kvtune-system"
 WATCHED_NS = "kvtune-pkg-e2e"
 GROUP, VERSION, PLURAL = "kvtune.io", "v1alpha1", "inferencedeployments"
-T = TypeVar("T")
 
 pytestmark = pytest.mark.cluster
 
@@ -82,20 +81,6 @@ FORBIDDEN = [
     ("create", "rbac.authorization.k8s.io", "clusterroles", "", ""),
     ("create", "apiextensions.k8s.io", "customresourcedefinitions", "", ""),
 ]
-
-
-def wait_for(probe: Callable[[], T | None], what: str, timeout: float,
-             log: Path | None = None) -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.25)
-    tail = ("\n--- operator log ---\n" + "\n".join(log.read_text().splitlines()[-40:])
-            if log is not None and log.exists() else "")
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last}{tail}")
 
 
 @pytest.fixture(scope="module")

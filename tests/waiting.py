@@ -1,0 +1,29 @@
+"""Waiting for a condition in integration tests (never a fixed sleep). Importable from every
+test area: pytest puts tests/ on sys.path because tests/conftest.py lives there."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 60.0,
+             log: Path | None = None) -> T:
+    """Poll ``probe`` until it returns something truthy; fail naming ``what`` (and the
+    operator log's tail) on timeout."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(0.2)
+    tail = ""
+    if log is not None and log.exists():
+        tail = "\n--- operator log ---\n" + "\n".join(log.read_text().splitlines()[-40:])
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last}"
+                         f"{tail}")
