@@ -25,10 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvtune.tuner.errors import InvalidInput
-from kvtune.tuner.simulator.prefix import Segment, SegmentInterner
+from kvtune.tuner.simulator.prefix import SegmentInterner
 from kvtune.tuner.simulator.scheduler import EngineConfig, RequestState, Scheduler
 from kvtune.tuner.simulator.timing import StepCostModel
-from kvtune.tuner.simulator.workload import SimRequest
+from kvtune.tuner.simulator.workload import SimRequest, trace_segments
 from kvtune.tuner.traces import TraceRequest
 
 
@@ -208,18 +208,7 @@ def sim_request_from_trace(
     Mooncake's prefix ids become chained segments (as ``requests_from_trace``) and every
     token they cover may be shared; the rest of the prompt and the output are the
     request's own."""
-    segments: list[Segment] = []
-    parent = 0
-    covered = 0
-    for hid in req.prefix_block_ids:
-        if covered >= req.prompt_tokens:
-            break
-        n = min(req.hash_block_tokens, req.prompt_tokens - covered)
-        parent = interner.chain(parent, hid)
-        segments.append((parent, n))
-        covered += n
-    segments.append((interner.unique(),
-                     req.prompt_tokens - covered + max(1, req.output_tokens)))
+    segments, covered = trace_segments(req, interner)
     return SimRequest(
         request_id=request_id, arrival_seconds=arrival_seconds,
         prompt_tokens=req.prompt_tokens, output_tokens=max(1, req.output_tokens),

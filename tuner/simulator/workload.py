@@ -20,7 +20,7 @@ from kvtune.tuner.simulator.prefix import (
     block_hashes,
     shareable_prefix_tokens,
 )
-from kvtune.tuner.traces import Trace
+from kvtune.tuner.traces import Trace, TraceRequest
 from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
 
 
@@ -70,23 +70,33 @@ def requests_from_trace(
     interner = SegmentInterner()
     segs: list[tuple[Segment, ...]] = []
     for r in rows:
-        out: list[Segment] = []
-        parent = 0
-        covered = 0
-        for hid in r.prefix_block_ids:
-            if covered >= r.prompt_tokens:
-                break
-            n = min(r.hash_block_tokens, r.prompt_tokens - covered)
-            parent = interner.chain(parent, hid)
-            out.append((parent, n))
-            covered += n
-        # Uncovered prompt and the whole output: this request's own tokens.
-        out.append((interner.unique(), r.prompt_tokens - covered + max(1, r.output_tokens)))
+        out, _ = trace_segments(r, interner)
         segs.append(tuple(out))
     return _finish(
         [(r.arrival_seconds - t0) / speed for r in rows],
         [r.prompt_tokens for r in rows], [r.output_tokens for r in rows], segs,
     )
+
+
+def trace_segments(
+    req: TraceRequest, interner: SegmentInterner
+) -> tuple[list[Segment], int]:
+    """A trace request's tokens as segments, and how many prompt tokens its prefix ids cover:
+    Mooncake's prefix ids become chained segments (a block's identity includes its parents'),
+    cut at the prompt's end; the uncovered prompt and the whole output are the request's own."""
+    segments: list[Segment] = []
+    parent = 0
+    covered = 0
+    for hid in req.prefix_block_ids:
+        if covered >= req.prompt_tokens:
+            break
+        n = min(req.hash_block_tokens, req.prompt_tokens - covered)
+        parent = interner.chain(parent, hid)
+        segments.append((parent, n))
+        covered += n
+    segments.append((interner.unique(),
+                     req.prompt_tokens - covered + max(1, req.output_tokens)))
+    return segments, covered
 
 
 @dataclass(frozen=True, slots=True)
