@@ -114,8 +114,11 @@ def routing_objects(*, name: str, namespace: str, pool: str, pool_plan: PoolPlan
             # Stable and canary pods alike: both serve the pool's traffic.
             "selector": {"matchLabels": {LABEL_DEPLOYMENT: name, LABEL_POOL: pool}},
             "targetPorts": [{"number": VLLM_PORT}],
-            "endpointPickerRef": {"name": picker, "port": {"number": EPP_PORT},
-                                  "failureMode": "FailOpen"},
+            # The CRD's defaults, written out: what the server holds equals what kvtune
+            # renders, so Argo CD and kvtune's own diff see no drift.
+            "appProtocol": "http",
+            "endpointPickerRef": {"group": "", "kind": "Service", "name": picker,
+                                  "port": {"number": EPP_PORT}, "failureMode": "FailOpen"},
         },
     }
     config_map = {
