@@ -99,11 +99,14 @@ _case("pin all", "-m", L8, "-g", "H200", "--kv-cache-dtype", "fp8", "--block-siz
       "--attention-backend", "FLASH_ATTN")
 
 # Policy: SLOs, precision floor, targets, CPU offload budget.
-_case("slo tight", "-m", L70, "-g", "H200", "--weights-dtype", "fp8", "--ttft-p95", "0.5", "--tpot-p95", "0.03")
+_case("slo tight", "-m", L70, "-g", "H200", "--weights-dtype", "fp8", "--ttft-p95", "0.5",
+      "--tpot-p95", "0.03")
 _case("slo loose", "-m", L8, "-g", "H100", "--ttft-p95", "5", "--tpot-p95", "0.2")
-_case("lowest precision bf16", "-m", L70, "-g", "H200", "--tp", "2", "--lowest-kv-precision", "bf16")
+_case("lowest precision bf16", "-m", L70, "-g", "H200", "--tp", "2",
+      "--lowest-kv-precision", "bf16")
 _case("lowest precision fp4", "-m", L70, "-g", "B200", "--lowest-kv-precision", "fp4")
-_case("target sequences", "-m", L70, "-g", "H200", "--weights-dtype", "fp8", "--target-sequences", "200")
+_case("target sequences", "-m", L70, "-g", "H200", "--weights-dtype", "fp8",
+      "--target-sequences", "200")
 _case("min max-model-len", "-m", L8, "-g", "H100", "--min-max-model-len", "65536")
 _case("cpu offload budget", "-m", L8, "-g", "H100", "--cpu-offload-gib", "64",
       "--workload", "long-context")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from kvtune.tuner.simulator.prefix import block_hashes
 from kvtune.tuner.simulator.scheduler import EngineConfig, simulate
 from kvtune.tuner.simulator.timing import Efficiency, StepCostModel
