@@ -38,7 +38,7 @@ def test_no_tracked_file_outside_docs_reads_the_shared_folder() -> None:
             continue
         offenders += [f"{rel}:{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1)
                       if READS_SHARED.search(line)]
-    assert not offenders, "reads ../shared (ship the file in the repository):\n" + "\n".join(
+    assert not offenders, f"reads ../{_SHARED} (ship the file in the repository):\n" + "\n".join(
         offenders)
 
 
