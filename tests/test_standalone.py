@@ -70,7 +70,7 @@ def test_shipped_traces_are_the_attributed_bytes(trace: Path) -> None:
     assert hashlib.sha256(data).hexdigest() == sha256
     if license_name == "Apache-2.0":
         # Apache-2.0 section 4(a): recipients get a copy of the license with the work.
-        assert "Apache License" in (TRACES_DIR / "LICENSES" / "Apache-2.0.txt").read_text()
+        assert "Apache License" in (TRACES_DIR / "LICENSE-Apache-2.0.txt").read_text()
     else:
         assert license_name == "CC BY 4.0"
         assert "creativecommons.org/licenses/by/4.0" in (TRACES_DIR / "SOURCES.md").read_text()
