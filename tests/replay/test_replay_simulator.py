@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from kvtune.e2e.traces import AZURE_TRACE as AZURE
+from kvtune.e2e.traces import MOONCAKE_TRACE as MOONCAKE
 from kvtune.operator import vllm_metrics as vm
 from kvtune.replay.exporter import (
     Replay,
@@ -28,9 +30,6 @@ from kvtune.tuner.planner.planning import PlanRequest, plan_pool
 from kvtune.tuner.planner.presets import profile_from_trace
 from kvtune.tuner.traces import load_trace
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-AZURE = DATA / "AzureLLMInferenceTrace_conv.csv"
-MOONCAKE = DATA / "synthetic_trace.jsonl"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 

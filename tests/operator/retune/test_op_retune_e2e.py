@@ -29,15 +29,14 @@ import pytest
 import yaml
 
 from kvtune.e2e.prometheus import PrometheusServer
+from kvtune.e2e.traces import AZURE_TRACE as AZURE
+from kvtune.e2e.traces import MOONCAKE_TRACE as MOONCAKE
 from kvtune.replay.exporter import Replay, ReplayServer
 from kvtune.replay.instance import InstanceConfig
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[3]
-DATA = REPO.parent / "shared" / "data"
-AZURE = DATA / "AzureLLMInferenceTrace_conv.csv"
-MOONCAKE = DATA / "synthetic_trace.jsonl"
 GROUP, VERSION, PLURAL = "kvtune.io", "v1alpha1", "inferencedeployments"
 NS, NAME = "kvtune-retune-e2e", "drift"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
