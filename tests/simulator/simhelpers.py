@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from kvtune.tuner.simulator.prefix import Segment
 from kvtune.tuner.simulator.timing import Efficiency, StepCostModel
 from kvtune.tuner.simulator.workload import SimRequest
@@ -35,8 +33,3 @@ def request(
         shareable_tokens=shared_tokens,
     )
 
-
-# The traces the repository ships (examples/traces/SOURCES.md: origin, license, checksum).
-TRACES = Path(__file__).resolve().parents[2] / "examples" / "traces"
-AZURE = TRACES / "AzureLLMInferenceTrace_conv.csv"
-MOONCAKE = TRACES / "synthetic_trace.jsonl"

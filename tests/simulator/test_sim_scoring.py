@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from kvtune.cli.main import cli
+from kvtune.e2e.traces import AZURE_TRACE as AZURE
 from kvtune.tuner.catalog import get_model
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.gpus import get_gpu_class
@@ -17,7 +18,6 @@ from kvtune.tuner.presets import preset_profile
 from kvtune.tuner.simulator.compare import configurations, parse_overrides
 from kvtune.tuner.simulator.engine import simulated_plan, vllm_default_plan
 from kvtune.tuner.simulator.scoring import SimulatorScorer
-from simhelpers import AZURE
 
 
 def _request() -> PlanRequest:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from kvtune.e2e.traces import AZURE_TRACE as AZURE
 from kvtune.tuner.catalog import get_model
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.gpus import get_gpu_class
@@ -19,7 +20,7 @@ from kvtune.tuner.simulator.stepwise import (
 )
 from kvtune.tuner.simulator.workload import requests_from_trace
 from kvtune.tuner.traces import load_trace
-from simhelpers import AZURE, STEP_SECONDS, fixed_step_cost, request
+from simhelpers import STEP_SECONDS, fixed_step_cost, request
 
 CFG = EngineConfig(num_gpu_blocks=201, block_size=16, max_num_seqs=8,
                    max_num_batched_tokens=512, max_model_len=4096)
