@@ -305,6 +305,7 @@ def plan(**opts: Any) -> None:
         pool = plan_pool(request)
         text = render(pool, request, opts["output"])
     except KVTuneError as exc:
+        # Bad input (a model, GPU or pin that cannot work) exits 1; click's usage errors 2.
         click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        sys.exit(1)
     click.echo(text, nl=False)

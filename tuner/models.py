@@ -13,6 +13,7 @@ them (``vllm/v1/kv_cache_interface.py``: ``FullAttentionSpec``, ``SlidingWindowS
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -92,6 +93,11 @@ class CheckpointQuantization(BaseModel):
     # Only the MoE experts are stored quantized (gpt-oss's MXFP4 leaves attention, router,
     # embeddings and lm_head in 16 bits: ``modules_to_not_convert``).
     experts_only: bool = False
+    # Layers whose attention / dense MLP the checkpoint left in 16 bits (its
+    # modules_to_not_convert: Meta's FP8 Llama 3.1 405B keeps all attention and the first and
+    # last layers' MLPs in bf16).
+    unquantized_attention_layers: int = Field(default=0, ge=0)
+    unquantized_mlp_layers: int = Field(default=0, ge=0)
     # fp8 block-wise scales (DeepSeek-V3: [128, 128]); group size for int4 methods.
     weight_block_size: tuple[int, ...] | None = None
     group_size: int | None = None
@@ -160,6 +166,17 @@ class ModelArchitecture(BaseModel):
         GPU of compute capability 8.0 or newer (vllm/config/model.py ``_resolve_auto_dtype``;
         vllm/platforms/cuda.py ``supported_dtypes``)."""
         return "float16" if self.torch_dtype == "float16" else "bfloat16"
+
+    @property
+    def attention_parameters_per_layer(self) -> int:
+        """q, k, v and o projections of one layer (non-MLA)."""
+        return self.hidden_size * self.head_dim * (
+            2 * self.num_attention_heads + 2 * self.num_kv_heads)
+
+    @property
+    def dense_mlp_parameters_per_layer(self) -> int:
+        """gate, up and down projections of one dense MLP layer."""
+        return 3 * self.hidden_size * self.intermediate_size
 
     @property
     def expert_parameter_count(self) -> int:
@@ -350,7 +367,28 @@ def _layer_groups(
     return tuple(groups)
 
 
-def _quantization(cfg: Mapping[str, Any]) -> CheckpointQuantization | None:
+def _unconverted_layers(q: Mapping[str, Any], num_layers: int) -> tuple[int, int]:
+    """(layers whose attention, layers whose dense MLP) a quantized checkpoint left in 16 bits,
+    from ``modules_to_not_convert`` / ``ignored_layers`` / ``ignore`` entries such as
+    ``model.layers.0.self_attn.q_proj`` or ``model.layers.*.self_attn``."""
+    entries: list[str] = []
+    for key in ("modules_to_not_convert", "ignored_layers", "ignore"):
+        value = q.get(key)
+        if isinstance(value, list):
+            entries += [str(v) for v in value]
+    attention: set[int] = set()
+    mlp: set[int] = set()
+    for entry in entries:
+        match = re.search(r"layers\.(\d+|\*)\.(self_attn|mlp)(\.[a-z_]+)?", entry)
+        if match is None or (match.group(3) or "").startswith((".router", ".gate.")):
+            continue
+        layers = range(num_layers) if match.group(1) == "*" else [int(match.group(1))]
+        (attention if match.group(2) == "self_attn" else mlp).update(
+            i for i in layers if i < num_layers)
+    return len(attention), len(mlp)
+
+
+def _quantization(cfg: Mapping[str, Any], num_layers: int) -> CheckpointQuantization | None:
     q = cfg.get("quantization_config")
     if not isinstance(q, Mapping):
         return None
@@ -385,10 +423,13 @@ def _quantization(cfg: Mapping[str, Any]) -> CheckpointQuantization | None:
         )
     block = q.get("weight_block_size")
     gsize = q.get("group_size") or q.get("q_group_size")
+    attention_layers, mlp_layers = _unconverted_layers(q, num_layers)
     return CheckpointQuantization(
         method=method,
         weight_bits=bits,
         experts_only=experts_only,
+        unquantized_attention_layers=attention_layers,
+        unquantized_mlp_layers=mlp_layers,
         weight_block_size=tuple(int(b) for b in block) if isinstance(block, list) else None,
         group_size=int(gsize) if isinstance(gsize, int) and gsize > 0 else None,
     )
@@ -610,7 +651,7 @@ def _parse_hf_config(
             layer_groups=_layer_groups(cfg, num_layers, model_type, mla is not None),
             mla=mla,
             moe=moe,
-            quantization=_quantization(cfg),
+            quantization=_quantization(cfg, num_layers),
             vision_parameter_count=vision,
             source=source,
         )

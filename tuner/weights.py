@@ -209,6 +209,12 @@ def weights_bytes_total(model: ModelArchitecture, weights_dtype: str) -> int:
         quantized = min(model.expert_parameter_count, model.parameter_count)
     else:
         quantized = max(0, model.parameter_count - model.embedding_parameter_count)
+        q = model.quantization
+        if q is not None and load.method == q.method:
+            # Layers the checkpoint left in 16 bits (modules_to_not_convert).
+            kept = (q.unquantized_attention_layers * model.attention_parameters_per_layer
+                    + q.unquantized_mlp_layers * model.dense_mlp_parameters_per_layer)
+            quantized = max(0, quantized - kept)
     per_param = load.bits / 8 + _SCALE_BYTES_PER_PARAM.get(load.bits, 0.0)
     return (model.parameter_count - quantized) * 2 + int(quantized * per_param)
 
