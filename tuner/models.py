@@ -316,8 +316,8 @@ def _layer_groups(
         }
         kinds = []
         for index, layer_type in enumerate(layer_types):
-            kind = mapping.get(str(layer_type))
-            if kind is None:
+            found = mapping.get(str(layer_type))
+            if found is None:
                 # Counting an unknown layer as full attention would size its cache wrongly
                 # (a linear-attention or Mamba layer keeps a fixed state, not per-token KV).
                 raise InvalidInput(
@@ -326,7 +326,7 @@ def _layer_groups(
                     "cache is not modelled: plan a pure-attention model or pin "
                     "kv_cache_memory_bytes",
                 )
-            kinds.append(kind)
+            kinds.append(found)
     elif model_type.startswith("llama4") and chunk is not None:
         # Llama 4: layers that use RoPE attend within chunks; every 4th layer (NoPE) is
         # global. ``no_rope_layers[i] == 1`` means layer i uses RoPE (transformers'
