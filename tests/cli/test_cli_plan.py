@@ -74,16 +74,17 @@ def test_trace_profiles(trace: str, expect: str) -> None:
 
 
 def test_unknown_names_list_close_matches() -> None:
+    # A bad name is bad input: exit 1 (usage errors exit 2).
     code, _, err = run("plan", "-m", "Qwen3-32", "-g", "H200")
-    assert code == 2 and "Qwen/Qwen3-32B" in err
-    code, _, err = run("plan", "-m", "Qwen/Qwen3-32B", "-g", "H20")
-    assert code == 2 and "H200" in err
+    assert code == 1 and "Qwen/Qwen3-32B" in err
+    code, _, err = run("plan", "-m", "Qwen/Qwen3-32B", "-g", "H2000")
+    assert code == 1 and "H200" in err
 
 
 def test_no_fit_quotes_bytes_and_fixes() -> None:
     code, _, err = run("plan", "-m", "Qwen/Qwen3-235B-A22B", "-g", "H100", "--weights-dtype",
                        "bf16")
-    assert code == 2
+    assert code == 1
     assert "GiB" in err and "tensor parallel" in err
 
 

@@ -24,7 +24,6 @@ the smallest changes that fit. Shared state and memory arithmetic: ``planrun.Pla
 
 from __future__ import annotations
 
-from kvtune.tuner.plan import CandidateScore, KVPlan, PoolPlan, Reason
 from kvtune.tuner.planner import (
     budget,
     decide_attention_backend,
@@ -39,6 +38,8 @@ from kvtune.tuner.planner import (
     infeasible,
     kv_dtype_options,
 )
+from kvtune.tuner.planner.checks import WEIGHTS_AS_PLANNED
+from kvtune.tuner.plan import CandidateScore, KVPlan, PoolPlan, Reason
 from kvtune.tuner.planner.planrun import MAX_NUM_SEQS_CEILING, Memory, PlanRun
 from kvtune.tuner.planner.policy import PlanPolicy
 
@@ -100,6 +101,9 @@ def plan_pool(request: PlanRequest, scorer: CandidateScorer | None = None) -> Po
         kv_offloading_size_gib=offload,
         kv_offloading_backend="native" if offload else None,
         attention_backend=pins.attention_backend,
+        dtype=run.weights.dtype_flag,
+        quantization=run.weights.quantization_flag,
+        allow_deprecated_quantization=run.weights.allow_deprecated_quantization,
     )
     block_reason: Reason
     chosen_score: CandidateScore | None = None
@@ -120,6 +124,14 @@ def plan_pool(request: PlanRequest, scorer: CandidateScorer | None = None) -> Po
     ):
         raise infeasible.no_fit(run, plan.max_model_len, batched, utilization, ())
     decide_attention_backend.report(run, plan)
+    weights = run.weights
+    if weights.vllm_args() or weights.method or run.model.torch_dtype == "float32":
+        run.reasons.append(Reason(
+            knob="quantization", choice=weights.quantization_flag or weights.method or "none",
+            code=WEIGHTS_AS_PLANNED,
+            message=weights.note + (
+                f": {' '.join(weights.vllm_args())}" if weights.vllm_args() else ""),
+        ))
     return PoolPlan(
         model_id=run.model.hf_id,
         gpu_class=run.gpu.name,

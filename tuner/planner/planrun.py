@@ -11,21 +11,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvtune.tuner.facts.capabilities import AttentionFamily, RuntimeCapabilities, get_runtime
-from kvtune.tuner.facts.kvmemory import block_bytes, request_kv_bytes
-from kvtune.tuner.facts.weights import weights_bytes_per_gpu
-from kvtune.tuner.plan import Reason
 from kvtune.tuner.planner import budget, validation
 from kvtune.tuner.planner.backend_choice import BackendChooser
+from kvtune.tuner.facts.capabilities import AttentionFamily, RuntimeCapabilities, get_runtime
 from kvtune.tuner.planner.checks import PINNED
+from kvtune.tuner.facts.kvmemory import block_bytes, request_kv_bytes
+from kvtune.tuner.plan import Reason
 from kvtune.tuner.planner.request import PlanRequest, session_tokens
+from kvtune.tuner.facts.weights import WeightsLoad, weights_bytes_per_gpu, weights_load
 
 GiB = 1 << 30
 # vLLM's scheduler cap on running sequences by default (decide_max_num_seqs caps its choice
 # here; memory is figured for at most this many before the choice). It lives here, below the
 # decisions, so the run imports no decision module (that was an import cycle).
 MAX_NUM_SEQS_CEILING = 1024
-
 
 @dataclass(frozen=True, slots=True)
 class Memory:
@@ -53,14 +52,17 @@ class PlanRun:
         self.runtime: RuntimeCapabilities = get_runtime(request.vllm_version)
         self.attention: AttentionFamily = "mla" if self.model.is_mla else "standard"
         self.cc = self.gpu.compute_capability
-        self.model_dtype = self.model.torch_dtype
+        # How vLLM loads the weights (and the flags it needs); refuses what it cannot do.
+        self.weights: WeightsLoad = weights_load(self.model, request.weights_dtype)
+        # The dtype vLLM serves at (float32 checkpoints at bfloat16): KV "auto" is this.
+        self.model_dtype = self.weights.served_dtype
         self.reasons: list[Reason] = []
         self.warnings: list[str] = []
         self.backends = BackendChooser(
             self.runtime, self.attention, self.cc, self.pins.attention_backend,
             self.gpu.name, self.model_dtype)
         self.warnings += validation.validate(
-            request, self.runtime, self.backends, self.attention)
+            request, self.runtime, self.backends, self.attention, self.weights)
         self.weights_bytes = weights_bytes_per_gpu(
             self.model, request.weights_dtype, self.tp
         )

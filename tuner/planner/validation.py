@@ -12,32 +12,49 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvtune.tuner.errors import InvalidInput
-from kvtune.tuner.facts.weights import weight_bits
+from kvtune.tuner.facts.models import ModelArchitecture
 
 if TYPE_CHECKING:
     from kvtune.tuner.facts.capabilities import AttentionFamily, RuntimeCapabilities
+    from kvtune.tuner.facts.weights import WeightsLoad
     from kvtune.tuner.planner.backend_choice import BackendChooser
     from kvtune.tuner.planner.request import PlanRequest
 
 
+def tensor_parallel_ok(model: ModelArchitecture, tp: int) -> bool:
+    """Whether vLLM 0.33 shards this model over ``tp`` GPUs: the attention heads must divide
+    evenly (ModelConfig.verify_with_parallel_config), and outside MLA the KV heads too, or be
+    replicated a whole number of times when fewer than the ranks (QKVParallelLinear:
+    ``divide(kv_heads, tp)`` or ``divide(tp, kv_heads)``, an assertion at load)."""
+    if model.num_attention_heads % tp:
+        return False
+    if model.is_mla:
+        return True
+    kv = model.num_kv_heads
+    return (kv % tp == 0) if tp < kv else (tp % kv == 0)
+
+
 def validate(
     req: PlanRequest, runtime: RuntimeCapabilities, backends: BackendChooser,
-    attention: AttentionFamily,
+    attention: AttentionFamily, weights: WeightsLoad,
 ) -> list[str]:
     """Raises ``InvalidInput`` for what can never work; returns the warnings. Takes the run's
     parts, not the ``PlanRun`` that calls it (that was an import cycle)."""
     model, tp, gpu, pins = req.model, req.tensor_parallel, req.gpu, req.policy.pins
     cc = gpu.compute_capability
     warnings: list[str] = []
-    if not model.is_mla and model.num_attention_heads % tp:
+    if not tensor_parallel_ok(model, tp):
+        what = (f"{model.num_attention_heads} attention heads"
+                + ("" if model.is_mla else f" and {model.num_kv_heads} KV heads"))
         raise InvalidInput(
             "tensor_parallel", tp,
-            f"{model.hf_id} has {model.num_attention_heads} attention heads; tensor "
-            "parallel must divide them (vLLM refuses otherwise). Try "
-            + ", ".join(str(t) for t in (1, 2, 4, 8) if model.num_attention_heads % t == 0),
+            f"{model.hf_id} has {what}; tensor parallel must divide them (or, for KV "
+            "heads fewer than the ranks, be a multiple of them): vLLM refuses otherwise. "
+            "Try " + (", ".join(str(t) for t in (1, 2, 4, 8) if tensor_parallel_ok(model, t))
+                      or "a checkpoint with other head counts"),
         )
-    bits = weight_bits(model, req.weights_dtype)
-    if bits == 8 and not gpu.supports_fp8 and req.weights_dtype == "fp8":
+    bits = weights.bits
+    if bits == 8 and not gpu.supports_fp8 and weights.weights_dtype == "fp8":
         warnings.append(
             f"{gpu.name} has no native FP8: vLLM serves FP8 weights there with "
             "weight-only Marlin kernels (slower prefill)"
