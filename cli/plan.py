@@ -20,6 +20,7 @@ from kvtune.tuner.errors import KVTuneError
 from kvtune.tuner.facts import catalog, gpus
 from kvtune.tuner.facts.capabilities import PINNED_VLLM_VERSION, get_runtime
 from kvtune.tuner.facts.kvmemory import kv_bytes_per_token
+from kvtune.tuner.facts.weights import weights_load
 from kvtune.tuner.plan import PoolPlan
 from kvtune.tuner.planner.planning import PlanRequest, kv_capacity_by_dtype, plan_pool
 from kvtune.tuner.planner.policy import SLO, Pins, PlanPolicy
@@ -30,7 +31,6 @@ from kvtune.tuner.planner.presets import (
     profile_from_trace,
 )
 from kvtune.tuner.traces import load_trace
-from kvtune.tuner.facts.weights import weights_load
 from kvtune.tuner.workload import WorkloadProfile
 
 GiB = 1 << 30

@@ -33,9 +33,10 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict
+
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.facts.models import ModelArchitecture
-from pydantic import BaseModel, ConfigDict
 
 WeightsDType = Literal["auto", "bfloat16", "float16", "fp8", "int8", "int4", "awq", "gptq"]
 WEIGHTS_DTYPES: tuple[str, ...] = (

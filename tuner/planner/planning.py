@@ -24,6 +24,7 @@ the smallest changes that fit. Shared state and memory arithmetic: ``planrun.Pla
 
 from __future__ import annotations
 
+from kvtune.tuner.plan import CandidateScore, KVPlan, PoolPlan, Reason
 from kvtune.tuner.planner import (
     budget,
     decide_attention_backend,
@@ -39,7 +40,6 @@ from kvtune.tuner.planner import (
     kv_dtype_options,
 )
 from kvtune.tuner.planner.checks import WEIGHTS_AS_PLANNED
-from kvtune.tuner.plan import CandidateScore, KVPlan, PoolPlan, Reason
 from kvtune.tuner.planner.planrun import MAX_NUM_SEQS_CEILING, Memory, PlanRun
 from kvtune.tuner.planner.policy import PlanPolicy
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvtune.tuner.facts.capabilities import AttentionFamily, RuntimeCapabilities, get_runtime
+from kvtune.tuner.facts.kvmemory import block_bytes, request_kv_bytes
+from kvtune.tuner.facts.weights import WeightsLoad, weights_bytes_per_gpu, weights_load
+from kvtune.tuner.plan import Reason
 from kvtune.tuner.planner import budget, validation
 from kvtune.tuner.planner.backend_choice import BackendChooser
-from kvtune.tuner.facts.capabilities import AttentionFamily, RuntimeCapabilities, get_runtime
 from kvtune.tuner.planner.checks import PINNED
-from kvtune.tuner.facts.kvmemory import block_bytes, request_kv_bytes
-from kvtune.tuner.plan import Reason
 from kvtune.tuner.planner.request import PlanRequest, session_tokens
-from kvtune.tuner.facts.weights import WeightsLoad, weights_bytes_per_gpu, weights_load
 
 GiB = 1 << 30
 # vLLM's scheduler cap on running sequences by default (decide_max_num_seqs caps its choice

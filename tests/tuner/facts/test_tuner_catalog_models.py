@@ -5,6 +5,7 @@ weight bytes vLLM loads (checkpoint sizes from the model pages)."""
 from __future__ import annotations
 
 import pytest
+
 from kvtune.tuner.facts.catalog import get_model
 from kvtune.tuner.facts.kvmemory import kv_bytes_per_token
 from kvtune.tuner.facts.weights import weights_bytes_per_gpu

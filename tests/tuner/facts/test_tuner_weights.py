@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kvtune.tuner.facts.catalog import get_model
+
 from kvtune.tuner.errors import InvalidInput
+from kvtune.tuner.facts.catalog import get_model
 from kvtune.tuner.facts.models import ModelArchitecture
 from kvtune.tuner.facts.weights import weights_bytes_per_gpu
 

@@ -11,15 +11,16 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+
 from kvtune.cli.main import cli
-from kvtune.tuner.facts.catalog import get_model
 from kvtune.tuner.errors import InvalidInput, NoFeasiblePlan
+from kvtune.tuner.facts.catalog import get_model
 from kvtune.tuner.facts.gpus import get_gpu_class
 from kvtune.tuner.facts.kvmemory import kv_bytes_per_token
 from kvtune.tuner.facts.models import ModelArchitecture
+from kvtune.tuner.facts.weights import weights_bytes_per_gpu, weights_load
 from kvtune.tuner.planner.planning import PlanRequest, plan_pool
 from kvtune.tuner.planner.presets import fixed_session_profile
-from kvtune.tuner.facts.weights import weights_bytes_per_gpu, weights_load
 
 LLAMA_70B = get_model("meta-llama/Llama-3.3-70B-Instruct")
 H200 = get_gpu_class("H200")

@@ -8,12 +8,14 @@ from collections.abc import Sequence
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kvtune.tuner import budget
-from kvtune.tuner.facts.catalog import get_model, list_models
+
 from kvtune.tuner.errors import InvalidInput, NoFeasiblePlan
+from kvtune.tuner.facts.catalog import get_model, list_models
 from kvtune.tuner.facts.gpus import GPUClass, get_gpu_class
 from kvtune.tuner.facts.models import ModelArchitecture
+from kvtune.tuner.facts.weights import weights_load
 from kvtune.tuner.plan import CandidateScore, KVPlan
+from kvtune.tuner.planner import budget
 from kvtune.tuner.planner.planning import (
     PlanRequest,
     kv_capacity_by_dtype,
@@ -24,7 +26,6 @@ from kvtune.tuner.planner.planning import (
 from kvtune.tuner.planner.policy import SLO, Pins, PlanPolicy
 from kvtune.tuner.planner.presets import PRESET_KINDS, fixed_session_profile, preset_profile
 from kvtune.tuner.planner.validation import tensor_parallel_ok
-from kvtune.tuner.facts.weights import weights_load
 
 LLAMA_70B = get_model("meta-llama/Llama-3.3-70B-Instruct")
 H200 = get_gpu_class("H200")
@@ -442,7 +443,7 @@ def test_pinned_kv_bytes_must_fit_beside_the_weights() -> None:
 
 
 def test_pick_scored_without_any_candidate_meeting_the_slo() -> None:
-    from kvtune.tuner import checks, scored
+    from kvtune.tuner.planner import checks, scored
 
     plan = plan_pool(article_request()).plan
     scores = [CandidateScore(
