@@ -192,11 +192,38 @@ class Toleration(_Model):
     toleration_seconds: int | None = None
 
 
+_QUANTITY = r"^[0-9]+(\.[0-9]+)?\s*[A-Za-z/]+$"
+
+
+class CustomGPUSpec(_Model):
+    """A GPU kvtune has no data for, declared by its facts; label its nodes
+    ``kvtune.io/gpu-class: <gpuClass>``."""
+
+    memory: str = Field(pattern=_QUANTITY, max_length=32, description=(
+        "Memory as the CUDA runtime reports it (torch.cuda.mem_get_info total), e.g. 47.4GiB."))
+    bandwidth: str = Field(pattern=_QUANTITY, max_length=32,
+                           description="Memory bandwidth, e.g. 960GB/s or 3.35TB/s.")
+    bf16: str = Field(pattern=_QUANTITY, max_length=32,
+                      description="Dense BF16 tensor FLOPs, e.g. 364TFLOPS.")
+    fp8: str | None = Field(default=None, pattern=_QUANTITY, max_length=32,
+                            description="Dense FP8 tensor FLOPs (compute capability 8.9+).")
+    compute_capability: str = Field(pattern=r"^[0-9]+\.[0-9]$", max_length=8,
+                                    description="e.g. 8.9 (nvidia-smi --query-gpu=compute_cap).")
+
+    def declaration(self, name: str) -> str:
+        """The tuner's custom-GPU declaration (``tuner.gpus.parse_gpu_spec``)."""
+        fp8 = f",fp8={self.fp8}" if self.fp8 else ""
+        return (f"{name}:memory={self.memory},bandwidth={self.bandwidth},bf16={self.bf16}"
+                f"{fp8},cc={self.compute_capability}")
+
+
 class PoolSpec(_Model):
     gpu_class: str = Field(
         min_length=1, max_length=32, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
-        description="kvtune GPU class, e.g. H100, H200, B200.",
+        description="kvtune GPU class, e.g. H100, H200, B200, L4; or the name of a customGpu.",
     )
+    custom_gpu: CustomGPUSpec | None = Field(
+        default=None, description="Declares gpuClass as a GPU kvtune has no data for.")
     name: str | None = Field(
         default=None, min_length=1, max_length=20, pattern=_DNS_LABEL,
         description="Pool name in object names; defaults to the lower-cased GPU class.",
@@ -209,6 +236,11 @@ class PoolSpec(_Model):
     @property
     def pool_name(self) -> str:
         return self.name or self.gpu_class.lower().replace("_", "-")
+
+    @property
+    def gpu_declaration(self) -> str:
+        """What ``tuner.gpus.get_gpu_class`` takes: the class name, or its custom declaration."""
+        return self.custom_gpu.declaration(self.gpu_class) if self.custom_gpu else self.gpu_class
 
 
 _LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
