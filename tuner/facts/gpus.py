@@ -19,8 +19,9 @@ from functools import cache
 from importlib import resources
 from typing import Literal
 
-from kvtune.tuner.errors import InvalidInput, UnknownName
 from pydantic import BaseModel, ConfigDict, Field
+
+from kvtune.tuner.errors import InvalidInput, UnknownName
 
 LowPrecision = Literal["fp8", "fp4"]
 

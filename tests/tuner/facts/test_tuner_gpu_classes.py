@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
+
 from kvtune.cli.main import cli
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.facts.gpus import find_gpu_class, get_gpu_class, gpu_class_for_node_labels

@@ -1,0 +1,67 @@
+"""The KV-quality gate: measured dtypes within / beyond the KL limit, unverified ones, and
+requireMeasurement."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtune.tuner.kv_quality import (
+    EXCEEDS_KL,
+    UNVERIFIED,
+    UNVERIFIED_REQUIRED,
+    KVDtypeMeasurement,
+    KVQualityEvidence,
+    KVQualityPolicy,
+    allowed_dtypes,
+    evidence_from_report,
+    gate,
+)
+
+EVIDENCE = KVQualityEvidence(source="calibration Job, revision abc", measurements=(
+    KVDtypeMeasurement(dtype="fp8", kl_mean=0.0004, top1_agreement=0.991,
+                       attention_error_max=0.03, attention_error_worst_layer=2),
+    KVDtypeMeasurement(dtype="int4_per_token_head", kl_mean=0.052, top1_agreement=0.93,
+                       attention_error_max=0.31, attention_error_worst_layer=0),
+))
+DTYPES = ["auto", "fp8", "fp8_e4m3", "int8_per_token_head", "int4_per_token_head"]
+
+
+def test_measured_dtypes_within_and_beyond_the_limit() -> None:
+    verdicts = gate(DTYPES, EVIDENCE, KVQualityPolicy())
+    assert verdicts["fp8"].allowed and "measured KL 4.00e-04 nats" in verdicts["fp8"].detail
+    assert "top-1 agreement 99.1%" in verdicts["fp8"].detail
+    assert verdicts["fp8_e4m3"].allowed  # the same layout as fp8: its measurement counts
+    assert not verdicts["int4_per_token_head"].allowed
+    assert verdicts["int4_per_token_head"].code == EXCEEDS_KL
+    assert "exceeds quality.maxKVQuantizationKL 0.01" in verdicts["int4_per_token_head"].detail
+    assert verdicts["int8_per_token_head"].code == UNVERIFIED
+    assert allowed_dtypes(DTYPES, EVIDENCE, KVQualityPolicy()) == [
+        "auto", "fp8", "fp8_e4m3", "int8_per_token_head"]
+
+
+def test_a_looser_limit_lets_int4_through() -> None:
+    assert "int4_per_token_head" in allowed_dtypes(
+        DTYPES, EVIDENCE, KVQualityPolicy(max_kv_quantization_kl=0.1))
+
+
+@pytest.mark.parametrize("evidence", [None, EVIDENCE.model_copy(update={
+    "random_weights": True})])
+def test_require_measurement_keeps_16_bit(evidence: KVQualityEvidence | None) -> None:
+    policy = KVQualityPolicy(require_measurement=True)
+    assert allowed_dtypes(DTYPES, evidence, policy) == ["auto"]
+    verdict = gate(["fp8"], evidence, policy)["fp8"]
+    assert verdict.code == UNVERIFIED_REQUIRED and "unverified" in verdict.detail
+    # Without the requirement the same dtypes are allowed, marked unverified.
+    assert all(g.code == UNVERIFIED for g in gate(["fp8", "int4_per_token_head"], evidence,
+                                                   KVQualityPolicy()).values())
+
+
+def test_evidence_from_a_report() -> None:
+    report = {"weights": "checkpoint", "checkpoint": {"layers": 32, "layers_with_scales": 32},
+              "measurements": [{"dtype": "fp8", "kl_mean": 1e-4, "top1_agreement": 0.995,
+                                "attention_error_max": 0.02,
+                                "attention_error_worst_layer": 7}]}
+    evidence = evidence_from_report(report, source="x")
+    assert evidence.checkpoint_kv_scales is True and not evidence.random_weights
+    found = evidence.find("fp8_e4m3")
+    assert found is not None and found.attention_error_worst_layer == 7
