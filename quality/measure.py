@@ -19,6 +19,7 @@ difference between the runs is the KV cache's dtype.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -70,6 +71,26 @@ class LoadedModel:
     scales: dict[int, dict[str, Any]]  # layer -> {"k": …, "v": …, "q": …} from the checkpoint
     activation_dtype: str
     device: str
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def looks_like_hub_id(text: str) -> bool:
+    return bool(_HUB_ID.match(text)) and not Path(text).exists()
+
+
+def resolve_source(text: str, revision: str | None = None) -> Path:
+    """A local path as it is; a Hugging Face id is downloaded (config, weights, tokenizer)
+    the way vLLM does it, so HF_TOKEN / HF_HOME from the runtime's pod template apply."""
+    path = Path(text)
+    if path.exists() or not looks_like_hub_id(text):
+        return path
+    from huggingface_hub import snapshot_download
+
+    rev = None if revision in (None, "unpinned") else revision
+    return Path(snapshot_download(repo_id=text, revision=rev, allow_patterns=[
+        "*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken"]))
 
 
 def _torch_dtype_name(dtype: Any) -> str:
@@ -125,8 +146,6 @@ def load_model(source: Path, *, device: str = "auto", seed: int = 0,
 
 def checkpoint_scales(model_dir: Path) -> dict[int, dict[str, Any]]:
     """k/v/q scales per layer from the checkpoint's safetensors (only those tensors read)."""
-    import re
-
     from safetensors import safe_open
 
     layer_re = re.compile(r"layers\.(\d+)\.")

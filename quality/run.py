@@ -32,6 +32,7 @@ class RunOptions:
     revision: str | None = None
     output: Path | None = None
     termination_log: Path | None = None
+    report_annotation: str | None = None  # in a pod: patch the compact report onto it
     max_kl: float = DEFAULT_MAX_KV_QUANTIZATION_KL
     seed: int = 0
 
@@ -54,9 +55,10 @@ def progress(message: str) -> None:
 def run(options: RunOptions) -> KVQualityReport:
     from kvtune.quality import measure
 
-    if not options.model.exists():
+    if not options.model.exists() and not measure.looks_like_hub_id(str(options.model)):
         raise RunError(f"--model {options.model}: no such file or directory; pass a model "
-                       "directory (config.json + weights) or a config.json")
+                       "directory (config.json + weights), a config.json or a Hugging Face "
+                       "id (org/name)")
     if options.max_prompt_tokens < 2:
         raise RunError(f"--max-prompt-tokens {options.max_prompt_tokens}: needs at least 2")
     if options.prompts is not None and not options.prompts.is_file():
@@ -64,7 +66,8 @@ def run(options: RunOptions) -> KVQualityReport:
                        '{"id", "kind", "text"} objects or leave it out for kvtune\'s set')
     progress(f"loading {options.model} on {options.device} ...")
     try:
-        loaded = measure.load_model(options.model, device=options.device, seed=options.seed)
+        source = measure.resolve_source(str(options.model), options.revision)
+        loaded = measure.load_model(source, device=options.device, seed=options.seed)
     except (ValueError, OSError, KeyError) as exc:
         raise RunError(f"--model {options.model}: {exc}") from exc
     if loaded.weights == "random-init":
@@ -79,6 +82,12 @@ def run(options: RunOptions) -> KVQualityReport:
         progress(f"report written to {options.output}")
     if options.termination_log is not None:
         options.termination_log.write_text(termination_message(report))
+    if options.report_annotation is not None:
+        from kvtune.runtime.report import publish
+
+        where = publish(json.loads(termination_message(report)),
+                        annotation=options.report_annotation)
+        progress(f"report published: {where}")
     return report
 
 
@@ -125,6 +134,8 @@ def main_args(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--revision", default=None)
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--termination-log", type=Path, default=None)
+    parser.add_argument("--report-annotation", default=None,
+                        help="patch the compact report onto this pod's annotation (in a pod)")
     parser.add_argument("--max-kl", type=float, default=DEFAULT_MAX_KV_QUANTIZATION_KL)
     args = parser.parse_args(argv)
     try:
@@ -132,7 +143,7 @@ def main_args(argv: Sequence[str] | None = None) -> int:
             model=args.model, dtypes=parse_dtypes(args.dtypes), device=args.device,
             max_prompt_tokens=args.max_prompt_tokens, prompts=args.prompts,
             revision=args.revision, output=args.output, termination_log=args.termination_log,
-            max_kl=args.max_kl))
+            report_annotation=args.report_annotation, max_kl=args.max_kl))
     except RunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

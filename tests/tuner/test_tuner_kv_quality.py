@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from kvtune.tuner.facts.catalog import get_model
+from kvtune.tuner.facts.gpus import get_gpu_class
 from kvtune.tuner.kv_quality import (
     EXCEEDS_KL,
     UNVERIFIED,
@@ -16,6 +18,9 @@ from kvtune.tuner.kv_quality import (
     evidence_from_report,
     gate,
 )
+from kvtune.tuner.planner.planning import PlanRequest, plan_pool
+from kvtune.tuner.planner.policy import PlanPolicy
+from kvtune.tuner.planner.presets import fixed_session_profile
 
 EVIDENCE = KVQualityEvidence(source="calibration Job, revision abc", measurements=(
     KVDtypeMeasurement(dtype="fp8", kl_mean=0.0004, top1_agreement=0.991,
@@ -65,3 +70,50 @@ def test_evidence_from_a_report() -> None:
     assert evidence.checkpoint_kv_scales is True and not evidence.random_weights
     found = evidence.find("fp8_e4m3")
     assert found is not None and found.attention_error_worst_layer == 7
+
+
+# --- the gate inside the planner ---------------------------------------------------------------
+
+def _plan(evidence: KVQualityEvidence | None, **quality: object) -> tuple[str, object]:
+    request = PlanRequest(
+        model=get_model("meta-llama/Llama-3.3-70B-Instruct"), gpu=get_gpu_class("H200"),
+        weights_dtype="fp8", profile=fixed_session_profile(4096),
+        policy=PlanPolicy(lowest_kv_precision="int4",
+                          kv_quality=KVQualityPolicy(**quality)),  # type: ignore[arg-type]
+        kv_quality_evidence=evidence)
+    pool = plan_pool(request)
+    reason = next(r for r in pool.reasons if r.knob == "kv-cache-dtype")
+    return pool.plan.kv_cache_dtype, (reason, pool.warnings)
+
+
+def test_the_article_plan_says_fp8_is_unverified_without_a_measurement() -> None:
+    dtype, (reason, warnings) = _plan(None)
+    assert dtype == "fp8"
+    assert "quality: unverified: no KV-quality measurement" in reason.message
+    assert any("kv-cache-dtype fp8 is unverified" in w for w in warnings)
+
+
+def test_measured_fp8_within_the_limit_is_chosen_and_quoted() -> None:
+    dtype, (reason, warnings) = _plan(EVIDENCE)
+    assert dtype == "fp8"
+    assert "quality: measured KL 4.00e-04 nats" in reason.message
+    assert not any("unverified" in w for w in warnings)
+
+
+def test_fp8_beyond_the_limit_falls_to_the_next_dtype_with_the_figure() -> None:
+    bad_fp8 = EVIDENCE.model_copy(update={"measurements": (
+        KVDtypeMeasurement(dtype="fp8", kl_mean=0.08, top1_agreement=0.9),
+        KVDtypeMeasurement(dtype="fp8_per_token_head", kl_mean=0.002, top1_agreement=0.99),
+    )})
+    dtype, (reason, _) = _plan(bad_fp8)
+    assert dtype == "fp8_per_token_head"
+    fp8 = next(c for c in reason.candidates if c.value == "fp8")
+    assert fp8.check == EXCEEDS_KL and "measured KL 8.00e-02" in fp8.detail
+
+
+def test_require_measurement_keeps_16_bit_until_one_exists() -> None:
+    dtype, (reason, _) = _plan(None, require_measurement=True)
+    assert dtype == "auto"
+    ruled_out = {c.value: c.check for c in reason.candidates if not c.ok}
+    assert ruled_out["fp8"] == UNVERIFIED_REQUIRED
+    assert ruled_out["int4_per_token_head"] == UNVERIFIED_REQUIRED

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvtune.tuner import kv_quality
 from kvtune.tuner.errors import NoFeasiblePlan
 from kvtune.tuner.facts.capabilities import KVCacheDType
 from kvtune.tuner.plan import CandidateVerdict, Reason
@@ -41,6 +42,22 @@ from kvtune.tuner.planner.kv_dtype_options import (
 
 if TYPE_CHECKING:
     from kvtune.tuner.planner.planrun import PlanRun
+
+
+def quality_gate(run: PlanRun, name: str) -> kv_quality.DtypeGate:
+    return kv_quality.gate_one(name, run.req.kv_quality_evidence, run.req.policy.kv_quality)
+
+
+def quality_note(run: PlanRun, name: str) -> str:
+    """What the evidence says of a chosen dtype, for its reason ("" for 16-bit); an
+    unverified narrow dtype is also a warning."""
+    verdict = quality_gate(run, name)
+    if verdict.code == kv_quality.REFERENCE:
+        return ""
+    if verdict.code == kv_quality.UNVERIFIED:
+        run.warnings.append(f"kv-cache-dtype {name} is {verdict.detail}: run `kvtune quality` "
+                            "or let the operator's calibration Job measure it")
+    return f"; quality: {verdict.detail}"
 
 
 def decide(
@@ -78,7 +95,7 @@ def decide(
         run.reasons.append(Reason(
             knob="kv-cache-dtype", choice=dtype, code=PINNED,
             message=f"pinned by the policy; {sessions} sequences of {run.p95_session} "
-            "tokens (p95) fit",
+            f"tokens (p95) fit{quality_note(run, dtype)}",
         ))
         return dtype, (max_model_len, len_code, len_message)
     return _choose_with_preflight(
@@ -137,6 +154,11 @@ def choose(
                 f"{floor_name} ({floor_bits}-bit)",
             ))
             continue
+        gate = quality_gate(run, dtype.name)
+        if not gate.allowed:
+            verdicts.append(CandidateVerdict(
+                value=dtype.name, ok=False, check=gate.code, detail=gate.detail))
+            continue
         bs = block_size if run.backends.block_size_ok(dtype.name, block_size) else (
             run.backends.smallest_block(dtype.name)
         )
@@ -190,8 +212,8 @@ def choose(
         for v in verdicts
     ]
     run.reasons.append(Reason(
-        knob="kv-cache-dtype", choice=chosen.name, code=code, message=message,
-        candidates=tuple(verdicts),
+        knob="kv-cache-dtype", choice=chosen.name, code=code,
+        message=message + quality_note(run, chosen.name), candidates=tuple(verdicts),
     ))
     return chosen.name
 

@@ -1,5 +1,6 @@
 """The KV dtype candidates of one planning run: the runtime's dtypes in kvtune's preference
-order, those at or above the policy's quality floor, and the narrowest of them.
+order, those at or above the policy's quality floor that the KV-quality gate lets through, and
+the narrowest of them.
 
 ``decide_dtype`` chooses among them and ``infeasible`` quotes them when nothing fits; they live
 here, below both, so neither imports the other's module (it was an import cycle).
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvtune.tuner import kv_quality
 from kvtune.tuner.facts.capabilities import KVCacheDType
 from kvtune.tuner.facts.kvmemory import kv_bytes_per_token
 from kvtune.tuner.planner.policy import KVPrecision
@@ -38,12 +40,14 @@ def options(run: PlanRun) -> list[KVCacheDType]:
 
 
 def allowed(run: PlanRun) -> list[str]:
-    """Dtypes vLLM runs here at or above the policy's quality floor."""
+    """Dtypes vLLM runs here at or above the policy's quality floor that the KV-quality
+    gate lets through (``kv_quality``: the measured KL within the limit, or unmeasured
+    without ``require_measurement``)."""
     floor_bits = PRECISION_FLOOR_BITS[run.req.policy.lowest_kv_precision]
-    return [
+    return kv_quality.allowed_dtypes([
         d.name for d in options(run)
         if run.backends.dtype_unusable(d) is None and d.bits >= floor_bits
-    ]
+    ], run.req.kv_quality_evidence, run.req.policy.kv_quality)
 
 
 def narrowest(run: PlanRun, names: list[str]) -> str:

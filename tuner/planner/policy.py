@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kvtune.tuner.kv_quality import KVQualityPolicy
+
 # KV precision floors, from widest to narrowest. A dtype's precision class is its bits per
 # element: 16 (bf16/fp16/auto on a 16-bit model), 8 (fp8*, int8_per_token_head), 4 (nvfp4,
 # int4_per_token_head, ...). "fp8" as a floor means "8 bits or wider".
@@ -43,6 +45,8 @@ class PlanPolicy(BaseModel):
     slo: SLO = SLO()
     # Never quantize the KV cache below this precision.
     lowest_kv_precision: KVPrecision = "fp8"
+    # The measured-evidence gate on narrower KV dtypes (tuner.kv_quality).
+    kv_quality: KVQualityPolicy = KVQualityPolicy()
     pins: Pins = Pins()
     # Sequences that must fit at the profile's high-percentile context; None: derive from
     # the TPOT SLO and the GPU's bandwidth.

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kvtune.tuner.facts.capabilities import PINNED_VLLM_VERSION
 from kvtune.tuner.facts.gpus import GPUClass
 from kvtune.tuner.facts.models import ModelArchitecture
+from kvtune.tuner.kv_quality import KVQualityEvidence
 from kvtune.tuner.plan import CandidateScore, KVPlan
 from kvtune.tuner.planner.policy import PlanPolicy
 from kvtune.tuner.workload import WorkloadProfile
@@ -29,6 +30,9 @@ class PlanRequest(BaseModel):
     weights_dtype: str = "auto"
     profile: WorkloadProfile
     policy: PlanPolicy = PlanPolicy()
+    # A KV-quality measurement of this model revision (kvtune quality / the calibration Job);
+    # None: none exists, narrower dtypes are "unverified".
+    kv_quality_evidence: KVQualityEvidence | None = None
     vllm_version: str = PINNED_VLLM_VERSION
 
 
