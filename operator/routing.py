@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+
 from kvtune.operator.render import LABEL_DEPLOYMENT, LABEL_POOL, VLLM_PORT, object_name
 from kvtune.tuner.plan import PoolPlan
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kvtune.operator import canary_metrics, selectors
 from kvtune.operator.api import PrometheusSpec
 from kvtune.operator.canary_analysis import AnalysisSettings, RevisionFigures, analyse

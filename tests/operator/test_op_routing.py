@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import yaml
-from kvtune.operator import routing
 from op_samples import make_pool_plan
+
+from kvtune.operator import routing
 
 LABELS = {"kvtune.io/deployment": "bot", "kvtune.io/pool": "h200"}
 

@@ -12,10 +12,11 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from kvtune.e2e.inference_extension import crd_paths
-from kvtune.operator import routing
 from op_cluster_helpers import ensure_namespace, install_crd
 from op_samples import make_pool_plan
+
+from kvtune.e2e.inference_extension import crd_paths
+from kvtune.operator import routing
 
 NS = "routing"
 LABELS = {"kvtune.io/deployment": "bot", "kvtune.io/pool": "h200"}
