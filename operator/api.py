@@ -206,7 +206,7 @@ class CalibrationSpec(_Model):
     max_prompt_tokens: int = Field(default=2048, ge=16, le=32768)
 
     def timeout_seconds(self) -> int:
-        return max(1, int(parse_duration(self.timeout)))
+        return max(1, int(parse_duration(self.timeout, field="spec.quality.calibration.timeout")))
 
 
 class QualitySpec(_Model):
