@@ -38,7 +38,7 @@ def shape_config(shape: str) -> dict[str, object]:
     name = SHAPES[shape]
     if name is None:
         return dict(TINY)
-    text = resources.files("kvtune.tuner").joinpath("data", "models", name).read_text()
+    text = resources.files("kvtune.tuner.facts").joinpath("data", "models", name).read_text()
     config: dict[str, object] = json.loads(text)["config"]
     return config
 
@@ -53,6 +53,7 @@ def main() -> int:
     args = parser.parse_args()
 
     import torch
+
     from kvtune.quality import measure
 
     dtypes = [d for d in args.dtypes.split(",") if d]

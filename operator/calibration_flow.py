@@ -19,12 +19,13 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
 from kvtune.operator import apply as kapply
 from kvtune.operator import calibration
 from kvtune.operator.api import InferenceDeploymentSpec, KVQualityStatus, QualitySpec
 from kvtune.tuner import kv_quality
 from kvtune.tuner.plan import PoolPlan
-from kvtune.tuner.policy import PlanPolicy
+from kvtune.tuner.planner.policy import PlanPolicy
 
 _FIELD_MANAGER = "kvtune"
 _APPLY = "application/apply-patch+yaml"

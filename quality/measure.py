@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+
 from kvtune.quality import checkpoint, layouts
 from kvtune.quality.report import (
     ATTENTION_ERROR_FLAG,

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from kvtune.quality.checkpoint import CheckpointKVScales
 from pydantic import BaseModel, ConfigDict, Field
+
+from kvtune.quality.checkpoint import CheckpointKVScales
 
 SCHEMA = "kvtune.io/kv-quality/v1"
 # A layer whose attention output moves by more than this (relative, ‖Δ‖/‖o‖) is listed as

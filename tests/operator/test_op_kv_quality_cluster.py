@@ -23,12 +23,13 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from kvtune.operator import apply as kapply
-from kvtune.operator import calibration
-from kvtune.operator.reconcile import reconcile
 from op_cluster_helpers import create_infd, ensure_namespace, get_infd, install_crd, patch_spec
 from op_samples import SAMPLE_SPEC
 from waiting import wait_for
+
+from kvtune.operator import apply as kapply
+from kvtune.operator import calibration
+from kvtune.operator.reconcile import reconcile
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 NS, NAME = "op-kv-quality", "chat"
