@@ -9,12 +9,14 @@ the flags in ``vllm/engine/arg_utils.py``), so it cannot drift from the runtime.
 
 from __future__ import annotations
 
+import difflib
 import json
 from functools import cache, cached_property
 from importlib import resources
 from typing import Literal
 
 from kvtune.tuner.errors import InvalidInput, UnknownName
+from kvtune.tuner.vllm_memory import memory_data, supported_versions
 from pydantic import BaseModel, ConfigDict, Field
 
 PINNED_VLLM_VERSION = "0.33.0"
@@ -186,14 +188,31 @@ def available_versions() -> list[str]:
 
 @cache
 def get_runtime(version: str = PINNED_VLLM_VERSION) -> RuntimeCapabilities:
-    """The capabilities of one vLLM version. Raises ``UnknownName`` for versions without
-    data."""
+    """The capabilities of one vLLM version. Versions with a capability file are read from
+    it; the older versions kvtune's memory model is calibrated for (``vllm_memory``) reuse
+    the pinned version's backends with the KV dtypes every version since 0.11 has and their
+    own default fraction. Raises ``UnknownName`` for any other version."""
     versions = available_versions()
-    if version not in versions:
+    if version in versions:
+        path = resources.files("kvtune.tuner").joinpath("data", f"vllm-{version}.json")
+        return RuntimeCapabilities.model_validate(json.loads(path.read_text("utf-8")))
+    memory = memory_data().versions.get(version)
+    if memory is None or memory.kv_cache_dtypes is None:
         raise UnknownName(
-            "vllm_version", version, versions,
-            "kvtune has capability data for these versions only; add "
-            f"tuner/data/vllm-{version}.json (checked by the vllm_source tests) to support it.",
+            "vllm_version", version,
+            difflib.get_close_matches(version, supported_versions(), n=3, cutoff=0.6),
+            f"kvtune supports vLLM {', '.join(supported_versions())}; pass one of them "
+            "(--vllm-version, spec.runtime.vllmVersion).",
         )
-    path = resources.files("kvtune.tuner").joinpath("data", f"vllm-{version}.json")
-    return RuntimeCapabilities.model_validate(json.loads(path.read_text("utf-8")))
+    pinned = get_runtime(PINNED_VLLM_VERSION).model_dump(mode="json")
+    allowed = set(memory.kv_cache_dtypes)
+    pinned["vllm_version"] = version
+    pinned["kv_cache_dtypes"] = [d for d in pinned["kv_cache_dtypes"] if d["name"] in allowed]
+    for backend in pinned["backends"]:
+        backend["kv_cache_dtypes"] = [d for d in backend["kv_cache_dtypes"] if d in allowed]
+    pinned["default_gpu_memory_utilization"] = memory.default_gpu_memory_utilization
+    pinned["source"] = (
+        f"vLLM {PINNED_VLLM_VERSION}'s capability file, restricted to the KV dtypes of "
+        f"vLLM {version} (tuner/facts/data/vllm_memory.json: {memory.evidence})"
+    )
+    return RuntimeCapabilities.model_validate(pinned)
