@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 from kvtune.tuner import budget
 from kvtune.tuner.catalog import get_model
+from kvtune.tuner.errors import KVTuneError
 from kvtune.tuner.gpus import find_gpu_class
 from kvtune.tuner.kvmemory import block_bytes, request_blocks
 from kvtune.tuner.models import ModelArchitecture
@@ -250,6 +251,14 @@ def predictable(row: StartupLog) -> str | None:
         return "KV tokens, utilization or max-model-len not logged"
     if _cuda_total_bytes(row) is None:
         return "the GPU's CUDA total is neither logged nor in kvtune's GPU catalog"
+    model = row.model_arch()
+    assert model is not None
+    try:
+        weights_bytes_per_gpu(model, row.weights_dtype, row.tensor_parallel)
+    except KVTuneError:
+        # A pre-quantized checkpoint (int8/int4) that is not in the catalog itself: kvtune
+        # plans such weights only from the checkpoint's own quantization_config.
+        return "a quantized checkpoint kvtune does not plan from its 16-bit catalog entry"
     return None
 
 

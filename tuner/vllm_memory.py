@@ -18,15 +18,16 @@ The versions differ in three ways the start-up logs show:
   profiling is enabled (default since v0.21.0)"; the 0.33.0 wheel's ``envs.py`` defaults it
   to "1").
 - The sampler's dummy run (the activation peak): about 39 bytes per logit (max-num-seqs x
-  vocab) up to 0.16, about 15.5 from 0.17 (Qwen3-14B on one H100: 5.64 GiB in 0.15/0.16,
+  vocab) up to 0.16, about 16 from 0.17 (Qwen3-14B on one H100: 5.64 GiB in 0.15/0.16,
   2.23 GiB in 0.17/0.18).
 - Non-torch memory with TP = 1: 0.13 GiB up to 0.17, 0.25 GiB in 0.18-0.19 (cuBLAS handles
   created after the memory snapshot). The 0.33.0 wheel creates them before the snapshot
   ("so they count as baseline like the NCCL buffers"), so 0.33 is on the 0.13 GiB side.
 
 Worked example (coefficients as shipped): Llama 3.1 8B on one H100, 8,192 batched tokens,
-1,024 sequences, vLLM 0.19.0: activation -0.12 + 15.5 B x 1,024 x 128,256 + 1.45 x 8,192 x
-4,096 x 2 B = 1.87 GiB (logged 1.89); non-torch 0.25 GiB (logged 0.25); no CUDA graphs.
+1,024 sequences, vLLM 0.19.0: activation -0.14 + 15.8 B x 1,024 x 128,256 (1.93 GiB) + 1.31 x
+8,192 x 4,096 x 2 B (0.08 GiB) = 1.88 GiB (logged 1.89); non-torch 0.25 GiB (logged 0.25); no
+CUDA graphs.
 """
 
 from __future__ import annotations
