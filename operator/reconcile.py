@@ -159,7 +159,8 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
     from kvtune.tuner.planning import PlanRequest, plan_pool
 
     request = PlanRequest(
-        model=model, gpu=get_gpu_class(pool.gpu_class), tensor_parallel=pool.tensor_parallel,
+        model=model, gpu=get_gpu_class(pool.gpu_declaration),
+        tensor_parallel=pool.tensor_parallel,
         weights_dtype=spec.model.weights_dtype, profile=profile, policy=policy,
         vllm_version=spec.runtime.vllm_version,
     )

@@ -101,12 +101,29 @@ def test_read_gpus_through_the_nvml_boundary(monkeypatch: pytest.MonkeyPatch) ->
 
 
 @pytest.mark.parametrize(("name", "cls"), [
-    ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H100 NVL", "H100"), ("NVIDIA H200", "H200"),
-    ("NVIDIA H200 NVL", "H200"), ("NVIDIA GH200 480GB", None), ("NVIDIA B200", "B200"),
-    ("NVIDIA A100-SXM4-80GB", None),
+    # NVML product names as nvmlDeviceGetName returns them on the real parts.
+    ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H100 NVL", "H100-NVL"),
+    ("NVIDIA H100 PCIe", "H100-PCIe"), ("NVIDIA H200", "H200"),
+    ("NVIDIA H200 NVL", "H200-NVL"), ("NVIDIA GH200 480GB", None), ("NVIDIA B200", "B200"),
+    ("NVIDIA GB200", "GB200"), ("NVIDIA B300 SXM6 AC", "B300"), ("NVIDIA L4", "L4"),
+    ("NVIDIA A10G", "A10G"), ("NVIDIA H20", "H20"), ("NVIDIA H800", "H800"),
+    ("NVIDIA A100-SXM4-80GB", "A100-80GB"), ("NVIDIA L40S", "L40S"),
+    ("NVIDIA GeForce RTX 4090", None),
 ])
 def test_gpu_class_from_the_nvml_product_name(name: str, cls: str | None) -> None:
     assert gpus.class_of(gpu((name, 80 * GIB, (9, 0)))) == cls
+
+
+@pytest.mark.parametrize(("planned", "nvml", "mib"), [
+    ("H100-NVL", "NVIDIA H100 NVL", 95830), ("H200-NVL", "NVIDIA H200 NVL", 143771)])
+def test_nvl_parts_run_their_own_plans(planned: str, nvml: str, mib: int) -> None:
+    # The plan's class name against the real NVML product name (before: refused, because
+    # "NVIDIA H100 NVL" was classed as H100 and no NVL class was known to the runtime).
+    plan = parse_plan(pool_plan("H200").model_copy(
+        update={"gpu_class": planned}).model_dump_json())
+    assert decisions.check_gpus(plan, [gpu((nvml, mib * MIB, (9, 0)))])
+    with pytest.raises(decisions.PlanDoesNotFit, match=f"made for {planned.upper()}"):
+        decisions.check_gpus(plan, [gpu(H100)])
 
 
 # --- the decision table ---------------------------------------------------------------------
@@ -222,13 +239,18 @@ def test_command_from_the_operators_rendered_args_replaces_only_the_memory_flag(
 
 @pytest.mark.parametrize("kv_memory", [None, 12 * GIB])
 @pytest.mark.parametrize("offload", [None, 64.0])
-def test_runtime_flags_agree_with_the_tuner(kv_memory: int | None, offload: float | None) -> None:
+@pytest.mark.parametrize("weights", [{}, {"quantization": "fp8_per_tensor"},
+                                     {"dtype": "float16", "allow_deprecated_quantization": True}])
+def test_runtime_flags_agree_with_the_tuner(kv_memory: int | None, offload: float | None,
+                                            weights: dict[str, Any]) -> None:
+    # The weights flags too: without them the pod would load 16-bit weights the plan sized
+    # at 8 bits.
     knobs = KVPlan(block_size=16, kv_cache_dtype="auto", gpu_memory_utilization=0.875,
                    kv_cache_memory_bytes=kv_memory, max_model_len=8192, max_num_seqs=64,
                    max_num_batched_tokens=4096, enable_prefix_caching=False,
                    kv_offloading_size_gib=offload,
                    kv_offloading_backend="native" if offload else None,
-                   attention_backend="FLASHINFER")
+                   attention_backend="FLASHINFER", **weights)
     pool = pool_plan().model_copy(update={"plan": knobs})
     assert parse_plan(pool.model_dump_json()).plan.vllm_args() == knobs.vllm_args()
 
