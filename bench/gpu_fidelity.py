@@ -65,19 +65,18 @@ def kvtune_inputs(model_id: str, gpu_name: str, batched_tokens: int | None = Non
                   max_num_seqs: int | None = None, config: dict[str, Any] | None = None,
                   ) -> dict[str, Any]:
     """The figures kvtune assumes for this GPU class and model (needs kvtune importable)."""
-    from kvtune.tuner import budget
-    from kvtune.tuner.capabilities import PINNED_VLLM_VERSION, get_runtime
-    from kvtune.tuner.catalog import get_model
-    from kvtune.tuner.gpus import get_gpu_class
-    from kvtune.tuner.models import ModelArchitecture
+    from kvtune.tuner.facts.capabilities import PINNED_VLLM_VERSION, get_runtime
+    from kvtune.tuner.facts.catalog import get_model
+    from kvtune.tuner.facts.gpus import get_gpu_class
+    from kvtune.tuner.facts.models import ModelArchitecture
+    from kvtune.tuner.facts.vllm_memory import version_memory
+    from kvtune.tuner.planner import budget
     from kvtune.tuner.simulator.timing import efficiency_for
-    from kvtune.tuner.vllm_memory import version_memory
 
     gpu = get_gpu_class(gpu_name)
     if config is None:
         model = get_model(model_id)
-        path = Path(budget.__file__).resolve().parent
-        raw = _catalog_config(model_id, path)
+        raw = _catalog_config(model.hf_id)
     else:
         model = ModelArchitecture.from_hf_config(config, model_id)
         raw = config
@@ -113,14 +112,14 @@ def kvtune_inputs(model_id: str, gpu_name: str, batched_tokens: int | None = Non
     }
 
 
-def _catalog_config(model_id: str, tuner_dir: Path) -> dict[str, Any]:
-    name = model_id.replace("/", "--") + ".json"
-    for folder in (tuner_dir / "data" / "models", tuner_dir.parent / "facts" / "data" / "models",
-                   tuner_dir / "facts" / "data" / "models"):
-        if (folder / name).is_file():
-            doc: dict[str, Any] = json.loads((folder / name).read_text("utf-8"))
-            return dict(doc["config"])
-    raise FileNotFoundError(f"{model_id}: no catalog config.json under {tuner_dir}")
+def _catalog_config(hf_id: str) -> dict[str, Any]:
+    """The catalog's copy of the model's ``config.json``."""
+    from importlib import resources
+
+    name = hf_id.replace("/", "--") + ".json"
+    entry = resources.files("kvtune.tuner.facts").joinpath("data", "models", name)
+    doc: dict[str, Any] = json.loads(entry.read_text("utf-8"))
+    return dict(doc["config"])
 
 
 # --- 1. memory totals ---------------------------------------------------------------

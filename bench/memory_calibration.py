@@ -23,11 +23,11 @@ import math
 import statistics
 from importlib import resources
 
-from kvtune.tuner import memory_fit
-from kvtune.tuner.kvmemory import block_bytes, request_blocks
-from kvtune.tuner.memory_fit import BLOCK_SIZE, StartupLog
-from kvtune.tuner.vllm_memory import MemoryCoefficients
-from kvtune.tuner.weights import weights_bytes_per_gpu
+from kvtune.tuner.facts.kvmemory import block_bytes, request_blocks
+from kvtune.tuner.facts.vllm_memory import MemoryCoefficients
+from kvtune.tuner.facts.weights import weights_bytes_per_gpu
+from kvtune.tuner.planner import memory_fit
+from kvtune.tuner.planner.memory_fit import BLOCK_SIZE, StartupLog
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -156,7 +156,7 @@ def main() -> None:
 
 
 def _write(coefs: MemoryCoefficients) -> None:
-    path = resources.files("kvtune.tuner").joinpath("facts", "data", "vllm_memory.json")
+    path = resources.files("kvtune.tuner.facts").joinpath("data", "vllm_memory.json")
     doc = json.loads(path.read_text("utf-8"))
     doc["coefficients"] = coefs.model_dump(mode="json")
     with open(str(path), "w", encoding="utf-8") as fh:

@@ -12,7 +12,8 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
-from kvtune.tuner.gpus import get_gpu_class
+
+from kvtune.tuner.facts.gpus import get_gpu_class
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "gpu_fidelity.py"
 
