@@ -10,6 +10,7 @@ import click
 from kvtune.e2e.replay_exporter import ENGINES, Replay, ReplayServer, parse_config_overrides
 from kvtune.e2e.replay_instance import InstanceConfig
 from kvtune.e2e.replay_sim import Hardware
+from kvtune.tuner.errors import KVTuneError
 
 
 @click.command()
@@ -83,6 +84,8 @@ def replay(trace_path: str, speed: float, port: int, model_name: str, offset_sec
             namespace, name = parse_target(follow_deployment)
             follower = DeploymentFollower(server.replay, namespace, name, kubeconfig,
                                           follow_interval)
+    except KVTuneError as exc:  # a bad trace, model or GPU: bad input, exit 1
+        raise click.ClickException(str(exc)) from exc
     except (ValueError, OSError, LookupError) as exc:
         raise click.UsageError(str(exc)) from exc
     server.start()
