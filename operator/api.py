@@ -13,6 +13,7 @@ import itertools
 from typing import Any, Literal
 
 from kvtune.operator.durations import DURATION_PATTERN, parse_duration
+from kvtune.tuner.kv_quality import DEFAULT_MAX_KV_QUANTIZATION_KL
 from kvtune.tuner.policy import KVPrecision
 from kvtune.tuner.weights import WEIGHTS_DTYPES
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -95,6 +96,11 @@ class ModelSpec(_Model):
     weights_dtype: WeightsDtype = Field(
         default="auto",
         description="Dtype of the checkpoint's weights; auto: the model's own (config.json).",
+    )
+    revision: str | None = Field(
+        default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._/-]+$",
+        description="The checkpoint revision (a commit or tag) the runtime serves; KV-quality "
+                    "measurements are kept per revision. Unset: 'unpinned'.",
     )
 
 
@@ -180,8 +186,40 @@ class SLOSpec(_Model):
             self.tpot_p95, field="spec.slo.tpotP95")
 
 
+class CalibrationSpec(_Model):
+    """The KV-quality calibration Job (issue 15): measured before a narrower KV dtype first
+    rolls out for a model revision."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Measure narrower KV dtypes with a Job on the pool's GPU nodes before "
+                    "they roll out. false: plan on the configured evidence alone.")
+    image: str | None = Field(
+        default=None, min_length=1, max_length=512,
+        description="Image with kvtune, torch and transformers for the Job. Default: the "
+                    "runtime image when runtime.entrypoint is kvtune (kvtune's runtime images "
+                    "carry all three); with a plain vLLM image, set this.")
+    timeout: str = Field(
+        default="30m", pattern=DURATION_PATTERN, max_length=32,
+        description="The Job's activeDeadlineSeconds; past it the Job fails and the wider "
+                    "dtype stays.")
+    max_prompt_tokens: int = Field(default=2048, ge=16, le=32768)
+
+    def timeout_seconds(self) -> int:
+        return max(1, int(parse_duration(self.timeout)))
+
+
 class QualitySpec(_Model):
     lowest_kv_precision: KVPrecision = Field(default="fp8", alias="lowestKVPrecision")
+    max_kv_quantization_kl: float = Field(
+        default=DEFAULT_MAX_KV_QUANTIZATION_KL, gt=0.0, le=10.0, alias="maxKVQuantizationKL",
+        description="Exclude KV dtypes whose measured mean next-token KL divergence against "
+                    "16-bit KV (nats, over kvtune's calibration prompts) exceeds this.")
+    require_measurement: bool = Field(
+        default=False,
+        description="Keep 16-bit KV until a measurement for this model revision allows a "
+                    "narrower dtype.")
+    calibration: CalibrationSpec = CalibrationSpec()
 
 
 class Toleration(_Model):
@@ -624,10 +662,38 @@ class ProfileStatus(_Status):
     observed_at: str | None = None
 
 
+KVQualityPhase = Literal["Measured", "Calibrating", "Failed", "Disabled", "NotNeeded"]
+
+
+class KVQualityDtypeStatus(_Status):
+    dtype: str
+    kl_mean: float  # nats vs 16-bit KV
+    top1_agreement: float
+    attention_error_max: float
+    worst_layer: int
+    allowed: bool  # within spec.quality.maxKVQuantizationKL
+
+
+class KVQualityStatus(_Status):
+    """The KV-quality evidence the plans were gated on (issue 15)."""
+
+    model: str
+    revision: str  # spec.model.revision, or "unpinned"
+    phase: KVQualityPhase
+    message: str = ""
+    job: str | None = None  # the calibration Job, while it runs or when it failed
+    config_map: str | None = None  # where the report is kept
+    measured_at: str | None = None
+    weights: str | None = None  # "checkpoint" | "random-init"
+    checkpoint_kv_scales: str | None = None  # what the checkpoint says of its KV scales
+    dtypes: list[KVQualityDtypeStatus] = []
+
+
 class InferenceDeploymentStatus(_Status):
     observed_generation: int | None = None
     mode: str | None = None
     conditions: list[Condition] = []
     profile: ProfileStatus | None = None
+    kv_quality: KVQualityStatus | None = None
     pools: list[PoolStatus] = []
     pool_summary: str | None = None  # "H200x2,H100x1", for the printer column

@@ -9,6 +9,10 @@ CHOSEN = "Chosen"
 FITS = "Fits"
 PINNED = "Pinned"
 BELOW_QUALITY_FLOOR = "BelowQualityFloor"  # narrower than policy.lowest_kv_precision
+# The KV-quality gate (tuner.kv_quality keeps the names): measured KL above the limit, or
+# unmeasured while the policy requires a measurement.
+EXCEEDS_KV_QUANTIZATION_KL = "ExceedsKVQuantizationKL"
+KV_MEASUREMENT_REQUIRED = "MeasurementRequired"
 UNSUPPORTED_BY_BACKEND = "UnsupportedByBackend"  # no vLLM backend runs it on this GPU
 SWITCHES_BACKEND = "SwitchesToSlowerBackend"  # vLLM would fall back from its preferred one
 NOT_MODELED = "NotModeledByKvtune"  # exists in vLLM, page layout unknown to kvtune

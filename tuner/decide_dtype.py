@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvtune.tuner import decide_max_model_len, decide_max_num_seqs, infeasible
+from kvtune.tuner import decide_max_model_len, decide_max_num_seqs, infeasible, kv_quality
 from kvtune.tuner.capabilities import KVCacheDType
 from kvtune.tuner.checks import (
     BELOW_QUALITY_FLOOR,
@@ -57,12 +57,30 @@ def options(run: PlanRun) -> list[KVCacheDType]:
 
 
 def allowed(run: PlanRun) -> list[str]:
-    """Dtypes vLLM runs here at or above the policy's quality floor."""
+    """Dtypes vLLM runs here at or above the policy's quality floor that the KV-quality
+    gate lets through (``kv_quality``: the measured KL within the limit, or unmeasured
+    without ``require_measurement``)."""
     floor_bits = PRECISION_FLOOR_BITS[run.req.policy.lowest_kv_precision]
-    return [
+    return kv_quality.allowed_dtypes([
         d.name for d in options(run)
         if run.backends.dtype_unusable(d) is None and d.bits >= floor_bits
-    ]
+    ], run.req.kv_quality_evidence, run.req.policy.kv_quality)
+
+
+def quality_gate(run: PlanRun, name: str) -> kv_quality.DtypeGate:
+    return kv_quality.gate_one(name, run.req.kv_quality_evidence, run.req.policy.kv_quality)
+
+
+def quality_note(run: PlanRun, name: str) -> str:
+    """What the evidence says of a chosen dtype, for its reason ("" for 16-bit); an
+    unverified narrow dtype is also a warning."""
+    verdict = quality_gate(run, name)
+    if verdict.code == kv_quality.REFERENCE:
+        return ""
+    if verdict.code == kv_quality.UNVERIFIED:
+        run.warnings.append(f"kv-cache-dtype {name} is {verdict.detail}: run `kvtune quality` "
+                            "or let the operator's calibration Job measure it")
+    return f"; quality: {verdict.detail}"
 
 
 def narrowest(run: PlanRun, names: list[str]) -> str:
@@ -106,7 +124,7 @@ def decide(
         run.reasons.append(Reason(
             knob="kv-cache-dtype", choice=dtype, code=PINNED,
             message=f"pinned by the policy; {sessions} sequences of {run.p95_session} "
-            "tokens (p95) fit",
+            f"tokens (p95) fit{quality_note(run, dtype)}",
         ))
         return dtype, (max_model_len, len_code, len_message)
     return _choose_with_preflight(
@@ -165,6 +183,11 @@ def choose(
                 f"{floor_name} ({floor_bits}-bit)",
             ))
             continue
+        gate = quality_gate(run, dtype.name)
+        if not gate.allowed:
+            verdicts.append(CandidateVerdict(
+                value=dtype.name, ok=False, check=gate.code, detail=gate.detail))
+            continue
         bs = block_size if run.backends.block_size_ok(dtype.name, block_size) else (
             run.backends.smallest_block(dtype.name)
         )
@@ -218,8 +241,8 @@ def choose(
         for v in verdicts
     ]
     run.reasons.append(Reason(
-        knob="kv-cache-dtype", choice=chosen.name, code=code, message=message,
-        candidates=tuple(verdicts),
+        knob="kv-cache-dtype", choice=chosen.name, code=code,
+        message=message + quality_note(run, chosen.name), candidates=tuple(verdicts),
     ))
     return chosen.name
 

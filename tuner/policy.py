@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from kvtune.tuner.kv_quality import KVQualityPolicy
 from pydantic import BaseModel, ConfigDict, Field
 
 # KV precision floors, from widest to narrowest. A dtype's precision class is its bits per
@@ -43,6 +44,8 @@ class PlanPolicy(BaseModel):
     slo: SLO = SLO()
     # Never quantize the KV cache below this precision.
     lowest_kv_precision: KVPrecision = "fp8"
+    # The measured-evidence gate on narrower KV dtypes (tuner.kv_quality).
+    kv_quality: KVQualityPolicy = KVQualityPolicy()
     pins: Pins = Pins()
     # Sequences that must fit at the profile's high-percentile context; None: derive from
     # the TPOT SLO and the GPU's bandwidth.

@@ -9,6 +9,7 @@ from typing import Protocol
 
 from kvtune.tuner.capabilities import PINNED_VLLM_VERSION
 from kvtune.tuner.gpus import GPUClass
+from kvtune.tuner.kv_quality import KVQualityEvidence
 from kvtune.tuner.models import ModelArchitecture
 from kvtune.tuner.plan import CandidateScore, KVPlan
 from kvtune.tuner.policy import PlanPolicy
@@ -28,6 +29,9 @@ class PlanRequest(BaseModel):
     weights_dtype: str = "auto"
     profile: WorkloadProfile
     policy: PlanPolicy = PlanPolicy()
+    # A KV-quality measurement of this model revision (kvtune quality / the calibration Job);
+    # None: none exists, narrower dtypes are "unverified".
+    kv_quality_evidence: KVQualityEvidence | None = None
     vllm_version: str = PINNED_VLLM_VERSION
 
 
