@@ -23,9 +23,10 @@ import yaml
 @click.option("--namespace", default=None, help="Namespace when the file has none.")
 def alerts(path: str, fmt: str, output: str | None, namespace: str | None) -> None:
     """Render the alert rules; check them with `promtool check rules` (format rules)."""
+    from pydantic import ValidationError
+
     from kvtune.cli.outputs import writable_file
     from kvtune.operator import alerts as render
-    from pydantic import ValidationError
 
     if output:
         writable_file(output, "--output")

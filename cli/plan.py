@@ -2,7 +2,7 @@
 
 The command is three steps, each its own function so other sources and formats plug in
 without touching the rest: build a ``PlanRequest`` from the options (``build_request``),
-plan it (``kvtune.tuner.planning.plan_pool``), render it (``render``; formats in
+plan it (``kvtune.tuner.planner.planning.plan_pool``), render it (``render``; formats in
 ``RENDERERS``).
 """
 
@@ -15,27 +15,28 @@ from pathlib import Path
 from typing import Any
 
 import click
-from kvtune.tuner import catalog, gpus
-from kvtune.tuner.capabilities import PINNED_VLLM_VERSION, get_runtime
+
 from kvtune.tuner.errors import KVTuneError
+from kvtune.tuner.facts import catalog, gpus
+from kvtune.tuner.facts.capabilities import PINNED_VLLM_VERSION, get_runtime
+from kvtune.tuner.facts.kvmemory import kv_bytes_per_token
+from kvtune.tuner.facts.weights import weights_load
 from kvtune.tuner.kv_quality import (
     DEFAULT_MAX_KV_QUANTIZATION_KL,
     KVQualityEvidence,
     KVQualityPolicy,
     evidence_from_report,
 )
-from kvtune.tuner.kvmemory import kv_bytes_per_token
 from kvtune.tuner.plan import PoolPlan
-from kvtune.tuner.planning import PlanRequest, kv_capacity_by_dtype, plan_pool
-from kvtune.tuner.policy import SLO, Pins, PlanPolicy
-from kvtune.tuner.presets import (
+from kvtune.tuner.planner.planning import PlanRequest, kv_capacity_by_dtype, plan_pool
+from kvtune.tuner.planner.policy import SLO, Pins, PlanPolicy
+from kvtune.tuner.planner.presets import (
     PRESET_KINDS,
     fixed_session_profile,
     preset_profile,
     profile_from_trace,
 )
 from kvtune.tuner.traces import load_trace
-from kvtune.tuner.weights import weights_load
 from kvtune.tuner.workload import WorkloadProfile
 
 GiB = 1 << 30

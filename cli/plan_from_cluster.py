@@ -123,6 +123,7 @@ def fetch(name: str, namespace: str, kubeconfig: str | None = None,
     """The InferenceDeployment as the API server has it (kubeconfig, else in-cluster)."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
+
     from kvtune.cli.kube_access import ClusterUnreachable, api_client, check_api_server
 
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+
 from kvtune.quality import layouts
 from kvtune.tuner.kv_quality import DEFAULT_MAX_KV_QUANTIZATION_KL
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 import itertools
 from typing import Any, Literal
 
-from kvtune.operator.durations import DURATION_PATTERN, parse_duration
-from kvtune.tuner.kv_quality import DEFAULT_MAX_KV_QUANTIZATION_KL
-from kvtune.tuner.policy import KVPrecision
-from kvtune.tuner.weights import WEIGHTS_DTYPES
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+
+from kvtune.operator.durations import DURATION_PATTERN, parse_duration
+from kvtune.tuner.facts.weights import WEIGHTS_DTYPES
+from kvtune.tuner.kv_quality import DEFAULT_MAX_KV_QUANTIZATION_KL
+from kvtune.tuner.planner.policy import KVPrecision
 
 GROUP = "kvtune.io"
 VERSION = "v1alpha1"

@@ -30,12 +30,12 @@ from typing import Any, Literal
 from kvtune.operator.api import KVQualityDtypeStatus, KVQualityStatus
 from kvtune.quality.layouts import LAYOUTS
 from kvtune.tuner import kv_quality
-from kvtune.tuner.checks import (
+from kvtune.tuner.plan import PoolPlan
+from kvtune.tuner.planner.checks import (
     BELOW_QUALITY_FLOOR,
     NOT_MODELED,
     UNSUPPORTED_BY_BACKEND,
 )
-from kvtune.tuner.plan import PoolPlan
 
 REPORT_ANNOTATION = "kvtune.io/kv-quality-report"
 REPORT_KEY = "report.json"

@@ -1,7 +1,7 @@
 """GPU node pools: which Nodes belong to which of the planner's GPU classes.
 
 The class of a node comes from its labels (NVIDIA GPU feature discovery, GKE, EKS/Karpenter),
-read by ``kvtune.tuner.gpus.gpu_class_for_node_labels``. This module groups nodes by class
+read by ``kvtune.tuner.facts.gpus.gpu_class_for_node_labels``. This module groups nodes by class
 and derives, for each class, the node affinity that selects exactly those nodes: one term per
 label key that identified them (e.g. ``nvidia.com/gpu.product In [NVIDIA-H100-80GB-HBM3]``),
 so a Deployment lands on the nodes the plan was made for, whichever labelling they carry.
@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvtune.tuner.gpus import (
+from kvtune.tuner.facts.gpus import (
     GPU_CLASS_LABEL,
     NODE_GPU_LABELS,
     find_gpu_class,

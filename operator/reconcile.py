@@ -21,6 +21,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import ValidationError
+from pydantic.alias_generators import to_camel
+
 from kvtune.operator import apply as kapply
 from kvtune.operator import canary
 from kvtune.operator import conditions as cond
@@ -51,10 +54,8 @@ from kvtune.operator.render import vllm_args as render_vllm_args
 from kvtune.operator.workloads import declared_profile, profile_from_status, profile_status
 from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan, UnknownName
 from kvtune.tuner.plan import PoolPlan
-from kvtune.tuner.policy import SLO, Pins, PlanPolicy
+from kvtune.tuner.planner.policy import SLO, Pins, PlanPolicy
 from kvtune.tuner.workload import WorkloadProfile
-from pydantic import ValidationError
-from pydantic.alias_generators import to_camel
 
 NO_NODES_RETRY_SECONDS = 30.0
 RUNTIME_ACCESS_KINDS = ("ServiceAccount", "Role", "RoleBinding")
@@ -126,8 +127,8 @@ def resolve_model(spec: InferenceDeploymentSpec, namespace: str, kube: kapply.Ku
 
     Only catalog ids are looked up (never a path): the model name is user input.
     """
-    from kvtune.tuner.catalog import get_model, list_models
-    from kvtune.tuner.models import ModelArchitecture
+    from kvtune.tuner.facts.catalog import get_model, list_models
+    from kvtune.tuner.facts.models import ModelArchitecture
 
     if spec.model.config is not None:
         ref = spec.model.config.config_map_ref
@@ -155,8 +156,8 @@ def resolve_model(spec: InferenceDeploymentSpec, namespace: str, kube: kapply.Ku
 
 def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
                   profile: WorkloadProfile, policy: PlanPolicy) -> PoolPlan:
-    from kvtune.tuner.gpus import get_gpu_class
-    from kvtune.tuner.planning import PlanRequest, plan_pool
+    from kvtune.tuner.facts.gpus import get_gpu_class
+    from kvtune.tuner.planner.planning import PlanRequest, plan_pool
 
     request = PlanRequest(
         model=model, gpu=get_gpu_class(pool.gpu_declaration),

@@ -38,9 +38,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
+
 from kvtune.quality.hadamard import largest_power_of_2_divisor, single_rht
 from kvtune.quality.minifloat import E2M1, E4M3, E5M2, Minifloat
-from numpy.typing import NDArray
 
 F32 = NDArray[np.float32]
 _F = np.float32

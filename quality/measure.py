@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+
 from kvtune.quality import checkpoint, layouts
 from kvtune.quality.report import (
     ATTENTION_ERROR_FLAG,
@@ -133,7 +134,9 @@ def load_model(source: Path, *, device: str = "auto", seed: int = 0,
         config = transformers.AutoConfig.for_model(**raw)
         torch.manual_seed(seed)
         auto: Any = transformers.AutoModelForCausalLM  # untyped in transformers
-        model = auto.from_config(config, dtype=torch_dtype, attn_implementation="sdpa")
+        # Initialised where it runs: an 8B-shaped model is 16 GB, slow to fill on a CPU.
+        with torch.device(device):
+            model = auto.from_config(config, dtype=torch_dtype, attn_implementation="sdpa")
         weights = "random-init"
         scales = {}
     model.to(device)
@@ -201,9 +204,18 @@ class _Hook:
     active: str | None = None
     sq_err: dict[str, dict[int, float]] = field(default_factory=dict)
     sq_ref: dict[int, float] = field(default_factory=dict)
+    roundtrip_seconds: float = 0.0
 
     def quantize(self, dtype: str, layer: int, query: Any, key: Any, value: Any
                  ) -> tuple[Any, Any, Any]:
+        started = time.perf_counter()
+        try:
+            return self._quantize(dtype, layer, query, key, value)
+        finally:
+            self.roundtrip_seconds += time.perf_counter() - started
+
+    def _quantize(self, dtype: str, layer: int, query: Any, key: Any, value: Any
+                  ) -> tuple[Any, Any, Any]:
         import torch
 
         lay = layouts.layout(dtype)
@@ -271,6 +283,7 @@ def measure(loaded: LoadedModel, dtypes: Sequence[str], *, prompts: Sequence[Pro
     kls: dict[str, list[np.ndarray]] = {d: [] for d in dtypes}
     agree: dict[str, list[np.ndarray]] = {d: [] for d in dtypes}
     tokens_total = 0
+    phases = {"reference_passes": 0.0, "quantized_passes": 0.0}
     with torch.inference_mode():
         for i, prompt in enumerate(prompts, 1):
             ids = tokenize(loaded, prompt.text, max_prompt_tokens)
@@ -281,12 +294,16 @@ def measure(loaded: LoadedModel, dtypes: Sequence[str], *, prompts: Sequence[Pro
                      f"tokens): 16-bit pass + {len(dtypes)} dtype(s)")
             input_ids = torch.tensor([ids], device=loaded.device)
             hook.mode = "reference"
+            t0 = time.perf_counter()
             ref = torch.log_softmax(loaded.model(input_ids).logits[0].float(), dim=-1)
             ref_top = ref.argmax(dim=-1)
+            phases["reference_passes"] += time.perf_counter() - t0
             hook.mode = "quantized"
             for dtype in dtypes:
                 hook.active = dtype
+                t0 = time.perf_counter()
                 got = torch.log_softmax(loaded.model(input_ids).logits[0].float(), dim=-1)
+                phases["quantized_passes"] += time.perf_counter() - t0
                 kl = (ref.exp() * (ref - got)).sum(dim=-1).clamp_min(0.0)
                 kls[dtype].append(kl.cpu().numpy())
                 agree[dtype].append((got.argmax(dim=-1) == ref_top).cpu().numpy())
@@ -297,7 +314,9 @@ def measure(loaded: LoadedModel, dtypes: Sequence[str], *, prompts: Sequence[Pro
         device=loaded.device, activation_dtype=loaded.activation_dtype,
         prompt_set=PromptSetSummary(name=PROMPT_SET, prompts=len(prompts), tokens=tokens_total),
         checkpoint=loaded.evidence, measurements=measurements,
-        seconds=round(time.monotonic() - start, 3))
+        seconds=round(time.monotonic() - start, 3),
+        seconds_by_phase={**{k: round(v, 3) for k, v in phases.items()},
+                          "kv_roundtrips": round(hook.roundtrip_seconds, 3)})
 
 
 def _summarise(hook: _Hook, loaded: LoadedModel, dtype: str, kls: list[np.ndarray],

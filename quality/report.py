@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from kvtune.quality.checkpoint import CheckpointKVScales
 from pydantic import BaseModel, ConfigDict, Field
+
+from kvtune.quality.checkpoint import CheckpointKVScales
 
 SCHEMA = "kvtune.io/kv-quality/v1"
 # A layer whose attention output moves by more than this (relative, ‖Δ‖/‖o‖) is listed as
@@ -60,6 +61,9 @@ class KVQualityReport(_Data):
     checkpoint: CheckpointKVScales
     measurements: list[DtypeMeasurement]
     seconds: float
+    # Where the time went: the 16-bit passes (incl. the per-layer side computations), the
+    # quantized passes, and the numpy KV round trips inside both.
+    seconds_by_phase: dict[str, float] = Field(default_factory=dict)
 
     def measurement(self, dtype: str) -> DtypeMeasurement | None:
         return next((m for m in self.measurements if m.dtype == dtype), None)

@@ -7,7 +7,7 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 shim="$top/build/mypy-shim"
 mkdir -p "$shim/kvtune"
 ln -sfn "$top/kvtune_pkg/__init__.py" "$shim/kvtune/__init__.py"
-for pair in tuner:tuner operator:operator cli:cli e2e:e2e quality:quality; do
+for pair in tuner:tuner operator:operator cli:cli e2e:e2e replay:replay quality:quality; do
   ln -sfn "$top/${pair%%:*}" "$shim/kvtune/${pair##*:}"
 done
 cd "$top"

@@ -1,6 +1,6 @@
 """The project's own checks run with the tests: ruff over the tree and mypy --strict on the pure
 core (kvtune.tuner). (crds/ and the chart's copy are checked against the API types in
-tests/operator and tests/packaging.)"""
+tests/operator and tests/chart.)"""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ class GpuClass:
 def _load_classes() -> dict[str, GpuClass]:
     """The GPU classes from the tuner's one data file (shipped in the same wheel), read as
     JSON so that the runtime needs nothing but its standard library and pydantic."""
-    text = resources.files("kvtune.tuner").joinpath("data", "gpus.json").read_text("utf-8")
+    text = resources.files("kvtune.tuner.facts").joinpath("data", "gpus.json").read_text("utf-8")
     return {
         str(g["name"]).upper(): GpuClass(
             str(g["name"]), tuple(str(n) for n in g["nvml_names"]),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+
 from kvtune.cli.main import cli
 from kvtune.e2e.traces import AZURE_TRACE
 

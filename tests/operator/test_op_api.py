@@ -6,11 +6,12 @@ import copy
 from typing import Any
 
 import pytest
+from op_samples import SAMPLE_SPEC
+from pydantic import ValidationError
+
 from kvtune.operator.api import InferenceDeploymentSpec
 from kvtune.operator.durations import parse_duration
 from kvtune.tuner.errors import InvalidInput
-from op_samples import SAMPLE_SPEC
-from pydantic import ValidationError
 
 
 def _with(path: str, value: Any) -> dict[str, Any]:

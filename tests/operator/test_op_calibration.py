@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from op_samples import make_pool_plan
+
 from kvtune.operator import calibration
 from kvtune.operator.render import RenderInput, render_pool
 from kvtune.tuner.kv_quality import KVDtypeMeasurement, KVQualityEvidence
 from kvtune.tuner.plan import CandidateVerdict, Reason
-from op_samples import make_pool_plan
 
 AFFINITY = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
     {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In",

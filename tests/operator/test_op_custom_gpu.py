@@ -7,12 +7,13 @@ import copy
 from typing import Any
 
 import pytest
+from op_samples import SAMPLE_SPEC
+from pydantic import ValidationError
+
 from kvtune.operator.api import InferenceDeploymentSpec
 from kvtune.operator.pools import classify_node
 from kvtune.operator.reconcile import plan_one_pool, policy_for, resolve_model
-from kvtune.tuner.presets import preset_profile
-from op_samples import SAMPLE_SPEC
-from pydantic import ValidationError
+from kvtune.tuner.planner.presets import preset_profile
 
 CUSTOM = {"gpuClass": "RTX6000", "replicas": 1, "customGpu": {
     "memory": "47.4GiB", "bandwidth": "960GB/s", "bf16": "364TFLOPS", "fp8": "728TFLOPS",

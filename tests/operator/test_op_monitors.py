@@ -10,9 +10,10 @@ import time
 from typing import Any
 
 import pytest
+from op_samples import SAMPLE_SPEC, make_pool_plan
+
 from kvtune.operator import monitors
 from kvtune.operator.render import RenderInput, render_pool
-from op_samples import SAMPLE_SPEC, make_pool_plan
 
 NS, NAME = "llm", "bot"
 
@@ -104,6 +105,7 @@ def _crd(kind: str, plural: str) -> dict[str, Any]:
 def test_objects_are_applied_and_switched_off_on_the_apiserver(local_cluster: Any) -> None:
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
+
     from kvtune.operator import apply as kapply
     from kvtune.operator.retune_handlers import sync_alert_rules
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from kvtune.quality import checkpoint
 from kvtune.quality.measure import LoadedModel, checkpoint_scales, layer_scales
 

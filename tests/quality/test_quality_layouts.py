@@ -9,6 +9,7 @@ import vllm_kernels  # isort: skip
 import numpy as np
 import pytest
 import torch
+
 from kvtune.quality import hadamard, layouts
 from kvtune.quality.minifloat import E2M1, E4M3, E5M2, Minifloat
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
 from kvtune.cli.main import cli
 from kvtune.quality import measure
 from kvtune.quality.run import TERMINATION_MESSAGE_BYTES, main_args

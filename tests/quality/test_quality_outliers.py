@@ -4,6 +4,7 @@ above the rest): 4-bit per-token-head KV is flagged while fp8 passes."""
 from __future__ import annotations
 
 import numpy as np
+
 from kvtune.quality import layouts
 from kvtune.quality.metrics import causal_attention, relative_error
 from kvtune.quality.report import ATTENTION_ERROR_FLAG

@@ -4,8 +4,9 @@ requireMeasurement."""
 from __future__ import annotations
 
 import pytest
-from kvtune.tuner.catalog import get_model
-from kvtune.tuner.gpus import get_gpu_class
+
+from kvtune.tuner.facts.catalog import get_model
+from kvtune.tuner.facts.gpus import get_gpu_class
 from kvtune.tuner.kv_quality import (
     EXCEEDS_KL,
     UNVERIFIED,
@@ -17,9 +18,9 @@ from kvtune.tuner.kv_quality import (
     evidence_from_report,
     gate,
 )
-from kvtune.tuner.planning import PlanRequest, plan_pool
-from kvtune.tuner.policy import PlanPolicy
-from kvtune.tuner.presets import fixed_session_profile
+from kvtune.tuner.planner.planning import PlanRequest, plan_pool
+from kvtune.tuner.planner.policy import PlanPolicy
+from kvtune.tuner.planner.presets import fixed_session_profile
 
 EVIDENCE = KVQualityEvidence(source="calibration Job, revision abc", measurements=(
     KVDtypeMeasurement(dtype="fp8", kl_mean=0.0004, top1_agreement=0.991,
