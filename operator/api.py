@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from kvtune.operator.durations import DURATION_PATTERN, parse_duration
+from kvtune.tuner.facts.vllm_memory import supported_versions
 from kvtune.tuner.facts.weights import WEIGHTS_DTYPES
 from kvtune.tuner.kv_quality import DEFAULT_MAX_KV_QUANTIZATION_KL
 from kvtune.tuner.planner.policy import KVPrecision
@@ -116,7 +117,12 @@ class PodTemplateSource(_Model):
 
 class RuntimeSpec(_Model):
     image: str = Field(default="vllm/vllm-openai:v0.33.0", min_length=1, max_length=512)
-    vllm_version: str = Field(default="0.33.0", pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$")
+    # The versions kvtune's memory model is calibrated for (tuner/facts/data/vllm_memory.json);
+    # the API server refuses others at admission.
+    vllm_version: str = Field(
+        default="0.33.0", json_schema_extra={"enum": list(supported_versions())},
+        description="The vLLM version the image runs: its memory accounting and defaults.",
+    )
     pod_template: PodTemplateSource | None = Field(
         default=None,
         description="A ConfigMap whose key holds a Jinja2 pod template replacing kvtune's own.",
@@ -128,6 +134,15 @@ class RuntimeSpec(_Model):
                     "runtime images), which checks the GPU against the plan, sizes the memory "
                     "fraction to what is free, reports to the pod, then execs `vllm serve`.",
     )
+
+    @model_validator(mode="after")
+    def _calibrated_version(self) -> RuntimeSpec:
+        if self.vllm_version not in supported_versions():
+            raise ValueError(
+                f"spec.runtime.vllmVersion={self.vllm_version!r}: kvtune is calibrated for "
+                f"vLLM {', '.join(supported_versions())}; set one of them"
+            )
+        return self
 
 
 class DeclaredTokens(_Model):
@@ -207,7 +222,7 @@ class CalibrationSpec(_Model):
     max_prompt_tokens: int = Field(default=2048, ge=16, le=32768)
 
     def timeout_seconds(self) -> int:
-        return max(1, int(parse_duration(self.timeout)))
+        return max(1, int(parse_duration(self.timeout, field="spec.quality.calibration.timeout")))
 
 
 class QualitySpec(_Model):
