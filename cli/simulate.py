@@ -23,6 +23,7 @@ from typing import Any
 
 import click
 
+from kvtune.cli.outputs import plot_file, writable_file
 from kvtune.tuner.errors import InvalidInput, KVTuneError
 from kvtune.tuner.facts import catalog, gpus
 from kvtune.tuner.facts.capabilities import PINNED_VLLM_VERSION
@@ -150,6 +151,11 @@ def simulate(
     per_request_path: Path | None, output_format: str, plot_path: Path | None,
 ) -> None:
     """Replay a trace through the KV-cache simulator and compare configurations."""
+    # Outputs are checked before the replay, which can take a while on a long trace.
+    if plot_path is not None:
+        plot_file(plot_path)
+    if per_request_path is not None:
+        writable_file(per_request_path, "--per-request")
     try:
         for flag, value in (("--ttft-p95", ttft_slo), ("--tpot-p95", tpot_slo)):
             if value is not None and not (value > 0 and math.isfinite(value)):

@@ -222,7 +222,7 @@ class CalibrationSpec(_Model):
     max_prompt_tokens: int = Field(default=2048, ge=16, le=32768)
 
     def timeout_seconds(self) -> int:
-        return max(1, int(parse_duration(self.timeout)))
+        return max(1, int(parse_duration(self.timeout, field="spec.quality.calibration.timeout")))
 
 
 class QualitySpec(_Model):
@@ -431,6 +431,41 @@ class RolloutSpec(_Model):
         return max(1, round(seconds))
 
 
+_LABELS_DESCRIPTION = ("Extra labels, e.g. the `release` label your Prometheus selects on "
+                       "(kube-prometheus-stack: release=<its release name>).")
+
+
+class ScrapeSpec(_Model):
+    """How the Prometheus operator scrapes the pools' vLLM pods (it ignores the
+    prometheus.io annotations a stock Prometheus reads)."""
+
+    enabled: bool = Field(default=True, description=(
+        "Render a PodMonitor (or ServiceMonitor) per pool; applied where the cluster serves "
+        "monitoring.coreos.com, deleted when switched off."))
+    kind: Literal["PodMonitor", "ServiceMonitor"] = Field(
+        default="PodMonitor",
+        description="PodMonitor selects the pool's pods; ServiceMonitor its Service.")
+    interval: str | None = Field(default=None, pattern=DURATION_PATTERN, max_length=32,
+                                 description="Scrape interval; empty: Prometheus's own.")
+    labels: dict[str, str] | None = Field(default=None, max_length=16,
+                                          description=_LABELS_DESCRIPTION)
+
+
+class PrometheusRuleSpec(_Model):
+    enabled: bool = Field(default=True, description=(
+        "Render this deployment's KV-cache and SLO alerts as a PrometheusRule (the one source "
+        "of kvtune's alert rules); deleted when switched off."))
+    labels: dict[str, str] | None = Field(
+        default=None, max_length=16,
+        description="Extra labels for the Prometheus ruleSelector (kube-prometheus-stack: "
+                    "release=<its release name>).")
+
+
+class MonitoringSpec(_Model):
+    scrape: ScrapeSpec = ScrapeSpec()
+    prometheus_rule: PrometheusRuleSpec = PrometheusRuleSpec()
+
+
 def _pin_floor_rule() -> tuple[str, str]:
     """CEL: a pinned KV dtype must not be narrower than quality.lowestKVPrecision."""
     clauses = []
@@ -471,6 +506,7 @@ class InferenceDeploymentSpec(_Model):
     pools: list[PoolSpec] = Field(min_length=1, max_length=8)
     tuning: TuningSpec = TuningSpec()
     rollout: RolloutSpec | None = None
+    monitoring: MonitoringSpec = MonitoringSpec()
 
     @model_validator(mode="after")
     def _cross_field(self) -> InferenceDeploymentSpec:

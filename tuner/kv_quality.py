@@ -70,6 +70,8 @@ class KVQualityPolicy(BaseModel):
 
     max_kv_quantization_kl: float = Field(default=DEFAULT_MAX_KV_QUANTIZATION_KL, gt=0.0)
     require_measurement: bool = False
+    # Why a measurement is required, quoted in the verdict (the operator: its calibration Job).
+    required_by: str = "quality.requireMeasurement"
 
 
 class DtypeGate(BaseModel):
@@ -103,7 +105,7 @@ def gate_one(dtype: str, evidence: KVQualityEvidence | None, policy: KVQualityPo
            if measured is not None else "no KV-quality measurement for this model revision")
     if policy.require_measurement:
         return DtypeGate(dtype=dtype, allowed=False, code=UNVERIFIED_REQUIRED,
-                         detail=f"unverified: {why}; quality.requireMeasurement keeps it out "
+                         detail=f"unverified: {why}; {policy.required_by} keeps it out "
                          "until a measurement exists")
     return DtypeGate(dtype=dtype, allowed=True, code=UNVERIFIED,
                      detail=f"unverified: {why}")

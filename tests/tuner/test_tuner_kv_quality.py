@@ -109,6 +109,7 @@ def test_fp8_beyond_the_limit_falls_to_the_next_dtype_with_the_figure() -> None:
     assert dtype == "fp8_per_token_head"
     fp8 = next(c for c in reason.candidates if c.value == "fp8")
     assert fp8.check == EXCEEDS_KL and "measured KL 8.00e-02" in fp8.detail
+    assert "fp8 ruled out: measured KL 8.00e-02 nats" in reason.message
 
 
 def test_require_measurement_keeps_16_bit_until_one_exists() -> None:
@@ -117,3 +118,4 @@ def test_require_measurement_keeps_16_bit_until_one_exists() -> None:
     ruled_out = {c.value: c.check for c in reason.candidates if not c.ok}
     assert ruled_out["fp8"] == UNVERIFIED_REQUIRED
     assert ruled_out["int4_per_token_head"] == UNVERIFIED_REQUIRED
+    assert "quality.requireMeasurement keeps it out" in reason.message
