@@ -55,6 +55,7 @@ from kvtune.operator.workloads import declared_profile, profile_from_status, pro
 from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan, UnknownName
 from kvtune.tuner.plan import PoolPlan
 from kvtune.tuner.planner.policy import SLO, Pins, PlanPolicy
+from kvtune.tuner.units import GiB
 from kvtune.tuner.workload import WorkloadProfile
 
 NO_NODES_RETRY_SECONDS = 30.0
@@ -99,15 +100,7 @@ def describe_validation_error(exc: ValidationError) -> str:
 
 def policy_for(spec: InferenceDeploymentSpec) -> PlanPolicy:
     pin = spec.tuning.pin
-    pins = Pins() if pin is None else Pins(
-        block_size=pin.block_size, kv_cache_dtype=pin.kv_cache_dtype,
-        gpu_memory_utilization=pin.gpu_memory_utilization,
-        kv_cache_memory_bytes=pin.kv_cache_memory_bytes, max_model_len=pin.max_model_len,
-        max_num_seqs=pin.max_num_seqs, max_num_batched_tokens=pin.max_num_batched_tokens,
-        enable_prefix_caching=pin.enable_prefix_caching,
-        kv_offloading_size_gib=pin.kv_offloading_size_gib,
-        attention_backend=pin.attention_backend,
-    )
+    pins = Pins() if pin is None else pin.to_pins()
     slo = SLO() if spec.slo is None else SLO(
         ttft_p95_seconds=spec.slo.ttft_p95_seconds(), tpot_p95_seconds=spec.slo.tpot_p95_seconds()
     )
@@ -119,6 +112,7 @@ def policy_for(spec: InferenceDeploymentSpec) -> PlanPolicy:
         target_concurrent_sequences=spec.workload.concurrent_sequences,
         # The spec promises clients its declared max context: never plan below it.
         min_max_model_len_tokens=ctx.max if ctx is not None else None,
+        cpu_offload_budget_bytes=round(spec.tuning.cpu_offload_gib * GiB),
     )
 
 
