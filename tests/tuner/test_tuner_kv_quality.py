@@ -44,6 +44,16 @@ def test_measured_dtypes_within_and_beyond_the_limit() -> None:
         "auto", "fp8", "fp8_e4m3", "int8_per_token_head"]
 
 
+def test_per_tensor_verdicts_say_which_scales_were_measured() -> None:
+    uncalibrated = EVIDENCE.model_copy(update={"checkpoint_kv_scales": False})
+    detail = gate(["fp8", "int4_per_token_head"], uncalibrated, KVQualityPolicy())
+    assert "at k_scale = v_scale = 1.0 (no calibrated KV scales" in detail["fp8"].detail
+    assert "k_scale" not in detail["int4_per_token_head"].detail  # dynamic scales
+    calibrated = EVIDENCE.model_copy(update={"checkpoint_kv_scales": True})
+    assert "with the checkpoint's calibrated k/v scales" in gate(
+        ["fp8"], calibrated, KVQualityPolicy())["fp8"].detail
+
+
 def test_a_looser_limit_lets_int4_through() -> None:
     assert "int4_per_token_head" in allowed_dtypes(
         DTYPES, EVIDENCE, KVQualityPolicy(max_kv_quantization_kl=0.1))

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 from functools import cache
 from importlib import resources
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -64,6 +65,10 @@ class MemoryCoefficients(BaseModel):
     # further graph, a cost per layer.
     cuda_graph_base_gib: float
     cuda_graph_gib_per_layer_graph: float
+    # The same for the pool the graphs really take (logged "CUDA graph pool memory: X GiB
+    # (actual)"), which a version that captures every graph to measure them deducts.
+    cuda_graph_pool_base_gib: float
+    cuda_graph_pool_gib_per_layer_graph: float
     # Provenance: the table rows each part was fitted on, and how.
     fitted_on: dict[str, list[str]]
     method: str
@@ -75,6 +80,10 @@ class VersionMemory(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     cuda_graph_deducted: bool
+    # How the deducted figure is made: "sampled" (V1 model runner: the first two captures of
+    # each mode, the second extrapolated to the rest) or "measured" (V2 model runner, 0.33:
+    # every piecewise graph captured into a throwaway pool), which is close to the real pool.
+    cuda_graph_estimator: Literal["sampled", "measured"] = "sampled"
     sampler: str
     non_torch: str
     # For versions without a capability file: the --kv-cache-dtype values kvtune plans with

@@ -17,14 +17,16 @@ error):
   sampler's dummy run over max-num-seqs logits is the peak for dense models; tensor
   parallelism does not shrink it (the logits are gathered on every rank).
 - non-torch = the version's TP = 1 figure, plus the communication buffers when TP > 1.
-- CUDA graphs = vLLM's own estimate (``profile_cudagraph_memory``: the first capture of each
-  mode, then a per-graph cost for the rest): base + per layer x further graphs, counted only
-  for the versions that subtract it.
+- CUDA graphs = vLLM's own estimate (``profile_cudagraph_memory``): base + per layer x graphs
+  past the first of each mode, fitted on the V1 runner's sampled estimates, or on the real
+  pools for 0.33's V2 runner, which measures them; counted only for the versions that
+  subtract it.
 
 Worked example, Llama 3.3 70B, FP8 weights, H200, TP 1, 8,192 batched tokens, 1,024 seqs,
 vLLM 0.33.0: sampler 15.8 B x 1,024 x 128,256 = 1.93 GiB, hidden 1.31 x 8,192 x 8,192 x 2 B =
 0.16 GiB, base -0.14 GiB: activation 1.96 GiB (logged 1.96 on H100 at TP 2 in 0.19);
-non-torch 0.13 GiB; CUDA graphs 0.29 + 0.000174 x 80 layers x 100 further graphs = 1.69 GiB.
+non-torch 0.13 GiB; CUDA graphs (0.33's V2 runner measures the pool) 0.48 + 0.000147 x 80 layers
+x 100 further graphs = 1.65 GiB.
 """
 
 from __future__ import annotations
@@ -165,15 +167,20 @@ def non_torch_bytes(
 def cuda_graph_estimate_bytes(
     num_layers: int, max_num_seqs: int, max_num_batched_tokens: int, *,
     blackwell: bool = False, coefs: MemoryCoefficients | None = None,
+    measured: bool = False,
 ) -> int:
     """vLLM's estimate of its CUDA-graph pool (``profile_cudagraph_memory``), which the
-    versions from 0.21.0 subtract from the KV budget."""
+    versions from 0.21.0 subtract from the KV budget: the V1 runner's sampled estimate, or
+    (``measured``) the pool the V2 runner measures by capturing the graphs."""
     c = coefs or coefficients()
     piecewise, full = graph_capture_sizes(
         max_num_seqs, max_num_batched_tokens, blackwell=blackwell)
     further = max(0, piecewise - 1) + max(0, full - 1)
-    gib = c.cuda_graph_base_gib + c.cuda_graph_gib_per_layer_graph * num_layers * further
-    return round(gib * GiB)
+    if measured:
+        base, per = c.cuda_graph_pool_base_gib, c.cuda_graph_pool_gib_per_layer_graph
+    else:
+        base, per = c.cuda_graph_base_gib, c.cuda_graph_gib_per_layer_graph
+    return round((base + per * num_layers * further) * GiB)
 
 
 def non_kv_bytes(
@@ -190,7 +197,7 @@ def non_kv_bytes(
 ) -> NonKVBytes:
     """Everything vLLM subtracts from the requested memory before the KV cache (``coefs``:
     the shipped fit unless a leave-one-out refit is given)."""
-    deducted = version_memory(vllm_version).cuda_graph_deducted
+    version = version_memory(vllm_version)
     blackwell = gpu is not None and gpu.compute_capability[0] == 10
     return NonKVBytes(
         weights_bytes=weights_bytes,
@@ -200,7 +207,9 @@ def non_kv_bytes(
         ),
         cuda_graph_bytes=cuda_graph_estimate_bytes(
             model.num_hidden_layers, max_num_seqs, max_num_batched_tokens,
-            blackwell=blackwell, coefs=coefs) if deducted else 0,
+            blackwell=blackwell, coefs=coefs,
+            measured=version.cuda_graph_estimator == "measured",
+        ) if version.cuda_graph_deducted else 0,
         non_torch_bytes=non_torch_bytes(tensor_parallel, vllm_version, coefs),
     )
 

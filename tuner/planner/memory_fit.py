@@ -10,8 +10,8 @@ coefficient only:
   (``budget.activation_terms``), over rows of a calibrated version whose model shape is known;
 - non-torch: the median of the logged non-torch increase at TP = 1 per generation, and the
   median extra at TP > 1;
-- CUDA graphs: least squares of vLLM's logged estimate on [1, layers x graphs past the first
-  of each mode].
+- CUDA graphs: least squares of vLLM's logged estimate (and, for the versions that measure the
+  pool, of the logged actual pool) on [1, layers x graphs past the first of each mode].
 
 Rows marked ``repeat_of`` (the same run again at another max-model-len) are used once.
 """
@@ -201,6 +201,17 @@ def fit(rows: tuple[StartupLog, ...] | list[StartupLog]) -> MemoryCoefficients:
         y_cg.append(r.logged.cuda_graph_estimate_gib)
         cg_ids.append(r.id)
     g = np.linalg.lstsq(np.array(x_cg), np.array(y_cg), rcond=None)[0]
+    x_pool: list[list[float]] = []
+    y_pool: list[float] = []
+    pool_ids: list[str] = []
+    for r in usable:
+        layers = _layers(r)
+        if layers is None or r.logged.cuda_graph_actual_gib is None or r.dtype == "float32":
+            continue
+        x_pool.append([1.0, layers * _further_graphs(r)])
+        y_pool.append(r.logged.cuda_graph_actual_gib)
+        pool_ids.append(r.id)
+    pool = np.linalg.lstsq(np.array(x_pool), np.array(y_pool), rcond=None)[0]
 
     return MemoryCoefficients(
         activation_base_gib=round(float(a[0]), 5),
@@ -212,12 +223,16 @@ def fit(rows: tuple[StartupLog, ...] | list[StartupLog]) -> MemoryCoefficients:
         tensor_parallel_gib=tp_gib,
         cuda_graph_base_gib=round(float(g[0]), 5),
         cuda_graph_gib_per_layer_graph=round(float(g[1]), 8),
-        fitted_on={"activation": act_ids, "non_torch": nt_ids, "cuda_graphs": cg_ids},
+        cuda_graph_pool_base_gib=round(float(pool[0]), 5),
+        cuda_graph_pool_gib_per_layer_graph=round(float(pool[1]), 8),
+        fitted_on={"activation": act_ids, "non_torch": nt_ids, "cuda_graphs": cg_ids,
+                   "cuda_graph_pools": pool_ids},
         method=(
             "bench/memory_calibration.py --write: least squares of the logged activation on "
             "[1, sampler logits per generation, hidden bytes, MoE workspace bytes] (GiB); "
             "median non-torch at TP=1 per generation and median TP>1 extra; least squares "
-            "of the logged CUDA-graph estimate on [1, layers x graphs past the first of each mode]"
+            "of the logged CUDA-graph estimate, and of the logged actual pool, on "
+            "[1, layers x graphs past the first of each mode]"
         ),
     )
 

@@ -157,7 +157,8 @@ def test_the_data_files_name_their_sources() -> None:
     assert "llm-d-incubation/llm-d-planner" in table["sources"]
     memory = json.loads(folder.joinpath("vllm_memory.json").read_text("utf-8"))
     assert all(v["evidence"] for v in memory["versions"].values())
-    assert set(memory["coefficients"]["fitted_on"]) == {"activation", "non_torch", "cuda_graphs"}
+    assert set(memory["coefficients"]["fitted_on"]) == {
+        "activation", "non_torch", "cuda_graphs", "cuda_graph_pools"}
 
 
 def test_plan_cli_takes_a_calibrated_version_and_refuses_others_in_one_line() -> None:
@@ -186,3 +187,16 @@ def test_the_operator_api_refuses_an_uncalibrated_vllm_version() -> None:
     assert RuntimeSpec(vllm_version="0.19.0").vllm_version == "0.19.0"
     with pytest.raises(ValidationError, match=re.escape("spec.runtime.vllmVersion='0.20.0'")):
         RuntimeSpec(vllm_version="0.20.0")
+
+
+def test_0_33_deducts_the_measured_pool_and_0_21_the_sampled_estimate() -> None:
+    # 0.33's V2 model runner captures the graphs to measure them (fitted on the logged real
+    # pools); 0.21's V1 runner samples two captures per mode and extrapolates.
+    assert version_memory("0.33.0").cuda_graph_estimator == "measured"
+    assert version_memory("0.21.0").cuda_graph_estimator == "sampled"
+    model, gpu = get_model("meta-llama/Llama-3.1-8B-Instruct"), get_gpu_class("H100")
+    pinned = budget.non_kv_bytes(model, 0, 1, 8192, 1024, vllm_version="0.33.0", gpu=gpu)
+    assert pinned.cuda_graph_bytes == budget.cuda_graph_estimate_bytes(
+        32, 1024, 8192, measured=True)
+    # Llama 3.1 8B's logged pool on an H100 (0.19): 0.91 GiB.
+    assert abs(pinned.cuda_graph_bytes / GiB - 0.91) < 0.1
