@@ -54,7 +54,7 @@ def baseline_non_kv_bytes(row: StartupLog, weights: int) -> int:
 
 def baseline_tokens(row: StartupLog, *, logged_weights: bool = False) -> tuple[int, float]:
     model = row.model_arch()
-    total = memory_fit._cuda_total_bytes(row)
+    total = memory_fit.cuda_total_bytes(row)
     assert model is not None and total is not None and row.gpu_memory_utilization is not None
     assert row.max_model_len is not None
     if logged_weights and row.logged.weights_gib is not None:

@@ -179,3 +179,36 @@ def test_calibration_job_then_gating_on_its_report(
     assert "exceeds quality.maxKVQuantizationKL" in _kv_reason(obj)
     assert [d["allowed"] for d in obj["status"]["kvQuality"]["dtypes"]
             if d["dtype"] == "fp8"] == [False]
+
+
+def test_a_calibration_that_leaves_no_report_keeps_the_wider_dtype(api: Any) -> None:
+    """kwok ends the Job's pod at once and nothing runs in it: the Job is Complete without a
+    report, which is a failed calibration: the pool keeps 16-bit KV and says why."""
+    name = "silent"
+    spec = copy.deepcopy(SAMPLE_SPEC)
+    spec["model"]["revision"] = "rev-silent"
+    spec["pools"] = [{"gpuClass": "H200", "replicas": 1, "tensorParallel": 1}]
+    spec.pop("rollout")
+    spec["workload"]["concurrentSequences"] = 200
+    spec["runtime"] = {"entrypoint": "kvtune",
+                       "image": "ghcr.io/kvtune/kvtune-vllm-h200:0.1.0-vllm0.33.0"}
+    create_infd(api, NS, name, spec)
+    kube = kapply.Kube(api)
+    reconcile(get_infd(api, NS, name), kube=kube)
+    job = get_infd(api, NS, name)["status"]["kvQuality"]["job"]
+    batch = client.BatchV1Api(api)
+    wait_for(lambda: batch.read_namespaced_job(job, NS).status.succeeded,
+             "the Job Complete (kwok ends its pod)", 60)
+    reconcile(get_infd(api, NS, name), kube=kube)
+    obj = get_infd(api, NS, name)
+    kvq = obj["status"]["kvQuality"]
+    assert kvq["phase"] == "Failed" and "left no report" in kvq["message"], kvq
+    assert "the wider dtype stays" in kvq["message"]
+    pool = obj["status"]["pools"][0]
+    assert pool["plan"]["kvCacheDtype"] == "auto"
+    reason = next(r for r in pool["reasons"] if r.startswith("kv-cache-dtype"))
+    assert f"the failed calibration Job {job} keeps it out" in reason
+    # No second Job while the failed one is kept (a day): the wider dtype simply stays.
+    reconcile(get_infd(api, NS, name), kube=kube)
+    jobs = batch.list_namespaced_job(NS, label_selector=f"kvtune.io/deployment={name}").items
+    assert [j.metadata.name for j in jobs] == [job]

@@ -200,3 +200,23 @@ def test_0_33_deducts_the_measured_pool_and_0_21_the_sampled_estimate() -> None:
         32, 1024, 8192, measured=True)
     # Llama 3.1 8B's logged pool on an H100 (0.19): 0.91 GiB.
     assert abs(pinned.cuda_graph_bytes / GiB - 0.91) < 0.1
+
+
+def test_simulate_cli_runs_vllm_0_19_defaults_and_refuses_an_unknown_version() -> None:
+    from click.testing import CliRunner
+
+    from kvtune.cli.main import cli
+    from kvtune.e2e.traces import MOONCAKE_TRACE
+
+    base = ["simulate", "--trace", str(MOONCAKE_TRACE), "--model",
+            "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--limit", "20",
+            "--score-sample", "0", "--compare", "defaults", "-o", "json"]
+    ok = CliRunner().invoke(cli, [*base, "--vllm-version", "0.19.0"])
+    assert ok.exit_code == 0, ok.output
+    defaults = json.loads(ok.output)["configurations"][0]
+    # vLLM 0.19's default fraction (0.9), and its KV cache: 0.9 x 79.19 GiB less weights,
+    # activations and non-torch memory, no CUDA graphs (logged at 0.95: 29,751 blocks).
+    assert "--gpu-memory-utilization=0.9" in defaults["vllm_args"]
+    assert 27_000 < defaults["engine"]["num_gpu_blocks"] < 28_500
+    bad = CliRunner().invoke(cli, [*base, "--vllm-version", "0.20.0"])
+    assert bad.exit_code != 0 and "vllm_version='0.20.0'" in bad.output
