@@ -265,7 +265,7 @@ def predictable(row: StartupLog) -> str | None:
     if (row.logged.kv_tokens is None or row.gpu_memory_utilization is None
             or row.max_model_len is None):
         return "KV tokens, utilization or max-model-len not logged"
-    if _cuda_total_bytes(row) is None:
+    if cuda_total_bytes(row) is None:
         return "the GPU's CUDA total is neither logged nor in kvtune's GPU catalog"
     model = row.model_arch()
     assert model is not None
@@ -278,7 +278,8 @@ def predictable(row: StartupLog) -> str | None:
     return None
 
 
-def _cuda_total_bytes(row: StartupLog) -> int | None:
+def cuda_total_bytes(row: StartupLog) -> int | None:
+    """The row's CUDA total: its GPU class's when kvtune knows the GPU, else the logged one."""
     gpu = find_gpu_class(row.gpu) if row.gpu else None
     if gpu is not None:
         return gpu.cuda_total_bytes
@@ -306,7 +307,7 @@ def predict(
     """vLLM's KV cache for this row as kvtune plans it: the planner's weights (or the logged
     ones), the non-KV model with ``coefs``, vLLM's page layout and its token count."""
     model = row.model_arch()
-    total = _cuda_total_bytes(row)
+    total = cuda_total_bytes(row)
     assert model is not None and total is not None and row.gpu_memory_utilization is not None
     assert row.max_model_len is not None
     if logged_weights and row.logged.weights_gib is not None:
