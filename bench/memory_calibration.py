@@ -34,7 +34,7 @@ MiB = 1 << 20
 
 
 def baseline_non_kv_bytes(row: StartupLog, weights: int) -> int:
-    """kvtune's non-KV model before the calibration (``tuner/budget.py`` up to commit
+    """kvtune's non-KV model before the calibration (``tuner/planner/budget.py`` up to commit
     80d81b9): activations N x (4h + 2 ffn/TP) x 2 B + logits min(S, N) x V x 8 B, CUDA graphs
     256 MiB + 8 MiB per layer always deducted, non-torch 256 MiB + 512 MiB NCCL at TP > 1."""
     model = row.model_arch()

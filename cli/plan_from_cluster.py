@@ -18,21 +18,12 @@ from typing import Any
 
 import yaml
 
+from kvtune.tuner.knobs import PINNABLE, camel_name
+
 GROUP, VERSION, PLURAL = "kvtune.io", "v1alpha1", "inferencedeployments"
 
-# Status plan key -> spec.tuning.pin key (both camelCase; the pin spells GiB in capitals).
-_PIN_KEYS = {
-    "blockSize": "blockSize",
-    "kvCacheDtype": "kvCacheDtype",
-    "gpuMemoryUtilization": "gpuMemoryUtilization",
-    "kvCacheMemoryBytes": "kvCacheMemoryBytes",
-    "maxModelLen": "maxModelLen",
-    "maxNumSeqs": "maxNumSeqs",
-    "maxNumBatchedTokens": "maxNumBatchedTokens",
-    "enablePrefixCaching": "enablePrefixCaching",
-    "kvOffloadingSizeGiB": "kvOffloadingSizeGiB",
-    "attentionBackend": "attentionBackend",
-}
+# Status plan key -> spec.tuning.pin key: the pinnable knobs, camelCase in both.
+_PIN_KEYS = {camel_name(k): camel_name(k) for k in PINNABLE}
 
 
 class NoRecommendation(Exception):

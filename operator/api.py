@@ -18,8 +18,9 @@ from pydantic.alias_generators import to_camel
 from kvtune.operator.durations import DURATION_PATTERN, parse_duration
 from kvtune.tuner.facts.vllm_memory import supported_versions
 from kvtune.tuner.facts.weights import WEIGHTS_DTYPES
+from kvtune.tuner.knobs import PINNABLE
 from kvtune.tuner.kv_quality import DEFAULT_MAX_KV_QUANTIZATION_KL
-from kvtune.tuner.planner.policy import KVPrecision
+from kvtune.tuner.planner.policy import KVPrecision, Pins
 
 GROUP = "kvtune.io"
 VERSION = "v1alpha1"
@@ -379,6 +380,10 @@ class PinSpec(_Model):
             raise ValueError("pin gpuMemoryUtilization or kvCacheMemoryBytes, not both")
         return self
 
+    def to_pins(self) -> Pins:
+        """The planner's pins: every pinnable knob of the table (``kvtune.tuner.knobs``)."""
+        return Pins(**{k.name: getattr(self, k.name) for k in PINNABLE})
+
 
 _DWELL_RULE = (
     "!has(self.retune) || !has(self.retune.dwell) || !has(self.prometheus) || "
@@ -399,6 +404,12 @@ class TuningSpec(_Model):
     prometheus: PrometheusSpec | None = None
     retune: RetuneSpec | None = None
     pin: PinSpec | None = None
+    cpu_offload_gib: float = Field(
+        default=0.0, ge=0.0, le=65536.0, alias="cpuOffloadGiB",
+        description="CPU memory per GPU (GiB) that may hold offloaded KV blocks; kvtune turns "
+                    "KV offloading on when blocks are read back and this is at least 1 GiB. "
+                    "0: no KV offload (as `kvtune plan --cpu-offload-gib`).",
+    )
 
     @model_validator(mode="after")
     def _dwell_covers_the_window(self) -> TuningSpec:
@@ -570,6 +581,10 @@ class PlanStatus(_Status):
     kv_offloading_size_gib: float | None = Field(default=None, alias="kvOffloadingSizeGiB")
     kv_offloading_backend: str | None = None
     attention_backend: str | None = None
+    # What the weights dtype needs (--dtype, load-time --quantization, deprecated methods).
+    dtype: str | None = None
+    quantization: str | None = None
+    allow_deprecated_quantization: bool = False
 
 
 class ExpectedStatus(_Status):

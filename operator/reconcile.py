@@ -56,6 +56,7 @@ from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan, UnknownName
 from kvtune.tuner.kv_quality import KVQualityEvidence, KVQualityPolicy
 from kvtune.tuner.plan import PoolPlan
 from kvtune.tuner.planner.policy import SLO, Pins, PlanPolicy
+from kvtune.tuner.units import GiB
 from kvtune.tuner.workload import WorkloadProfile
 
 NO_NODES_RETRY_SECONDS = 30.0
@@ -100,15 +101,7 @@ def describe_validation_error(exc: ValidationError) -> str:
 
 def policy_for(spec: InferenceDeploymentSpec) -> PlanPolicy:
     pin = spec.tuning.pin
-    pins = Pins() if pin is None else Pins(
-        block_size=pin.block_size, kv_cache_dtype=pin.kv_cache_dtype,
-        gpu_memory_utilization=pin.gpu_memory_utilization,
-        kv_cache_memory_bytes=pin.kv_cache_memory_bytes, max_model_len=pin.max_model_len,
-        max_num_seqs=pin.max_num_seqs, max_num_batched_tokens=pin.max_num_batched_tokens,
-        enable_prefix_caching=pin.enable_prefix_caching,
-        kv_offloading_size_gib=pin.kv_offloading_size_gib,
-        attention_backend=pin.attention_backend,
-    )
+    pins = Pins() if pin is None else pin.to_pins()
     slo = SLO() if spec.slo is None else SLO(
         ttft_p95_seconds=spec.slo.ttft_p95_seconds(), tpot_p95_seconds=spec.slo.tpot_p95_seconds()
     )
@@ -123,6 +116,7 @@ def policy_for(spec: InferenceDeploymentSpec) -> PlanPolicy:
         kv_quality=KVQualityPolicy() if spec.quality is None else KVQualityPolicy(
             max_kv_quantization_kl=spec.quality.max_kv_quantization_kl,
             require_measurement=spec.quality.require_measurement),
+        cpu_offload_budget_bytes=round(spec.tuning.cpu_offload_gib * GiB),
     )
 
 
