@@ -33,6 +33,15 @@ fragmentation: capacity is ``floor(KV tokens / max_model_len)`` requests. It is 
 as a paged pool whose one block is a whole reservation (block size = max_model_len, no
 caching): every request needs exactly one such block, which is that allocator exactly.
 
+Async scheduling (``EngineConfig.async_scheduling``, vLLM 0.33's default): the engine core
+keeps two batches in flight (``step_with_batch_queue``): it schedules batch N+1 before it
+processes batch N's output. So a request that samples its last token in step N is still
+running while step N+1 is scheduled: vLLM's ``AsyncScheduler`` skips it (it knows the
+in-flight step reaches max_tokens) but it keeps its blocks and its running slot through that
+schedule, and is freed right after it. Everything else (chunks, decode tokens, admissions,
+preemptions) is scheduled as in the synchronous loop. The step time overlaps the overhead
+with the GPU work (``timing``).
+
 The core is pure: no clock, no I/O, no randomness; the caller passes the requests.
 """
 
@@ -64,6 +73,9 @@ class EngineConfig:
     max_model_len: int
     enable_prefix_caching: bool = True
     allocation: Allocation = "paged"
+    # vLLM 0.33's default engine loop: batch N+1 is scheduled before batch N's output is
+    # processed (see the module doc); False is the synchronous loop.
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_gpu_blocks", "block_size", "max_num_seqs",
@@ -184,6 +196,11 @@ class Scheduler:
         self.events = 0  # loop iterations (exact steps + decode runs)
         # Step-wise use (``stepwise.py``): a decode run stops within one step of this time.
         self.horizon_seconds: float | None = None
+        # The last exact step, for step-by-step comparisons (kvtune.oracle): what it
+        # scheduled, whom it preempted (in order), blocks in use once it was scheduled.
+        self.last_scheduled: list[tuple[RequestState, int]] = []
+        self.last_preempted: list[RequestState] = []
+        self.last_blocks_in_use = 0
 
     def _new_state(self, r: SimRequest) -> RequestState:
         # vLLM rejects a prompt that leaves no room for one output token and stops a
@@ -225,6 +242,7 @@ class Scheduler:
         st.num_cached_blocks = 0
 
     def _preempt(self, st: RequestState) -> None:
+        self.last_preempted.append(st)
         if self.pool.enable_caching and len(st.hashes) < st.num_cached_blocks:
             # The request itself will look its blocks up when it resumes (vLLM keeps them
             # cached), so its own full blocks need real keys, not UNSHARED_HASH.
@@ -315,6 +333,7 @@ class Scheduler:
         cfg = self.config
         budget = cfg.max_num_batched_tokens
         scheduled: list[tuple[RequestState, int]] = []
+        self.last_preempted = []
         preempted = False
         running = self.running
         i = 0
@@ -322,6 +341,10 @@ class Scheduler:
         pool = self.pool
         while i < len(running) and budget > 0:
             st = running[i]
+            if st.generated >= st.output_tokens:
+                # Async: it finished in the step before; freed once this step is scheduled.
+                i += 1
+                continue
             num_new = st.num_tokens - st.num_computed
             if num_new == 1 and (st.num_tokens - 1) % bs and st.num_tokens % bs:
                 # A decode token inside its last block that does not fill it: no new block,
@@ -376,7 +399,17 @@ class Scheduler:
                 scheduled.append((st, num_new))
                 budget -= num_new
 
+        self.last_scheduled = scheduled
+        self.last_blocks_in_use = self._usable_blocks - pool.get_num_free_blocks()
+        finishing = cfg.async_scheduling and any(
+            st.generated >= st.output_tokens for st in running)
+        if finishing:
+            # Async: the previous step's output is processed now; its finished requests
+            # leave (finish time: the end of that step, which is ``now``).
+            self._finish_done()
         if not scheduled:
+            if finishing:
+                return  # an empty batch: the finished requests left, schedule again
             # Nothing fits and nothing runs: wait for the next arrival (cannot happen with
             # the rejections in __init__, but never spin).
             assert next_arrival is not None, "simulator deadlock: nothing scheduled, no arrivals"
@@ -390,7 +423,7 @@ class Scheduler:
             num_tokens += num_new
             kv_read += st.num_computed + num_new
             pairs += num_new * st.num_computed + num_new * (num_new + 1) / 2.0
-        dt = self.cost.step_seconds(num_tokens, kv_read, pairs)
+        dt = self.cost.step_seconds(num_tokens, kv_read, pairs, cfg.async_scheduling)
         self.now += dt
         self.steps += 1
         any_done = False
@@ -409,7 +442,7 @@ class Scheduler:
             alloc += len(st.blocks)
             used += st.num_computed
         self._sample(dt, alloc * bs - used, alloc * bs)
-        if any_done:
+        if any_done and not cfg.async_scheduling:
             self._finish_done()
 
     def _decode_run(self, next_arrival: float | None) -> bool:
@@ -429,8 +462,10 @@ class Scheduler:
         if k <= 1 or (self.waiting and self._head_admissible()):
             return False
         n = len(running)
+        overlapped = self.config.async_scheduling
         if next_arrival is not None and not self.waiting and n < self.config.max_num_seqs:
-            k = min(k, self.cost.decode_steps_to_reach(n, context, next_arrival - self.now, k))
+            k = min(k, self.cost.decode_steps_to_reach(
+                n, context, next_arrival - self.now, k, overlapped))
         free = self.pool.get_num_free_blocks()
         # Cheap bound first: k steps add at most ceil(k / bs) blocks to each sequence.
         if n * -(-k // self.block_size) > free and self._new_blocks_for(k) > free:
@@ -444,10 +479,10 @@ class Scheduler:
             k = lo
         if self.horizon_seconds is not None:
             k = min(k, self.cost.decode_steps_to_reach(
-                n, context, self.horizon_seconds - self.now, k))
+                n, context, self.horizon_seconds - self.now, k, overlapped))
         if k <= 1:
             return False  # the exact step handles it (and any preemption)
-        dt = self.cost.decode_run_seconds(n, context, k)
+        dt = self.cost.decode_run_seconds(n, context, k, overlapped)
         pool = self.pool
         bs = self.block_size
         alloc = 0
@@ -473,8 +508,8 @@ class Scheduler:
         self.now += dt
         self.steps += k
         self._sample(dt, alloc * bs - used, alloc * bs)
-        if any_done:
-            self._finish_done()
+        if any_done and not overlapped:
+            self._finish_done()  # async: they leave once the next step is scheduled
         return True
 
     def _new_blocks_for(self, k: int) -> int:
