@@ -33,6 +33,7 @@ from typing import Any, Literal
 from kvtune.oracle.steps import RunRecord, StepRecord, step_cost
 from kvtune.oracle.tokens import TokenSpace
 from kvtune.tuner.errors import InvalidInput
+from kvtune.tuner.simulator.metrics import SimResult, TimeSeries
 from kvtune.tuner.simulator.scheduler import EngineConfig
 from kvtune.tuner.simulator.timing import StepCostModel
 from kvtune.tuner.simulator.workload import SimRequest
@@ -101,6 +102,19 @@ class VllmEngine:
         self._tmp = tempfile.TemporaryDirectory(prefix="kvtune-oracle-")
         self.scheduler = self._build()
         self._by_id = {str(r.request_id): r for r in self.requests}
+        nan = float("nan")
+        n = len(self.requests)
+        self._index = {str(r.request_id): i for i, r in enumerate(self.requests)}
+        # Per request (the simulator's SimResult fields), filled by run().
+        self.first_token_seconds = [nan] * n
+        self.finish_seconds = [nan] * n
+        self.output_tokens = [0] * n
+        self.query_tokens = 0
+        self.hit_tokens = 0
+        self.resume_hit_tokens = 0
+        self.series = TimeSeries()
+        self._integrals = [0.0, 0.0, 0.0, 0.0, 0.0]  # busy, running, usage, frag, alloc
+        self.peak_running = 0
 
     # -- construction -----------------------------------------------------------------------
 
@@ -113,6 +127,7 @@ class VllmEngine:
             SchedulerConfig,
             VllmConfig,
         )
+        from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.core.sched.async_scheduler import AsyncScheduler
         from vllm.v1.core.sched.scheduler import Scheduler
@@ -124,7 +139,6 @@ class VllmEngine:
             SlidingWindowSpec,
         )
         from vllm.v1.structured_output import StructuredOutputManager
-        from vllm.utils.hashing import get_hash_fn_by_name
 
         cfg = self.config
         model_dir = Path(self._tmp.name)
@@ -196,6 +210,55 @@ class VllmEngine:
 
     # -- the loop ---------------------------------------------------------------------------
 
+    def _sample(self, dt: float) -> None:
+        """The simulator's per-step sample (``Scheduler._sample``): taken where the
+        simulator takes it, once step N is scheduled and, async, step N-1's output is in."""
+        sched = self.scheduler
+        usable = self.config.num_gpu_blocks - 1
+        usage = 1.0 - sched.kv_cache_manager.block_pool.get_num_free_blocks() / usable
+        alloc = 0
+        used = 0
+        for req in sched.running:
+            alloc += len(sched.kv_cache_manager.get_block_ids(req.request_id)[0])
+            used += req.num_computed_tokens
+        alloc *= self.config.block_size
+        n_run = len(sched.running)
+        self.peak_running = max(self.peak_running, n_run)
+        s = self.series
+        s.time_seconds.append(self._now)
+        s.kv_usage.append(usage)
+        s.running.append(n_run)
+        s.waiting.append(len(sched.waiting))
+        s.prefix_hit_rate.append(self.hit_tokens / self.query_tokens if self.query_tokens
+                                 else 0.0)
+        for i, v in enumerate((dt, n_run * dt, usage * dt, (alloc - used) * dt, alloc * dt)):
+            self._integrals[i] += v
+
+    def result(self, name: str = "vllm") -> SimResult:
+        """The run as the simulator reports one (``kvtune simulate --engine vllm``)."""
+        busy, run_i, usage_i, frag_i, alloc_i = self._integrals
+        busy = busy or 1.0
+        nan = float("nan")
+        cfg = self.config
+        return SimResult(
+            name=name, num_requests=len(self.requests),
+            arrival_seconds=[r.arrival_seconds for r in self.requests],
+            first_token_seconds=list(self.first_token_seconds),
+            finish_seconds=[f if o else nan
+                            for f, o in zip(self.finish_seconds, self.output_tokens,
+                                            strict=True)],
+            prompt_tokens=[r.prompt_tokens for r in self.requests],
+            output_tokens=list(self.output_tokens), rejected=len(self.record.rejected),
+            preemptions=self.record.preemptions, resume_hit_tokens=self.resume_hit_tokens,
+            prefix_query_tokens=self.query_tokens, prefix_hit_tokens=self.hit_tokens,
+            peak_running=self.peak_running, mean_running=run_i / busy,
+            mean_kv_usage=usage_i / busy, mean_fragmented_tokens=frag_i / busy,
+            fragmentation_fraction=frag_i / alloc_i if alloc_i else 0.0,
+            kv_cache_tokens=cfg.kv_cache_tokens, series=self.series,
+            config={"engine": "vllm", "vllm_version": VLLM_VERSION,
+                    **{k: getattr(cfg, k) for k in cfg.__dataclass_fields__}},
+        )
+
     def run(self) -> RunRecord:
         from vllm.v1.outputs import ModelRunnerOutput
 
@@ -211,12 +274,16 @@ class VllmEngine:
         queue: deque[tuple[Any, list[str], int]] = deque()
         depth = 2 if self.config.async_scheduling else 1
         now = 0.0
+        self._now = now
+        admitted_once: set[str] = set()
+        sample_dt: float | None = None  # async: the sample of the last scheduled step
 
         def arrive() -> None:
             while pending and pending[0].arrival_seconds <= now:
                 r = pending.popleft()
                 out = self._admissible(r)
                 if out:
+                    self.output_tokens[self._index[str(r.request_id)]] = out
                     sched.add_request(self._vllm_request(r, out))
                 else:
                     rejected.append(r.request_id)
@@ -243,8 +310,12 @@ class VllmEngine:
                 if rid in samplers and (req is None or req.is_finished()):
                     finished_in[index].append(int(rid))
                     finish_step[int(rid)] = index
+                    self.finish_seconds[self._index[rid]] = records[index].end_seconds
 
         while True:
+            if sample_dt is not None:
+                self._sample(sample_dt)
+                sample_dt = None
             arrive()
             if sched.has_requests():
                 running_before = {r.request_id: i for i, r in enumerate(sched.running)}
@@ -261,11 +332,27 @@ class VllmEngine:
                         before.append(computed)
                         if rid not in running_before:
                             admitted.append((int(rid), computed))
+                            if rid in admitted_once:
+                                self.resume_hit_tokens += computed
+                            else:
+                                admitted_once.add(rid)
+                                self.query_tokens += req.num_prompt_tokens
+                                self.hit_tokens += computed
                         if req.num_computed_tokens >= req.num_tokens:
                             samplers.append(rid)
                     preempted = sorted(out.preempted_req_ids or (),
                                        key=lambda r: -running_before.get(r, -1))
-                    now += step_cost(self.cost, self.config, scheduled, before)
+                    dt = step_cost(self.cost, self.config, scheduled, before)
+                    now += dt
+                    self._now = now
+                    for rid in samplers:
+                        i = self._index[rid]
+                        if self.first_token_seconds[i] != self.first_token_seconds[i]:
+                            self.first_token_seconds[i] = now
+                    if self.config.async_scheduling:
+                        sample_dt = dt
+                    else:
+                        self._sample(dt)
                     index = len(records)
                     records.append(StepRecord(
                         scheduled=tuple(scheduled), admitted=tuple(admitted),
@@ -279,13 +366,16 @@ class VllmEngine:
                 if not pending:
                     break
                 now = max(now, pending[0].arrival_seconds)
+                self._now = now
                 continue
             update()
         steps = tuple(
             StepRecord(s.scheduled, s.admitted, s.preempted, tuple(f), s.blocks_in_use,
                        s.end_seconds)
             for s, f in zip(records, finished_in, strict=True))
-        return RunRecord(steps=steps, finish_step=finish_step, rejected=tuple(rejected))
+        self.record = RunRecord(steps=steps, finish_step=finish_step,
+                                rejected=tuple(rejected))
+        return self.record
 
 
 def vllm_steps(
@@ -294,3 +384,13 @@ def vllm_steps(
 ) -> RunRecord:
     """vLLM's scheduler over ``requests``, one record per engine step."""
     return VllmEngine(requests, config, cost, kv_groups).run()
+
+
+def simulate_vllm(
+    requests: Sequence[SimRequest], config: EngineConfig, cost: StepCostModel,
+    name: str = "vllm", kv_groups: Sequence[KVGroup] = FULL_ATTENTION,
+) -> SimResult:
+    """``simulate`` with vLLM's own scheduler in place of kvtune's (same result type)."""
+    engine = VllmEngine(requests, config, cost, kv_groups)
+    engine.run()
+    return engine.result(name)

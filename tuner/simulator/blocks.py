@@ -110,11 +110,13 @@ class FreeKVCacheBlockQueue:
 class BlockPool:
     """Owns every block, the free queue and the prefix-cache map (hash -> block).
 
-    The map holds one block per hash. vLLM also remembers duplicates (two requests that
-    computed the same block in the same step, neither a hit for the other) and can return
-    the second once the first is evicted; the simulator forgets the duplicate. Requests
-    admitted one after another in a step hit each other's just-cached blocks, as in vLLM,
-    so duplicates are rare.
+    The map holds every cached copy of a hash, as vLLM's ``BlockHashToBlockMap``: a lookup
+    returns the earliest-cached copy still there; evicting it exposes the next. Duplicates
+    come from the hit cap (a prompt that ends on a block boundary recomputes its last full
+    block even when it is cached: the same identical prompt sent twice makes two copies),
+    and from a request that computes a block another request computes later. The first
+    copy lives in ``cached_block_hash_to_block``, the later ones (rare) in
+    ``duplicate_blocks``, so the common path is one dict lookup.
     """
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool) -> None:
@@ -128,6 +130,8 @@ class BlockPool:
         self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block: dict[int, KVCacheBlock] = {}
+        # hash -> later copies, in the order they were cached (see the class doc).
+        self.duplicate_blocks: dict[int, list[KVCacheBlock]] = {}
         # Blocks holding a hash (in the map or UNSHARED_HASH), whether in use or free.
         self.num_hashed_blocks = 0
         self.null_block = self.free_block_queue.popleft()
@@ -175,12 +179,30 @@ class BlockPool:
                 if h != UNSHARED_HASH and cache.get(h) is b:
                     del cache[h]
                     self.num_evicted_cached_blocks += 1
+                    if self.duplicate_blocks:
+                        self._promote_duplicate(h)
+                elif self.duplicate_blocks and b in self.duplicate_blocks.get(h, ()):
+                    self._drop_duplicate(h, b)
+                    self.num_evicted_cached_blocks += 1
                 b.block_hash = None
                 unhashed += 1
             b.ref_cnt = 1
             add(b)
         self.num_hashed_blocks -= unhashed
         return ret
+
+    def _promote_duplicate(self, h: int) -> None:
+        copies = self.duplicate_blocks.get(h)
+        if copies:
+            self.cached_block_hash_to_block[h] = copies.pop(0)
+            if not copies:
+                del self.duplicate_blocks[h]
+
+    def _drop_duplicate(self, h: int, b: KVCacheBlock) -> None:
+        copies = self.duplicate_blocks[h]
+        copies.remove(b)
+        if not copies:
+            del self.duplicate_blocks[h]
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """A prefix hit takes a reference; a free cached block leaves the free queue."""
@@ -210,9 +232,9 @@ class BlockPool:
                 continue  # a prefix hit: already cached under this hash
             h = block_hashes[i]
             b.block_hash = h
-            # One entry per hash: a duplicate (two requests computed the same block in
-            # one step) is not entered; see the class doc.
-            cache.setdefault(h, b)
+            if cache.setdefault(h, b) is not b:
+                # A second copy of a cached block: kept, as vLLM does (class doc).
+                self.duplicate_blocks.setdefault(h, []).append(b)
             hashed += 1
         self.num_hashed_blocks += hashed
 
@@ -301,3 +323,7 @@ class BlockPool:
         assert hashed == self.num_hashed_blocks, (hashed, self.num_hashed_blocks)
         for h, b in self.cached_block_hash_to_block.items():
             assert b.block_hash == h, (h, b)
+        for h, copies in self.duplicate_blocks.items():
+            assert copies and h in self.cached_block_hash_to_block, h
+            for b in copies:
+                assert b.block_hash == h and b is not self.cached_block_hash_to_block[h], b

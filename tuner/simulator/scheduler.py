@@ -111,6 +111,7 @@ class RequestState:
         "first_token_seconds",
         "generated",
         "hashes",
+        "last_sample_step",
         "num_cached_blocks",
         "num_computed",
         "num_tokens",
@@ -118,6 +119,7 @@ class RequestState:
         "preemptions",
         "req",
         "scheduled_seconds",
+        "tail_unprocessed",
     )
 
     def __init__(self, req: SimRequest, output_tokens: int, block_size: int) -> None:
@@ -136,6 +138,11 @@ class RequestState:
         self.finish_seconds = float("nan")
         self.preemptions = 0
         self.admitted = False
+        # Async scheduling: the last step that sampled a token for it, and whether the last
+        # token it computed was sampled in the step just before (vLLM had not processed
+        # that sample when it scheduled the step, so it could not hash that token's block).
+        self.last_sample_step = -2
+        self.tail_unprocessed = False
         # At first admission: when (step start) and how many prompt tokens were prefix hits.
         self.scheduled_seconds = float("nan")
         self.cached_tokens = 0
@@ -243,6 +250,22 @@ class Scheduler:
 
     def _preempt(self, st: RequestState) -> None:
         self.last_preempted.append(st)
+        if st.generated >= st.output_tokens:
+            # Async: it finished in the step before, whose output is still in flight. vLLM
+            # preempts it like any other (counted), frees its blocks, and the output then
+            # finishes it instead of requeueing it.
+            st.preemptions += 1
+            self.preemptions += 1
+            self._retire(st)
+            return
+        if (self.config.async_scheduling and st.tail_unprocessed
+                and st.last_sample_step == self.steps):
+            # Its last step's output is in flight, and that step computed a token sampled
+            # in the step before: vLLM hashes that token's block only when it processes the
+            # step's output, after this schedule; preempted now, the block is freed unhashed
+            # (front of the free queue, and not found when the request resumes).
+            st.num_cached_blocks = min(st.num_cached_blocks,
+                                       (st.num_computed - 1) // self.block_size)
         if self.pool.enable_caching and len(st.hashes) < st.num_cached_blocks:
             # The request itself will look its blocks up when it resumes (vLLM keeps them
             # cached), so its own full blocks need real keys, not UNSHARED_HASH.
@@ -318,13 +341,17 @@ class Scheduler:
         self._frag_integral += fragmented_slots * dt
         self._alloc_integral += allocated_slots * dt
 
+    def _retire(self, st: RequestState) -> None:
+        """A finished request leaves (already out of ``running`` or about to be)."""
+        st.finish_seconds = self.now
+        self._free(st)
+
     def _finish_done(self) -> None:
         done = [st for st in self.running if st.generated >= st.output_tokens]
         if not done:
             return
         for st in done:
-            st.finish_seconds = self.now
-            self._free(st)
+            self._retire(st)
         keep = {id(st) for st in done}
         self.running = [st for st in self.running if id(st) not in keep]
 
@@ -407,6 +434,7 @@ class Scheduler:
             # Async: the previous step's output is processed now; its finished requests
             # leave (finish time: the end of that step, which is ``now``).
             self._finish_done()
+            running = self.running  # _finish_done made a new list
         if not scheduled:
             if finishing:
                 return  # an empty batch: the finished requests left, schedule again
@@ -426,10 +454,13 @@ class Scheduler:
         dt = self.cost.step_seconds(num_tokens, kv_read, pairs, cfg.async_scheduling)
         self.now += dt
         self.steps += 1
+        step = self.steps
         any_done = False
         for st, num_new in scheduled:
             st.num_computed += num_new
             if st.num_computed >= st.num_tokens:
+                st.tail_unprocessed = st.generated > 0 and st.last_sample_step == step - 1
+                st.last_sample_step = step
                 st.generated += 1
                 st.num_tokens += 1
                 if st.generated == 1 and st.first_token_seconds != st.first_token_seconds:
@@ -496,6 +527,8 @@ class Scheduler:
             st.num_tokens += k
             st.num_computed = slots
             st.generated += k
+            st.tail_unprocessed = True
+            st.last_sample_step = self.steps + k
             if st.generated >= st.output_tokens:
                 any_done = True
             full = slots // bs
