@@ -74,17 +74,18 @@ fi
 stamp=.venv/.kvtune-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # kvtune[vllm] brings vLLM 0.33.0 and torch (~9 GB installed): the differential tests drive
-  # vLLM's own scheduler. uv unpacks each wheel once into a shared cache and hardlinks it into
-  # every venv, so a second checkout costs seconds and ~0.5 GB, not another 9 GB. A local
-  # wheel folder (~/.cache/kvtune/wheels-vllm, from `pip download vllm==0.33.0`) is used
-  # first when present; PyPI otherwise.
-  log "installing kvtune[dev,vllm] (cold: ~4 GB of wheels to download; warm: seconds)"
+  # vLLM's own scheduler ([quality]'s torch and transformers come with it). uv unpacks each
+  # wheel once into a shared cache and hardlinks it into every venv, so a second checkout
+  # costs seconds and ~0.5 GB, not another 9 GB. A local wheel folder
+  # (~/.cache/kvtune/wheels-vllm, from `pip download vllm==0.33.0`) is used first when
+  # present; PyPI otherwise.
+  log "installing kvtune[dev,quality,vllm] (cold: ~4 GB of wheels to download; warm: seconds)"
   .venv/bin/pip install -q 'uv>=0.9,<1'
   export UV_CACHE_DIR=${UV_CACHE_DIR:-$HOME/.cache/kvtune/uv}
   wheels=$HOME/.cache/kvtune/wheels-vllm
   links=()
   [ -d "$wheels" ] && links=(--find-links "$wheels")
-  .venv/bin/uv pip install -q --python .venv/bin/python "${links[@]}" -e '.[dev,vllm]'
+  .venv/bin/uv pip install -q --python .venv/bin/python "${links[@]}" -e '.[dev,quality,vllm]'
   touch "$stamp"
 fi
 [ "$what" = python ] && exit 0

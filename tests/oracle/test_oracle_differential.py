@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from oraclecases import AZURE, MOONCAKE, first_difference, trace_slice
+from simhelpers import fixed_step_cost, request
+
 from kvtune.oracle.steps import kvtune_steps
 from kvtune.oracle.vllm_engine import VllmEngine, vllm_steps
 from kvtune.tuner.simulator.scheduler import EngineConfig, Scheduler, simulate
 from kvtune.tuner.simulator.timing import Efficiency, StepCostModel
-from oraclecases import AZURE, MOONCAKE, first_difference, trace_slice
-from simhelpers import fixed_step_cost, request
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from oraclecases import MOONCAKE, trace_slice
+
 from kvtune.oracle.tokens import TokenSpace
 from kvtune.tuner.simulator.prefix import block_hashes
-from oraclecases import MOONCAKE, trace_slice
 
 
 def _blocks(ids: list[int], bs: int, chain: dict[tuple[int, tuple[int, ...]], int]
