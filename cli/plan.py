@@ -16,7 +16,14 @@ from typing import Any
 
 import click
 
-from kvtune.cli.options import pin_options, pins_from
+from kvtune.cli.options import (
+    gpu_option,
+    model_option,
+    pin_options,
+    pins_from,
+    tp_option,
+    weights_dtype_option,
+)
 from kvtune.tuner.errors import KVTuneError
 from kvtune.tuner.facts import catalog, gpus
 from kvtune.tuner.facts.capabilities import PINNED_VLLM_VERSION, get_runtime
@@ -252,12 +259,10 @@ def _models_help() -> str:
     epilog="MODEL is a catalog id (Hugging Face id, or its last part) or a path to a "
     "config.json. Run `kvtune plan --list` to see the catalog and GPU classes.",
 )
-@click.option("--model", "-m", help="Catalog id or path to a config.json.")
-@click.option("--gpu", "-g", help="GPU class (H100, H100-NVL, H200, B200, ...) or a label value.")
-@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Tensor-parallel degree.")
-@click.option("--weights-dtype", default="auto", show_default=True,
-              help="auto (the checkpoint's own), bf16, fp16, fp8, int8, int4, awq, gptq.")
+@model_option()
+@gpu_option()
+@tp_option()
+@weights_dtype_option()
 @click.option("--context-tokens", type=click.IntRange(min=2),
               help="Session length (prompt+output). With --workload: rescales its p95.")
 @click.option("--workload", type=click.Choice(PRESET_KINDS), help="Workload preset.")

@@ -23,6 +23,7 @@ from typing import Any
 
 import click
 
+from kvtune.cli.options import gpu_option, model_option, tp_option, weights_dtype_option
 from kvtune.cli.outputs import plot_file, writable_file
 from kvtune.tuner.errors import InvalidInput, KVTuneError
 from kvtune.tuner.facts import catalog, gpus
@@ -110,11 +111,10 @@ def _row(config: SimulatedPlan, result: SimResult | None, slo: SLOTargets | None
 @click.command("simulate")
 @click.option("--trace", "trace_path", type=click.Path(exists=True, dir_okay=False,
               path_type=Path), required=True, help="Azure CSV or Mooncake JSONL trace.")
-@click.option("--model", required=True, help="Model id from the catalog (kvtune plan --help).")
-@click.option("--gpu", "gpu_name", required=True, help="GPU class: H100, H200, B200.")
-@click.option("--tp", "tensor_parallel", type=int, default=1, show_default=True,
-              help="Tensor-parallel GPUs per replica.")
-@click.option("--weights-dtype", default="auto", show_default=True)
+@model_option(required=True)
+@gpu_option("gpu_name", required=True)
+@tp_option("tensor_parallel")
+@weights_dtype_option()
 @click.option("--vllm-version", default=PINNED_VLLM_VERSION, show_default=True,
               help="vLLM version whose memory accounting and defaults to model "
               "(the versions kvtune is calibrated for).")

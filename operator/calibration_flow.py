@@ -157,6 +157,8 @@ def prepare(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeploymen
         gate.notes.append(f"cannot read the KV-quality report or Jobs: {kapply._reason(exc)}")
         return gate
     report = cached
+    reports_cm = _read_config_map(kube, namespace, calibration.RUNTIME_REPORTS_CONFIG_MAP) \
+        if jobs else None
     for job in jobs:
         notes = (job.get("metadata") or {}).get("annotations") or {}
         if (notes.get(calibration.ANNOTATION_MODEL), notes.get(
@@ -164,7 +166,7 @@ def prepare(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeploymen
             continue  # another model revision's Job: its report has its own ConfigMap
         job_id = job["metadata"]["name"]
         pods = kapply.list_pods(kube, namespace, f"batch.kubernetes.io/job-name={job_id}")
-        result = calibration.job_result(job, pods)
+        result = calibration.job_result(job, pods, reports_cm)
         if result.phase == "running":
             gate.running_job = job_id
         elif result.phase == "failed":

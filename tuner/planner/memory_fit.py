@@ -7,7 +7,9 @@ coefficient only:
 
 - activation peak: least squares of the logged torch peak increase on
   [1, logits of each sampler generation, hidden bytes, MoE workspace bytes]
-  (``budget.activation_terms``), over rows of a calibrated version whose model shape is known;
+  (``budget.activation_terms``), over rows of a calibrated version whose model shape is known
+  and whose peak is the sampler run's (the dense forward-pass term, 3 I + 3 hidden widths per
+  token, is derived, not fitted: it reproduces vLLM 0.6's forward-bound profiles, #10517);
 - non-torch: the median of the logged non-torch increase at TP = 1 per generation, and the
   median extra at TP > 1;
 - CUDA graphs: least squares of vLLM's logged estimate (and, for the versions that measure the
@@ -164,6 +166,8 @@ def fit(rows: tuple[StartupLog, ...] | list[StartupLog]) -> MemoryCoefficients:
         terms = _terms(r)
         if terms is None or r.logged.activation_gib is None or r.dtype == "float32":
             continue
+        if terms.forward_bytes >= 0.9 * r.logged.activation_gib * GiB:
+            continue  # the forward pass, not the sampler run, set this row's peak
         sampler = versions[str(r.vllm_version)].sampler
         x_act.append([
             1.0, *(terms.logits / GiB if s == sampler else 0.0 for s in samplers),

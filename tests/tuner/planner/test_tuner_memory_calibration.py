@@ -220,3 +220,19 @@ def test_simulate_cli_runs_vllm_0_19_defaults_and_refuses_an_unknown_version() -
     assert 27_000 < defaults["engine"]["num_gpu_blocks"] < 28_500
     bad = CliRunner().invoke(cli, [*base, "--vllm-version", "0.20.0"])
     assert bad.exit_code != 0 and "vllm_version='0.20.0'" in bad.output
+
+
+def test_the_forward_pass_term_reproduces_the_forward_bound_profiles() -> None:
+    # vLLM 0.6 profiled Llama 3.1 8B over max-model-len tokens with 256 sequences: the forward
+    # pass set the peak (logged 2.07 GiB at 20,000 tokens, 2.99 at 29,000).
+    model = get_model("meta-llama/Llama-3.1-8B-Instruct")
+    by_tokens = {r.max_model_len: r for r in ROWS if r.id.startswith("vllm-10517-")}
+    for tokens, row in by_tokens.items():
+        assert tokens is not None and row.logged.activation_gib is not None
+        forward = budget.model_activation_terms(model, 1, tokens, 256).forward_bytes / GiB
+        assert abs(forward / row.logged.activation_gib - 1) < 0.01, tokens
+    # At a large budget the forward pass, not the sampler, is the peak kvtune plans for.
+    at_32k = budget.activation_bytes(model, 1, 32768, 1024)
+    terms = budget.model_activation_terms(model, 1, 32768, 1024)
+    assert at_32k > budget.activation_bytes(model, 1, 8192, 1024)
+    assert abs(at_32k - terms.forward_bytes - coefficients().activation_base_gib * GiB) < 2
