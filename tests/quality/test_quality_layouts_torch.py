@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from kvtune.quality import layouts, layouts_torch
 
 
