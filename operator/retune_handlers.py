@@ -26,6 +26,7 @@ import kopf
 from kvtune.operator import alert_rules, api, conditions, metrics, retune, selectors
 from kvtune.operator import apply as kapply
 from kvtune.operator import reconcile as rec
+from kvtune.operator import status as status_writer
 from kvtune.operator.api import ProfileScope
 from kvtune.operator.durations import parse_duration
 from kvtune.operator.profiling import (
@@ -38,9 +39,10 @@ from kvtune.operator.profiling import (
     profile_from_prometheus,
 )
 from kvtune.operator.retune import RetuneSettings, RetuneState
+from kvtune.operator.rollout import plan as plan_stage
 from kvtune.operator.selectors import SeriesSelector
 from kvtune.operator.workloads import declared_profile, profile_from_status
-from kvtune.tuner.plan import KVPlan
+from kvtune.tuner.plan import KVPlan, PoolPlan
 from kvtune.tuner.workload import WorkloadProfile
 from prometheus_client import Counter, Gauge
 
@@ -119,6 +121,7 @@ class _PoolTick:
     message: str
     state: RetuneState
     material: bool = False
+    new_plan: PoolPlan | None = None  # planned on ``observed`` when the decision is replan
 
     def status(self) -> dict[str, Any]:
         drift = self.decision.drift
@@ -200,27 +203,6 @@ def export_plan_gauges(namespace: str, name: str,
             PLAN_EXPECTED_BLOCKS.labels(*labels).set(pool.expected.num_gpu_blocks)
 
 
-def _write(kube: kapply.Kube, namespace: str, name: str, *, stale: bool, stale_reason: str,
-           stale_message: str, profile_extra: dict[str, Any]) -> None:
-    """Merge our part into the freshest status: ProfileStale and status.profile extras
-    (the reconcile seam owns the rest, and may just have written it)."""
-    fresh = kube.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace,
-                                                     api.PLURAL, name)
-    status = rec.status_of(fresh)
-    conds = conditions.set_condition(status.conditions, conditions.PROFILE_STALE, stale,
-                                     stale_reason, stale_message,
-                                     generation=fresh["metadata"].get("generation"))
-    patch: dict[str, Any] = {
-        "conditions": [c.model_dump(mode="json", by_alias=True, exclude_none=True)
-                       for c in conds],
-        "profile": profile_extra,
-    }
-    if status.profile is None:
-        # status.profile needs its required "source" before extras can sit in it.
-        patch["profile"] = {"source": "declared", **profile_extra}
-    kapply.patch_status(kube, namespace, name, patch)
-
-
 def retune_once(
     body: Mapping[str, Any],
     *,
@@ -238,16 +220,15 @@ def retune_once(
     if spec.tuning.mode == "off" or prom is None:
         return RetuneOutcome(NOT_CONFIGURED, "tuning.mode=off or no tuning.prometheus: "
                              "the retune timer does nothing")
-    progressing = conditions.get_condition(rec.status_of(body).conditions,
+    progressing = conditions.get_condition(status_writer.read(body).conditions,
                                            conditions.PROGRESSING)
     if progressing is not None and progressing.status == "True" \
             and progressing.reason == conditions.ROLLING_OUT:
         # A rollout this timer started is checked here: no spec change will re-trigger the
         # handlers. The plan comes from the stored profile, so nothing new is applied.
         rec.reconcile(body, kube=kube)
-        body = kube.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace,
-                                                        api.PLURAL, name)
-    export_plan_gauges(namespace, name, rec.status_of(body))
+        body = kapply.read_inference_deployment(kube, namespace, name) or body
+    export_plan_gauges(namespace, name, status_writer.read(body))
     window_seconds = parse_duration(prom.window, field="spec.tuning.prometheus.window")
     retune_spec = spec.tuning.retune or api.RetuneSpec()
     settings = RetuneSettings(
@@ -258,7 +239,7 @@ def retune_once(
         min_interval_seconds=parse_duration(retune_spec.min_interval,
                                             field="spec.tuning.retune.minInterval"),
     )
-    previous = rec.status_of(body)
+    previous = status_writer.read(body)
     plans = _current_plans(previous)
     cap = max((p.max_model_len for p in plans.values()), default=None)
 
@@ -284,8 +265,9 @@ def retune_once(
                    f"({previous.profile.source if previous.profile else 'declared'}) and the "
                    f"running plan")
         PROFILE_STALE.labels(namespace, name).set(1)
-        _write(kube, namespace, name, stale=True, stale_reason=PROMETHEUS_UNAVAILABLE,
-               stale_message=message, profile_extra={})
+        status_writer.write_profile_report(
+            kube, namespace, name, profile_extra={}, stale=status_writer.ProfileStaleCondition(
+                True, PROMETHEUS_UNAVAILABLE, message))
         return RetuneOutcome(PROMETHEUS_UNAVAILABLE, message, failed=True,
                              events=[RetuneEvent("Warning", PROMETHEUS_UNAVAILABLE, message)])
     PROFILE_STALE.labels(namespace, name).set(0)
@@ -327,13 +309,14 @@ def retune_once(
     event_type: Literal["Normal", "Warning"] = "Normal"
     replan = [t for t in ticks if t.decision.action == "replan" and t.observed is not None]
     if replan:
-        model = rec.resolve_model(spec, namespace, kube)
-        policy = rec.policy_for(spec)
+        model = plan_stage.resolve_model(spec, namespace, kube)
+        policy = plan_stage.policy_for(spec)
         by_name = {p.pool_name: p for p in spec.pools}
         for t in replan:
             assert t.observed is not None
-            new_plan = rec.plan_one_pool(spec, by_name[t.name], model, t.observed, policy).plan
-            t.material, why = retune.plan_change_matters(plans.get(t.name), new_plan)
+            t.new_plan = plan_stage.plan_one_pool(spec, by_name[t.name], model, t.observed,
+                                                  policy)
+            t.material, why = retune.plan_change_matters(plans.get(t.name), t.new_plan.plan)
             if t.material:
                 t.reason = retune.PLAN_CHANGED
                 t.message = f"{t.decision.message}; new plan: {', '.join(why)}"
@@ -355,6 +338,8 @@ def retune_once(
                       for t in ticks},
             profile_scopes={t.name: t.choice.scope if t.material else t.baseline_scope
                             for t in ticks},
+            # The plan stage ran once for each re-planned pool: reconcile applies that plan.
+            plans={t.name: t.new_plan for t in ticks if t.material and t.new_plan},
             profile_window=prom.window)
         rolled_out = True
         if outcome.permanent_error:
@@ -383,8 +368,9 @@ def retune_once(
     }
     extra = {"observed": observed_status(result.observed), "trusted": result.trusted,
              "profileMessage": result.message, "retune": retune_status}
-    _write(kube, namespace, name, stale=False, stale_reason=result.reason,
-           stale_message=result.message, profile_extra=extra)
+    status_writer.write_profile_report(
+        kube, namespace, name, profile_extra=extra, stale=status_writer.ProfileStaleCondition(
+            False, result.reason, result.message))
     return RetuneOutcome(reason, message, rolled_out=rolled_out, profile=result,
                          pool_profiles={t.name: t.choice for t in ticks},
                          events=[RetuneEvent(event_type, f"Retune{reason}", message)])

@@ -4,7 +4,9 @@ fake profiler, a fake API and the reconcile seam captured)."""
 
 from __future__ import annotations
 
+import json
 import re
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -19,6 +21,8 @@ from kvtune.operator.profiling import (
     choose_for_pool,
     queries,
 )
+from kvtune.operator.render import object_name
+from kvtune.operator.rollout import plan as plan_stage
 from kvtune.operator.workloads import declared_profile, profile_status
 from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
 
@@ -64,7 +68,7 @@ def test_a_long_name_uses_the_cut_object_name_and_escapes_nothing_it_needs() -> 
     name = "a" * 70
     series = selectors.pool_selector(PROM, namespace="llm", deployment=name, pool="h200")
     assert series is not None
-    prefix = rec.object_name(name, "h200")
+    prefix = object_name(name, "h200")
     assert re.fullmatch(series.regex["pod"], f"{prefix}-6f7d9c8b5-x2x7q")
     assert selectors.re2_escape("a.b(c)") == r"a\.b\(c\)"
 
@@ -153,7 +157,9 @@ class _FakeCustom:
         self.body = body
         self.patches: list[dict[str, Any]] = []
 
-    def get_namespaced_custom_object(self, *_: Any) -> dict[str, Any]:
+    def get_namespaced_custom_object(self, *_: Any, **kw: Any) -> Any:
+        if kw.get("_preload_content") is False:  # as apply.read_inference_deployment reads
+            return SimpleNamespace(data=json.dumps(self.body).encode())
         return self.body
 
     def patch_namespaced_custom_object_status(self, *args: Any, **_: Any) -> None:
@@ -176,13 +182,13 @@ def _body() -> dict[str, Any]:
     """Three pools running plans made for the short traffic: chat and docs on their own
     series, quiet on the deployment-wide profile."""
     spec = InferenceDeploymentSpec.model_validate(SPEC)
-    model = rec.resolve_model(spec, "llm", None)
+    model = plan_stage.resolve_model(spec, "llm", None)
     pools = []
     for pool in spec.pools:
         scope = "deployment" if pool.pool_name == "quiet" else "pool"
         planned_on = SHORT if scope == "pool" else WIDE
-        knobs, expected, _ = rec._plan_status(
-            rec.plan_one_pool(spec, pool, model, planned_on, rec.policy_for(spec)))
+        knobs, expected, _ = plan_stage.plan_status(
+            plan_stage.plan_one_pool(spec, pool, model, planned_on, plan_stage.policy_for(spec)))
         pools.append(PoolStatus(
             name=pool.pool_name, gpu_class=pool.gpu_class, tensor_parallel=1, replicas=1,
             phase="Applied", plan=knobs, expected=expected, revision=1,
