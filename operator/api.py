@@ -556,10 +556,94 @@ class ProfileStatus(_Status):
     observed_at: str | None = None
 
 
+class DeploymentProfileStatus(ProfileStatus):
+    """``status.profile``: the deployment-wide profile, and the retune timer's part: the
+    last window's figures, whether they were trusted and why, its decisions and clocks."""
+
+    observed: ObservedStatus | None = None
+    trusted: bool | None = None
+    profile_message: str | None = None
+    retune: RetuneStatus | None = None
+
+
+class QuantileEstimateStatus(_Status):
+    """A length quantile read from a histogram: the estimate and the bucket holding it."""
+
+    q: float
+    estimate: int
+    lower: float | None = None
+    upper: float | None = None  # absent: in the +Inf bucket with no cap known
+    histogram_quantile: float | None = None  # Prometheus' interpolation, for comparison
+
+
+class ObservedStatus(_Status):
+    """What the last profiling window showed (the retune timer writes it)."""
+
+    window_seconds: float
+    requests: int
+    request_rate_per_second: float | None = None
+    prefix_hit_rate: float | None = None
+    kv_cache_usage_mean: float | None = None
+    kv_cache_usage_max: float | None = None
+    preemptions_per_second: float | None = None
+    waiting_mean: float | None = None
+    ttft_p95_seconds: float | None = None
+    tpot_p95_seconds: float | None = None
+    num_gpu_blocks: list[int] = []
+    context_tokens: list[QuantileEstimateStatus] = []
+    output_tokens: list[QuantileEstimateStatus] = []
+
+
+class CandidateProfileStatus(_Status):
+    """The traffic a dwell started from (the retune timer compares the next windows with
+    it): the figures drift is measured on."""
+
+    context_tokens: TokenQuantilesStatus
+    output_tokens: TokenQuantilesStatus
+    prefix_hit_rate: float | None = None
+    shared_prefix_tokens: int | None = None
+    request_rate_per_second: float | None = None
+    requests: int | None = None
+
+
+class RetuneStateStatus(_Status):
+    """The retune timer's clocks for one pool (Unix seconds), kept in status so that a
+    restart, a reconcile or a rollout keeps them: the dwell and the min interval hold."""
+
+    drift_since_seconds: float | None = None
+    candidate: CandidateProfileStatus | None = None
+    stable_since_seconds: float | None = None
+    last_rollout_seconds: float | None = None
+
+
+class RetunePoolStatus(_Status):
+    name: str
+    scope: ProfileScope | None = None
+    selector: str = ""
+    requests: int | None = None
+    profile_message: str = ""
+    reason: str
+    message: str = ""
+    drift_score: float | None = None
+    state: RetuneStateStatus = RetuneStateStatus()
+
+
+class RetuneStatus(_Status):
+    """The retune timer's last decision (the tick's reason: the pool furthest along)."""
+
+    reason: str
+    message: str = ""
+    at: str | None = None
+    drift_score: float | None = None
+    drift_threshold: float | None = None
+    dwell_seconds: float | None = None
+    pools: list[RetunePoolStatus] = []
+
+
 class InferenceDeploymentStatus(_Status):
     observed_generation: int | None = None
     mode: str | None = None
     conditions: list[Condition] = []
-    profile: ProfileStatus | None = None
+    profile: DeploymentProfileStatus | None = None
     pools: list[PoolStatus] = []
     pool_summary: str | None = None  # "H200x2,H100x1", for the printer column

@@ -79,10 +79,9 @@ def to_structural(model: type[Any]) -> dict[str, Any]:
 
 
 def _status_schema() -> dict[str, Any]:
-    schema = to_structural(api.InferenceDeploymentStatus)
-    # The profiling/retune modules may add figures kvtune's own status does not name yet;
-    # keep them rather than have the API server prune them silently.
-    schema["properties"]["profile"]["x-kubernetes-preserve-unknown-fields"] = True
+    # Every field of status is typed: an untyped corner (x-kubernetes-preserve-unknown-fields)
+    # is one a typed write cannot keep (the retune clocks were erased that way).
+    schema: dict[str, Any] = to_structural(api.InferenceDeploymentStatus)
     return schema
 
 

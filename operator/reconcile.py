@@ -212,7 +212,8 @@ def _reconcile_locked(
         used_profile = profile_from_status(previous.profile, declared)
         used_profile_status = previous.profile if used_profile.source == "prometheus" \
             else profile_status(used_profile)
-    deployment_wide = used_profile_status.model_copy(update={"scope": "deployment"})
+    deployment_wide = status_writer.without_timer_part(
+        used_profile_status.model_copy(update={"scope": "deployment"}))
     prev_pools = {p.name: p for p in previous.pools}
 
     def for_pool(pool_name: str) -> tuple[WorkloadProfile, ProfileStatus]:
@@ -276,7 +277,8 @@ def _reconcile_locked(
 
     status = InferenceDeploymentStatus(
         observed_generation=generation, mode=mode, conditions=conditions,
-        profile=used_profile_status, pools=[o.status for o in outcomes],
+        profile=status_writer.with_timer_part(used_profile_status, previous.profile),
+        pools=[o.status for o in outcomes],
         pool_summary=pool_summary([o.status for o in outcomes]),
     )
     # Rollouts are followed by the rollout timer (refresh_rollout), not by retries.

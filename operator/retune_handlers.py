@@ -15,7 +15,6 @@ posted as an Event. Figures the window showed go to ``status.profile.observed``.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -23,14 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import kopf
-from kvtune.operator import alert_rules, api, conditions, metrics, retune, selectors
+from kvtune.operator import alert_rules, api, conditions, metrics, retune, retune_state, selectors
 from kvtune.operator import apply as kapply
 from kvtune.operator import reconcile as rec
 from kvtune.operator import status as status_writer
 from kvtune.operator.api import ProfileScope
 from kvtune.operator.durations import parse_duration
 from kvtune.operator.profiling import (
-    ObservedFigures,
     PoolProfile,
     ProfileResult,
     ProfilingSettings,
@@ -39,6 +37,7 @@ from kvtune.operator.profiling import (
     profile_from_prometheus,
 )
 from kvtune.operator.retune import RetuneSettings, RetuneState
+from kvtune.operator.retune_state import finite
 from kvtune.operator.rollout import plan as plan_stage
 from kvtune.operator.selectors import SeriesSelector
 from kvtune.operator.workloads import declared_profile, profile_from_status
@@ -123,13 +122,14 @@ class _PoolTick:
     material: bool = False
     new_plan: PoolPlan | None = None  # planned on ``observed`` when the decision is replan
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> api.RetunePoolStatus:
         drift = self.decision.drift
-        return {"name": self.name, "scope": self.choice.scope, "selector": self.selector,
-                "requests": self.choice.requests, "profileMessage": self.choice.message,
-                "reason": self.reason, "message": self.message,
-                "driftScore": _finite(drift.score) if drift else None,
-                "state": self.state.model_dump(mode="json")}
+        return api.RetunePoolStatus(
+            name=self.name, scope=self.choice.scope, selector=self.selector,
+            requests=self.choice.requests, profile_message=self.choice.message,
+            reason=self.reason, message=self.message,
+            drift_score=finite(drift.score) if drift else None,
+            state=retune_state.state_status(self.state))
 
 
 @dataclass
@@ -141,46 +141,6 @@ class RetuneOutcome:
     events: list[RetuneEvent] = field(default_factory=list)
     profile: ProfileResult | None = None  # the deployment-wide one
     pool_profiles: dict[str, PoolProfile] = field(default_factory=dict)
-
-
-def _finite(x: float | None) -> float | None:
-    return None if x is None or not math.isfinite(x) else round(x, 6)
-
-
-def observed_status(obs: ObservedFigures) -> dict[str, Any]:
-    """The window's figures as status (camelCase, JSON-safe: no infinities)."""
-    def quantiles(est: Any) -> list[dict[str, Any]]:
-        return [{"q": e.q, "estimate": round(e.estimate), "lower": _finite(e.lower),
-                 "upper": _finite(e.upper), "histogramQuantile": _finite(e.histogram_quantile)}
-                for e in est]
-
-    return {
-        "windowSeconds": obs.window_seconds,
-        "requests": obs.requests,
-        "requestRatePerSecond": _finite(obs.request_rate_per_second),
-        "prefixHitRate": _finite(obs.prefix_hit_rate),
-        "kvCacheUsageMean": _finite(obs.kv_cache_usage_mean),
-        "kvCacheUsageMax": _finite(obs.kv_cache_usage_max),
-        "preemptionsPerSecond": _finite(obs.preemptions_per_second),
-        "waitingMean": _finite(obs.waiting_mean),
-        "ttftP95Seconds": _finite(obs.ttft.p95_seconds),
-        "tpotP95Seconds": _finite(obs.tpot.p95_seconds),
-        "numGpuBlocks": list(obs.num_gpu_blocks),
-        "contextTokens": quantiles(obs.context_quantiles),
-        "outputTokens": quantiles(obs.output_quantiles),
-    }
-
-
-def _state_from(profile_raw: Mapping[str, Any] | None, pool: str) -> RetuneState:
-    """The pool's dwell clocks; a status written before pools were profiled one by one kept
-    one state for the deployment, which every pool starts from."""
-    retune_raw = (profile_raw or {}).get("retune") or {}
-    raw = next((p.get("state") or {} for p in retune_raw.get("pools") or []
-                if p.get("name") == pool), retune_raw.get("state") or {})
-    try:
-        return RetuneState.model_validate(raw)
-    except ValueError:  # written by an older kvtune: start the dwell clock over
-        return RetuneState()
 
 
 def _current_plans(status: api.InferenceDeploymentStatus) -> dict[str, KVPlan]:
@@ -248,7 +208,6 @@ def retune_once(
                                             min_requests=min_requests,
                                             max_model_len_tokens=max_model_len)
 
-    raw_profile = (body.get("status") or {}).get("profile") or {}
     pool_series = {pool.pool_name: selectors.pool_selector(
         prom, namespace=namespace, deployment=name, pool=pool.pool_name) for pool in spec.pools}
     own: dict[str, ProfileResult] = {}
@@ -265,9 +224,8 @@ def retune_once(
                    f"({previous.profile.source if previous.profile else 'declared'}) and the "
                    f"running plan")
         PROFILE_STALE.labels(namespace, name).set(1)
-        status_writer.write_profile_report(
-            kube, namespace, name, profile_extra={}, stale=status_writer.ProfileStaleCondition(
-                True, PROMETHEUS_UNAVAILABLE, message))
+        status_writer.write_profile_report(kube, namespace, name, stale=(
+            True, PROMETHEUS_UNAVAILABLE, message))
         return RetuneOutcome(PROMETHEUS_UNAVAILABLE, message, failed=True,
                              events=[RetuneEvent("Warning", PROMETHEUS_UNAVAILABLE, message)])
     PROFILE_STALE.labels(namespace, name).set(0)
@@ -294,7 +252,8 @@ def retune_once(
         baseline = profile_from_status(kept, declared) if kept_observed else wide_baseline
         decision = retune.decide(
             now_seconds=now, baseline=baseline, observed=as_declared(choice.profile),
-            untrusted_reason=choice.message, state=_state_from(raw_profile, pool_name),
+            untrusted_reason=choice.message, state=retune_state.state_from_status(
+                previous, pool_name, declared),
             settings=settings)
         series = pool_series[pool_name]
         ticks.append(_PoolTick(
@@ -358,19 +317,17 @@ def retune_once(
     if drifts:
         DRIFT_SCORE.labels(namespace, name).set(max(drifts))
     DECISIONS.labels(namespace, name, reason).inc()
-    retune_status = {
-        "reason": reason, "message": message, "at": conditions.now_rfc3339(),
-        "driftScore": _finite(max(drifts)) if drifts else None,
-        "driftThreshold": settings.drift_threshold,
-        "dwellSeconds": settings.dwell_seconds,
-        "state": None,  # kept per pool since pools are profiled one by one
-        "pools": [t.status() for t in ticks],
-    }
-    extra = {"observed": observed_status(result.observed), "trusted": result.trusted,
-             "profileMessage": result.message, "retune": retune_status}
+    retune_status = api.RetuneStatus(
+        reason=reason, message=message, at=conditions.now_rfc3339(),
+        drift_score=finite(max(drifts)) if drifts else None,
+        drift_threshold=settings.drift_threshold, dwell_seconds=settings.dwell_seconds,
+        pools=[t.status() for t in ticks],
+    )
     status_writer.write_profile_report(
-        kube, namespace, name, profile_extra=extra, stale=status_writer.ProfileStaleCondition(
-            False, result.reason, result.message))
+        kube, namespace, name, stale=(False, result.reason, result.message),
+        report=status_writer.ProfileReport(
+            observed=retune_state.observed_status(result.observed), trusted=result.trusted,
+            profile_message=result.message, retune=retune_status))
     return RetuneOutcome(reason, message, rolled_out=rolled_out, profile=result,
                          pool_profiles={t.name: t.choice for t in ticks},
                          events=[RetuneEvent(event_type, f"Retune{reason}", message)])

@@ -19,15 +19,31 @@ from typing import Any
 
 from kvtune.operator import apply as kapply
 from kvtune.operator import conditions
-from kvtune.operator.api import InferenceDeploymentStatus
+from kvtune.operator.api import (
+    DeploymentProfileStatus,
+    InferenceDeploymentStatus,
+    ObservedStatus,
+    ProfileStatus,
+    RetuneStatus,
+)
 from pydantic import ValidationError
+
+# The fields of status.profile the retune timer writes; the reconcile seam keeps them.
+TIMER_FIELDS = ("observed", "trusted", "profile_message", "retune")
 
 
 @dataclass(frozen=True)
-class ProfileStaleCondition:
-    stale: bool
-    reason: str
-    message: str
+class ProfileReport:
+    """What a profiling that worked adds to ``status.profile``."""
+
+    observed: ObservedStatus
+    trusted: bool
+    profile_message: str
+    retune: RetuneStatus
+
+    def fields(self) -> dict[str, Any]:
+        return {"observed": self.observed, "trusted": self.trusted,
+                "profile_message": self.profile_message, "retune": self.retune}
 
 
 def read(body: Mapping[str, Any]) -> InferenceDeploymentStatus:
@@ -36,6 +52,13 @@ def read(body: Mapping[str, Any]) -> InferenceDeploymentStatus:
     raw = dict(body.get("status") or {})
     try:
         return InferenceDeploymentStatus.model_validate(raw)
+    except ValidationError:
+        pass
+    # Keep what the reconcile seam wrote when only the timer's part is unreadable.
+    profile = {k: v for k, v in (raw.get("profile") or {}).items()
+               if k not in ("observed", "trusted", "profileMessage", "retune")}
+    try:
+        return InferenceDeploymentStatus.model_validate({**raw, "profile": profile or None})
     except ValidationError:
         return InferenceDeploymentStatus()
 
@@ -79,29 +102,45 @@ def write(kube: kapply.Kube, body: Mapping[str, Any], status: InferenceDeploymen
         return False
     meta = body["metadata"]
     version: str | None = meta.get("resourceVersion") if guarded else None
-    return kapply.patch_status(kube, meta["namespace"], meta["name"], merge_patch(stored, new),
-                               resource_version=version)
+    written: bool = kapply.patch_status(kube, meta["namespace"], meta["name"],
+                                        merge_patch(stored, new), resource_version=version)
+    return written
 
 
 def write_profile_report(kube: kapply.Kube, namespace: str, name: str, *,
-                         stale: ProfileStaleCondition,
-                         profile_extra: dict[str, Any]) -> None:
-    """The retune timer's part, merged into the freshest status: ProfileStale and the
-    figures and decisions it keeps in ``status.profile`` (the reconcile seam owns the rest,
-    and may just have written it)."""
+                         stale: tuple[bool, str, str],
+                         report: ProfileReport | None = None) -> bool:
+    """The retune timer's part, merged into the freshest status: ProfileStale
+    (``stale``: status, reason, message) and, after a profiling that worked, the window's
+    figures and the decisions in ``status.profile`` (the reconcile seam owns the rest, and
+    may just have written it)."""
     fresh = kapply.read_inference_deployment(kube, namespace, name)
     if fresh is None:
-        return
+        return False
     current = read(fresh)
-    conds = conditions.set_condition(current.conditions, conditions.PROFILE_STALE,
-                                     stale.stale, stale.reason, stale.message,
+    stale_, reason, message = stale
+    conds = conditions.set_condition(current.conditions, conditions.PROFILE_STALE, stale_,
+                                     reason, message,
                                      generation=fresh["metadata"].get("generation"))
-    patch: dict[str, Any] = {
-        "conditions": [c.model_dump(mode="json", by_alias=True, exclude_none=True)
-                       for c in conds],
-        "profile": profile_extra,
-    }
-    if current.profile is None:
-        # status.profile needs its required "source" before extras can sit in it.
-        patch["profile"] = {"source": "declared", **profile_extra}
-    kapply.patch_status(kube, namespace, name, patch)
+    profile = current.profile or DeploymentProfileStatus(source="declared")
+    if report is not None:
+        profile = profile.model_copy(update=report.fields())
+    return write(kube, fresh, current.model_copy(update={"conditions": conds,
+                                                         "profile": profile}))
+
+
+def with_timer_part(profile: ProfileStatus,
+                    previous: DeploymentProfileStatus | None) -> DeploymentProfileStatus:
+    """``profile`` (what the reconcile seam planned on) as ``status.profile``, keeping the
+    retune timer's part of the previous one: its clocks must outlive every reconcile."""
+    timer = {} if previous is None else {k: getattr(previous, k) for k in TIMER_FIELDS}
+    return DeploymentProfileStatus(**{**_fields(profile), **timer})
+
+
+def without_timer_part(profile: ProfileStatus) -> ProfileStatus:
+    """A profile as shown in ``pools[].profile`` (the timer's part is the deployment's)."""
+    return ProfileStatus(**_fields(profile))
+
+
+def _fields(profile: ProfileStatus) -> dict[str, Any]:
+    return {k: getattr(profile, k) for k in ProfileStatus.model_fields}

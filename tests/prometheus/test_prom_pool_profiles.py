@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 from kvtune.operator import reconcile as rec
-from kvtune.operator import retune, retune_handlers, selectors
+from kvtune.operator import retune, retune_handlers, retune_state, selectors
+from kvtune.operator import status as status_writer
 from kvtune.operator.api import InferenceDeploymentSpec, PoolStatus, PrometheusSpec
 from kvtune.operator.profiling import (
     LatencyQuantiles,
@@ -266,15 +267,22 @@ def test_each_pool_is_decided_and_planned_on_its_own_profile(
     pools = {p["name"]: p for p in body["status"]["profile"]["retune"]["pools"]}
     assert pools["docs"]["reason"] == retune.PLAN_CHANGED
     assert "max_model_len" in pools["docs"]["message"]
-    assert pools["docs"]["state"]["last_rollout_seconds"] == 1121.0
+    assert pools["docs"]["state"]["lastRolloutSeconds"] == 1121.0
     assert pools["chat"]["reason"] == retune.BELOW_THRESHOLD
-    assert pools["chat"]["state"]["last_rollout_seconds"] is None
+    assert "lastRolloutSeconds" not in pools["chat"]["state"]
 
 
-def test_a_status_from_before_per_pool_state_keeps_its_dwell_clock() -> None:
-    raw = {"retune": {"state": {"drift_since_seconds": 5.0}}}
-    assert retune_handlers._state_from(raw, "h200").drift_since_seconds == 5.0
-    raw = {"retune": {"state": {"drift_since_seconds": 5.0},
-                      "pools": [{"name": "h200", "state": {"drift_since_seconds": 9.0}}]}}
-    assert retune_handlers._state_from(raw, "h200").drift_since_seconds == 9.0
-    assert retune_handlers._state_from(raw, "h100").drift_since_seconds == 5.0
+def test_a_status_written_by_the_previous_kvtune_keeps_its_dwell_clock() -> None:
+    """The clocks were stored snake_case in an untyped corner; the typed status reads them."""
+    declared = declared_profile(InferenceDeploymentSpec.model_validate(SPEC).workload)
+    raw = {"profile": {"source": "declared", "retune": {
+        "reason": "DwellPending", "state": None,
+        "pools": [{"name": "h200", "reason": "DwellPending",
+                   "state": {"drift_since_seconds": 9.0, "last_rollout_seconds": 3.0,
+                             "candidate": declared.model_dump(mode="json")}}]}}}
+    status = status_writer.read({"status": raw})
+    state = retune_state.state_from_status(status, "h200", declared)
+    assert state.drift_since_seconds == 9.0 and state.last_rollout_seconds == 3.0
+    assert state.candidate is not None
+    assert state.candidate.context_tokens == declared.context_tokens
+    assert retune_state.state_from_status(status, "h100", declared).drift_since_seconds is None
