@@ -222,9 +222,13 @@ def _reconcile_locked(
             return observed, profile_status(observed, window=profile_window, observed_at=now,
                                             scope=profile_scopes.get(pool_name, "pool"))
         kept = prev_pools[pool_name].profile if pool_name in prev_pools else None
-        if profile is None and kept is not None and kept.source == "prometheus":
+        if profile is not None or kept is None:  # told so, or a pool planned the first time
+            return used_profile, deployment_wide
+        # The profile the pool's plan in force was made for: only the timer's accepted
+        # decision (``profiles``) changes it, never a restart or an unrelated edit.
+        if kept.source == "prometheus":
             return profile_from_status(kept, declared), kept
-        return used_profile, deployment_wide
+        return declared, profile_status(declared, scope="deployment")
 
     policy = policy_for(spec)
     discovered = gpu_pools.discover_pools(nodes if nodes is not None
@@ -242,8 +246,7 @@ def _reconcile_locked(
             given=plans.get(pool.pool_name) if pool.pool_name in profiles else None,
         ), discovered))
     if mode == "auto":
-        for deleted in kapply.prune_pools(kube, namespace, name,
-                                          {p.pool_name for p in spec.pools}):
+        for deleted in kapply.prune_pools(kube, body, {p.pool_name for p in spec.pools}):
             events.append(Event("Normal", "PoolRemoved", f"deleted {deleted}: its pool is no "
                                 "longer in the spec"))
 

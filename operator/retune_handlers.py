@@ -249,7 +249,10 @@ def retune_once(
         choice = choose_for_pool(pool_name, own.get(pool_name), result)
         kept = prev_pools[pool_name].profile if pool_name in prev_pools else None
         kept_observed = kept is not None and kept.source == "prometheus"
-        baseline = profile_from_status(kept, declared) if kept_observed else wide_baseline
+        # The profile behind the pool's plan in force: a pool planned on the declared
+        # workload stays on it until its own decision re-plans it.
+        baseline = profile_from_status(kept, declared) if kept_observed \
+            else declared if kept is not None else wide_baseline
         decision = retune.decide(
             now_seconds=now, baseline=baseline, observed=as_declared(choice.profile),
             untrusted_reason=choice.message, state=retune_state.state_from_status(
