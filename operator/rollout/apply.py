@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtune.operator import apply as kapply
-from kvtune.operator import conditions as cond
 from kvtune.operator.api import PoolStatus
 from kvtune.operator.render import object_name
 from kvtune.operator.rollout.canary import CanaryResult
@@ -32,8 +31,8 @@ def apply_access(ctx: PoolContext, rendered: Rendered) -> PoolOutcome | None:
     try:
         kapply.apply_each(ctx.kube, rendered.access, ctx.body)
     except kapply.ApplyError as exc:
-        return ctx.failed(cond.APPLY_FAILED, f"pool {ctx.pool.pool_name}: the runtime's access "
-                          f"(spec.runtime.entrypoint=kvtune): {exc}")
+        return ctx.apply_failed(exc, f"pool {ctx.pool.pool_name}: the runtime's access "
+                                f"(spec.runtime.entrypoint=kvtune): {exc}")
     return None
 
 
@@ -43,10 +42,12 @@ def apply(ctx: PoolContext, planned: Planned, rendered: Rendered,
     try:
         applied = kapply.apply_pool(ctx.kube, rendered.objects, ctx.body)
     except kapply.ApplyError as exc:
-        return ctx.failed(cond.APPLY_FAILED, f"pool {pool.pool_name}: {exc}; nothing was "
-                          f"changed")
+        return ctx.apply_failed(exc, f"pool {pool.pool_name}: {exc}; nothing was changed")
     if canary.had_canary:
-        kapply.delete_deployment(ctx.kube, ctx.namespace, canary.name)
+        try:
+            kapply.delete_deployment(ctx.kube, ctx.namespace, canary.name, ctx.body)
+        except kapply.NameCollision as exc:
+            return ctx.apply_failed(exc, f"pool {pool.pool_name}: {exc}")
         if canary.action == "promote":
             ctx.events.append(Event("Normal", "CanaryPromoted", f"pool {pool.pool_name}: plan "
                                     f"revision {planned.revision} promoted: {canary.message}"))

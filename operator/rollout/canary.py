@@ -50,7 +50,10 @@ def canary(ctx: PoolContext, planned: Planned, rendered: Rendered) -> CanaryResu
                           f"{revision} failed its canary before; the pool keeps its previous "
                           f"plan. Change the spec, pins or workload to get another plan")
     if decision.action == "rollback":
-        kapply.delete_deployment(ctx.kube, ctx.namespace, name)
+        try:
+            kapply.delete_deployment(ctx.kube, ctx.namespace, name, ctx.body)
+        except kapply.NameCollision as exc:
+            return ctx.apply_failed(exc, f"pool {pool.pool_name}: {exc}")
         message = (f"pool {pool.pool_name}: plan revision {revision} rolled back: "
                    f"{decision.message}; {old_plan}")
         ctx.events.append(Event("Warning", "CanaryRolledBack", message))
@@ -63,7 +66,7 @@ def canary(ctx: PoolContext, planned: Planned, rendered: Rendered) -> CanaryResu
                 kapply.apply_pool(ctx.kube, [canary_policy.canary_objects(
                     rendered.objects, name=name, replicas=rollout.canary_replicas)], ctx.body)
             except kapply.ApplyError as exc:
-                return ctx.failed(cond.APPLY_FAILED, f"pool {pool.pool_name} canary: {exc}")
+                return ctx.apply_failed(exc, f"pool {pool.pool_name} canary: {exc}")
             canary_status = CanaryStatus(plan_hash=hash_, revision=revision, started_at=ctx.now,
                                          deployment=name)
             ctx.events.append(Event("Normal", "CanaryStarted", f"Deployment {name} runs plan "

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from kvtune.operator import apply as kapply
+from kvtune.operator import conditions as cond
 from kvtune.operator.api import InferenceDeploymentSpec, PoolSpec, PoolStatus
 
 
@@ -49,6 +50,12 @@ class PoolContext:
     @property
     def namespace(self) -> str:
         return str(self.body["metadata"]["namespace"])
+
+    def apply_failed(self, exc: kapply.ApplyError, message: str) -> PoolOutcome:
+        """An apply the API server refused, or a name taken by an object not kvtune's."""
+        reason = cond.NAME_COLLISION if isinstance(exc, kapply.NameCollision) \
+            else cond.APPLY_FAILED
+        return self.failed(reason, message)
 
     def failed(self, reason: str, message: str, status: PoolStatus | None = None) -> PoolOutcome:
         """The pool ends failed; it keeps showing what it runs now."""

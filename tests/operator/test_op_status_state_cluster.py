@@ -10,6 +10,8 @@ the retune timer's injected input, the traffic it "observed")."""
 from __future__ import annotations
 
 import copy
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +25,15 @@ from kvtune.operator.profiling import (
     ProfilingSettings,
 )
 from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
-from op_cluster_helpers import create_infd, ensure_namespace, get_infd, install_crd, patch_spec
+from op_cluster_helpers import (
+    OperatorProcess,
+    create_infd,
+    ensure_namespace,
+    get_infd,
+    install_crd,
+    patch_spec,
+    wait_for,
+)
 from op_samples import SAMPLE_SPEC
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -115,3 +125,77 @@ def test_the_retune_clocks_survive_other_status_writes_and_hold_the_min_interval
     assert not held.rolled_out
     pools = get_infd(cluster_api, ns, "clocks")["status"]["pools"]
     assert pools[0]["revision"] == 2
+
+
+# --- the plan in force is state (issue 11 item 7) -------------------------------------------
+
+MID = _traffic(6000, 30000)
+
+
+def _two_pool_spec() -> dict[str, Any]:
+    spec = _spec()
+    spec["pools"] = [{"gpuClass": "H100", "replicas": 1, "name": "long"},
+                     {"gpuClass": "H200", "replicas": 1, "name": "quiet"}]
+    spec["tuning"]["prometheus"].pop("poolSelector")  # each pool on its own pods' series
+    spec["tuning"]["retune"]["minInterval"] = "0s"
+    return spec
+
+
+def _pool_traffic(_url: str, settings: ProfilingSettings) -> ProfileResult:
+    """The deployment's traffic moved a little, pool long's a lot; pool quiet has too few
+    requests of its own (it falls back to the deployment-wide profile)."""
+    if "model_name" in settings.selector:
+        return MID
+    if re.fullmatch(settings.selector_regex["pod"], "plans-long-6f7d9c8b5-x2x7q"):
+        return LONG
+    few = SHORT.model_copy(update={"trusted": False, "profile": None,
+                                   "reason": "TooFewRequests", "message": "12 requests"})
+    return few
+
+
+def _revisions(api: Any, ns: str) -> dict[str, tuple[int, str]]:
+    pools = get_infd(api, ns, "plans")["status"]["pools"]
+    return {p["name"]: (p["revision"], p["planHash"]) for p in pools}
+
+
+def test_a_restart_or_an_unrelated_edit_keeps_the_plans_in_force(
+    local_cluster: Any, cluster_api: Any, tmp_path: Path,
+) -> None:
+    ns = "st-plans"
+    ensure_namespace(cluster_api, ns)
+    create_infd(cluster_api, ns, "plans", _two_pool_spec())
+    kube = Kube(cluster_api)
+    rec.reconcile(get_infd(cluster_api, ns, "plans"), kube=kube)
+    before = _revisions(cluster_api, ns)
+    assert before["long"][0] == 1 and before["quiet"][0] == 1
+
+    def tick(at: float) -> retune_handlers.RetuneOutcome:
+        return retune_handlers.retune_once(get_infd(cluster_api, ns, "plans"), kube=kube,
+                                           now_seconds=at, profiler=_pool_traffic)
+
+    tick(1000.0)
+    replanned = tick(1061.0)
+    assert replanned.reason == retune.PLAN_CHANGED, replanned.message
+    after_retune = _revisions(cluster_api, ns)
+    assert after_retune["long"][0] == 2, after_retune  # re-planned on its own traffic
+    assert after_retune["quiet"] == before["quiet"]  # its decision: the plan stays
+    stored = get_infd(cluster_api, ns, "plans")["status"]
+    assert stored["profile"]["source"] == "prometheus"  # the deployment-wide one moved
+
+    # A restart: the operator's resume handler reconciles every object.
+    operator = OperatorProcess(Path(local_cluster.kubeconfig_path), [ns],
+                               tmp_path / "operator.log")
+    operator.start()
+    try:
+        wait_for(lambda: "reconciled" in operator.current_log(), "the resume reconcile", 90,
+                 operator.log)
+        assert _revisions(cluster_api, ns) == after_retune, operator.current_log()[-3000:]
+        # An edit of a field that is no planning input.
+        patch_spec(cluster_api, ns, "plans",
+                   {"tuning": {"prometheus": {"url": "http://127.0.0.1:19090"}}})
+        generation = get_infd(cluster_api, ns, "plans")["metadata"]["generation"]
+        wait_for(lambda: get_infd(cluster_api, ns, "plans")["status"].get(
+            "observedGeneration") == generation, "the edit reconciled", 90, operator.log)
+        assert _revisions(cluster_api, ns) == after_retune
+    finally:
+        operator.stop()
