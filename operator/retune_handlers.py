@@ -32,10 +32,10 @@ from kvtune.operator.profiling import (
     PoolProfile,
     ProfileResult,
     ProfilingSettings,
-    PrometheusUnavailable,
     choose_for_pool,
     profile_from_prometheus,
 )
+from kvtune.operator.prom_http import PrometheusUnavailable
 from kvtune.operator.retune import RetuneSettings, RetuneState
 from kvtune.operator.retune_state import finite
 from kvtune.operator.rollout import plan as plan_stage
@@ -85,8 +85,10 @@ PLAN_EXPECTED_BLOCKS = Gauge(
     ["namespace", "name", "pool"], registry=metrics.REGISTRY,
 )
 
-# Condition reasons for ProfileStale.
-PROMETHEUS_UNAVAILABLE = "PrometheusUnavailable"
+# Condition reasons for ProfileStale (and PrometheusUnavailable's subclasses' ``reason``:
+# PrometheusNotAllowed, PrometheusDataInvalid).
+PROMETHEUS_UNAVAILABLE = PrometheusUnavailable.reason
+MAX_REASON_CHARS = 400
 NOT_CONFIGURED = "NotConfigured"
 
 
@@ -220,14 +222,16 @@ def retune_once(
                 own[pool_name] = profiler(prom.url, settings_for(
                     series, plan.max_model_len if plan else cap))
     except PrometheusUnavailable as exc:
-        message = (f"{exc}; keeping the last good profile "
+        # The exception's text is short and never quotes a reply; cut it anyway: a condition
+        # is readable by anyone who may get the object.
+        message = (f"{str(exc)[:MAX_REASON_CHARS]}; keeping the last good profile "
                    f"({previous.profile.source if previous.profile else 'declared'}) and the "
                    f"running plan")
         PROFILE_STALE.labels(namespace, name).set(1)
         status_writer.write_profile_report(kube, namespace, name, stale=(
-            True, PROMETHEUS_UNAVAILABLE, message))
-        return RetuneOutcome(PROMETHEUS_UNAVAILABLE, message, failed=True,
-                             events=[RetuneEvent("Warning", PROMETHEUS_UNAVAILABLE, message)])
+            True, exc.reason, message))
+        return RetuneOutcome(exc.reason, message, failed=True,
+                             events=[RetuneEvent("Warning", exc.reason, message)])
     PROFILE_STALE.labels(namespace, name).set(0)
     PROFILE_LAST_SUCCESS.labels(namespace, name).set(now)
 

@@ -75,7 +75,10 @@ class OperatorProcess:
             out.write(f"\n=== start #{self.starts} ===\n")
         self.proc = subprocess.Popen(argv, stdout=self.log.open("a"), stderr=subprocess.STDOUT,
                                      cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1",
-                                                    "KVTUNE_CONFIGMAP_RESYNC_SECONDS": "2"})
+                                                    "KVTUNE_CONFIGMAP_RESYNC_SECONDS": "2",
+                                                    # Prometheus on loopback only.
+                                                    "KVTUNE_PROMETHEUS_ALLOWED_URLS":
+                                                        "http://127.0.0.1:*"})
 
     def stop(self) -> None:
         if self.proc is None:
