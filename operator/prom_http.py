@@ -20,14 +20,18 @@ condition message is readable by anyone who may ``get`` the object).
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import os
 import re
-import time
+import socket
+import ssl
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 ENV_ALLOWED = "KVTUNE_PROMETHEUS_ALLOWED_URLS"
 ENV_CA_FILE = "KVTUNE_PROMETHEUS_CA_FILE"
@@ -37,7 +41,6 @@ ENV_MAX_BYTES = "KVTUNE_PROMETHEUS_MAX_RESPONSE_BYTES"
 ENV_TIMEOUT = "KVTUNE_PROMETHEUS_TIMEOUT_SECONDS"
 DEFAULT_MAX_RESPONSE_BYTES = 4 * 2**20
 DEFAULT_TIMEOUT_SECONDS = 10.0
-_CHUNK_BYTES = 64 * 2**10
 # Prometheus' own error types (api/v1): the only part of an error reply that is quoted.
 _ERROR_TYPE = re.compile(r"^[a-z_]{1,32}$")
 
@@ -167,39 +170,79 @@ def shown_url(url: str) -> str:
 
 def query(url: str, promql: str, *, at_unix_seconds: float, access: PrometheusAccess,
           name: str) -> Any:
-    """One instant query (``/api/v1/query``); returns the parsed JSON reply's ``data``."""
-    import requests
+    """One instant query (``/api/v1/query``); returns the parsed JSON reply's ``data``.
 
+    The standard library's HTTP client on purpose: it follows no redirect, reads no proxy
+    or ``.netrc`` from the environment, and its socket can be cut at the deadline (a
+    watchdog shuts it down, whatever the server trickles)."""
     base = access.check(url)
     where = f"prometheus {shown_url(url)}: query {name}"
-    deadline = time.monotonic() + access.timeout_seconds
-    session = requests.Session()
-    session.trust_env = False  # no ~/.netrc credentials, no proxy from the environment
+    parts = urlsplit(base)
+    host = parts.hostname or ""
+    timeout = access.timeout_seconds
+    conn: http.client.HTTPConnection
+    if parts.scheme == "https":
+        context = ssl.create_default_context(cafile=access.ca_file)
+        if access.insecure_skip_verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        conn = http.client.HTTPSConnection(host, parts.port or 443, timeout=timeout,
+                                           context=context)
+    else:
+        conn = http.client.HTTPConnection(host, parts.port or 80, timeout=timeout)
+    target = f"{parts.path}/api/v1/query?" + urlencode(
+        {"query": promql, "time": f"{at_unix_seconds:.3f}"})
+    expired = threading.Event()
+    # The socket, kept here: http.client hands it to the reply (conn.sock becomes None).
+    opened: list[socket.socket] = []
+
+    def cut() -> None:
+        expired.set()
+        for sock in opened:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    watchdog = threading.Timer(timeout, cut)
+    watchdog.daemon = True
+    watchdog.start()
     try:
-        with session.get(f"{base}/api/v1/query",
-                          params={"query": promql, "time": f"{at_unix_seconds:.3f}"},
-                          headers=access.headers(), verify=access.verify(),
-                          allow_redirects=False, stream=True,
-                          timeout=(access.timeout_seconds, access.timeout_seconds)) as reply:
-            if 300 <= reply.status_code < 400:
-                raise PrometheusUnavailable(
-                    f"{where}: HTTP {reply.status_code} redirect; kvtune does not follow "
-                    f"redirects: set spec.tuning.prometheus.url to the final, allow-listed URL")
-            body = _read_bounded(reply, access, deadline, where)
-            status = reply.status_code
+        conn.connect()
+        if conn.sock is not None:
+            opened.append(conn.sock)
+        if expired.is_set():
+            raise TimeoutError
+        conn.request("GET", target, headers=access.headers())
+        reply = conn.getresponse()
+        status = reply.status
+        if 300 <= status < 400:
+            raise PrometheusUnavailable(
+                f"{where}: HTTP {status} redirect; kvtune does not follow redirects: set "
+                f"spec.tuning.prometheus.url to the final, allow-listed URL")
+        declared = reply.getheader("Content-Length") or ""
+        if declared.isdigit() and int(declared) > access.max_response_bytes:
+            raise PrometheusUnavailable(f"{where}: the reply is {int(declared)} bytes, more "
+                                        f"than the {access.max_response_bytes} allowed")
+        body = reply.read(access.max_response_bytes + 1)
+        reply.close()
+        if expired.is_set():  # cut short by the watchdog: what was read is not the reply
+            raise TimeoutError
+        if len(body) > access.max_response_bytes:
+            raise PrometheusUnavailable(f"{where}: the reply exceeds the "
+                                        f"{access.max_response_bytes} bytes allowed")
     except PrometheusUnavailable:
         raise
-    except requests.exceptions.SSLError as exc:
+    except ssl.SSLCertVerificationError as exc:
         raise PrometheusUnavailable(f"{where}: TLS verification failed "
-                                    f"({_short(exc)}); give the operator the CA "
+                                    f"({exc.verify_message}); give the operator the CA "
                                     f"(prometheus.tls.caSecret)") from exc
-    except requests.exceptions.Timeout as exc:
-        raise PrometheusUnavailable(f"{where}: no reply within "
-                                    f"{access.timeout_seconds:g}s") from exc
-    except requests.exceptions.RequestException as exc:
+    except (OSError, http.client.HTTPException) as exc:
+        if expired.is_set() or isinstance(exc, TimeoutError):
+            raise PrometheusUnavailable(f"{where}: no complete reply within {timeout:g}s"
+                                        ) from exc
         raise PrometheusUnavailable(f"{where}: cannot connect ({_short(exc)})") from exc
     finally:
-        session.close()
+        watchdog.cancel()
+        conn.close()
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -212,25 +255,6 @@ def query(url: str, promql: str, *, at_unix_seconds: float, access: PrometheusAc
         raise PrometheusUnavailable(f"{where}: HTTP {status}, Prometheus error type {kind} "
                                     f"(the reply is not shown)")
     return doc.get("data")
-
-
-def _read_bounded(reply: Any, access: PrometheusAccess, deadline: float, where: str) -> bytes:
-    declared = reply.headers.get("Content-Length")
-    if declared and declared.isdigit() and int(declared) > access.max_response_bytes:
-        raise PrometheusUnavailable(f"{where}: the reply is {int(declared)} bytes, more than "
-                                    f"the {access.max_response_bytes} allowed")
-    chunks: list[bytes] = []
-    size = 0
-    for chunk in reply.iter_content(chunk_size=_CHUNK_BYTES):
-        size += len(chunk)
-        if size > access.max_response_bytes:
-            raise PrometheusUnavailable(f"{where}: the reply exceeds the "
-                                        f"{access.max_response_bytes} bytes allowed")
-        if time.monotonic() > deadline:
-            raise PrometheusUnavailable(f"{where}: the reply took longer than "
-                                        f"{access.timeout_seconds:g}s")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _short(exc: Exception) -> str:
