@@ -29,6 +29,7 @@ from kvtune.tuner.presets import (
     profile_from_trace,
 )
 from kvtune.tuner.traces import load_trace
+from kvtune.tuner.weights import weights_load
 from kvtune.tuner.workload import WorkloadProfile
 
 GiB = 1 << 30
@@ -90,14 +91,15 @@ def dtype_comparison(request: PlanRequest) -> list[dict[str, Any]]:
     the concurrent p95 sessions (the article's 16/8/4-bit comparison)."""
     runtime = get_runtime(request.vllm_version)
     sessions = kv_capacity_by_dtype(request)
+    served = weights_load(request.model, request.weights_dtype).served_dtype
     base = kv_bytes_per_token(request.model, "auto", request.tensor_parallel,
-                              model_dtype=request.model.torch_dtype)
+                              model_dtype=served)
     base_sessions = sessions.get("auto") or 0
     rows = []
     for name, count in sessions.items():
         bits = runtime.dtype(name).bits
         per_token = kv_bytes_per_token(request.model, name, request.tensor_parallel,
-                                       model_dtype=request.model.torch_dtype)
+                                       model_dtype=served)
         pure = base * bits // 16
         rows.append({
             "kv_cache_dtype": name,
@@ -303,6 +305,7 @@ def plan(**opts: Any) -> None:
         pool = plan_pool(request)
         text = render(pool, request, opts["output"])
     except KVTuneError as exc:
+        # Bad input (a model, GPU or pin that cannot work) exits 1; click's usage errors 2.
         click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        sys.exit(1)
     click.echo(text, nl=False)

@@ -57,6 +57,12 @@ def load_config_json(path: Path, hf_id: str | None = None) -> ModelArchitecture:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise InvalidInput("model", str(path), f"cannot read it as JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise InvalidInput(
+            "model", str(path),
+            f"its JSON is {type(config).__name__ if config is not None else 'null'}, not an "
+            "object: pass the model's config.json (from its Hugging Face repository)",
+        )
     name = hf_id or str(config.get("_name_or_path") or path.parent.name or path.stem)
     return ModelArchitecture.from_hf_config(config, name, source=str(path))
 

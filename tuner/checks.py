@@ -19,6 +19,9 @@ FAILS_SLO = "FailsSLO"  # the scorer says it misses the TTFT or TPOT SLO
 LOWER_THROUGHPUT = "LowerThroughput"
 MORE_WASTE = "MoreWaste"  # as good, but more fragmentation / sequences
 
+# How the weights are loaded (tuner.weights.weights_load): the flags the weights dtype needs.
+WEIGHTS_AS_PLANNED = "WeightsAsPlanned"
+
 # Scored candidates: how the winner was found.
 BEST_SCORED_WITHIN_SLO = "BestScoredWithinSLO"
 LEAST_SLO_VIOLATION = "LeastSLOViolation"

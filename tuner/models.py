@@ -13,6 +13,7 @@ them (``vllm/v1/kv_cache_interface.py``: ``FullAttentionSpec``, ``SlidingWindowS
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -72,6 +73,9 @@ class MoEFacts(BaseModel):
     experts_per_token: int = Field(gt=0)
     expert_intermediate_size: int = Field(gt=0)
     num_shared_experts: int = Field(default=0, ge=0)
+    # Width of each shared expert when it differs from the routed experts' (Qwen2-MoE's
+    # shared_expert_intermediate_size); None: the routed experts' width.
+    shared_expert_intermediate_size: int | None = Field(default=None, gt=0)
     # Layers with a dense MLP instead of experts (DeepSeek's first_k_dense_replace,
     # Llama 4's interleave step).
     num_dense_layers: int = Field(default=0, ge=0)
@@ -84,8 +88,16 @@ class CheckpointQuantization(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    method: str  # "fp8", "awq", "gptq", "compressed-tensors", ...
+    method: str  # "fp8", "awq", "gptq", "compressed-tensors", "mxfp4", ...
     weight_bits: int = Field(gt=0, le=16)
+    # Only the MoE experts are stored quantized (gpt-oss's MXFP4 leaves attention, router,
+    # embeddings and lm_head in 16 bits: ``modules_to_not_convert``).
+    experts_only: bool = False
+    # Layers whose attention / dense MLP the checkpoint left in 16 bits (its
+    # modules_to_not_convert: Meta's FP8 Llama 3.1 405B keeps all attention and the first and
+    # last layers' MLPs in bf16).
+    unquantized_attention_layers: int = Field(default=0, ge=0)
+    unquantized_mlp_layers: int = Field(default=0, ge=0)
     # fp8 block-wise scales (DeepSeek-V3: [128, 128]); group size for int4 methods.
     weight_block_size: tuple[int, ...] | None = None
     group_size: int | None = None
@@ -116,6 +128,9 @@ class ModelArchitecture(BaseModel):
     mla: MLAFacts | None = None
     moe: MoEFacts | None = None
     quantization: CheckpointQuantization | None = None
+    # Parameters of a vision tower and its projector (multimodal checkpoints); part of
+    # parameter_count, and never quantized by the language model's weight dtype.
+    vision_parameter_count: int = Field(default=0, ge=0)
     # Where the facts came from (a URL or a file path).
     source: str = ""
 
@@ -145,15 +160,41 @@ class ModelArchitecture(BaseModel):
         return self.mla is not None
 
     @property
+    def served_dtype(self) -> Literal["bfloat16", "float16"]:
+        """The dtype vLLM serves the checkpoint at with ``--dtype auto``: its own, except that
+        float32 checkpoints are downcast to the platform's preferred dtype, bfloat16 on every
+        GPU of compute capability 8.0 or newer (vllm/config/model.py ``_resolve_auto_dtype``;
+        vllm/platforms/cuda.py ``supported_dtypes``)."""
+        return "float16" if self.torch_dtype == "float16" else "bfloat16"
+
+    @property
+    def attention_parameters_per_layer(self) -> int:
+        """q, k, v and o projections of one layer (non-MLA)."""
+        return self.hidden_size * self.head_dim * (
+            2 * self.num_attention_heads + 2 * self.num_kv_heads)
+
+    @property
+    def dense_mlp_parameters_per_layer(self) -> int:
+        """gate, up and down projections of one dense MLP layer."""
+        return 3 * self.hidden_size * self.intermediate_size
+
+    @property
+    def expert_parameter_count(self) -> int:
+        """Parameters of the routed experts (0 for a dense model)."""
+        if self.moe is None:
+            return 0
+        moe_layers = self.num_hidden_layers - self.moe.num_dense_layers
+        return moe_layers * self.moe.num_experts * 3 * self.hidden_size * (
+            self.moe.expert_intermediate_size)
+
+    @property
     def active_parameter_count(self) -> int:
         """Parameters read per token (MoE reads only the routed experts)."""
         if self.moe is None:
             return self.parameter_count
         moe = self.moe
-        moe_layers = self.num_hidden_layers - moe.num_dense_layers
-        inactive = moe_layers * (moe.num_experts - moe.experts_per_token) * (
-            3 * self.hidden_size * moe.expert_intermediate_size
-        )
+        inactive = self.expert_parameter_count * (
+            moe.num_experts - moe.experts_per_token) // moe.num_experts
         return max(1, self.parameter_count - inactive)
 
     @property
@@ -179,6 +220,20 @@ class ModelArchitecture(BaseModel):
 # --- parsing -------------------------------------------------------------------------------
 
 
+# Defaults of transformers' config classes for the fields kvtune reads, where real
+# checkpoints leave them out of config.json (transformers fills them in, and vLLM loads the
+# model through that class). Gemma 3's 4B config.json, for one, names only hidden_size,
+# intermediate_size, num_hidden_layers and sliding_window in its text_config.
+# Source: transformers/models/gemma3/configuration_gemma3.py (Gemma3TextConfig.__init__).
+_CONFIG_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {
+        "vocab_size": 262_208, "num_attention_heads": 8, "num_key_value_heads": 4,
+        "head_dim": 256, "max_position_embeddings": 131_072, "sliding_window": 4096,
+        "sliding_window_pattern": 6, "tie_word_embeddings": True,
+    },
+}
+
+
 def _merged_text_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """Multimodal checkpoints keep the language model's facts under ``text_config``; the
     top level still carries ``quantization_config``, ``torch_dtype`` and sometimes
@@ -190,7 +245,35 @@ def _merged_text_config(config: Mapping[str, Any]) -> dict[str, Any]:
         for key in ("quantization_config", "tie_word_embeddings", "torch_dtype"):
             if key in config and key not in text:
                 merged[key] = config[key]
+    for key, value in _CONFIG_CLASS_DEFAULTS.get(str(merged.get("model_type")), {}).items():
+        merged.setdefault(key, value)
     return merged
+
+
+def _vision_parameter_count(config: Mapping[str, Any], text_hidden: int) -> int:
+    """Parameters of a ViT-style vision tower (SigLIP in Gemma 3, Llama 4's, Qwen-VL's) and
+    its projector into the language model, from ``vision_config``: per layer the attention
+    projections (4 h^2) and the MLP (2 h x intermediate), the patch and position embeddings,
+    and one h x text-hidden projection. An estimate (within a few percent of SigLIP-400M)."""
+    vision = config.get("vision_config")
+    if not isinstance(vision, Mapping):
+        return 0
+    hidden = _optional_int(vision, "hidden_size") or _optional_int(vision, "embed_dim")
+    layers = _optional_int(vision, "num_hidden_layers") or _optional_int(vision, "depth")
+    if hidden is None or layers is None:
+        raise InvalidInput(
+            "config.json:vision_config", sorted(vision)[:6],
+            "a vision tower without hidden_size/num_hidden_layers; kvtune cannot count "
+            "its weights: pass the model's own config.json",
+        )
+    inter = _optional_int(vision, "intermediate_size") or 4 * hidden
+    patch = _optional_int(vision, "patch_size") or 14
+    channels = _optional_int(vision, "num_channels") or 3
+    image = _optional_int(vision, "image_size")
+    positions = (image // patch) ** 2 if image else 0
+    per_layer = 4 * hidden * hidden + 2 * hidden * inter + 4 * hidden
+    return (layers * per_layer + channels * patch * patch * hidden + positions * hidden
+            + hidden * text_hidden)
 
 
 def _required_int(cfg: Mapping[str, Any], key: str, hf_id: str) -> int:
@@ -231,7 +314,19 @@ def _layer_groups(
             "sliding_attention": "sliding_window",
             "chunked_attention": "chunked",
         }
-        kinds = [mapping.get(str(t), "full") for t in layer_types]
+        kinds = []
+        for index, layer_type in enumerate(layer_types):
+            found = mapping.get(str(layer_type))
+            if found is None:
+                # Counting an unknown layer as full attention would size its cache wrongly
+                # (a linear-attention or Mamba layer keeps a fixed state, not per-token KV).
+                raise InvalidInput(
+                    f"config.json:layer_types[{index}]", layer_type,
+                    f"kvtune sizes {', '.join(sorted(mapping))} layers; this layer type's "
+                    "cache is not modelled: plan a pure-attention model or pin "
+                    "kv_cache_memory_bytes",
+                )
+            kinds.append(found)
     elif model_type.startswith("llama4") and chunk is not None:
         # Llama 4: layers that use RoPE attend within chunks; every 4th layer (NoPE) is
         # global. ``no_rope_layers[i] == 1`` means layer i uses RoPE (transformers'
@@ -272,14 +367,43 @@ def _layer_groups(
     return tuple(groups)
 
 
-def _quantization(cfg: Mapping[str, Any]) -> CheckpointQuantization | None:
+def _unconverted_layers(q: Mapping[str, Any], num_layers: int) -> tuple[int, int]:
+    """(layers whose attention, layers whose dense MLP) a quantized checkpoint left in 16 bits,
+    from ``modules_to_not_convert`` / ``ignored_layers`` / ``ignore`` entries such as
+    ``model.layers.0.self_attn.q_proj`` or ``model.layers.*.self_attn``."""
+    entries: list[str] = []
+    for key in ("modules_to_not_convert", "ignored_layers", "ignore"):
+        value = q.get(key)
+        if isinstance(value, list):
+            entries += [str(v) for v in value]
+    attention: set[int] = set()
+    mlp: set[int] = set()
+    for entry in entries:
+        match = re.search(r"layers\.(\d+|\*)\.(self_attn|mlp)(\.[a-z_]+)?", entry)
+        if match is None or (match.group(3) or "").startswith((".router", ".gate.")):
+            continue
+        layers = range(num_layers) if match.group(1) == "*" else [int(match.group(1))]
+        (attention if match.group(2) == "self_attn" else mlp).update(
+            i for i in layers if i < num_layers)
+    return len(attention), len(mlp)
+
+
+def _quantization(cfg: Mapping[str, Any], num_layers: int) -> CheckpointQuantization | None:
     q = cfg.get("quantization_config")
     if not isinstance(q, Mapping):
         return None
     method = str(q.get("quant_method", "unknown")).lower()
     bits = q.get("bits") or q.get("w_bit") or q.get("weight_bits")
-    if method == "fp8" or (isinstance(q.get("fmt"), str) and "e4m3" in str(q.get("fmt"))):
+    experts_only = False
+    if method in ("fp8", "fbgemm_fp8") or (
+            isinstance(q.get("fmt"), str) and "e4m3" in str(q.get("fmt"))):
         bits = 8
+    if method == "bitsandbytes":
+        bits = 4 if q.get("load_in_4bit") else 8 if q.get("load_in_8bit") else bits
+    if method == "mxfp4":
+        # gpt-oss: the experts in MXFP4 (4-bit values, one 8-bit scale per 32), attention,
+        # router, embeddings and lm_head left in 16 bits (its modules_to_not_convert).
+        bits, experts_only = 4, True
     if method in ("awq", "gptq", "marlin") and bits is None:
         bits = 4
     if method == "compressed-tensors" and bits is None:
@@ -290,19 +414,42 @@ def _quantization(cfg: Mapping[str, Any]) -> CheckpointQuantization | None:
                 if isinstance(w, Mapping) and isinstance(w.get("num_bits"), int):
                     bits = w["num_bits"]
                     break
-    if not isinstance(bits, int):
-        return None
+    if not isinstance(bits, int) or isinstance(bits, bool) or not 0 < bits <= 16:
+        # Ignoring it would size a quantized checkpoint as a 16-bit one.
+        raise InvalidInput(
+            "config.json:quantization_config", method,
+            "kvtune cannot tell how many bits this checkpoint stores per weight (no bits, "
+            "w_bit, load_in_4bit/8bit or fp8 format); add \"bits\" to its quantization_config",
+        )
     block = q.get("weight_block_size")
     gsize = q.get("group_size") or q.get("q_group_size")
+    attention_layers, mlp_layers = _unconverted_layers(q, num_layers)
     return CheckpointQuantization(
         method=method,
         weight_bits=bits,
+        experts_only=experts_only,
+        unquantized_attention_layers=attention_layers,
+        unquantized_mlp_layers=mlp_layers,
         weight_block_size=tuple(int(b) for b in block) if isinstance(block, list) else None,
         group_size=int(gsize) if isinstance(gsize, int) and gsize > 0 else None,
     )
 
 
 def _moe(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> MoEFacts | None:
+    """Mixture-of-experts facts in every layout of the catalog's families:
+
+    - DeepSeek V2/V3, Kimi K2, GLM-4.5 (glm4_moe): ``n_routed_experts``,
+      ``moe_intermediate_size``, ``n_shared_experts`` of the same width, dense MLPs in the
+      first ``first_k_dense_replace`` layers;
+    - Qwen2-MoE / Qwen3-MoE: ``num_experts``, ``moe_intermediate_size``, Qwen2's one shared
+      expert of ``shared_expert_intermediate_size``, dense layers in ``mlp_only_layers`` and
+      where ``(i + 1) % decoder_sparse_step != 0``;
+    - Mixtral and gpt-oss: ``num_local_experts`` experts of ``intermediate_size`` in every
+      layer (gpt-oss also spells ``experts_per_token``);
+    - Llama 4: ``num_local_experts`` of ``intermediate_size`` every
+      ``interleave_moe_layer_step`` layers, one shared expert, dense layers of
+      ``intermediate_size_mlp``.
+    """
     experts = (
         _optional_int(cfg, "n_routed_experts")
         or _optional_int(cfg, "num_experts")
@@ -310,10 +457,12 @@ def _moe(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> MoEFacts |
     )
     if experts is None or experts <= 1:
         return None
-    per_token = _optional_int(cfg, "num_experts_per_tok") or 1
+    per_token = (_optional_int(cfg, "num_experts_per_tok")
+                 or _optional_int(cfg, "experts_per_token") or 1)
     expert_inter = _optional_int(cfg, "moe_intermediate_size")
     dense_inter: int | None = _optional_int(cfg, "intermediate_size")
     shared = _optional_int(cfg, "n_shared_experts") or 0
+    shared_inter: int | None = None
     dense_layers = _optional_int(cfg, "first_k_dense_replace") or 0
     if model_type.startswith("llama4"):
         # Llama 4: experts use intermediate_size; dense layers and the shared expert use
@@ -323,13 +472,29 @@ def _moe(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> MoEFacts |
         dense_layers = num_layers - num_layers // step
         shared = 1
         dense_inter = _optional_int(cfg, "intermediate_size_mlp") or expert_inter
+    elif model_type.startswith(("qwen2_moe", "qwen3_moe")):
+        step = _optional_int(cfg, "decoder_sparse_step") or 1
+        mlp_only = cfg.get("mlp_only_layers")
+        only = {i for i in mlp_only if isinstance(i, int)} if isinstance(mlp_only, list) else set()
+        dense_layers = sum(
+            1 for i in range(num_layers) if i in only or (i + 1) % step != 0)
+        shared_inter = _optional_int(cfg, "shared_expert_intermediate_size")
+        shared = 1 if shared_inter else 0
+    elif expert_inter is None and cfg.get("num_local_experts") is not None:
+        # Mixtral, gpt-oss: every expert is a full-width MLP of intermediate_size.
+        expert_inter = _optional_int(cfg, "intermediate_size")
     if expert_inter is None:
-        return None
+        raise InvalidInput(
+            "config.json:moe_intermediate_size", None,
+            f"a mixture-of-experts config ({experts} experts) without the experts' width; "
+            "add moe_intermediate_size",
+        )
     return MoEFacts(
         num_experts=experts,
         experts_per_token=per_token,
         expert_intermediate_size=expert_inter,
         num_shared_experts=shared,
+        shared_expert_intermediate_size=shared_inter,
         num_dense_layers=dense_layers,
         dense_intermediate_size=dense_inter,
     )
@@ -371,8 +536,9 @@ def estimate_parameter_count(
         dense_inter = moe.dense_intermediate_size or intermediate_size
         expert = 3 * hidden_size * moe.expert_intermediate_size
         # Shared experts have the routed experts' width (DeepSeek's moe_intermediate_size,
-        # Llama 4's intermediate_size); only dense layers use the wider MLP.
-        shared_inter = moe.expert_intermediate_size
+        # Llama 4's intermediate_size) unless the config gives their own (Qwen2-MoE); only
+        # dense layers use the wider MLP.
+        shared_inter = moe.shared_expert_intermediate_size or moe.expert_intermediate_size
         per_moe_layer = (
             moe.num_experts * expert
             + moe.num_shared_experts * 3 * hidden_size * shared_inter
@@ -396,7 +562,9 @@ def _parse_hf_config(
     config: Mapping[str, Any], hf_id: str, parameter_count: int | None, source: str
 ) -> ModelArchitecture:
     if not isinstance(config, Mapping):
-        raise InvalidInput("config.json", type(config).__name__, "expected a JSON object")
+        raise InvalidInput(
+            "config.json", type(config).__name__,
+            "expected a JSON object (a model's config.json from its Hugging Face repository)")
     cfg = _merged_text_config(config)
     model_type = str(cfg.get("model_type", "unknown"))
     for marker in _STATE_SPACE_MARKERS:
@@ -414,7 +582,16 @@ def _parse_hf_config(
     hidden = _required_int(cfg, "hidden_size", hf_id)
     vocab = _required_int(cfg, "vocab_size", hf_id)
     max_pos = _required_int(cfg, "max_position_embeddings", hf_id)
-    kv_heads = _optional_int(cfg, "num_key_value_heads") or num_heads
+    # Absent or null means multi-head attention (transformers' default); anything else must
+    # be a positive divisor of the attention heads, as vLLM's attention layers assume.
+    kv_heads = (num_heads if cfg.get("num_key_value_heads") is None
+                else _required_int(cfg, "num_key_value_heads", hf_id))
+    if num_heads % kv_heads:
+        raise InvalidInput(
+            "config.json:num_key_value_heads", kv_heads,
+            f"{hf_id}: num_attention_heads={num_heads} is not a multiple of it; grouped-query "
+            "attention needs whole groups",
+        )
     head_dim = _optional_int(cfg, "head_dim")
     if head_dim is None:
         if hidden % num_heads:
@@ -445,15 +622,16 @@ def _parse_hf_config(
     dtype_name = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
     torch_dtype: ModelDType = (
         "float16" if dtype_name in ("float16", "half")
-        else "float32" if dtype_name == "float32" else "bfloat16"
+        else "float32" if dtype_name in ("float32", "float") else "bfloat16"
     )
+    vision = _vision_parameter_count(config, hidden)
     estimated = parameter_count is None
     if parameter_count is None:
         parameter_count = estimate_parameter_count(
             num_layers=num_layers, hidden_size=hidden, num_heads=num_heads,
             num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=intermediate,
             vocab_size=vocab, tie_word_embeddings=tie, mla=mla, moe=moe,
-        )
+        ) + vision
     try:
         return ModelArchitecture(
             hf_id=hf_id,
@@ -473,7 +651,8 @@ def _parse_hf_config(
             layer_groups=_layer_groups(cfg, num_layers, model_type, mla is not None),
             mla=mla,
             moe=moe,
-            quantization=_quantization(cfg),
+            quantization=_quantization(cfg, num_layers),
+            vision_parameter_count=vision,
             source=source,
         )
     except ValueError as exc:  # pydantic's ValidationError is a ValueError

@@ -25,10 +25,26 @@ class KVPlan(BaseModel):
     kv_offloading_backend: str | None = None
     # None: let vLLM pick the backend for the dtype/GPU.
     attention_backend: str | None = None
+    # What the weights dtype needs (tuner.weights.weights_load): --dtype when it differs from
+    # auto's, --quantization for load-time quantization (fp8_per_tensor on a 16-bit
+    # checkpoint), --allow-deprecated-quantization for a deprecated checkpoint method.
+    dtype: str | None = None
+    quantization: str | None = None
+    allow_deprecated_quantization: bool = False
+
+    def weights_args(self) -> list[str]:
+        """The flags that make vLLM load the weights as planned."""
+        args = [f"--dtype={self.dtype}"] if self.dtype else []
+        if self.quantization:
+            args.append(f"--quantization={self.quantization}")
+        if self.allow_deprecated_quantization:
+            args.append("--allow-deprecated-quantization")
+        return args
 
     def vllm_args(self) -> list[str]:
         """The exact ``vllm serve`` flags for this plan (no model argument, no TP flag)."""
         args = [
+            *self.weights_args(),
             f"--block-size={self.block_size}",
             f"--kv-cache-dtype={self.kv_cache_dtype}",
         ]

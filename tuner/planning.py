@@ -37,6 +37,7 @@ from kvtune.tuner import (
     expected,
     infeasible,
 )
+from kvtune.tuner.checks import WEIGHTS_AS_PLANNED
 from kvtune.tuner.decide_max_num_seqs import MAX_NUM_SEQS_CEILING
 from kvtune.tuner.plan import CandidateScore, KVPlan, PoolPlan, Reason
 from kvtune.tuner.planrun import Memory, PlanRun
@@ -100,6 +101,9 @@ def plan_pool(request: PlanRequest, scorer: CandidateScorer | None = None) -> Po
         kv_offloading_size_gib=offload,
         kv_offloading_backend="native" if offload else None,
         attention_backend=pins.attention_backend,
+        dtype=run.weights.dtype_flag,
+        quantization=run.weights.quantization_flag,
+        allow_deprecated_quantization=run.weights.allow_deprecated_quantization,
     )
     block_reason: Reason
     chosen_score: CandidateScore | None = None
@@ -120,6 +124,14 @@ def plan_pool(request: PlanRequest, scorer: CandidateScorer | None = None) -> Po
     ):
         raise infeasible.no_fit(run, plan.max_model_len, batched, utilization, ())
     decide_attention_backend.report(run, plan)
+    weights = run.weights
+    if weights.vllm_args() or weights.method or run.model.torch_dtype == "float32":
+        run.reasons.append(Reason(
+            knob="quantization", choice=weights.quantization_flag or weights.method or "none",
+            code=WEIGHTS_AS_PLANNED,
+            message=weights.note + (
+                f": {' '.join(weights.vllm_args())}" if weights.vllm_args() else ""),
+        ))
     return PoolPlan(
         model_id=run.model.hf_id,
         gpu_class=run.gpu.name,

@@ -19,7 +19,7 @@ from kvtune.tuner.decide_max_num_seqs import MAX_NUM_SEQS_CEILING
 from kvtune.tuner.kvmemory import block_bytes, request_kv_bytes
 from kvtune.tuner.plan import Reason
 from kvtune.tuner.request import PlanRequest, session_tokens
-from kvtune.tuner.weights import weights_bytes_per_gpu
+from kvtune.tuner.weights import WeightsLoad, weights_bytes_per_gpu, weights_load
 
 GiB = 1 << 30
 
@@ -49,7 +49,10 @@ class PlanRun:
         self.runtime: RuntimeCapabilities = get_runtime(request.vllm_version)
         self.attention: AttentionFamily = "mla" if self.model.is_mla else "standard"
         self.cc = self.gpu.compute_capability
-        self.model_dtype = self.model.torch_dtype
+        # How vLLM loads the weights (and the flags it needs); refuses what it cannot do.
+        self.weights: WeightsLoad = weights_load(self.model, request.weights_dtype)
+        # The dtype vLLM serves at (float32 checkpoints at bfloat16): KV "auto" is this.
+        self.model_dtype = self.weights.served_dtype
         self.reasons: list[Reason] = []
         self.warnings: list[str] = []
         self.backends = BackendChooser(

@@ -12,23 +12,39 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvtune.tuner.errors import InvalidInput
-from kvtune.tuner.weights import weight_bits
+from kvtune.tuner.models import ModelArchitecture
 
 if TYPE_CHECKING:
     from kvtune.tuner.planrun import PlanRun
 
 
+def tensor_parallel_ok(model: ModelArchitecture, tp: int) -> bool:
+    """Whether vLLM 0.33 shards this model over ``tp`` GPUs: the attention heads must divide
+    evenly (ModelConfig.verify_with_parallel_config), and outside MLA the KV heads too, or be
+    replicated a whole number of times when fewer than the ranks (QKVParallelLinear:
+    ``divide(kv_heads, tp)`` or ``divide(tp, kv_heads)``, an assertion at load)."""
+    if model.num_attention_heads % tp:
+        return False
+    if model.is_mla:
+        return True
+    kv = model.num_kv_heads
+    return (kv % tp == 0) if tp < kv else (tp % kv == 0)
+
+
 def validate(run: PlanRun) -> None:
     model, tp = run.model, run.tp
-    if not model.is_mla and model.num_attention_heads % tp:
+    if not tensor_parallel_ok(model, tp):
+        what = (f"{model.num_attention_heads} attention heads"
+                + ("" if model.is_mla else f" and {model.num_kv_heads} KV heads"))
         raise InvalidInput(
             "tensor_parallel", tp,
-            f"{model.hf_id} has {model.num_attention_heads} attention heads; tensor "
-            "parallel must divide them (vLLM refuses otherwise). Try "
-            + ", ".join(str(t) for t in (1, 2, 4, 8) if model.num_attention_heads % t == 0),
+            f"{model.hf_id} has {what}; tensor parallel must divide them (or, for KV "
+            "heads fewer than the ranks, be a multiple of them): vLLM refuses otherwise. "
+            "Try " + (", ".join(str(t) for t in (1, 2, 4, 8) if tensor_parallel_ok(model, t))
+                      or "a checkpoint with other head counts"),
         )
-    bits = weight_bits(model, run.req.weights_dtype)
-    if bits == 8 and not run.gpu.supports_fp8 and run.req.weights_dtype == "fp8":
+    bits = run.weights.bits
+    if bits == 8 and not run.gpu.supports_fp8 and run.weights.weights_dtype == "fp8":
         run.warnings.append(
             f"{run.gpu.name} has no native FP8: vLLM serves FP8 weights there with "
             "weight-only Marlin kernels (slower prefill)"

@@ -14,9 +14,6 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts/kvtune"
-# helm built from source without its ldflags assumes Kubernetes v1.20 in `helm template`;
-# render for the version the e2e control plane runs (the chart needs >= 1.29).
-KUBE_VERSION = ["--kube-version", "1.35.4"]
 NAMESPACED = ["--set", "operator.namespaced=true", "--set", "operator.watchNamespaces={llm,batch}"]
 
 
@@ -35,7 +32,7 @@ def run_helm(helm: Path, *args: str, check: bool = True) -> subprocess.Completed
 
 def render(helm: Path, *args: str, release: str = "kvtune") -> list[dict[str, Any]]:
     out = run_helm(helm, "template", release, str(CHART), "--namespace", "kvtune-system",
-                   "--include-crds", *KUBE_VERSION, *args).stdout
+                   "--include-crds", *args).stdout
     return [d for d in yaml.safe_load_all(out) if d]
 
 
@@ -52,6 +49,27 @@ def test_helm_lint(helm: Path, extra: list[str]) -> None:
     result = run_helm(helm, "lint", "--strict", str(CHART), *extra, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+
+
+def test_helm_is_built_as_helm_releases_it(helm: Path, tmp_path: Path) -> None:
+    # Built with helm's own ldflags: its version, and the Kubernetes version `helm template`
+    # assumes without --kube-version stamped from client-go (unstamped it is v1.20, below the
+    # chart's kubeVersion >= 1.29, and every render needed --kube-version).
+    from kvtune.e2e.binaries import COMPONENTS, cache_key, required_version
+
+    component = COMPONENTS["helm"]
+    version = run_helm(helm, "version", "--short").stdout
+    assert version.startswith(required_version(component)), version
+    probe = tmp_path / "probe"
+    (probe / "templates").mkdir(parents=True)
+    (probe / "Chart.yaml").write_text("apiVersion: v2\nname: probe\nversion: 0.1.0\n")
+    (probe / "templates" / "cm.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: probe}\n"
+        "data: {kube: '{{ .Capabilities.KubeVersion.Version }}'}\n")
+    (doc,) = yaml.safe_load_all(run_helm(helm, "template", str(probe)).stdout)
+    stamped = cache_key(component).split("-kube")[1]
+    assert doc["data"]["kube"] == f"v{stamped}.0"
+    assert int(stamped.split(".")[1]) >= 29  # the chart's kubeVersion floor
 
 
 def test_default_render(helm: Path) -> None:
@@ -143,7 +161,7 @@ def test_names_are_cut_to_63_characters(helm: Path) -> None:
 def test_schema_rejects_unknown_keys_and_bad_types(
     helm: Path, args: list[str], complaint: str
 ) -> None:
-    result = run_helm(helm, "template", "kvtune", str(CHART), *KUBE_VERSION, *args, check=False)
+    result = run_helm(helm, "template", "kvtune", str(CHART), *args, check=False)
     assert result.returncode != 0
     assert "values don't meet the specifications of the schema" in result.stderr
     assert complaint in result.stderr, result.stderr

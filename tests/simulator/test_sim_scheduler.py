@@ -124,7 +124,7 @@ def test_block_ids_and_eviction_order_through_the_scheduler() -> None:
 
     class Recording(Scheduler):
         def _free(self, st: RequestState) -> None:
-            seen[st.req.request_id] = [b.block_id for b in st.blocks]
+            seen[st.req.request_id] = st.blocks.tolist()
             super()._free(st)
 
     sched = Recording(reqs, cfg(num_gpu_blocks=10, block_size=4), fixed_step_cost())

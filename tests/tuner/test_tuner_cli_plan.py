@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
 from click.testing import CliRunner
 from kvtune.cli.main import cli
+from kvtune.e2e.traces import TRACES_DIR
 
-DATA = next(
-    (p / "shared" / "data" for p in Path(__file__).resolve().parents
-     if (p / "shared" / "data").is_dir()),
-    Path("/work/shared/data"),
-)
 ARTICLE = ["plan", "--model", "meta-llama/Llama-3.3-70B-Instruct", "--gpu", "H200",
            "--weights-dtype", "fp8", "--context-tokens", "4096"]
 
@@ -67,9 +62,7 @@ def test_table_shows_the_plan_and_the_dtype_comparison() -> None:
     [("synthetic_trace.jsonl", "prefix hit rate"), ("AzureLLMInferenceTrace_conv.csv", "unknown")],
 )
 def test_trace_profiles(trace: str, expect: str) -> None:
-    path = DATA / trace
-    if not path.is_file():
-        pytest.skip("shared data absent")
+    path = TRACES_DIR / trace
     code, out, _ = run("plan", "-m", "Qwen/Qwen3-32B", "-g", "H100", "--trace", str(path),
                        "-o", "json")
     assert code == 0, out
@@ -80,16 +73,17 @@ def test_trace_profiles(trace: str, expect: str) -> None:
 
 
 def test_unknown_names_list_close_matches() -> None:
+    # A bad name is bad input: exit 1 (usage errors exit 2).
     code, _, err = run("plan", "-m", "Qwen3-32", "-g", "H200")
-    assert code == 2 and "Qwen/Qwen3-32B" in err
-    code, _, err = run("plan", "-m", "Qwen/Qwen3-32B", "-g", "H20")
-    assert code == 2 and "H200" in err
+    assert code == 1 and "Qwen/Qwen3-32B" in err
+    code, _, err = run("plan", "-m", "Qwen/Qwen3-32B", "-g", "H2000")
+    assert code == 1 and "H200" in err
 
 
 def test_no_fit_quotes_bytes_and_fixes() -> None:
     code, _, err = run("plan", "-m", "Qwen/Qwen3-235B-A22B", "-g", "H100", "--weights-dtype",
                        "bf16")
-    assert code == 2
+    assert code == 1
     assert "GiB" in err and "tensor parallel" in err
 
 

@@ -12,6 +12,7 @@ from kvtune.tuner import budget
 from kvtune.tuner.catalog import get_model, list_models
 from kvtune.tuner.errors import InvalidInput, NoFeasiblePlan
 from kvtune.tuner.gpus import GPUClass, get_gpu_class
+from kvtune.tuner.models import ModelArchitecture
 from kvtune.tuner.plan import CandidateScore, KVPlan
 from kvtune.tuner.planning import (
     PlanRequest,
@@ -22,6 +23,8 @@ from kvtune.tuner.planning import (
 )
 from kvtune.tuner.policy import SLO, Pins, PlanPolicy
 from kvtune.tuner.presets import PRESET_KINDS, fixed_session_profile, preset_profile
+from kvtune.tuner.validation import tensor_parallel_ok
+from kvtune.tuner.weights import weights_load
 
 LLAMA_70B = get_model("meta-llama/Llama-3.3-70B-Instruct")
 H200 = get_gpu_class("H200")
@@ -241,17 +244,25 @@ MODELS = list_models()
 GPUS = ["H100", "H100-NVL", "H200", "B200", "A100-80GB"]
 
 
+def _loads(model: ModelArchitecture, weights_dtype: str) -> bool:
+    try:
+        weights_load(model, weights_dtype)
+    except InvalidInput:
+        return False
+    return True
+
+
 @st.composite
 def requests(draw: st.DrawFn) -> PlanRequest:
     model = get_model(draw(st.sampled_from(MODELS)))
     gpu = get_gpu_class(draw(st.sampled_from(GPUS)))
-    heads = model.num_attention_heads
-    tp = draw(st.sampled_from([t for t in (1, 2, 4, 8) if heads % t == 0]))
+    tp = draw(st.sampled_from([t for t in (1, 2, 4, 8) if tensor_parallel_ok(model, t)]))
     kind = draw(st.sampled_from(PRESET_KINDS))
     ctx = draw(st.one_of(st.none(), st.integers(min_value=256, max_value=32768)))
     profile = preset_profile(kind, ctx)
     floor = draw(st.sampled_from(["bf16", "fp8", "int4"]))
-    weights = draw(st.sampled_from(["auto", "fp8", "bf16"]))
+    # Only the weights dtypes vLLM can load this checkpoint at (a pre-quantized one is auto).
+    weights = draw(st.sampled_from([w for w in ("auto", "fp8", "bf16") if _loads(model, w)]))
     return PlanRequest(model=model, gpu=gpu, tensor_parallel=tp, weights_dtype=weights,
                        profile=profile, policy=PlanPolicy(lowest_kv_precision=floor))
 
