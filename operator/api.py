@@ -59,6 +59,12 @@ AttentionBackend = Literal[VLLM_ATTENTION_BACKENDS]  # type: ignore[valid-type]
 WeightsDtype = Literal[WEIGHTS_DTYPES]  # type: ignore[valid-type]
 
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# The InferenceDeployment's own name: it becomes label values (at most 63 characters) and the
+# start of Service names (DNS-1035 labels: a letter first, no dots).
+OBJECT_NAME_PATTERN = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
+OBJECT_NAME_RULE = ("metadata.name must be at most 63 characters of a-z, 0-9 and '-', starting "
+                    "with a letter: it names the Services and labels kvtune creates; rename the "
+                    "InferenceDeployment")
 _CEL = "x-kubernetes-validations"
 
 
@@ -86,10 +92,19 @@ class ModelConfigSource(_Model):
     config_map_ref: ConfigMapRef
 
 
+# A model id as vLLM takes it (a Hugging Face id, or a name with its config.json): never a
+# flag ("--trust-remote-code" as a model name would be rendered as one), no whitespace.
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9_.][A-Za-z0-9_.:@+/-]*$"
+# An image reference (registry/path:tag@digest), as the container runtime parses it.
+IMAGE_PATTERN = (r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*"
+                 r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$")
+
+
 class ModelSpec(_Model):
     name: str = Field(
-        min_length=1, max_length=256,
-        description="Served model: a catalog id (Hugging Face id) or any id when config is set.",
+        min_length=1, max_length=256, pattern=MODEL_NAME_PATTERN,
+        description="Served model: a catalog id (Hugging Face id) or any id when config is set. "
+                    "Letters, digits and _.:@+/- only, not starting with '-'.",
     )
     config: ModelConfigSource | None = None
     weights_dtype: WeightsDtype = Field(
@@ -108,7 +123,9 @@ class PodTemplateSource(_Model):
 
 
 class RuntimeSpec(_Model):
-    image: str = Field(default="vllm/vllm-openai:v0.33.0", min_length=1, max_length=512)
+    image: str = Field(default="vllm/vllm-openai:v0.33.0", min_length=1, max_length=512,
+                       pattern=IMAGE_PATTERN,
+                       description="The vLLM image: registry/repository[:tag][@sha256:digest].")
     vllm_version: str = Field(default="0.33.0", pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$")
     pod_template: PodTemplateSource | None = Field(
         default=None,
@@ -168,8 +185,23 @@ class WorkloadSpec(_Model):
 
 
 class SLOSpec(_Model):
+    model_config = ConfigDict(json_schema_extra=_rules(
+        ("!has(self.ttftP95) || duration(self.ttftP95) > duration('0s')",
+         "slo.ttftP95 must be above 0s; give the p95 time to first token, e.g. 2s"),
+        ("!has(self.tpotP95) || duration(self.tpotP95) > duration('0s')",
+         "slo.tpotP95 must be above 0s; give the p95 time per output token, e.g. 80ms"),
+    ))
+
     ttft_p95: str | None = Field(default=None, pattern=DURATION_PATTERN, max_length=32)
     tpot_p95: str | None = Field(default=None, pattern=DURATION_PATTERN, max_length=32)
+
+    @model_validator(mode="after")
+    def _positive(self) -> SLOSpec:
+        for name, text in (("ttftP95", self.ttft_p95), ("tpotP95", self.tpot_p95)):
+            if text is not None and parse_duration(text, field=f"spec.slo.{name}") <= 0:
+                raise ValueError(f"spec.slo.{name}={text!r} must be above 0s; give the p95 "
+                                 f"target, e.g. 2s or 80ms")
+        return self
 
     def ttft_p95_seconds(self) -> float | None:
         return None if self.ttft_p95 is None else parse_duration(
@@ -184,6 +216,9 @@ class QualitySpec(_Model):
     lowest_kv_precision: KVPrecision = Field(default="fp8", alias="lowestKVPrecision")
 
 
+_POOL_KEY = "(has({v}.name) ? {v}.name : {v}.gpuClass.lowerAscii())"
+
+
 class Toleration(_Model):
     key: str | None = Field(default=None, max_length=316)
     operator: Literal["Exists", "Equal"] | None = None
@@ -193,6 +228,12 @@ class Toleration(_Model):
 
 
 class PoolSpec(_Model):
+    model_config = ConfigDict(json_schema_extra=_rules(
+        (f"!{_POOL_KEY.format(v='self')}.endsWith('-canary')",
+         "a pool name must not end in -canary (kvtune names the canary Deployment of pool "
+         "<p> <name>-<p>-canary); set pools[].name"),
+    ))
+
     gpu_class: str = Field(
         min_length=1, max_length=32, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
         description="kvtune GPU class, e.g. H100, H200, B200.",
@@ -209,6 +250,13 @@ class PoolSpec(_Model):
     @property
     def pool_name(self) -> str:
         return self.name or self.gpu_class.lower().replace("_", "-")
+
+    @model_validator(mode="after")
+    def _not_a_canary_name(self) -> PoolSpec:
+        if self.pool_name.endswith("-canary"):
+            raise ValueError(f"pool name {self.pool_name!r} ends in -canary, the suffix of "
+                             f"kvtune's canary Deployments; set pools[].name")
+        return self
 
 
 _LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
@@ -361,9 +409,6 @@ def _pin_floor_rule() -> tuple[str, str]:
             "pin a wider dtype or lower the floor")
 
 
-_POOL_KEY = "(has({v}.name) ? {v}.name : {v}.gpuClass.lowerAscii())"
-
-
 class InferenceDeploymentSpec(_Model):
     model_config = ConfigDict(
         json_schema_extra=_rules(
@@ -374,6 +419,12 @@ class InferenceDeploymentSpec(_Model):
              f"{_POOL_KEY.format(v='p')}))",
              "pool names must be unique; give pools of the same gpuClass distinct names"),
             _pin_floor_rule(),
+            ("!has(self.tuning) || !has(self.tuning.pin) || !has(self.tuning.pin.maxModelLen) "
+             "|| !has(self.workload) || !has(self.workload.contextTokens) || "
+             "!has(self.workload.contextTokens.max) || "
+             "self.tuning.pin.maxModelLen >= self.workload.contextTokens.max",
+             "tuning.pin.maxModelLen is below workload.contextTokens.max: vLLM would refuse "
+             "the longest requests the spec promises; raise the pin or lower the max"),
         )
     )
 
@@ -403,6 +454,13 @@ class InferenceDeploymentSpec(_Model):
                 f"spec.pools: pool name(s) {dupes} used twice; give each pool a distinct name"
             )
         pin = self.tuning.pin
+        ctx_max = self.workload.context_tokens.max if self.workload.context_tokens else None
+        if pin is not None and pin.max_model_len is not None and ctx_max is not None \
+                and pin.max_model_len < ctx_max:
+            raise ValueError(
+                f"spec.tuning.pin.maxModelLen={pin.max_model_len} is below "
+                f"spec.workload.contextTokens.max={ctx_max}: vLLM would refuse the longest "
+                f"requests the spec promises; raise the pin or lower the max")
         if pin is not None and pin.kv_cache_dtype is not None:
             floor = self.quality.lowest_kv_precision if self.quality else "fp8"
             if KV_DTYPE_BITS[pin.kv_cache_dtype] < PRECISION_FLOOR_BITS[floor]:

@@ -115,6 +115,10 @@ def crd() -> dict[str, Any]:
                 ],
                 "schema": {"openAPIV3Schema": {
                     "type": "object",
+                    "x-kubernetes-validations": [{
+                        "rule": f"self.metadata.name.matches('{api.OBJECT_NAME_PATTERN}')",
+                        "message": api.OBJECT_NAME_RULE,
+                    }],
                     "description": "An LLM served by vLLM on one or more GPU pools, with its "
                                    "KV cache tuned by kvtune.",
                     "required": ["spec"],

@@ -20,6 +20,7 @@ the field, the value and the fix, and leaves that pool's running objects as they
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,8 @@ from kvtune.operator import conditions as cond
 from kvtune.operator import pools as gpu_pools
 from kvtune.operator import status as status_writer
 from kvtune.operator.api import (
+    OBJECT_NAME_PATTERN,
+    OBJECT_NAME_RULE,
     Condition,
     InferenceDeploymentSpec,
     InferenceDeploymentStatus,
@@ -44,7 +47,7 @@ from kvtune.operator.rollout.outcome import Event, PoolContext
 from kvtune.operator.rollout.plan import PlanInput, policy_for, resolve_model
 from kvtune.operator.rollout.pool import rollout_pool
 from kvtune.operator.workloads import declared_profile, profile_from_status, profile_status
-from kvtune.tuner.errors import KVTuneError, UnknownName
+from kvtune.tuner.errors import InvalidInput, KVTuneError, UnknownName
 from kvtune.tuner.plan import PoolPlan
 from kvtune.tuner.workload import WorkloadProfile
 from pydantic import ValidationError
@@ -152,10 +155,10 @@ def _reconcile_locked(
                                events=events, **kw)
 
     try:
+        if not re.fullmatch(OBJECT_NAME_PATTERN, name):  # the CRD's rule, for older CRDs
+            raise InvalidInput("metadata.name", name, OBJECT_NAME_RULE)
         spec = InferenceDeploymentSpec.model_validate(body.get("spec") or {})
-        if spec.slo is not None:  # durations are checked here too, not only by the CRD
-            spec.slo.ttft_p95_seconds()
-            spec.slo.tpot_p95_seconds()
+        policy = policy_for(spec)  # the SLO's and pins' own checks
     except (ValidationError, KVTuneError) as exc:
         message = describe_validation_error(exc) if isinstance(exc, ValidationError) \
             else str(exc)
@@ -230,7 +233,6 @@ def _reconcile_locked(
             return profile_from_status(kept, declared), kept
         return declared, profile_status(declared, scope="deployment")
 
-    policy = policy_for(spec)
     discovered = gpu_pools.discover_pools(nodes if nodes is not None
                                           else kapply.list_nodes(kube))
     outcomes = []

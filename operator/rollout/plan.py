@@ -24,6 +24,7 @@ from kvtune.operator.api import (
     RolloutSpec,
 )
 from kvtune.operator.render import RenderInput, plan_hash, vllm_args
+from kvtune.operator.rollout import plan_checks
 from kvtune.operator.rollout.outcome import Event, PoolContext, PoolOutcome
 from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan, UnknownName
 from kvtune.tuner.plan import PoolPlan
@@ -156,6 +157,9 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
         return ctx.failed(cond.INVALID_SPEC,
                           f"{ctx.field} ({pool.gpu_class}): {spec_field_names(exc)}")
 
+    refused = plan_checks.check(ctx.spec, pool_plan, inp.profile)
+    if refused is not None:
+        return ctx.failed(*refused)
     knobs, expected, reasons = plan_status(pool_plan)
     hash_ = plan_hash(pool_plan, ctx.spec.runtime.image)
     revision = base.revision if base.plan_hash == hash_ else base.revision + 1

@@ -28,6 +28,7 @@ from kvtune.operator.render import (
 from kvtune.operator.rollout.outcome import PoolContext, PoolOutcome
 from kvtune.operator.rollout.plan import Planned
 
+GIB_BYTES = 2**30
 # The runtime's ServiceAccount, Role, RoleBinding (spec.runtime.entrypoint: kvtune).
 RUNTIME_ACCESS_KINDS = ("ServiceAccount", "Role", "RoleBinding")
 
@@ -58,6 +59,20 @@ def render(ctx: PoolContext, planned: Planned,
             "message": f"no schedulable node is labelled as a {gpu_class} GPU; label the "
                        f"nodes (e.g. nvidia.com/gpu.product) or add nodes to the pool"}),
             no_nodes=True)
+    selector = dict(pool.node_selector or {})
+    placed = [n for n in nodes.schedulable_nodes if n.matches(selector)]
+    if selector and not placed:
+        shown = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+        return ctx.failed(cond.INVALID_SPEC, f"{ctx.field}.nodeSelector={shown}: none of the "
+                          f"{node_count} schedulable {gpu_class} node(s) has these labels, so "
+                          f"no pod could be scheduled; fix the selector or label the nodes")
+    offload = planned.pool_plan.plan.kv_offloading_size_gib
+    memory = min((n.memory_bytes for n in placed if n.memory_bytes), default=0)
+    if offload and memory and offload * GIB_BYTES >= memory:
+        return ctx.failed(cond.INVALID_SPEC, f"spec.tuning.pin.kvOffloadingSizeGiB={offload:g}: "
+                          f"the {gpu_class} nodes have {memory / GIB_BYTES:.0f} GiB of memory "
+                          f"(the smallest); the CPU offload buffer must fit beside the server: "
+                          f"lower it")
     if nodes.max_gpus_per_node and nodes.max_gpus_per_node < pool.tensor_parallel:
         return ctx.failed(cond.INVALID_SPEC, f"{ctx.field}.tensorParallel="
                           f"{pool.tensor_parallel}: {gpu_class} nodes have at most "
@@ -83,6 +98,10 @@ def render(ctx: PoolContext, planned: Planned,
     except RenderError as exc:
         return ctx.failed(cond.INVALID_POD_TEMPLATE, f"pool {pool.pool_name}: {exc}; nothing "
                           f"was changed")
+    except Exception as exc:  # a template that fails in a way the renderer did not name
+        return ctx.failed(cond.INVALID_POD_TEMPLATE, f"pool {pool.pool_name}: the pod template "
+                          f"failed ({type(exc).__name__}: {str(exc)[:160]}); fix "
+                          f"spec.runtime.podTemplate; nothing was changed")
     return Rendered(
         render_input=inp, status=status,
         objects=[o for o in objects if o["kind"] not in RUNTIME_ACCESS_KINDS],
