@@ -54,8 +54,10 @@ class OperatorProcess:
     """`kvtune operator` in a subprocess, serving only the given namespaces (other tests may
     run their own operator on the same cluster)."""
 
-    def __init__(self, kubeconfig: Path, namespaces: list[str], log: Path) -> None:
+    def __init__(self, kubeconfig: Path, namespaces: list[str], log: Path,
+                 env: dict[str, str] | None = None) -> None:
         self.kubeconfig, self.namespaces, self.log = kubeconfig, namespaces, log
+        self.env = dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.metrics_port = free_port()
@@ -78,7 +80,7 @@ class OperatorProcess:
                                                     "KVTUNE_CONFIGMAP_RESYNC_SECONDS": "2",
                                                     # Prometheus on loopback only.
                                                     "KVTUNE_PROMETHEUS_ALLOWED_URLS":
-                                                        "http://127.0.0.1:*"})
+                                                        "http://127.0.0.1:*", **self.env})
 
     def stop(self) -> None:
         if self.proc is None:
@@ -89,6 +91,14 @@ class OperatorProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self.proc = None
+
+    def kill(self) -> None:
+        """kill -9: no cleanup, no kopf shutdown (what a node failure or an OOM kill does)."""
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
         self.proc = None
 
     def log_text(self) -> str:
