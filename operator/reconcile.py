@@ -19,6 +19,7 @@ the field, the value and the fix, and leaves that pool's running objects as they
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Mapping
@@ -116,10 +117,29 @@ def reconcile(
         fresh = kapply.read_inference_deployment(kube, meta["namespace"], meta["name"])
         if fresh is None:  # deleted meanwhile: the garbage collector has the children
             return ReconcileResult(status=dict(body.get("status") or {}), status_changed=False)
-        return _reconcile_locked(fresh, kube=kube, profile=profile,
-                                 profiles=profiles or {}, profile_scopes=profile_scopes or {},
-                                 profile_window=profile_window, plans=plans or {},
-                                 nodes=nodes, now=now, write_status=write_status)
+        try:
+            return _reconcile_locked(fresh, kube=kube, profile=profile,
+                                     profiles=profiles or {},
+                                     profile_scopes=profile_scopes or {},
+                                     profile_window=profile_window, plans=plans or {},
+                                     nodes=nodes, now=now, write_status=write_status)
+        except Exception as exc:
+            # Never a failure without status: say it (the caller retries with a backoff).
+            if write_status:
+                _report_failure(fresh, kube, exc, now)
+            raise
+
+
+def _report_failure(body: Mapping[str, Any], kube: kapply.Kube, exc: Exception,
+                    now: str | None) -> None:
+    previous = status_writer.read(body)
+    message = (f"the reconcile failed ({type(exc).__name__}: {str(exc)[:300]}); kvtune "
+               f"retries with a growing delay; running objects are left as they are")
+    conditions = cond.set_condition(previous.conditions, cond.DEGRADED, True,
+                                    cond.RECONCILE_FAILED, message,
+                                    generation=body["metadata"].get("generation"), now=now)
+    with contextlib.suppress(Exception):  # the API server may be what failed
+        status_writer.write(kube, body, previous.model_copy(update={"conditions": conditions}))
 
 
 def _reconcile_locked(
