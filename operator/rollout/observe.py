@@ -26,10 +26,46 @@ def stuck_message(pool: str, deployment: Mapping[str, Any], reason: str, revisio
             f"fix the cause, or pin a smaller gpuMemoryUtilization/maxNumSeqs")
 
 
+# Container states that need a person (a wrong image name, a missing pull secret, a bad
+# config): waiting out the progress deadline (30 minutes by default) helps nobody.
+STUCK_WAITING_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName",
+                         "CreateContainerConfigError", "CreateContainerError")
+
+
+def pod_problem(pods: list[dict[str, Any]]) -> str | None:
+    """Why the pool's new pods cannot start, from their status; None when nothing says so.
+    (An unschedulable pod is not one: during a rolling update it may wait for an old pod's
+    GPUs; a nodeSelector no node matches is refused before anything is applied.)"""
+    for pod in pods:
+        name = (pod.get("metadata") or {}).get("name", "?")
+        status = pod.get("status") or {}
+        for container in (status.get("initContainerStatuses") or []) + \
+                (status.get("containerStatuses") or []):
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in STUCK_WAITING_REASONS:
+                return (f"pod {name}: {waiting['reason']}: "
+                        f"{str(waiting.get('message') or '')[:200]}")
+    return None
+
+
+def _stuck(kube: kapply.Kube, deployment: Mapping[str, Any]) -> str | None:
+    """The Deployment controller's verdict, or, before its deadline, the pods' own."""
+    reason = kapply.rollout_stuck(deployment)
+    if reason is not None:
+        return reason
+    meta = deployment.get("metadata") or {}
+    selector = (deployment.get("spec") or {}).get("selector", {}).get("matchLabels") or {}
+    if not selector:
+        return None
+    pods = kapply.list_pods(kube, meta.get("namespace", ""),
+                            ",".join(f"{k}={v}" for k, v in sorted(selector.items())))
+    return pod_problem(pods)
+
+
 def observe(ctx: PoolContext, planned: Planned, applied: Applied) -> PoolOutcome:
     deployment = applied.deployment
     done, progress = kapply.rollout_done(deployment)
-    stuck = None if done else kapply.rollout_stuck(deployment)
+    stuck = None if done else _stuck(ctx.kube, deployment)
     status = applied.status.model_copy(update={"phase": "Applied", "message": progress})
     if stuck is not None:
         message = stuck_message(ctx.pool.pool_name, deployment, stuck, planned.revision)
@@ -62,7 +98,7 @@ def refresh(previous: InferenceDeploymentStatus, namespace: str, kube: kapply.Ku
                 return None  # the next reconcile re-creates it
             done, progress = kapply.rollout_done(deployment)
             pool = pool.model_copy(update={"message": progress})
-            reason = None if done else kapply.rollout_stuck(deployment)
+            reason = None if done else _stuck(kube, deployment)
             if reason is not None:
                 pool = pool.model_copy(update={"message": stuck_message(
                     pool.name, deployment, reason, pool.revision)})
