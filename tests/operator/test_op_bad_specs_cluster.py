@@ -81,7 +81,9 @@ def test_every_bad_spec_is_refused_or_degraded_and_nothing_running_changes(
     for i, case in enumerate(c for c in CASES if c.expect == "strict"):
         with pytest.raises(ApiException) as refused:
             _create(cluster_api, _body(case, f"typo-{i}"), "Strict")
-        assert refused.value.status == 422 and "unknown field" in refused.value.body, case.id
+        # 400: strict decoding refuses before the schema is checked.
+        assert refused.value.status in (400, 422), (case.id, refused.value.status)
+        assert "unknown field" in refused.value.body, (case.id, refused.value.body)
         warned = _create(cluster_api, _body(case, f"typo-{i}"), "Warn")
         warning = warned.headers.get("Warning") or ""
         assert "unknown field" in warning and case.needles[0] in warning, (case.id, warning)

@@ -129,7 +129,9 @@ def test_the_retune_clocks_survive_other_status_writes_and_hold_the_min_interval
 
 # --- the plan in force is state (issue 11 item 7) -------------------------------------------
 
-MID = _traffic(6000, 30000)
+# Within pool quiet's drift threshold of the declared workload, yet a plan made on it differs
+# (a longer max-model-len): the plan quiet's decision declined.
+MID = _traffic(2000, 8000)
 
 
 def _two_pool_spec() -> dict[str, Any]:
@@ -138,6 +140,8 @@ def _two_pool_spec() -> dict[str, Any]:
                      {"gpuClass": "H200", "replicas": 1, "name": "quiet"}]
     spec["tuning"]["prometheus"].pop("poolSelector")  # each pool on its own pods' series
     spec["tuning"]["retune"]["minInterval"] = "0s"
+    spec["tuning"]["retune"]["driftThreshold"] = 0.6
+    spec["workload"] = {"profile": "chat", "contextTokens": {"p50": 1000, "p99": 4000}}
     return spec
 
 
@@ -179,6 +183,9 @@ def test_a_restart_or_an_unrelated_edit_keeps_the_plans_in_force(
     after_retune = _revisions(cluster_api, ns)
     assert after_retune["long"][0] == 2, after_retune  # re-planned on its own traffic
     assert after_retune["quiet"] == before["quiet"]  # its decision: the plan stays
+    decisions = {p["name"]: p["reason"] for p in get_infd(cluster_api, ns, "plans")[
+        "status"]["profile"]["retune"]["pools"]}
+    assert decisions == {"long": retune.PLAN_CHANGED, "quiet": retune.BELOW_THRESHOLD}
     stored = get_infd(cluster_api, ns, "plans")["status"]
     assert stored["profile"]["source"] == "prometheus"  # the deployment-wide one moved
 
