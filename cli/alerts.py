@@ -23,8 +23,9 @@ import yaml
 @click.option("--namespace", default=None, help="Namespace when the file has none.")
 def alerts(path: str, fmt: str, output: str | None, namespace: str | None) -> None:
     """Render the alert rules; check them with `promtool check rules` (format rules)."""
-    from kvtune.operator import alerts as render
     from pydantic import ValidationError
+
+    from kvtune.operator import alerts as render
 
     docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d]
     out: list[dict[str, Any]] = []

@@ -50,6 +50,7 @@ def operator(kubeconfig: str | None, namespaces: tuple[str, ...], metrics_port: 
              liveness_endpoint: str | None, priority: int | None, verbose: bool) -> None:
     """Run the kvtune operator until interrupted."""
     import kopf
+
     from kvtune.operator import handlers, metrics
 
     if standalone and peering_name:

@@ -2,7 +2,7 @@
 
 The command is three steps, each its own function so other sources and formats plug in
 without touching the rest: build a ``PlanRequest`` from the options (``build_request``),
-plan it (``kvtune.tuner.planning.plan_pool``), render it (``render``; formats in
+plan it (``kvtune.tuner.planner.planning.plan_pool``), render it (``render``; formats in
 ``RENDERERS``).
 """
 
@@ -15,21 +15,28 @@ from pathlib import Path
 from typing import Any
 
 import click
-from kvtune.tuner import catalog, gpus
-from kvtune.tuner.capabilities import PINNED_VLLM_VERSION, get_runtime
+
 from kvtune.tuner.errors import KVTuneError
-from kvtune.tuner.kvmemory import kv_bytes_per_token
+from kvtune.tuner.facts import catalog, gpus
+from kvtune.tuner.facts.capabilities import PINNED_VLLM_VERSION, get_runtime
+from kvtune.tuner.facts.kvmemory import kv_bytes_per_token
+from kvtune.tuner.facts.weights import weights_load
+from kvtune.tuner.kv_quality import (
+    DEFAULT_MAX_KV_QUANTIZATION_KL,
+    KVQualityEvidence,
+    KVQualityPolicy,
+    evidence_from_report,
+)
 from kvtune.tuner.plan import PoolPlan
-from kvtune.tuner.planning import PlanRequest, kv_capacity_by_dtype, plan_pool
-from kvtune.tuner.policy import SLO, Pins, PlanPolicy
-from kvtune.tuner.presets import (
+from kvtune.tuner.planner.planning import PlanRequest, kv_capacity_by_dtype, plan_pool
+from kvtune.tuner.planner.policy import SLO, Pins, PlanPolicy
+from kvtune.tuner.planner.presets import (
     PRESET_KINDS,
     fixed_session_profile,
     preset_profile,
     profile_from_trace,
 )
 from kvtune.tuner.traces import load_trace
-from kvtune.tuner.weights import weights_load
 from kvtune.tuner.workload import WorkloadProfile
 
 GiB = 1 << 30
@@ -71,6 +78,9 @@ def build_request(opts: dict[str, Any]) -> PlanRequest:
         target_concurrent_sequences=opts["target_sequences"],
         min_max_model_len_tokens=opts["min_max_model_len"],
         cpu_offload_budget_bytes=int((opts["cpu_offload_gib"] or 0) * GiB),
+        kv_quality=KVQualityPolicy(
+            max_kv_quantization_kl=opts["max_kv_quantization_kl"],
+            require_measurement=opts["require_kv_measurement"]),
     )
     return PlanRequest(
         model=catalog.get_model(opts["model"]),
@@ -80,7 +90,23 @@ def build_request(opts: dict[str, Any]) -> PlanRequest:
         profile=build_profile(opts["context_tokens"], opts["workload"], opts["trace"]),
         policy=policy,
         vllm_version=opts["vllm_version"],
+        kv_quality_evidence=kv_quality_evidence(opts["kv_quality_report"]),
     )
+
+
+def kv_quality_evidence(path: Path | None) -> KVQualityEvidence | None:
+    """``--kv-quality-report``: a report written by ``kvtune quality -o``."""
+    if path is None:
+        return None
+    try:
+        report = json.loads(path.read_text())
+        if not isinstance(report, dict):
+            raise ValueError("not a JSON object")
+        return evidence_from_report(report, source=f"kvtune quality report {path.name}")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise click.BadParameter(f"{path}: not a kvtune quality report ({exc}); write one "
+                                 "with `kvtune quality --model … -o FILE`",
+                                 param_hint="--kv-quality-report") from None
 
 
 # --- rendering ---------------------------------------------------------------------------------
@@ -267,6 +293,14 @@ def _models_help() -> str:
 @click.option("--attention-backend", help="Pin the attention backend.")
 @click.option("--lowest-kv-precision", type=click.Choice(["bf16", "fp8", "int8", "fp4", "int4"]),
               default="fp8", show_default=True, help="Never quantize the KV cache below this.")
+@click.option("--kv-quality-report", type=click.Path(exists=True, dir_okay=False,
+                                                      path_type=Path),
+              help="A `kvtune quality -o` report: narrower KV dtypes are gated on it.")
+@click.option("--max-kv-quantization-kl", type=click.FloatRange(min=0, min_open=True),
+              default=DEFAULT_MAX_KV_QUANTIZATION_KL, show_default=True,
+              help="Exclude KV dtypes whose measured mean next-token KL exceeds this (nats).")
+@click.option("--require-kv-measurement", is_flag=True,
+              help="Keep 16-bit KV unless a measurement allows a narrower dtype.")
 @click.option("--ttft-p95", type=click.FloatRange(min=0, min_open=True),
               help="TTFT p95 SLO, seconds.")
 @click.option("--tpot-p95", type=click.FloatRange(min=0, min_open=True),

@@ -7,9 +7,10 @@ import threading
 from pathlib import Path
 
 import click
-from kvtune.e2e.replay_exporter import ENGINES, Replay, ReplayServer, parse_config_overrides
-from kvtune.e2e.replay_instance import InstanceConfig
-from kvtune.e2e.replay_sim import Hardware
+
+from kvtune.replay.exporter import ENGINES, Replay, ReplayServer, parse_config_overrides
+from kvtune.replay.instance import InstanceConfig
+from kvtune.replay.sim import Hardware
 
 
 @click.command()
@@ -54,7 +55,7 @@ def replay(trace_path: str, speed: float, port: int, model_name: str, offset_sec
     metric names, types, labels and buckets. POST /control/trace {"trace": PATH} switches
     the traffic while running; POST /control/config {"args": [vllm flags]} restarts the
     instance with a new configuration (a rollout)."""
-    from kvtune.e2e.replay_follow import DeploymentFollower, parse_target
+    from kvtune.replay.follow import DeploymentFollower, parse_target
 
     follower: DeploymentFollower | None = None
     try:

@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import click
-from kvtune.tuner import catalog, gpus
+
 from kvtune.tuner.errors import InvalidInput, KVTuneError
-from kvtune.tuner.planning import PlanRequest
-from kvtune.tuner.policy import SLO, PlanPolicy
-from kvtune.tuner.presets import profile_from_trace
+from kvtune.tuner.facts import catalog, gpus
+from kvtune.tuner.planner.planning import PlanRequest
+from kvtune.tuner.planner.policy import SLO, PlanPolicy
+from kvtune.tuner.planner.presets import profile_from_trace
 from kvtune.tuner.simulator import compare
 from kvtune.tuner.simulator.engine import SimulatedPlan
 from kvtune.tuner.simulator.metrics import SimResult, SLOTargets

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
+
 from kvtune.operator import alerts
 from kvtune.operator import apply as kapply
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 import itertools
 from typing import Any, Literal
 
-from kvtune.operator.durations import DURATION_PATTERN, parse_duration
-from kvtune.tuner.policy import KVPrecision
-from kvtune.tuner.weights import WEIGHTS_DTYPES
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+
+from kvtune.operator.durations import DURATION_PATTERN, parse_duration
+from kvtune.tuner.facts.weights import WEIGHTS_DTYPES
+from kvtune.tuner.kv_quality import DEFAULT_MAX_KV_QUANTIZATION_KL
+from kvtune.tuner.planner.policy import KVPrecision
 
 GROUP = "kvtune.io"
 VERSION = "v1alpha1"
@@ -110,6 +112,11 @@ class ModelSpec(_Model):
     weights_dtype: WeightsDtype = Field(
         default="auto",
         description="Dtype of the checkpoint's weights; auto: the model's own (config.json).",
+    )
+    revision: str | None = Field(
+        default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._/-]+$",
+        description="The checkpoint revision (a commit or tag) the runtime serves; KV-quality "
+                    "measurements are kept per revision. Unset: 'unpinned'.",
     )
 
 
@@ -212,8 +219,40 @@ class SLOSpec(_Model):
             self.tpot_p95, field="spec.slo.tpotP95")
 
 
+class CalibrationSpec(_Model):
+    """The KV-quality calibration Job (issue 15): measured before a narrower KV dtype first
+    rolls out for a model revision."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Measure narrower KV dtypes with a Job on the pool's GPU nodes before "
+                    "they roll out. false: plan on the configured evidence alone.")
+    image: str | None = Field(
+        default=None, min_length=1, max_length=512,
+        description="Image with kvtune, torch and transformers for the Job. Default: the "
+                    "runtime image when runtime.entrypoint is kvtune (kvtune's runtime images "
+                    "carry all three); with a plain vLLM image, set this.")
+    timeout: str = Field(
+        default="30m", pattern=DURATION_PATTERN, max_length=32,
+        description="The Job's activeDeadlineSeconds; past it the Job fails and the wider "
+                    "dtype stays.")
+    max_prompt_tokens: int = Field(default=2048, ge=16, le=32768)
+
+    def timeout_seconds(self) -> int:
+        return max(1, int(parse_duration(self.timeout)))
+
+
 class QualitySpec(_Model):
     lowest_kv_precision: KVPrecision = Field(default="fp8", alias="lowestKVPrecision")
+    max_kv_quantization_kl: float = Field(
+        default=DEFAULT_MAX_KV_QUANTIZATION_KL, gt=0.0, le=10.0, alias="maxKVQuantizationKL",
+        description="Exclude KV dtypes whose measured mean next-token KL divergence against "
+                    "16-bit KV (nats, over kvtune's calibration prompts) exceeds this.")
+    require_measurement: bool = Field(
+        default=False,
+        description="Keep 16-bit KV until a measurement for this model revision allows a "
+                    "narrower dtype.")
+    calibration: CalibrationSpec = CalibrationSpec()
 
 
 _POOL_KEY = "(has({v}.name) ? {v}.name : {v}.gpuClass.lowerAscii())"
@@ -227,6 +266,31 @@ class Toleration(_Model):
     toleration_seconds: int | None = None
 
 
+_QUANTITY = r"^[0-9]+(\.[0-9]+)?\s*[A-Za-z/]+$"
+
+
+class CustomGPUSpec(_Model):
+    """A GPU kvtune has no data for, declared by its facts; label its nodes
+    ``kvtune.io/gpu-class: <gpuClass>``."""
+
+    memory: str = Field(pattern=_QUANTITY, max_length=32, description=(
+        "Memory as the CUDA runtime reports it (torch.cuda.mem_get_info total), e.g. 47.4GiB."))
+    bandwidth: str = Field(pattern=_QUANTITY, max_length=32,
+                           description="Memory bandwidth, e.g. 960GB/s or 3.35TB/s.")
+    bf16: str = Field(pattern=_QUANTITY, max_length=32,
+                      description="Dense BF16 tensor FLOPs, e.g. 364TFLOPS.")
+    fp8: str | None = Field(default=None, pattern=_QUANTITY, max_length=32,
+                            description="Dense FP8 tensor FLOPs (compute capability 8.9+).")
+    compute_capability: str = Field(pattern=r"^[0-9]+\.[0-9]$", max_length=8,
+                                    description="e.g. 8.9 (nvidia-smi --query-gpu=compute_cap).")
+
+    def declaration(self, name: str) -> str:
+        """The tuner's custom-GPU declaration (``tuner.gpus.parse_gpu_spec``)."""
+        fp8 = f",fp8={self.fp8}" if self.fp8 else ""
+        return (f"{name}:memory={self.memory},bandwidth={self.bandwidth},bf16={self.bf16}"
+                f"{fp8},cc={self.compute_capability}")
+
+
 class PoolSpec(_Model):
     model_config = ConfigDict(json_schema_extra=_rules(
         (f"!{_POOL_KEY.format(v='self')}.endsWith('-canary')",
@@ -236,8 +300,10 @@ class PoolSpec(_Model):
 
     gpu_class: str = Field(
         min_length=1, max_length=32, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
-        description="kvtune GPU class, e.g. H100, H200, B200.",
+        description="kvtune GPU class, e.g. H100, H200, B200, L4; or the name of a customGpu.",
     )
+    custom_gpu: CustomGPUSpec | None = Field(
+        default=None, description="Declares gpuClass as a GPU kvtune has no data for.")
     name: str | None = Field(
         default=None, min_length=1, max_length=20, pattern=_DNS_LABEL,
         description="Pool name in object names; defaults to the lower-cased GPU class.",
@@ -250,6 +316,11 @@ class PoolSpec(_Model):
     @property
     def pool_name(self) -> str:
         return self.name or self.gpu_class.lower().replace("_", "-")
+
+    @property
+    def gpu_declaration(self) -> str:
+        """What ``tuner.gpus.get_gpu_class`` takes: the class name, or its custom declaration."""
+        return self.custom_gpu.declaration(self.gpu_class) if self.custom_gpu else self.gpu_class
 
     @model_validator(mode="after")
     def _not_a_canary_name(self) -> PoolSpec:
@@ -698,10 +769,38 @@ class RetuneStatus(_Status):
     pools: list[RetunePoolStatus] = []
 
 
+KVQualityPhase = Literal["Measured", "Calibrating", "Failed", "Disabled", "NotNeeded"]
+
+
+class KVQualityDtypeStatus(_Status):
+    dtype: str
+    kl_mean: float  # nats vs 16-bit KV
+    top1_agreement: float
+    attention_error_max: float
+    worst_layer: int
+    allowed: bool  # within spec.quality.maxKVQuantizationKL
+
+
+class KVQualityStatus(_Status):
+    """The KV-quality evidence the plans were gated on (issue 15)."""
+
+    model: str
+    revision: str  # spec.model.revision, or "unpinned"
+    phase: KVQualityPhase
+    message: str = ""
+    job: str | None = None  # the calibration Job, while it runs or when it failed
+    config_map: str | None = None  # where the report is kept
+    measured_at: str | None = None
+    weights: str | None = None  # "checkpoint" | "random-init"
+    checkpoint_kv_scales: str | None = None  # what the checkpoint says of its KV scales
+    dtypes: list[KVQualityDtypeStatus] = []
+
+
 class InferenceDeploymentStatus(_Status):
     observed_generation: int | None = None
     mode: str | None = None
     conditions: list[Condition] = []
     profile: DeploymentProfileStatus | None = None
+    kv_quality: KVQualityStatus | None = None
     pools: list[PoolStatus] = []
     pool_summary: str | None = None  # "H200x2,H100x1", for the printer column

@@ -18,6 +18,8 @@ import time
 from collections.abc import Mapping
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from kvtune.operator import histograms, prom_http
 from kvtune.operator import prom_replies as replies
 from kvtune.operator import vllm_metrics as vm
@@ -25,7 +27,6 @@ from kvtune.operator.histograms import QuantileEstimate
 from kvtune.operator.prom_http import PrometheusAccess
 from kvtune.operator.selectors import SeriesSelector
 from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
-from pydantic import BaseModel, ConfigDict, Field
 
 QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99)
 

@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from kvtune.operator import apply as kapply
 from kvtune.operator import conditions as cond
 from kvtune.operator import pools as gpu_pools
@@ -51,7 +53,6 @@ from kvtune.operator.workloads import declared_profile, profile_from_status, pro
 from kvtune.tuner.errors import InvalidInput, KVTuneError, UnknownName
 from kvtune.tuner.plan import PoolPlan
 from kvtune.tuner.workload import WorkloadProfile
-from pydantic import ValidationError
 
 NO_NODES_RETRY_SECONDS = 30.0
 
@@ -300,12 +301,14 @@ def _reconcile_locked(
         set_c(cond.READY, True, cond.ALL_POOLS_APPLIED,
               f"{len(outcomes)} pool(s) run their plan")
 
-    status = InferenceDeploymentStatus(
+    # What other parts keep in status (the retune timer's part of status.profile, the
+    # KV-quality evidence) stays as it is.
+    status = previous.model_copy(update=dict(
         observed_generation=generation, mode=mode, conditions=conditions,
         profile=status_writer.with_timer_part(used_profile_status, previous.profile),
         pools=[o.status for o in outcomes],
         pool_summary=pool_summary([o.status for o in outcomes]),
-    )
+    ))
     # Rollouts are followed by the rollout timer (refresh_rollout), not by retries.
     return finish(status, retry_after=NO_NODES_RETRY_SECONDS if waiting else None)
 

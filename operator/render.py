@@ -18,6 +18,7 @@ from typing import Any
 import jinja2
 import yaml
 from jinja2.sandbox import SandboxedEnvironment
+
 from kvtune.operator import runtime_access
 from kvtune.tuner.plan import PoolPlan
 

@@ -22,9 +22,10 @@ from __future__ import annotations
 import math
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from kvtune.tuner.plan import KVPlan
 from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
-from pydantic import BaseModel, ConfigDict, Field
 
 _QUANTILES = ("p50", "p90", "p95", "p99")
 # A drift that never settles is planned for after this many dwell times.

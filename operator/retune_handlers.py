@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import kopf
+from prometheus_client import Counter, Gauge
+
 from kvtune.operator import alert_rules, api, conditions, metrics, retune, retune_state, selectors
 from kvtune.operator import apply as kapply
 from kvtune.operator import reconcile as rec
@@ -43,7 +45,6 @@ from kvtune.operator.selectors import SeriesSelector
 from kvtune.operator.workloads import declared_profile, profile_from_status
 from kvtune.tuner.plan import KVPlan, PoolPlan
 from kvtune.tuner.workload import WorkloadProfile
-from prometheus_client import Counter, Gauge
 
 LOG = logging.getLogger("kvtune.operator.retune")
 

@@ -21,9 +21,10 @@ Label names are overridable in the spec (``namespaceLabel``, ``podLabel``,
 
 from __future__ import annotations
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from kvtune.operator.api import PrometheusSpec
 from kvtune.operator.render import object_name
-from pydantic import BaseModel, ConfigDict, Field
 
 # Characters RE2 (Prometheus' regex engine) treats as special.
 _RE2_SPECIAL = set("\\.+*?()|[]{}^$")

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from kvtune.operator import apply as kapply
 from kvtune.operator import conditions
 from kvtune.operator.api import (
@@ -26,7 +28,6 @@ from kvtune.operator.api import (
     ProfileStatus,
     RetuneStatus,
 )
-from pydantic import ValidationError
 
 # The fields of status.profile the retune timer writes; the reconcile seam keeps them.
 TIMER_FIELDS = ("observed", "trusted", "profile_message", "retune")

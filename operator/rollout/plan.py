@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic.alias_generators import to_camel
+
 from kvtune.operator import apply as kapply
 from kvtune.operator import conditions as cond
 from kvtune.operator.api import (
@@ -28,9 +30,8 @@ from kvtune.operator.rollout import plan_checks
 from kvtune.operator.rollout.outcome import Event, PoolContext, PoolOutcome
 from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan, UnknownName
 from kvtune.tuner.plan import PoolPlan
-from kvtune.tuner.policy import SLO, Pins, PlanPolicy
+from kvtune.tuner.planner.policy import SLO, Pins, PlanPolicy
 from kvtune.tuner.workload import WorkloadProfile
-from pydantic.alias_generators import to_camel
 
 
 def policy_for(spec: InferenceDeploymentSpec) -> PlanPolicy:
@@ -63,8 +64,8 @@ def resolve_model(spec: InferenceDeploymentSpec, namespace: str, kube: kapply.Ku
 
     Only catalog ids are looked up (never a path): the model name is user input.
     """
-    from kvtune.tuner.catalog import get_model, list_models
-    from kvtune.tuner.models import ModelArchitecture
+    from kvtune.tuner.facts.catalog import get_model, list_models
+    from kvtune.tuner.facts.models import ModelArchitecture
 
     if spec.model.config is not None:
         ref = spec.model.config.config_map_ref
@@ -92,11 +93,12 @@ def resolve_model(spec: InferenceDeploymentSpec, namespace: str, kube: kapply.Ku
 
 def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
                   profile: WorkloadProfile, policy: PlanPolicy) -> PoolPlan:
-    from kvtune.tuner.gpus import get_gpu_class
-    from kvtune.tuner.planning import PlanRequest, plan_pool
+    from kvtune.tuner.facts.gpus import get_gpu_class
+    from kvtune.tuner.planner.planning import PlanRequest, plan_pool
 
     request = PlanRequest(
-        model=model, gpu=get_gpu_class(pool.gpu_class), tensor_parallel=pool.tensor_parallel,
+        model=model, gpu=get_gpu_class(pool.gpu_declaration),
+        tensor_parallel=pool.tensor_parallel,
         weights_dtype=spec.model.weights_dtype, profile=profile, policy=policy,
         vllm_version=spec.runtime.vllm_version,
     )

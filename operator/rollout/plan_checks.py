@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import math
 
+from pydantic.alias_generators import to_camel
+
 from kvtune.operator import conditions as cond
 from kvtune.operator.api import InferenceDeploymentSpec, PinSpec
 from kvtune.tuner.plan import PoolPlan
 from kvtune.tuner.workload import WorkloadProfile
-from pydantic.alias_generators import to_camel
 
 
 def _pin_field(name: str) -> str:

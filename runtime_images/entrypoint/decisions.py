@@ -99,7 +99,9 @@ def check_gpus(plan: RuntimePlan, gpus: list[GpuInfo]) -> tuple[GpuInfo, ...]:
     expected_cls = GPU_CLASSES.get(wanted)
     for gpu in used:
         found_cls = class_of(gpu)
-        name_ok = found_cls == wanted if expected_cls else wanted.lower() in gpu.name.lower()
+        # A class kvtune has data for is matched by its NVML product names; a custom class
+        # (declared in the pool, nodes picked by their kvtune.io/gpu-class label) has none.
+        name_ok = expected_cls is None or (found_cls or "").upper() == wanted
         if not name_ok:
             raise PlanDoesNotFit(
                 "WrongGpuClass",

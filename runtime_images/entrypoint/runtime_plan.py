@@ -34,6 +34,10 @@ class RuntimeKnobs(_Lenient):
     kv_offloading_size_gib: float | None = Field(default=None, gt=0.0)
     kv_offloading_backend: str | None = None
     attention_backend: str | None = None
+    # What the weights dtype needs (--dtype, load-time --quantization, deprecated methods).
+    dtype: str | None = None
+    quantization: str | None = None
+    allow_deprecated_quantization: bool = False
 
     def vllm_args(self, gpu_memory_utilization: float | None = None,
                   kv_cache_memory_bytes: int | None = None) -> list[str]:
@@ -43,7 +47,12 @@ class RuntimeKnobs(_Lenient):
             else gpu_memory_utilization
         kv_bytes = self.kv_cache_memory_bytes if kv_cache_memory_bytes is None \
             else kv_cache_memory_bytes
-        args = [f"--block-size={self.block_size}", f"--kv-cache-dtype={self.kv_cache_dtype}"]
+        args = [f"--dtype={self.dtype}"] if self.dtype else []
+        if self.quantization:
+            args.append(f"--quantization={self.quantization}")
+        if self.allow_deprecated_quantization:
+            args.append("--allow-deprecated-quantization")
+        args += [f"--block-size={self.block_size}", f"--kv-cache-dtype={self.kv_cache_dtype}"]
         if kv_bytes is not None:
             args.append(f"--kv-cache-memory-bytes={kv_bytes}")
         else:

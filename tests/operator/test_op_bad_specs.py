@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 from bad_specs import CASES, BadSpec
-from kvtune.operator.api import InferenceDeploymentSpec
 from pydantic import ValidationError
+
+from kvtune.operator.api import InferenceDeploymentSpec
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.expect == "admission" and not c.name],

@@ -17,8 +17,6 @@ import pytest
 from bad_specs import BASE, CASES, BadSpec
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from kvtune.operator import reconcile as rec
-from kvtune.operator.apply import Kube
 from op_cluster_helpers import (
     GROUP,
     PLURAL,
@@ -28,6 +26,9 @@ from op_cluster_helpers import (
     get_infd,
     install_crd,
 )
+
+from kvtune.operator import reconcile as rec
+from kvtune.operator.apply import Kube
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 NS = "bad-specs"

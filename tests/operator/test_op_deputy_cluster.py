@@ -13,8 +13,6 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from kvtune.operator import reconcile as rec
-from kvtune.operator.apply import Kube
 from op_cluster_helpers import (
     GROUP,
     PLURAL,
@@ -27,6 +25,9 @@ from op_cluster_helpers import (
     wait_for,
 )
 from op_samples import SAMPLE_SPEC
+
+from kvtune.operator import reconcile as rec
+from kvtune.operator.apply import Kube
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 NS = "deputy"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from kvtune.operator.rollout.observe import pod_problem
 
 

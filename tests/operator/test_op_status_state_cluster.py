@@ -15,16 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvtune.operator import reconcile as rec
-from kvtune.operator import retune, retune_handlers
-from kvtune.operator.apply import Kube
-from kvtune.operator.profiling import (
-    LatencyQuantiles,
-    ObservedFigures,
-    ProfileResult,
-    ProfilingSettings,
-)
-from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
 from op_cluster_helpers import (
     OperatorProcess,
     create_infd,
@@ -35,6 +25,17 @@ from op_cluster_helpers import (
     wait_for,
 )
 from op_samples import SAMPLE_SPEC
+
+from kvtune.operator import reconcile as rec
+from kvtune.operator import retune, retune_handlers
+from kvtune.operator.apply import Kube
+from kvtune.operator.profiling import (
+    LatencyQuantiles,
+    ObservedFigures,
+    ProfileResult,
+    ProfilingSettings,
+)
+from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

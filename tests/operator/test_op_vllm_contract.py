@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from op_samples import make_pool_plan
+
 from kvtune.operator import api
 from kvtune.operator.render import RenderInput, render_pool
-from op_samples import make_pool_plan
 
 pytestmark = pytest.mark.vllm_source
 VLLM_VERSION = "0.33.0"

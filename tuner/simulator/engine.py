@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvtune.tuner import planning
-from kvtune.tuner.capabilities import get_runtime
 from kvtune.tuner.errors import InvalidInput
-from kvtune.tuner.kvmemory import kv_bytes_per_token, page_size_bytes
+from kvtune.tuner.facts.capabilities import get_runtime
+from kvtune.tuner.facts.kvmemory import kv_bytes_per_token, page_size_bytes
+from kvtune.tuner.facts.weights import weight_bits, weights_bytes_per_gpu, weights_load
 from kvtune.tuner.plan import KVPlan
+from kvtune.tuner.planner import planning
 from kvtune.tuner.simulator.scheduler import Allocation, EngineConfig
 from kvtune.tuner.simulator.timing import Efficiency, StepCostModel, efficiency_for
-from kvtune.tuner.weights import weight_bits, weights_bytes_per_gpu, weights_load
 
 # Two all-reduces per layer under tensor parallel, about 8 us each on NVLink (as decode.py).
 _ALLREDUCE_SECONDS = 8e-6
