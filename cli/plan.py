@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from kvtune.cli.options import pin_options, pins_from
 from kvtune.tuner.errors import KVTuneError
 from kvtune.tuner.facts import catalog, gpus
 from kvtune.tuner.facts.capabilities import PINNED_VLLM_VERSION, get_runtime
@@ -29,7 +30,7 @@ from kvtune.tuner.kv_quality import (
 )
 from kvtune.tuner.plan import PoolPlan
 from kvtune.tuner.planner.planning import PlanRequest, kv_capacity_by_dtype, plan_pool
-from kvtune.tuner.planner.policy import SLO, Pins, PlanPolicy
+from kvtune.tuner.planner.policy import SLO, PlanPolicy
 from kvtune.tuner.planner.presets import (
     PRESET_KINDS,
     fixed_session_profile,
@@ -37,9 +38,8 @@ from kvtune.tuner.planner.presets import (
     profile_from_trace,
 )
 from kvtune.tuner.traces import load_trace
+from kvtune.tuner.units import GiB
 from kvtune.tuner.workload import WorkloadProfile
-
-GiB = 1 << 30
 
 
 def build_profile(
@@ -59,18 +59,7 @@ def build_profile(
 
 
 def build_request(opts: dict[str, Any]) -> PlanRequest:
-    pins = Pins(
-        block_size=opts["block_size"],
-        kv_cache_dtype=opts["kv_cache_dtype"],
-        gpu_memory_utilization=opts["gpu_memory_utilization"],
-        kv_cache_memory_bytes=opts["kv_cache_memory_bytes"],
-        max_model_len=opts["max_model_len"],
-        max_num_seqs=opts["max_num_seqs"],
-        max_num_batched_tokens=opts["max_num_batched_tokens"],
-        enable_prefix_caching=opts["enable_prefix_caching"],
-        kv_offloading_size_gib=opts["kv_offloading_size"],
-        attention_backend=opts["attention_backend"],
-    )
+    pins = pins_from(opts)
     policy = PlanPolicy(
         slo=SLO(ttft_p95_seconds=opts["ttft_p95"], tpot_p95_seconds=opts["tpot_p95"]),
         lowest_kv_precision=opts["lowest_kv_precision"],
@@ -151,7 +140,7 @@ def plan_document(pool: PoolPlan, request: PlanRequest) -> dict[str, Any]:
         "concurrent_sequences": pool.expected.concurrent_sequences,
         "concurrent_sequences_context_tokens": pool.expected.concurrent_sequences_context_tokens,
         "plan": pool.plan.model_dump(mode="json"),
-        "vllm_args": pool.plan.vllm_args(),
+        "vllm_args": pool.vllm_args(),
         "expected": pool.expected.model_dump(mode="json"),
         "reasons": [r.model_dump(mode="json") for r in pool.reasons],
         "warnings": list(pool.warnings),
@@ -171,10 +160,7 @@ def render_yaml(pool: PoolPlan, request: PlanRequest) -> str:
 
 
 def render_args(pool: PoolPlan, request: PlanRequest) -> str:
-    parts = [f"vllm serve {pool.model_id}"]
-    if pool.tensor_parallel > 1:
-        parts.append(f"--tensor-parallel-size={pool.tensor_parallel}")
-    parts += pool.plan.vllm_args()
+    parts = [f"vllm serve {pool.model_id}", *pool.vllm_args()]
     return " \\\n  ".join(parts) + "\n"
 
 
@@ -238,7 +224,7 @@ def render_table(pool: PoolPlan, request: PlanRequest) -> str:
         console.print(cmp)
     for w in pool.warnings:
         console.print(f"[yellow]warning:[/] {w}")
-    console.print("[dim]vllm serve flags:[/] " + " ".join(p.vllm_args()))
+    console.print("[dim]vllm serve flags:[/] " + " ".join(pool.vllm_args()))
     return console.export_text()
 
 
@@ -277,20 +263,7 @@ def _models_help() -> str:
 @click.option("--workload", type=click.Choice(PRESET_KINDS), help="Workload preset.")
 @click.option("--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Azure CSV or Mooncake JSONL trace to profile.")
-@click.option("--kv-cache-dtype", help="Pin the KV cache dtype.")
-@click.option("--block-size", type=click.IntRange(min=1), help="Pin the block size.")
-@click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True),
-              help="Pin the memory fraction.")
-@click.option("--kv-cache-memory-bytes", type=click.IntRange(min=1), help="Pin exact KV bytes.")
-@click.option("--max-model-len", type=click.IntRange(min=1), help="Pin max-model-len.")
-@click.option("--max-num-seqs", type=click.IntRange(min=1), help="Pin max-num-seqs.")
-@click.option("--max-num-batched-tokens", type=click.IntRange(min=1),
-              help="Pin max-num-batched-tokens.")
-@click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=None,
-              help="Pin prefix caching on or off.")
-@click.option("--kv-offloading-size", type=click.FloatRange(min=0),
-              help="Pin KV offload to CPU (GiB across TP ranks; 0: off).")
-@click.option("--attention-backend", help="Pin the attention backend.")
+@pin_options
 @click.option("--lowest-kv-precision", type=click.Choice(["bf16", "fp8", "int8", "fp4", "int4"]),
               default="fp8", show_default=True, help="Never quantize the KV cache below this.")
 @click.option("--kv-quality-report", type=click.Path(exists=True, dir_okay=False,

@@ -11,6 +11,7 @@ import click
 from kvtune.replay.exporter import ENGINES, Replay, ReplayServer, parse_config_overrides
 from kvtune.replay.instance import InstanceConfig
 from kvtune.replay.sim import Hardware
+from kvtune.tuner.errors import KVTuneError
 
 
 @click.command()
@@ -84,6 +85,8 @@ def replay(trace_path: str, speed: float, port: int, model_name: str, offset_sec
             namespace, name = parse_target(follow_deployment)
             follower = DeploymentFollower(server.replay, namespace, name, kubeconfig,
                                           follow_interval)
+    except KVTuneError as exc:  # a bad trace, model or GPU: bad input, exit 1
+        raise click.ClickException(str(exc)) from exc
     except (ValueError, OSError, LookupError) as exc:
         raise click.UsageError(str(exc)) from exc
     server.start()

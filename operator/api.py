@@ -16,9 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from kvtune.operator.durations import DURATION_PATTERN, parse_duration
+from kvtune.tuner.facts.vllm_memory import supported_versions
 from kvtune.tuner.facts.weights import WEIGHTS_DTYPES
+from kvtune.tuner.knobs import PINNABLE
 from kvtune.tuner.kv_quality import DEFAULT_MAX_KV_QUANTIZATION_KL
-from kvtune.tuner.planner.policy import KVPrecision
+from kvtune.tuner.planner.policy import KVPrecision, Pins
 
 GROUP = "kvtune.io"
 VERSION = "v1alpha1"
@@ -133,7 +135,12 @@ class RuntimeSpec(_Model):
     image: str = Field(default="vllm/vllm-openai:v0.33.0", min_length=1, max_length=512,
                        pattern=IMAGE_PATTERN,
                        description="The vLLM image: registry/repository[:tag][@sha256:digest].")
-    vllm_version: str = Field(default="0.33.0", pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$")
+    # The versions kvtune's memory model is calibrated for (tuner/facts/data/vllm_memory.json);
+    # the API server refuses others at admission.
+    vllm_version: str = Field(
+        default="0.33.0", json_schema_extra={"enum": list(supported_versions())},
+        description="The vLLM version the image runs: its memory accounting and defaults.",
+    )
     pod_template: PodTemplateSource | None = Field(
         default=None,
         description="A ConfigMap whose key holds a Jinja2 pod template replacing kvtune's own.",
@@ -145,6 +152,15 @@ class RuntimeSpec(_Model):
                     "runtime images), which checks the GPU against the plan, sizes the memory "
                     "fraction to what is free, reports to the pod, then execs `vllm serve`.",
     )
+
+    @model_validator(mode="after")
+    def _calibrated_version(self) -> RuntimeSpec:
+        if self.vllm_version not in supported_versions():
+            raise ValueError(
+                f"spec.runtime.vllmVersion={self.vllm_version!r}: kvtune is calibrated for "
+                f"vLLM {', '.join(supported_versions())}; set one of them"
+            )
+        return self
 
 
 class DeclaredTokens(_Model):
@@ -239,7 +255,7 @@ class CalibrationSpec(_Model):
     max_prompt_tokens: int = Field(default=2048, ge=16, le=32768)
 
     def timeout_seconds(self) -> int:
-        return max(1, int(parse_duration(self.timeout)))
+        return max(1, int(parse_duration(self.timeout, field="spec.quality.calibration.timeout")))
 
 
 class QualitySpec(_Model):
@@ -412,6 +428,10 @@ class PinSpec(_Model):
             raise ValueError("pin gpuMemoryUtilization or kvCacheMemoryBytes, not both")
         return self
 
+    def to_pins(self) -> Pins:
+        """The planner's pins: every pinnable knob of the table (``kvtune.tuner.knobs``)."""
+        return Pins(**{k.name: getattr(self, k.name) for k in PINNABLE})
+
 
 _DWELL_RULE = (
     "!has(self.retune) || !has(self.retune.dwell) || !has(self.prometheus) || "
@@ -432,6 +452,12 @@ class TuningSpec(_Model):
     prometheus: PrometheusSpec | None = None
     retune: RetuneSpec | None = None
     pin: PinSpec | None = None
+    cpu_offload_gib: float = Field(
+        default=0.0, ge=0.0, le=65536.0, alias="cpuOffloadGiB",
+        description="CPU memory per GPU (GiB) that may hold offloaded KV blocks; kvtune turns "
+                    "KV offloading on when blocks are read back and this is at least 1 GiB. "
+                    "0: no KV offload (as `kvtune plan --cpu-offload-gib`).",
+    )
 
     @model_validator(mode="after")
     def _dwell_covers_the_window(self) -> TuningSpec:
@@ -462,6 +488,41 @@ class RolloutSpec(_Model):
     def progress_deadline_seconds(self) -> int:
         seconds = parse_duration(self.progress_deadline, field="spec.rollout.progressDeadline")
         return max(1, round(seconds))
+
+
+_LABELS_DESCRIPTION = ("Extra labels, e.g. the `release` label your Prometheus selects on "
+                       "(kube-prometheus-stack: release=<its release name>).")
+
+
+class ScrapeSpec(_Model):
+    """How the Prometheus operator scrapes the pools' vLLM pods (it ignores the
+    prometheus.io annotations a stock Prometheus reads)."""
+
+    enabled: bool = Field(default=True, description=(
+        "Render a PodMonitor (or ServiceMonitor) per pool; applied where the cluster serves "
+        "monitoring.coreos.com, deleted when switched off."))
+    kind: Literal["PodMonitor", "ServiceMonitor"] = Field(
+        default="PodMonitor",
+        description="PodMonitor selects the pool's pods; ServiceMonitor its Service.")
+    interval: str | None = Field(default=None, pattern=DURATION_PATTERN, max_length=32,
+                                 description="Scrape interval; empty: Prometheus's own.")
+    labels: dict[str, str] | None = Field(default=None, max_length=16,
+                                          description=_LABELS_DESCRIPTION)
+
+
+class PrometheusRuleSpec(_Model):
+    enabled: bool = Field(default=True, description=(
+        "Render this deployment's KV-cache and SLO alerts as a PrometheusRule (the one source "
+        "of kvtune's alert rules); deleted when switched off."))
+    labels: dict[str, str] | None = Field(
+        default=None, max_length=16,
+        description="Extra labels for the Prometheus ruleSelector (kube-prometheus-stack: "
+                    "release=<its release name>).")
+
+
+class MonitoringSpec(_Model):
+    scrape: ScrapeSpec = ScrapeSpec()
+    prometheus_rule: PrometheusRuleSpec = PrometheusRuleSpec()
 
 
 def _pin_floor_rule() -> tuple[str, str]:
@@ -507,6 +568,7 @@ class InferenceDeploymentSpec(_Model):
     pools: list[PoolSpec] = Field(min_length=1, max_length=8)
     tuning: TuningSpec = TuningSpec()
     rollout: RolloutSpec | None = None
+    monitoring: MonitoringSpec = MonitoringSpec()
 
     @model_validator(mode="after")
     def _cross_field(self) -> InferenceDeploymentSpec:
@@ -577,6 +639,10 @@ class PlanStatus(_Status):
     kv_offloading_size_gib: float | None = Field(default=None, alias="kvOffloadingSizeGiB")
     kv_offloading_backend: str | None = None
     attention_backend: str | None = None
+    # What the weights dtype needs (--dtype, load-time --quantization, deprecated methods).
+    dtype: str | None = None
+    quantization: str | None = None
+    allow_deprecated_quantization: bool = False
 
 
 class ExpectedStatus(_Status):

@@ -185,9 +185,27 @@ def report_from_pod(pod: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def job_result(job: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]]) -> JobResult:
+# Where the runtime entrypoint's reports go when its pods may write a ConfigMap instead of
+# annotating themselves (key: the pod's name); the Job, running as the same ServiceAccount,
+# may report there too.
+RUNTIME_REPORTS_CONFIG_MAP = "kvtune-runtime-reports"
+
+
+def report_from_reports_config_map(config_map: Mapping[str, Any] | None,
+                                   pod_name: str) -> dict[str, Any] | None:
+    text = ((config_map or {}).get("data") or {}).get(pod_name)
+    if not text:
+        return None
+    return report_from_pod({"metadata": {"annotations": {REPORT_ANNOTATION: text}}})
+
+
+def job_result(job: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]],
+               reports_config_map: Mapping[str, Any] | None = None) -> JobResult:
     phase, message = job_phase(job)
+    pods = list(pods)
     reports = [r for p in pods if (r := report_from_pod(p)) is not None]
+    reports += [r for p in pods if (r := report_from_reports_config_map(
+        reports_config_map, str((p.get("metadata") or {}).get("name")))) is not None]
     if phase == "succeeded" and not reports:
         return JobResult("failed", None, "the Job completed but its pod left no report "
                          f"(annotation {REPORT_ANNOTATION} or termination message)")

@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kvtune.operator import apply as kapply
+from kvtune.operator import calibration_flow
 from kvtune.operator import conditions as cond
 from kvtune.operator import pools as gpu_pools
 from kvtune.operator import status as status_writer
@@ -254,6 +255,8 @@ def _reconcile_locked(
             return profile_from_status(kept, declared), kept
         return declared, profile_status(declared, scope="deployment")
 
+    # The KV-quality evidence of the served model revision, and its calibration Job.
+    gate = calibration_flow.prepare(kube, body, spec)
     discovered = gpu_pools.discover_pools(nodes if nodes is not None
                                           else kapply.list_nodes(kube))
     outcomes = []
@@ -267,6 +270,7 @@ def _reconcile_locked(
             model=model, profile=pool_profile, policy=policy,
             profile_used=pool_profile_status,
             given=plans.get(pool.pool_name) if pool.pool_name in profiles else None,
+            gate=gate,
         ), discovered))
     if mode == "auto":
         for deleted in kapply.prune_pools(kube, body, {p.pool_name for p in spec.pools}):
@@ -307,7 +311,7 @@ def _reconcile_locked(
         observed_generation=generation, mode=mode, conditions=conditions,
         profile=status_writer.with_timer_part(used_profile_status, previous.profile),
         pools=[o.status for o in outcomes],
-        pool_summary=pool_summary([o.status for o in outcomes]),
+        pool_summary=pool_summary([o.status for o in outcomes]), kv_quality=gate.status(),
     ))
     # Rollouts are followed by the rollout timer (refresh_rollout), not by retries.
     return finish(status, retry_after=NO_NODES_RETRY_SECONDS if waiting else None)

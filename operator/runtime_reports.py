@@ -24,6 +24,7 @@ from kvtune.operator.api import PoolStatus, RuntimeStatus, TokensStatus, Utiliza
 from kvtune.operator.locks import object_lock
 from kvtune.operator.render import ANNOTATION_PLAN_HASH, LABEL_DEPLOYMENT, LABEL_POOL
 from kvtune.operator.rollout.outcome import Event
+from kvtune.tuner.units import GiB
 
 # The entrypoint's own constant (kvtune.runtime.report.REPORT_ANNOTATION); not imported, so
 # the operator does not depend on the runtime package.
@@ -32,7 +33,6 @@ REPORT_ANNOTATION = "kvtune.io/runtime-report"
 # planned by more than this share, is worth an Event: the pool serves fewer sequences.
 MATERIAL_UTILIZATION_DROP = 0.05
 MATERIAL_TOKEN_SHORTFALL = 0.05
-GIB = 1024**3
 
 
 def _report(pod: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -75,8 +75,8 @@ def summarize(pods: Sequence[Mapping[str, Any]], plan_hash: str | None) -> Runti
     parts = [f"{len(reports)}/{len(current)} pod(s) reported"]
     if gpus:
         parts.append(f"{gpus[0].get('name')}, "
-                     f"{min(int(g['freeBytes']) for g in gpus) / GIB:.1f} GiB free of "
-                     f"{min(int(g['totalBytes']) for g in gpus) / GIB:.1f} GiB")
+                     f"{min(int(g['freeBytes']) for g in gpus) / GiB:.1f} GiB free of "
+                     f"{min(int(g['totalBytes']) for g in gpus) / GiB:.1f} GiB")
     if util is not None:
         parts.append(f"gpu-memory-utilization {util.actual:.4g} (planned {util.planned:.4g})")
     if kv is not None:
@@ -114,8 +114,8 @@ def finding(pool: str, runtime: RuntimeStatus | None) -> tuple[str, str] | None:
     what = (f"lowered gpu-memory-utilization from {util.planned:.4g} to {util.actual:.4g}"
             if util is not None and lowered else "shrank the KV cache")
     free = "" if runtime.gpu_memory_free_bytes is None else (
-        f" ({runtime.gpu_product}: {runtime.gpu_memory_free_bytes / GIB:.1f} GiB free of "
-        f"{(runtime.gpu_memory_total_bytes or 0) / GIB:.1f} GiB)")
+        f" ({runtime.gpu_product}: {runtime.gpu_memory_free_bytes / GiB:.1f} GiB free of "
+        f"{(runtime.gpu_memory_total_bytes or 0) / GiB:.1f} GiB)")
     held = "" if kv is None else (
         f"; the KV cache holds {kv.actual} tokens, {kv.actual / max(kv.expected, 1):.0%} of "
         f"the {kv.expected} planned")

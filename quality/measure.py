@@ -116,6 +116,9 @@ def load_model(source: Path, *, device: str = "auto", seed: int = 0,
                          "(config.json + weights) or a config.json")
     model_dir = config_path.parent
     raw = json.loads(config_path.read_text())
+    if raw.get("kv_lora_rank") or (raw.get("text_config") or {}).get("kv_lora_rank"):
+        raise ValueError("an MLA model (kv_lora_rank in config.json): vLLM caches its latent "
+                         "(fp8_ds_mla layouts), which kvtune does not reproduce; not measured")
     evidence = checkpoint.read(model_dir)
     wanted = activation_dtype or str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16")
     torch_dtype = getattr(torch, wanted) if wanted in ("bfloat16", "float16", "float32") \

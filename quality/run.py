@@ -83,12 +83,22 @@ def run(options: RunOptions) -> KVQualityReport:
     if options.termination_log is not None:
         options.termination_log.write_text(termination_message(report))
     if options.report_annotation is not None:
-        from kvtune.runtime.report import publish
-
-        where = publish(json.loads(termination_message(report)),
-                        annotation=options.report_annotation)
-        progress(f"report published: {where}")
+        progress(f"report published: {publish(report, options.report_annotation)}")
     return report
+
+
+def publish(report: KVQualityReport, annotation: str) -> str:
+    """Through the runtime entrypoint's report channel (``kvtune.runtime.report``), as the
+    pool's pods report: under ``annotation`` on this pod where that channel annotates pods,
+    else wherever it writes (its ConfigMap, under this pod's name)."""
+    import inspect
+
+    from kvtune.runtime import report as channel
+
+    data = json.loads(termination_message(report))
+    if "annotation" in inspect.signature(channel.publish).parameters:
+        return str(channel.publish(data, annotation=annotation))
+    return str(channel.publish(data))
 
 
 def termination_message(report: KVQualityReport) -> str:

@@ -43,6 +43,7 @@ from prometheus_client.registry import Collector
 from kvtune.operator import vllm_metrics as vm
 from kvtune.replay.instance import Instance, InstanceConfig, TraceSchedule
 from kvtune.replay.sim import Hardware, SimInstance, engine_for
+from kvtune.tuner.knobs import BY_NAME, FLAG_TO_NAME, KNOBS, TENSOR_PARALLEL_FLAG
 from kvtune.tuner.traces import load_trace
 
 
@@ -347,21 +348,18 @@ def parse_config_overrides(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]
     return out
 
 
-# vLLM serve flags -> InstanceConfig fields (num_gpu_blocks: the override).
+# InstanceConfig's names for the knobs (``kvtune.tuner.knobs``) where they differ.
+_INSTANCE_NAMES = {"kv_cache_dtype": "cache_dtype"}
+# vLLM serve flags -> InstanceConfig fields: the knobs the replay models (from the knob
+# table), vLLM's older spelling, the block-count override, and TP.
 _FLAGS: dict[str, str] = {
-    "block-size": "block_size",
-    "kv-cache-dtype": "cache_dtype",
+    **{k.flag: _INSTANCE_NAMES.get(k.name, k.name) for k in KNOBS
+       if _INSTANCE_NAMES.get(k.name, k.name) in InstanceConfig.__dataclass_fields__},
     "cache-dtype": "cache_dtype",
-    "gpu-memory-utilization": "gpu_memory_utilization",
-    "max-model-len": "max_model_len",
-    "max-num-seqs": "max_num_seqs",
-    "max-num-batched-tokens": "max_num_batched_tokens",
     "num-gpu-blocks-override": "num_gpu_blocks",
     "num-gpu-blocks": "num_gpu_blocks",
-    "enable-prefix-caching": "enable_prefix_caching",
-    "kv-cache-memory-bytes": "kv_cache_memory_bytes",
     # Not an InstanceConfig field: the simulator engine's step costs and KV per GPU.
-    "tensor-parallel-size": "tensor_parallel",
+    TENSOR_PARALLEL_FLAG: "tensor_parallel",
 }
 
 
@@ -377,8 +375,10 @@ def changes_from_vllm_args(args: list[str]) -> dict[str, Any]:
         if not arg.startswith("--"):
             continue
         flag, eq, value = arg[2:].partition("=")
-        if flag in ("enable-prefix-caching", "no-enable-prefix-caching"):
-            out["enable_prefix_caching"] = flag == "enable-prefix-caching"
+        knob = BY_NAME.get(FLAG_TO_NAME.get(flag, ""))
+        if knob is not None and knob.type is bool:  # --[no-]enable-prefix-caching
+            if knob.flag in _FLAGS:
+                out[_FLAGS[knob.flag]] = not flag.startswith("no-")
             continue
         field_name = _FLAGS.get(flag)
         if field_name is None:

@@ -22,9 +22,10 @@ CRD_PATH = REPO / "crds" / "inferencedeployments.kvtune.io.yaml"
 GROUP, VERSION, PLURAL = "kvtune.io", "v1alpha1", "inferencedeployments"
 
 
-def install_crd(api_client: Any) -> None:
+def install_crd(api_client: Any, path: Path = CRD_PATH) -> None:
+    """Create (or replace) the CRD in ``path`` and wait until it is established."""
     ext = client.ApiextensionsV1Api(api_client)
-    crd = yaml.safe_load(CRD_PATH.read_text())
+    crd = yaml.safe_load(path.read_text())
     try:
         ext.create_custom_resource_definition(crd)
     except ApiException as exc:
@@ -39,7 +40,7 @@ def install_crd(api_client: Any) -> None:
         return any(c.type == "Established" and c.status == "True"
                    for c in got.status.conditions or [])
 
-    wait_for(established, "the InferenceDeployment CRD to be established", 30)
+    wait_for(established, f"the CRD {crd['metadata']['name']} to be established", 30)
 
 
 def ensure_namespace(api_client: Any, name: str) -> None:

@@ -46,7 +46,9 @@ _EXTERNAL_IMPORTS = """
 import json, sys
 import grimp
 graph = grimp.build_graph("kvtune", include_external_packages=True)
-modules = graph.find_descendants("kvtune.runtime") | {"kvtune.runtime"}
+# The entrypoint and the two standard-library modules of the tuner it reads (same wheel).
+modules = graph.find_descendants("kvtune.runtime") | {"kvtune.runtime", "kvtune.tuner.knobs",
+                                                      "kvtune.tuner.units"}
 found = {i.split(".")[0] for m in modules for i in graph.find_modules_directly_imported_by(m)
          if not i.startswith("kvtune")}
 print(json.dumps(sorted(found - set(sys.stdlib_module_names) - {"__future__"})))

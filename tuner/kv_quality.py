@@ -70,6 +70,8 @@ class KVQualityPolicy(BaseModel):
 
     max_kv_quantization_kl: float = Field(default=DEFAULT_MAX_KV_QUANTIZATION_KL, gt=0.0)
     require_measurement: bool = False
+    # Why a measurement is required, quoted in the verdict (the operator: its calibration Job).
+    required_by: str = "quality.requireMeasurement"
 
 
 class DtypeGate(BaseModel):
@@ -88,10 +90,11 @@ def gate_one(dtype: str, evidence: KVQualityEvidence | None, policy: KVQualityPo
         return DtypeGate(dtype=dtype, allowed=True, code=REFERENCE,
                          detail="16-bit KV is the reference")
     limit = policy.max_kv_quantization_kl
+    scales = _scales_note(dtype, evidence)
     measured = evidence.find(dtype) if evidence is not None else None
     if measured is not None and evidence is not None and not evidence.random_weights:
-        figures = (f"measured KL {measured.kl_mean:.2e} nats vs 16-bit KV, top-1 agreement "
-                   f"{measured.top1_agreement:.1%}, worst layer "
+        figures = (f"measured KL {measured.kl_mean:.2e} nats vs 16-bit KV{scales}, top-1 "
+                   f"agreement {measured.top1_agreement:.1%}, worst layer "
                    f"{measured.attention_error_worst_layer} attention error "
                    f"{measured.attention_error_max:.1%} ({evidence.source})")
         if measured.kl_mean <= limit:
@@ -103,10 +106,27 @@ def gate_one(dtype: str, evidence: KVQualityEvidence | None, policy: KVQualityPo
            if measured is not None else "no KV-quality measurement for this model revision")
     if policy.require_measurement:
         return DtypeGate(dtype=dtype, allowed=False, code=UNVERIFIED_REQUIRED,
-                         detail=f"unverified: {why}; quality.requireMeasurement keeps it out "
+                         detail=f"unverified: {why}; {policy.required_by} keeps it out "
                          "until a measurement exists")
     return DtypeGate(dtype=dtype, allowed=True, code=UNVERIFIED,
                      detail=f"unverified: {why}")
+
+
+# Per-tensor dtypes: vLLM divides by a static k_scale/v_scale (the checkpoint's, else 1.0).
+STATIC_SCALE_DTYPES = frozenset({"fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4", "nvfp4_4over6"})
+
+
+def _scales_note(dtype: str, evidence: KVQualityEvidence | None) -> str:
+    """What makes per-tensor fp8 safe in vLLM 0.33.0 is calibrated scales in the checkpoint:
+    it has no flag that computes them at start-up (``--calculate-kv-scales`` is gone), so
+    without them it divides by 1.0 (kv_cache.py lines 125-129)."""
+    if dtype not in STATIC_SCALE_DTYPES or evidence is None \
+            or evidence.checkpoint_kv_scales is None:
+        return ""
+    if evidence.checkpoint_kv_scales:
+        return " with the checkpoint's calibrated k/v scales"
+    return (" at k_scale = v_scale = 1.0 (no calibrated KV scales in the checkpoint; vLLM "
+            "0.33.0 computes none at start-up)")
 
 
 def gate(dtypes: Iterable[str], evidence: KVQualityEvidence | None,

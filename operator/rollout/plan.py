@@ -15,6 +15,7 @@ from typing import Any
 from pydantic.alias_generators import to_camel
 
 from kvtune.operator import apply as kapply
+from kvtune.operator import calibration_flow
 from kvtune.operator import conditions as cond
 from kvtune.operator.api import (
     ExpectedStatus,
@@ -29,6 +30,8 @@ from kvtune.operator.render import RenderInput, plan_hash, vllm_args
 from kvtune.operator.rollout import plan_checks
 from kvtune.operator.rollout.outcome import Event, PoolContext, PoolOutcome
 from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan, UnknownName
+from kvtune.tuner.kv_quality import KVQualityEvidence, KVQualityPolicy
+from kvtune.tuner.units import GiB
 from kvtune.tuner.plan import PoolPlan
 from kvtune.tuner.planner.policy import SLO, Pins, PlanPolicy
 from kvtune.tuner.workload import WorkloadProfile
@@ -36,15 +39,7 @@ from kvtune.tuner.workload import WorkloadProfile
 
 def policy_for(spec: InferenceDeploymentSpec) -> PlanPolicy:
     pin = spec.tuning.pin
-    pins = Pins() if pin is None else Pins(
-        block_size=pin.block_size, kv_cache_dtype=pin.kv_cache_dtype,
-        gpu_memory_utilization=pin.gpu_memory_utilization,
-        kv_cache_memory_bytes=pin.kv_cache_memory_bytes, max_model_len=pin.max_model_len,
-        max_num_seqs=pin.max_num_seqs, max_num_batched_tokens=pin.max_num_batched_tokens,
-        enable_prefix_caching=pin.enable_prefix_caching,
-        kv_offloading_size_gib=pin.kv_offloading_size_gib,
-        attention_backend=pin.attention_backend,
-    )
+    pins = Pins() if pin is None else pin.to_pins()
     slo = SLO() if spec.slo is None else SLO(
         ttft_p95_seconds=spec.slo.ttft_p95_seconds(), tpot_p95_seconds=spec.slo.tpot_p95_seconds()
     )
@@ -56,6 +51,10 @@ def policy_for(spec: InferenceDeploymentSpec) -> PlanPolicy:
         target_concurrent_sequences=spec.workload.concurrent_sequences,
         # The spec promises clients its declared max context: never plan below it.
         min_max_model_len_tokens=ctx.max if ctx is not None else None,
+        kv_quality=KVQualityPolicy() if spec.quality is None else KVQualityPolicy(
+            max_kv_quantization_kl=spec.quality.max_kv_quantization_kl,
+            require_measurement=spec.quality.require_measurement),
+        cpu_offload_budget_bytes=round(spec.tuning.cpu_offload_gib * GiB),
     )
 
 
@@ -92,7 +91,8 @@ def resolve_model(spec: InferenceDeploymentSpec, namespace: str, kube: kapply.Ku
 
 
 def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
-                  profile: WorkloadProfile, policy: PlanPolicy) -> PoolPlan:
+                  profile: WorkloadProfile, policy: PlanPolicy,
+                  kv_quality_evidence: KVQualityEvidence | None = None) -> PoolPlan:
     from kvtune.tuner.facts.gpus import get_gpu_class
     from kvtune.tuner.planner.planning import PlanRequest, plan_pool
 
@@ -100,7 +100,7 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         model=model, gpu=get_gpu_class(pool.gpu_declaration),
         tensor_parallel=pool.tensor_parallel,
         weights_dtype=spec.model.weights_dtype, profile=profile, policy=policy,
-        vllm_version=spec.runtime.vllm_version,
+        vllm_version=spec.runtime.vllm_version, kv_quality_evidence=kv_quality_evidence,
     )
     result: PoolPlan = plan_pool(request)
     return result
@@ -134,6 +134,8 @@ class PlanInput:
     profile_used: ProfileStatus | None  # how ``profile`` is shown in the pool's status
     # A plan already made for this pool and profile (by the retune timer): used as is.
     given: PoolPlan | None = None
+    # The KV-quality evidence of the served model revision, and its calibration Job.
+    gate: calibration_flow.Gate | None = None
 
 
 @dataclass(frozen=True)
@@ -148,8 +150,11 @@ class Planned:
 def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
     pool, base = ctx.pool, ctx.base
     try:
+        gate = inp.gate
         pool_plan = inp.given if inp.given is not None else plan_one_pool(
-            ctx.spec, pool, inp.model, inp.profile, inp.policy)
+            ctx.spec, pool, inp.model, inp.profile,
+            calibration_flow.with_gate(inp.policy, gate) if gate is not None else inp.policy,
+            gate.evidence if gate is not None else None)
     except UnknownName as exc:
         return ctx.failed(cond.INVALID_SPEC, f"{ctx.field}.gpuClass: {exc}")
     except NoFeasiblePlan as exc:

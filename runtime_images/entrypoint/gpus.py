@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-GIB = 1024**3
+from kvtune.tuner.units import GiB as GIB
 
 
 @dataclass(frozen=True)

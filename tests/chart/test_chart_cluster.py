@@ -54,6 +54,10 @@ NEEDED = [
     ("get", "rbac.authorization.k8s.io", "rolebindings", "", WATCHED_NS),
     ("get", "", "configmaps", "", WATCHED_NS),
     ("patch", "monitoring.coreos.com", "prometheusrules", "", WATCHED_NS),
+    ("delete", "monitoring.coreos.com", "prometheusrules", "", WATCHED_NS),
+    ("patch", "monitoring.coreos.com", "podmonitors", "", WATCHED_NS),
+    ("delete", "monitoring.coreos.com", "podmonitors", "", WATCHED_NS),
+    ("patch", "monitoring.coreos.com", "servicemonitors", "", WATCHED_NS),
     ("create", "", "events", "", WATCHED_NS),
     # spec.runtime.entrypoint: kvtune: the runtime's ServiceAccount/Role/RoleBinding; get and
     # patch on pods only because the Role grants them (Kubernetes' escalation rule).

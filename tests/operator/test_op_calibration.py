@@ -149,6 +149,9 @@ def test_job_results() -> None:
     assert by_message.report == REPORT
     empty = calibration.job_result(done, [_pod(message="Completed")])
     assert empty.phase == "failed" and "left no report" in empty.message
+    pod = {"metadata": {"name": "chat-kvq-1-abcde"}, "status": {}}
+    channel = {"data": {"chat-kvq-1-abcde": json.dumps(REPORT), "other-pod": "{}"}}
+    assert calibration.job_result(done, [pod], channel).report == REPORT
     late = calibration.job_result(timed_out, [])
     assert late.phase == "failed" and late.message.startswith("DeadlineExceeded")
 

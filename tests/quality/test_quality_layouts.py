@@ -182,3 +182,28 @@ def test_nvfp4_hand_cases() -> None:
     stored = layouts.nvfp4_store(small)
     assert stored.block_scales.tolist() == [[[0x01]]]
     assert layouts.nvfp4_roundtrip(small)[0, 0, :2].tolist() == [6 * 2.0 ** -9, 2.0 ** -10]
+
+
+# --- properties over random heads --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_roundtrip_error_bounds(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = layouts.as_activation_dtype(
+        rng.standard_normal((16, 4, 64)).astype(np.float32) * np.float32(10 ** rng.uniform(-3, 2)),
+        "bfloat16")
+    # int8 per token and head: at most half a step (the scale) off, plus fp32 rounding.
+    stored = layouts.per_token_head_store(x, "int8")
+    err = np.abs(layouts.per_token_head_roundtrip(x, "int8") - x)
+    assert np.all(err <= stored.scales[..., None] * 0.5001)
+    # fp8 per token and head: e4m3 keeps 3 mantissa bits: relative error <= 2^-4 for values
+    # in the normal range of the scaled head.
+    scaled_ok = np.abs(x) / layouts.per_token_head_store(x, "fp8").scales[..., None] >= 2 ** -6
+    rel = np.abs(layouts.per_token_head_roundtrip(x, "fp8") - x) / np.maximum(np.abs(x), 1e-30)
+    assert np.all(rel[scaled_ok] <= 2 ** -4 * 1.0001)
+    # int4: the rotated values are within half a 4-bit step (range/15) plus the masked bits.
+    rotated = layouts.int4_rotate(x, "bfloat16")
+    back = layouts.int4_dequantize_rotated(layouts.int4_store(x, "bfloat16"))
+    step = (rotated.max(axis=-1) - rotated.min(axis=-1)) / 15
+    assert np.all(np.abs(back - rotated) <= step[..., None] * 0.51 + 1e-6)

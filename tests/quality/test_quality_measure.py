@@ -95,3 +95,8 @@ def test_bad_inputs_are_one_line_errors(tiny_config: Path) -> None:
     assert "Traceback" not in bad.output
     missing = runner.invoke(cli, ["quality", "--model", "/nonexistent/model"])
     assert missing.exit_code != 0 and "no such file or directory" in missing.output
+    mla = tiny_config.parent / "mla.json"
+    mla.write_text(json.dumps({**TINY, "kv_lora_rank": 512}))
+    refused = runner.invoke(cli, ["quality", "--model", str(mla), "--device", "cpu"])
+    assert refused.exit_code != 0 and "an MLA model" in refused.output
+    assert "Traceback" not in refused.output

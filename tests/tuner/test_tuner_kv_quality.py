@@ -44,6 +44,16 @@ def test_measured_dtypes_within_and_beyond_the_limit() -> None:
         "auto", "fp8", "fp8_e4m3", "int8_per_token_head"]
 
 
+def test_per_tensor_verdicts_say_which_scales_were_measured() -> None:
+    uncalibrated = EVIDENCE.model_copy(update={"checkpoint_kv_scales": False})
+    detail = gate(["fp8", "int4_per_token_head"], uncalibrated, KVQualityPolicy())
+    assert "at k_scale = v_scale = 1.0 (no calibrated KV scales" in detail["fp8"].detail
+    assert "k_scale" not in detail["int4_per_token_head"].detail  # dynamic scales
+    calibrated = EVIDENCE.model_copy(update={"checkpoint_kv_scales": True})
+    assert "with the checkpoint's calibrated k/v scales" in gate(
+        ["fp8"], calibrated, KVQualityPolicy())["fp8"].detail
+
+
 def test_a_looser_limit_lets_int4_through() -> None:
     assert "int4_per_token_head" in allowed_dtypes(
         DTYPES, EVIDENCE, KVQualityPolicy(max_kv_quantization_kl=0.1))
@@ -109,6 +119,7 @@ def test_fp8_beyond_the_limit_falls_to_the_next_dtype_with_the_figure() -> None:
     assert dtype == "fp8_per_token_head"
     fp8 = next(c for c in reason.candidates if c.value == "fp8")
     assert fp8.check == EXCEEDS_KL and "measured KL 8.00e-02" in fp8.detail
+    assert "fp8 ruled out: measured KL 8.00e-02 nats" in reason.message
 
 
 def test_require_measurement_keeps_16_bit_until_one_exists() -> None:
@@ -117,3 +128,4 @@ def test_require_measurement_keeps_16_bit_until_one_exists() -> None:
     ruled_out = {c.value: c.check for c in reason.candidates if not c.ok}
     assert ruled_out["fp8"] == UNVERIFIED_REQUIRED
     assert ruled_out["int4_per_token_head"] == UNVERIFIED_REQUIRED
+    assert "quality.requireMeasurement keeps it out" in reason.message

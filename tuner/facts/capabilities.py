@@ -10,6 +10,7 @@ it cannot drift from the runtime.
 
 from __future__ import annotations
 
+import difflib
 import json
 from functools import cache, cached_property
 from importlib import resources
@@ -18,6 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvtune.tuner.errors import InvalidInput, UnknownName
+from kvtune.tuner.facts.vllm_memory import memory_data, supported_versions
 
 PINNED_VLLM_VERSION = "0.33.0"
 
@@ -54,7 +56,13 @@ class BackendCapability(BaseModel):
     quantized_kv_compute_capability_majors: tuple[int, ...] | None = None
     # Per-dtype major restrictions (NVFP4 on Blackwell).
     dtype_compute_capability_majors: dict[str, tuple[int, ...]] = {}
+    # Attention sinks (gpt-oss) only on these majors (``supports_sink``); None: on every one.
+    sink_compute_capability_majors: tuple[int, ...] | None = None
     notes: str = ""
+
+    def serves_sinks(self, compute_capability: tuple[int, int]) -> bool:
+        majors = self.sink_compute_capability_majors
+        return majors is None or compute_capability[0] in majors
 
     def runs_on(self, compute_capability: tuple[int, int]) -> bool:
         if self.compute_capability_min and compute_capability < self.compute_capability_min:
@@ -148,12 +156,15 @@ class RuntimeCapabilities(BaseModel):
         attention: AttentionFamily,
         compute_capability: tuple[int, int],
         block_size: int | None = None,
+        sinks: bool = False,
     ) -> BackendCapability | None:
         """The backend vLLM would pick for this dtype (and block size) on this GPU: the first
-        in its priority order that supports them, or None."""
+        in its priority order that supports them (and the model's attention sinks), or None."""
         dtype = self.dtype(dtype_name)
         for backend in self.backends_in_priority(attention, compute_capability):
             if not backend.supports_dtype(dtype, compute_capability):
+                continue
+            if sinks and not backend.serves_sinks(compute_capability):
                 continue
             if block_size is not None and not backend.accepts_block_size(
                 block_size, compute_capability
@@ -188,15 +199,31 @@ def available_versions() -> list[str]:
 
 @cache
 def get_runtime(version: str = PINNED_VLLM_VERSION) -> RuntimeCapabilities:
-    """The capabilities of one vLLM version. Raises ``UnknownName`` for versions without
-    data."""
+    """The capabilities of one vLLM version. Versions with a capability file are read from
+    it; the older versions kvtune's memory model is calibrated for (``vllm_memory``) reuse
+    the pinned version's backends with the KV dtypes every version since 0.11 has and their
+    own default fraction. Raises ``UnknownName`` for any other version."""
     versions = available_versions()
-    if version not in versions:
+    if version in versions:
+        path = resources.files("kvtune.tuner.facts").joinpath("data", f"vllm-{version}.json")
+        return RuntimeCapabilities.model_validate(json.loads(path.read_text("utf-8")))
+    memory = memory_data().versions.get(version)
+    if memory is None or memory.kv_cache_dtypes is None:
         raise UnknownName(
-            "vllm_version", version, versions,
-            "kvtune has capability data for these versions only; add "
-            f"tuner/facts/data/vllm-{version}.json (checked by the vllm_source tests) to "
-            "support it.",
+            "vllm_version", version,
+            difflib.get_close_matches(version, supported_versions(), n=3, cutoff=0.6),
+            f"kvtune supports vLLM {', '.join(supported_versions())}; pass one of them "
+            "(--vllm-version, spec.runtime.vllmVersion).",
         )
-    path = resources.files("kvtune.tuner.facts").joinpath("data", f"vllm-{version}.json")
-    return RuntimeCapabilities.model_validate(json.loads(path.read_text("utf-8")))
+    pinned = get_runtime(PINNED_VLLM_VERSION).model_dump(mode="json")
+    allowed = set(memory.kv_cache_dtypes)
+    pinned["vllm_version"] = version
+    pinned["kv_cache_dtypes"] = [d for d in pinned["kv_cache_dtypes"] if d["name"] in allowed]
+    for backend in pinned["backends"]:
+        backend["kv_cache_dtypes"] = [d for d in backend["kv_cache_dtypes"] if d in allowed]
+    pinned["default_gpu_memory_utilization"] = memory.default_gpu_memory_utilization
+    pinned["source"] = (
+        f"vLLM {PINNED_VLLM_VERSION}'s capability file, restricted to the KV dtypes of "
+        f"vLLM {version} (tuner/facts/data/vllm_memory.json: {memory.evidence})"
+    )
+    return RuntimeCapabilities.model_validate(pinned)

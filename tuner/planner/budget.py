@@ -3,16 +3,30 @@
 vLLM sizes the KV cache at start (``vllm/v1/worker/gpu_worker.py``)::
 
     requested    = ceil(cuda_total * gpu_memory_utilization)
-    available_kv = requested - (weights + peak activations + non-torch memory) - CUDA graphs
+    available_kv = requested - (weights + activation peak + non-torch memory)
+                   - CUDA-graph estimate      (subtracted from 0.21.0 on: ``vllm_memory``)
 
-Weights are exact (``weights.py``); activations, non-torch memory (NCCL buffers, cuBLAS
-workspaces) and CUDA graphs are estimates from the shapes, on the safe side of what vLLM's
-start-up log prints for these models. The operator compares them with the observed
-``vllm:cache_config_info`` (num_gpu_blocks) after rollout.
+Weights are exact (``weights.py``). The rest is kvtune's model of what vLLM's profiling run
+measures, its coefficients fitted to published start-up logs (``vllm_memory``: the data, the
+version differences and the provenance; ``bench/memory_calibration.py``: the leave-one-out
+error):
 
-Worked example, Llama 3.3 70B, FP8 weights, H200, TP 1, 8,192 batched tokens, 1,024 seqs:
-activations 8,192 * 2 * (4 * 8,192 + 2 * 28,672) = 1.48 GB + logits 1,024 * 128,256 * 4 * 2
-= 1.05 GB; CUDA graphs 256 MiB + 80 * 8 MiB = 0.94 GB; non-torch 256 MiB.
+- activation peak = base + sampler bytes per logit x min(max-num-seqs, batched tokens) x
+  vocab + copies x batched tokens x hidden x element bytes + factor x the fused-MoE
+  workspace (batched tokens x top-k x (max(2 I / TP, hidden) + I / TP) x 2 bytes). The
+  sampler's dummy run over max-num-seqs logits is the peak for dense models; tensor
+  parallelism does not shrink it (the logits are gathered on every rank).
+- non-torch = the version's TP = 1 figure, plus the communication buffers when TP > 1.
+- CUDA graphs = vLLM's own estimate (``profile_cudagraph_memory``): base + per layer x graphs
+  past the first of each mode, fitted on the V1 runner's sampled estimates, or on the real
+  pools for 0.33's V2 runner, which measures them; counted only for the versions that
+  subtract it.
+
+Worked example, Llama 3.3 70B, FP8 weights, H200, TP 1, 8,192 batched tokens, 1,024 seqs,
+vLLM 0.33.0: sampler 15.8 B x 1,024 x 128,256 = 1.93 GiB, hidden 1.31 x 8,192 x 8,192 x 2 B =
+0.16 GiB, base -0.14 GiB: activation 1.96 GiB (logged 1.96 on H100 at TP 2 in 0.19);
+non-torch 0.13 GiB; CUDA graphs (0.33's V2 runner measures the pool) 0.48 + 0.000147 x 80 layers
+x 100 further graphs = 1.65 GiB.
 """
 
 from __future__ import annotations
@@ -20,8 +34,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kvtune.tuner.facts.capabilities import PINNED_VLLM_VERSION
 from kvtune.tuner.facts.gpus import GPUClass
 from kvtune.tuner.facts.models import ModelArchitecture
+from kvtune.tuner.facts.vllm_memory import (
+    MemoryCoefficients,
+    coefficients,
+    graph_capture_sizes,
+    version_memory,
+)
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -32,18 +53,15 @@ OUTSIDE_RESERVE_BYTES = 4 * GiB
 # What the CUDA context takes of the total before vLLM allocates anything.
 CUDA_CONTEXT_BYTES = 512 * MiB
 MAX_GPU_MEMORY_UTILIZATION = 0.97
-CUDA_GRAPH_BASE_BYTES = 256 * MiB
-CUDA_GRAPH_BYTES_PER_LAYER = 8 * MiB
-NON_TORCH_BYTES = 256 * MiB
-NCCL_BYTES = 512 * MiB  # NCCL buffers when tensor parallel > 1
-ACTIVATION_BYTES_PER_ELEMENT = 2
-LOGITS_BYTES_PER_ELEMENT = 4 * 2  # fp32 logits plus the sampler's softmax copy
+# Activations are kept in the model's dtype; the MoE workspace in 16 bits.
+_MOE_ELEMENT_BYTES = 2
 
 
 @dataclass(frozen=True, slots=True)
 class NonKVBytes:
     weights_bytes: int
     activation_bytes: int
+    # The CUDA-graph memory the version subtracts from the KV budget (0 where it does not).
     cuda_graph_bytes: int
     non_torch_bytes: int
 
@@ -55,26 +73,114 @@ class NonKVBytes:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class ActivationTerms:
+    """The quantities the activation peak is linear in (what the fit regresses on)."""
+
+    logits: int  # min(max_num_seqs, batched tokens) x vocab
+    hidden_bytes: int  # batched tokens x hidden x element bytes
+    moe_workspace_bytes: int
+
+
+def activation_terms(
+    vocab_size: int,
+    hidden_size: int,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    *,
+    element_bytes: int = 2,
+    moe_intermediate_per_rank: int = 0,
+    experts_per_token: int = 0,
+) -> ActivationTerms:
+    moe = max_num_batched_tokens * experts_per_token * (
+        max(2 * moe_intermediate_per_rank, hidden_size) + moe_intermediate_per_rank
+    ) * _MOE_ELEMENT_BYTES if experts_per_token else 0
+    return ActivationTerms(
+        logits=min(max_num_seqs, max_num_batched_tokens) * vocab_size,
+        hidden_bytes=max_num_batched_tokens * hidden_size * element_bytes,
+        moe_workspace_bytes=moe,
+    )
+
+
+def model_activation_terms(
+    model: ModelArchitecture,
+    tensor_parallel: int,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    model_dtype: str = "bfloat16",
+) -> ActivationTerms:
+    # MXFP4 experts (gpt-oss) run on their own matmul kernels, not the fused-MoE path with its
+    # workspace: gpt-oss-20b at TP 2 logs 2.87 GiB, what the dense terms alone give (2.93).
+    moe = model.moe if not (model.quantization and model.quantization.method == "mxfp4") else None
+    return activation_terms(
+        model.vocab_size, model.hidden_size, max_num_batched_tokens, max_num_seqs,
+        element_bytes=4 if model_dtype == "float32" else 2,
+        moe_intermediate_per_rank=-(-moe.expert_intermediate_size // tensor_parallel)
+        if moe else 0,
+        experts_per_token=moe.experts_per_token if moe else 0,
+    )
+
+
 def activation_bytes(
     model: ModelArchitecture,
     tensor_parallel: int,
     max_num_batched_tokens: int,
     max_num_seqs: int,
+    *,
+    vllm_version: str = PINNED_VLLM_VERSION,
+    model_dtype: str = "bfloat16",
+    coefs: MemoryCoefficients | None = None,
 ) -> int:
-    """Peak activations of vLLM's profiling forward pass over ``max_num_batched_tokens``
-    tokens, plus the sampler's logits for ``max_num_seqs`` sequences (not sharded)."""
-    if model.moe is not None:
-        ffn = model.moe.expert_intermediate_size * model.moe.experts_per_token
-        if model.moe.dense_intermediate_size:
-            ffn = max(ffn, model.moe.dense_intermediate_size)
-    else:
-        ffn = model.intermediate_size
-    per_token = 4 * model.hidden_size + 2 * -(-ffn // tensor_parallel)
-    hidden = max_num_batched_tokens * per_token * ACTIVATION_BYTES_PER_ELEMENT
-    logits = min(max_num_seqs, max_num_batched_tokens) * model.vocab_size * (
-        LOGITS_BYTES_PER_ELEMENT
+    """The torch peak increase of vLLM's profiling run: a forward pass over
+    ``max_num_batched_tokens`` tokens, then the sampler over ``max_num_seqs`` logits."""
+    terms = model_activation_terms(
+        model, tensor_parallel, max_num_batched_tokens, max_num_seqs, model_dtype)
+    return activation_bytes_of(terms, vllm_version, coefs)
+
+
+def activation_bytes_of(
+    terms: ActivationTerms, vllm_version: str, coefs: MemoryCoefficients | None = None,
+) -> int:
+    c = coefs or coefficients()
+    sampler = c.sampler_bytes_per_logit[version_memory(vllm_version).sampler]
+    peak = (
+        c.activation_base_gib * GiB + sampler * terms.logits
+        + c.hidden_state_copies * terms.hidden_bytes
+        + c.moe_workspace_factor * terms.moe_workspace_bytes
     )
-    return hidden + logits
+    return max(0, round(peak))
+
+
+def non_torch_bytes(
+    tensor_parallel: int, vllm_version: str = PINNED_VLLM_VERSION,
+    coefs: MemoryCoefficients | None = None,
+) -> int:
+    """Memory outside torch that appears during profiling (cuBLAS/NCCL workspaces, the
+    communication buffers of tensor parallelism)."""
+    c = coefs or coefficients()
+    gib = c.non_torch_gib[version_memory(vllm_version).non_torch]
+    if tensor_parallel > 1:
+        gib += c.tensor_parallel_gib
+    return round(gib * GiB)
+
+
+def cuda_graph_estimate_bytes(
+    num_layers: int, max_num_seqs: int, max_num_batched_tokens: int, *,
+    blackwell: bool = False, coefs: MemoryCoefficients | None = None,
+    measured: bool = False,
+) -> int:
+    """vLLM's estimate of its CUDA-graph pool (``profile_cudagraph_memory``), which the
+    versions from 0.21.0 subtract from the KV budget: the V1 runner's sampled estimate, or
+    (``measured``) the pool the V2 runner measures by capturing the graphs."""
+    c = coefs or coefficients()
+    piecewise, full = graph_capture_sizes(
+        max_num_seqs, max_num_batched_tokens, blackwell=blackwell)
+    further = max(0, piecewise - 1) + max(0, full - 1)
+    if measured:
+        base, per = c.cuda_graph_pool_base_gib, c.cuda_graph_pool_gib_per_layer_graph
+    else:
+        base, per = c.cuda_graph_base_gib, c.cuda_graph_gib_per_layer_graph
+    return round((base + per * num_layers * further) * GiB)
 
 
 def non_kv_bytes(
@@ -83,15 +189,28 @@ def non_kv_bytes(
     tensor_parallel: int,
     max_num_batched_tokens: int,
     max_num_seqs: int,
+    *,
+    vllm_version: str = PINNED_VLLM_VERSION,
+    gpu: GPUClass | None = None,
+    model_dtype: str = "bfloat16",
+    coefs: MemoryCoefficients | None = None,
 ) -> NonKVBytes:
+    """Everything vLLM subtracts from the requested memory before the KV cache (``coefs``:
+    the shipped fit unless a leave-one-out refit is given)."""
+    version = version_memory(vllm_version)
+    blackwell = gpu is not None and gpu.compute_capability[0] == 10
     return NonKVBytes(
         weights_bytes=weights_bytes,
         activation_bytes=activation_bytes(
-            model, tensor_parallel, max_num_batched_tokens, max_num_seqs
+            model, tensor_parallel, max_num_batched_tokens, max_num_seqs,
+            vllm_version=vllm_version, model_dtype=model_dtype, coefs=coefs,
         ),
-        cuda_graph_bytes=CUDA_GRAPH_BASE_BYTES
-        + model.num_hidden_layers * CUDA_GRAPH_BYTES_PER_LAYER,
-        non_torch_bytes=NON_TORCH_BYTES + (NCCL_BYTES if tensor_parallel > 1 else 0),
+        cuda_graph_bytes=cuda_graph_estimate_bytes(
+            model.num_hidden_layers, max_num_seqs, max_num_batched_tokens,
+            blackwell=blackwell, coefs=coefs,
+            measured=version.cuda_graph_estimator == "measured",
+        ) if version.cuda_graph_deducted else 0,
+        non_torch_bytes=non_torch_bytes(tensor_parallel, vllm_version, coefs),
     )
 
 

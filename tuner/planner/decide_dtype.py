@@ -213,9 +213,22 @@ def choose(
     ]
     run.reasons.append(Reason(
         knob="kv-cache-dtype", choice=chosen.name, code=code,
-        message=message + quality_note(run, chosen.name), candidates=tuple(verdicts),
+        message=message + quality_note(run, chosen.name) + gated_out(verdicts),
+        candidates=tuple(verdicts),
     ))
     return chosen.name
+
+
+def gated_out(verdicts: list[CandidateVerdict]) -> str:
+    """The dtypes the KV-quality gate ruled out, for the chosen dtype's reason: measured ones
+    with their figure, unverified ones by name."""
+    exceeded = [v for v in verdicts if v.check == kv_quality.EXCEEDS_KL]
+    required = [v for v in verdicts if v.check == kv_quality.UNVERIFIED_REQUIRED]
+    parts = [f"{v.value} ruled out: {v.detail}" for v in exceeded]
+    if required:
+        parts.append(f"{', '.join(v.value for v in required)} ruled out: "
+                     f"{required[0].detail.removeprefix('unverified: ')}")
+    return "".join(f"; {p}" for p in parts)
 
 
 def _narrower(run: PlanRun, name: str, chosen: KVCacheDType) -> bool:

@@ -60,7 +60,7 @@ class PlanRun:
         self.warnings: list[str] = []
         self.backends = BackendChooser(
             self.runtime, self.attention, self.cc, self.pins.attention_backend,
-            self.gpu.name, self.model_dtype)
+            self.gpu.name, self.model_dtype, sinks=self.model.attention_sinks)
         self.warnings += validation.validate(
             request, self.runtime, self.backends, self.attention, self.weights)
         self.weights_bytes = weights_bytes_per_gpu(
@@ -93,7 +93,8 @@ class PlanRun:
         utilization: float,
     ) -> Memory:
         non_kv = budget.non_kv_bytes(
-            self.model, self.weights_bytes, self.tp, batched_tokens, max_num_seqs
+            self.model, self.weights_bytes, self.tp, batched_tokens, max_num_seqs,
+            vllm_version=self.req.vllm_version, gpu=self.gpu, model_dtype=self.model_dtype,
         )
         if self.pins.kv_cache_memory_bytes is not None:
             kv_budget = self.pins.kv_cache_memory_bytes

@@ -52,8 +52,10 @@ def test_fp8_on_a_16_bit_checkpoint_renders_load_time_quantization() -> None:
     args = _plan(LLAMA_70B, "fp8")
     assert "--quantization=fp8_per_tensor" in args
     assert not any(a.startswith("--dtype") for a in args)
-    # The 16-bit plan needs no flag; an FP8 checkpoint is detected by vLLM itself.
-    assert not any(a.startswith("--quantization") for a in _plan(LLAMA_70B, "auto"))
+    # The 16-bit plan needs no flag; an FP8 checkpoint is detected by vLLM itself. (At TP 2:
+    # on one H200 the 131.42 GiB of 16-bit weights leave 0.40 GiB beside vLLM 0.33's 3.80 GiB
+    # of activations, buffers and CUDA graphs, short of one 4K request's 1.25 GiB.)
+    assert not any(a.startswith("--quantization") for a in _plan(LLAMA_70B, "auto", tp=2))
     v3 = get_model("deepseek-ai/DeepSeek-V3")
     assert weights_load(v3, "fp8").quantization_flag is None
     assert weights_load(v3, "auto").method == "fp8"
