@@ -128,12 +128,17 @@ def test_an_api_server_restart_is_survived(local_cluster: Any, cluster_api: Any,
 
 
 class _Garbage(BaseHTTPRequestHandler):
-    """Answers every query like Prometheus would, with a histogram that goes backwards."""
+    """Answers like Prometheus, except that every histogram's buckets go backwards."""
 
-    def do_GET(self) -> None:
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        from urllib.parse import parse_qs, urlsplit
+
+        promql = parse_qs(urlsplit(self.path).query).get("query", [""])[0]
+        samples = [({"le": le}, v) for le, v in (("100", "900"), ("1000", "10"),
+                                                  ("+Inf", "5"))] \
+            if "_bucket" in promql else [({}, "900")]
         body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
-            {"metric": {"le": le}, "value": [1, v]}
-            for le, v in (("100", "900"), ("1000", "10"), ("+Inf", "5"))]}}).encode()
+            {"metric": m, "value": [1, v]} for m, v in samples]}}).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
