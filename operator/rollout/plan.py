@@ -31,9 +31,9 @@ from kvtune.operator.rollout import plan_checks
 from kvtune.operator.rollout.outcome import Event, PoolContext, PoolOutcome
 from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan, UnknownName
 from kvtune.tuner.kv_quality import KVQualityEvidence, KVQualityPolicy
-from kvtune.tuner.units import GiB
 from kvtune.tuner.plan import PoolPlan
 from kvtune.tuner.planner.policy import SLO, Pins, PlanPolicy
+from kvtune.tuner.units import GiB
 from kvtune.tuner.workload import WorkloadProfile
 
 

@@ -130,7 +130,7 @@ def test_an_api_server_restart_is_survived(local_cluster: Any, cluster_api: Any,
 class _Garbage(BaseHTTPRequestHandler):
     """Answers like Prometheus, except that every histogram's buckets go backwards."""
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         from urllib.parse import parse_qs, urlsplit
 
         promql = parse_qs(urlsplit(self.path).query).get("query", [""])[0]
