@@ -17,17 +17,18 @@ of status only when it changed), so it can be audited and granted apart. */}}
 {{- end -}}
 
 {{/* What the operator renders per pool: server-side apply (patch, and create when the
-object is new), prune by label (list, delete); the rollout timer reads Deployments. */}}
+object is new), prune by label (list, delete); the rollout timer reads Deployments; get:
+before applying, the operator checks an object of that name is absent or its own. */}}
 {{- define "kvtune.rules.rendered" -}}
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, create, patch, delete]
 - apiGroups: [""]
   resources: [services]
-  verbs: [list, create, patch, delete]
+  verbs: [get, list, create, patch, delete]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [list, create, patch, delete]
+  verbs: [get, list, create, patch, delete]
 {{- end -}}
 
 {{/* spec.runtime.entrypoint: kvtune. The operator applies a ServiceAccount, Role and
@@ -38,10 +39,10 @@ runtime-reports timer reading those annotations back. */}}
 {{- define "kvtune.rules.runtime" -}}
 - apiGroups: [""]
   resources: [serviceaccounts]
-  verbs: [create, patch]
+  verbs: [get, create, patch]
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
-  verbs: [create, patch]
+  verbs: [get, create, patch]
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, patch]
