@@ -485,9 +485,33 @@ class RolloutSpec(_Model):
                     "minutes).",
     )
 
+    min_requests: int = Field(
+        default=100, ge=1, le=10_000_000,
+        description="Finished requests each revision (canary and stable) needs in the analysis "
+                    "window before the canary is judged on TTFT/TPOT attainment, preemptions "
+                    "and queue length from vLLM's histograms (spec.tuning.prometheus).",
+    )
+    on_inconclusive: Literal["promote", "rollback"] = Field(
+        default="promote",
+        description="What a canary that stayed available but never reached minRequests in "
+                    "analysis + progressDeadline becomes: promote (availability held, no "
+                    "evidence against it; said in status and an Event) or rollback.",
+    )
+
     def progress_deadline_seconds(self) -> int:
         seconds = parse_duration(self.progress_deadline, field="spec.rollout.progressDeadline")
         return max(1, round(seconds))
+
+
+class RoutingSpec(_Model):
+    enabled: bool = Field(
+        default=False,
+        description="Render each pool's Gateway API Inference Extension objects: an "
+                    "InferencePool (inference.networking.k8s.io/v1) and its endpoint picker's "
+                    "configuration, whose prefix-cache scorer hashes in the plan's block size. "
+                    "Needs the operator's routing.enabled chart value (the cluster has the "
+                    "Inference Extension's CRDs).",
+    )
 
 
 _LABELS_DESCRIPTION = ("Extra labels, e.g. the `release` label your Prometheus selects on "
@@ -569,6 +593,7 @@ class InferenceDeploymentSpec(_Model):
     tuning: TuningSpec = TuningSpec()
     rollout: RolloutSpec | None = None
     monitoring: MonitoringSpec = MonitoringSpec()
+    routing: RoutingSpec = RoutingSpec()
 
     @model_validator(mode="after")
     def _cross_field(self) -> InferenceDeploymentSpec:
@@ -659,6 +684,28 @@ class ExpectedStatus(_Status):
 PoolPhase = Literal["Applied", "Canary", "Recommended", "Unmanaged", "NoNodes", "Failed"]
 
 
+class RevisionFiguresStatus(_Status):
+    """One revision's live figures over the analysis window."""
+
+    requests: float
+    ttft_within_slo: float | None = None
+    tpot_within_slo: float | None = None
+    preemptions_per_request: float = 0.0
+    kv_usage_mean: float | None = None
+    waiting_mean: float | None = None
+
+
+class CanaryAnalysisStatus(_Status):
+    """The canary's last verdict on live metrics, with both revisions' figures as evidence."""
+
+    verdict: str  # promote | rollback | inconclusive
+    reason: str
+    message: str
+    at: str
+    stable: RevisionFiguresStatus
+    canary: RevisionFiguresStatus
+
+
 class CanaryStatus(_Status):
     """A new plan running on ``canaryReplicas`` replicas beside the old one."""
 
@@ -666,6 +713,7 @@ class CanaryStatus(_Status):
     revision: int
     started_at: str
     deployment: str
+    analysis: CanaryAnalysisStatus | None = None
 
 
 class UtilizationStatus(_Status):

@@ -126,6 +126,10 @@ def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+# The Gateway API Inference Extension's InferencePool (group, version).
+_INFERENCE_POOL = ("inference.networking.k8s.io", "v1")
+
+
 def _patcher(kube: Kube, kind: str) -> Callable[..., Any]:
     patchers: dict[str, Callable[..., Any]] = {
         "Deployment": kube.apps.patch_namespaced_deployment,
@@ -135,6 +139,11 @@ def _patcher(kube: Kube, kind: str) -> Callable[..., Any]:
         "ServiceAccount": kube.core.patch_namespaced_service_account,
         "Role": kube.rbac.patch_namespaced_role,
         "RoleBinding": kube.rbac.patch_namespaced_role_binding,
+        # spec.routing (operator/routing.py): the endpoint picker's configuration and pool
+        "ConfigMap": kube.core.patch_namespaced_config_map,
+        "InferencePool": lambda name, namespace, body, **kw:
+            kube.custom.patch_namespaced_custom_object(
+                *_INFERENCE_POOL, namespace, "inferencepools", name, body, **kw),
     }
     if kind not in patchers:
         raise ApplyError(f"kvtune does not apply objects of kind {kind!r}")
@@ -149,6 +158,10 @@ def _reader(kube: Kube, kind: str) -> Callable[..., Any]:
         "ServiceAccount": kube.core.read_namespaced_service_account,
         "Role": kube.rbac.read_namespaced_role,
         "RoleBinding": kube.rbac.read_namespaced_role_binding,
+        "ConfigMap": kube.core.read_namespaced_config_map,
+        "InferencePool": lambda name, namespace, **kw:
+            kube.custom.get_namespaced_custom_object(
+                *_INFERENCE_POOL, namespace, "inferencepools", name, **kw),
     }
     if kind not in readers:
         raise ApplyError(f"kvtune does not apply objects of kind {kind!r}")

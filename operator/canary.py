@@ -8,8 +8,13 @@ Deployment takes the plan, the canary goes) or, when the canary's pods are not a
 time (they OOM at start, the runtime refuses the plan, they cannot be scheduled), rolls back:
 the canary goes, the plan is marked rejected and the pool stays on the old plan.
 
-The analysis here is availability over time; an analysis on live metrics (TTFT/TPOT against
-the SLO) can replace ``decide``'s health input without changing the flow.
+Availability is necessary, not sufficient: a new KV plan can be worse for users while every
+pod is healthy. With live metrics (``spec.tuning.prometheus`` and a pool selector that tells
+the canary's series from the stable ones), once the canary has been available for the
+analysis window ``decide`` asks for an analysis (``analyse``) and then judges the canary on
+what users feel (``canary_analysis.py``: TTFT/TPOT attainment against the SLO, preemptions,
+queue, both revisions side by side, after a minimum sample). Without live metrics the canary
+is promoted on availability, and status says so.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from datetime import datetime
 from typing import Any, Literal
 
 from kvtune.operator.apply import rollout_done, rollout_stuck
+from kvtune.operator.canary_analysis import CanaryAnalysis
 
-Action = Literal["plain", "start", "wait", "promote", "rollback", "rejected"]
+Action = Literal["plain", "start", "wait", "analyse", "promote", "rollback", "rejected"]
 
 
 @dataclass(frozen=True)
@@ -48,8 +54,15 @@ def decide(
     now: str,
     analysis_seconds: float,
     deadline_seconds: float,
+    live: bool = False,
+    analysis: CanaryAnalysis | None = None,
+    on_inconclusive: Literal["promote", "rollback"] = "promote",
 ) -> Decision:
-    """What to do with one pool's rollout. Pure: the caller reads the objects and acts."""
+    """What to do with one pool's rollout. Pure: the caller reads the objects and acts.
+
+    ``live``: the canary can be judged on live metrics; ``decide`` then answers ``analyse``
+    once the canary has been available through the window, and the caller calls it again with
+    the ``analysis``."""
     if canary_replicas <= 0 or replicas <= canary_replicas or running_hash is None:
         return Decision("plain", "no canary: rolling update")
     if new_hash == running_hash:
@@ -68,11 +81,26 @@ def decide(
             return Decision("rollback", f"the canary is not available after {elapsed:.0f}s "
                                         f"({progress})")
         return Decision("wait", f"canary starting: {progress}")
-    if elapsed >= analysis_seconds:
-        return Decision("promote", f"the canary was available through the {analysis_seconds:.0f}s"
-                                   f" analysis")
-    return Decision("wait", f"canary available; analysis {elapsed:.0f}s of "
-                            f"{analysis_seconds:.0f}s")
+    if elapsed < analysis_seconds:
+        return Decision("wait", f"canary available; analysis {elapsed:.0f}s of "
+                                f"{analysis_seconds:.0f}s")
+    available = f"the canary was available through the {analysis_seconds:.0f}s analysis"
+    if not live:
+        return Decision("promote", f"{available} (no live metrics to judge it on: "
+                                   f"spec.tuning.prometheus with poolSelector pod or labels)")
+    if analysis is None:
+        return Decision("analyse", f"{available}; judging it on live metrics")
+    if analysis.verdict == "promote":
+        return Decision("promote", f"{available} and is not worse for users: "
+                                   f"{analysis.message}")
+    if analysis.verdict == "rollback":
+        return Decision("rollback", f"the canary is worse for users ({analysis.reason}): "
+                                    f"{analysis.message}")
+    if elapsed <= analysis_seconds + deadline_seconds:
+        return Decision("wait", f"canary available, no verdict yet: {analysis.message}")
+    return Decision(on_inconclusive, f"no verdict after {elapsed:.0f}s "
+                                     f"(spec.rollout.onInconclusive={on_inconclusive}): "
+                                     f"{analysis.message}")
 
 
 def canary_objects(objects: list[dict[str, Any]], *, name: str, replicas: int) -> dict[str, Any]:

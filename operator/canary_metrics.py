@@ -16,8 +16,10 @@ from kvtune.operator.alerts import le_string, slo_bucket
 from kvtune.operator.canary_analysis import AnalysisSettings, RevisionFigures
 from kvtune.operator.selectors import SeriesSelector
 
-# A query function: PromQL in, the instant vector's samples out (Prometheus' JSON "result").
-QueryFn = Callable[[str], list[dict[str, object]]]
+# A query function: (name, PromQL) -> the aggregate's one number, or None when there is no
+# data (an empty vector, or NaN: 0/0 when no request finished). It raises
+# PrometheusUnavailable when Prometheus cannot be asked or answers what kvtune does not trust.
+QueryFn = Callable[[str, str], float | None]
 
 
 def ttft_bound(ttft_seconds: float | None) -> float | None:
@@ -61,29 +63,14 @@ def revision_queries(series: SeriesSelector, window_seconds: float, *,
     return out
 
 
-def _scalar(result: list[dict[str, object]]) -> float | None:
-    """The single sample of an aggregated instant vector; None when empty or not finite
-    (a 0/0 share when no request finished)."""
-    if len(result) != 1:
-        return None
-    value = result[0].get("value")
-    if not isinstance(value, list) or len(value) != 2:
-        return None
-    try:
-        number = float(value[1])
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
-def figures_from_results(results: Mapping[str, list[dict[str, object]]]) -> RevisionFigures:
+def figures(values: Mapping[str, float | None]) -> RevisionFigures:
     """One revision's figures from the answers to ``revision_queries``."""
-    requests = max(0.0, _scalar(results.get("requests", [])) or 0.0)
-    preemptions = max(0.0, _scalar(results.get("preemptions", [])) or 0.0)
+    requests = max(0.0, values.get("requests") or 0.0)
+    preemptions = max(0.0, values.get("preemptions") or 0.0)
 
     def share(name: str) -> float | None:
-        v = _scalar(results.get(name, []))
-        return None if v is None else min(1.0, max(0.0, v))
+        v = values.get(name)
+        return None if v is None or not math.isfinite(v) else min(1.0, max(0.0, v))
 
     return RevisionFigures(
         requests=requests,
@@ -91,7 +78,7 @@ def figures_from_results(results: Mapping[str, list[dict[str, object]]]) -> Revi
         tpot_within_slo=share("tpot_within_slo"),
         preemptions_per_request=preemptions / requests if requests > 0 else 0.0,
         kv_usage_mean=share("kv_usage_mean"),
-        waiting_mean=_scalar(results.get("waiting_mean", [])),
+        waiting_mean=values.get("waiting_mean"),
     )
 
 
@@ -104,6 +91,6 @@ def read_revisions(query: QueryFn, stable: SeriesSelector, canary: SeriesSelecto
         qs = revision_queries(series, window_seconds,
                               ttft_bound_seconds=settings.ttft_bound_seconds,
                               tpot_bound_seconds=settings.tpot_bound_seconds)
-        return figures_from_results({name: query(promql) for name, promql in qs.items()})
+        return figures({name: query(name, promql) for name, promql in qs.items()})
 
     return read(stable), read(canary)

@@ -24,6 +24,7 @@ The plugin names and parameters are those of gateway-api-inference-extension v1.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import yaml
@@ -45,6 +46,14 @@ ANNOTATION_SCORER_WEIGHTS = "kvtune.io/scorer-weights"
 _PREFIX_WEIGHT_SHARED = 3
 _PREFIX_WEIGHT_LOW_REUSE = 1
 _LOW_REUSE_HIT_RATE = 0.1
+
+
+# Set by the chart's routing.enabled: the cluster serves the Inference Extension's CRDs.
+ROUTING_ENV = "KVTUNE_ROUTING"
+
+
+def operator_enabled() -> bool:
+    return os.environ.get(ROUTING_ENV, "").lower() in ("1", "true", "yes")
 
 
 def epp_name(name: str, pool: str) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 from kvtune.operator import apply as kapply
 from kvtune.operator import conditions as cond
 from kvtune.operator import pools as gpu_pools
+from kvtune.operator import routing
 from kvtune.operator.api import PoolStatus
 from kvtune.operator.render import (
     ANNOTATION_PLAN_HASH,
@@ -37,7 +38,9 @@ RUNTIME_ACCESS_KINDS = ("ServiceAccount", "Role", "RoleBinding")
 class Rendered:
     render_input: RenderInput  # with the placement and the pod template
     status: PoolStatus  # the planned pool's status with its node count
-    objects: list[dict[str, Any]]  # Deployment, Service, PDB, in apply order
+    # Deployment, Service, PDB (and with spec.routing the InferencePool and its endpoint
+    # picker's ConfigMap: a new plan moves the scorer's block size in the same apply)
+    objects: list[dict[str, Any]]
     access: list[dict[str, Any]]  # the runtime's access objects, applied first
     running_hash: str | None  # the plan hash of the Deployment running now
 
@@ -102,6 +105,17 @@ def render(ctx: PoolContext, planned: Planned,
         return ctx.failed(cond.INVALID_POD_TEMPLATE, f"pool {pool.pool_name}: the pod template "
                           f"failed ({type(exc).__name__}: {str(exc)[:160]}); fix "
                           f"spec.runtime.podTemplate; nothing was changed")
+    if ctx.spec.routing.enabled:
+        if not routing.operator_enabled():
+            return ctx.failed(cond.INVALID_SPEC, "spec.routing.enabled=true, but this operator "
+                              "was installed without routing (the chart value routing.enabled, "
+                              "which needs the Gateway API Inference Extension's CRDs): set it, "
+                              "or set spec.routing.enabled=false")
+        deployment = next(o for o in objects if o["kind"] == "Deployment")
+        objects = [*objects, *routing.routing_objects(
+            name=ctx.name, namespace=ctx.namespace, pool=pool.pool_name,
+            pool_plan=planned.pool_plan, labels=dict(deployment["metadata"]["labels"]),
+            prefix_hit_rate=planned.pool_plan.expected.prefix_hit_rate)]
     return Rendered(
         render_input=inp, status=status,
         objects=[o for o in objects if o["kind"] not in RUNTIME_ACCESS_KINDS],

@@ -8,6 +8,7 @@ import pytest
 from op_samples import make_pool_plan
 
 from kvtune.operator.canary import TRACK_LABEL, canary_objects, decide
+from kvtune.operator.canary_analysis import CanaryAnalysis, RevisionFigures
 from kvtune.operator.render import RenderInput, render_pool
 
 T0, T5, T20, T700 = ("2026-01-01T00:00:00Z", "2026-01-01T00:00:05Z", "2026-01-01T00:00:20Z",
@@ -46,6 +47,39 @@ BASE: dict[str, Any] = dict(
 ])
 def test_decide(change: dict[str, Any], action: str) -> None:
     assert decide(**{**BASE, **change}).action == action
+
+
+def _verdict(verdict: str, reason: str = "R") -> CanaryAnalysis:
+    figures = RevisionFigures(requests=500, ttft_within_slo=0.9)
+    return CanaryAnalysis(verdict=verdict, reason=reason, message=f"{reason} evidence",  # type: ignore[arg-type]
+                          stable=figures, canary=figures)
+
+
+T_PAST_DEADLINE = "2026-01-01T00:10:11Z"  # 611 s: past analysis (10 s) + deadline (600 s)
+
+
+@pytest.mark.parametrize(("change", "action", "said"), [
+    ({"live": True}, "analyse", "judging it on live metrics"),
+    ({"live": True, "now": T5}, "wait", "analysis 5s of 10s"),
+    ({"live": True, "analysis": _verdict("promote", "CanaryMeetsSLO")}, "promote",
+     "CanaryMeetsSLO evidence"),
+    ({"live": True, "analysis": _verdict("rollback", "TTFTAttainmentWorse")}, "rollback",
+     "worse for users (TTFTAttainmentWorse)"),
+    ({"live": True, "analysis": _verdict("inconclusive", "InsufficientSample")}, "wait",
+     "no verdict yet"),
+    ({"live": True, "analysis": _verdict("inconclusive"), "now": T_PAST_DEADLINE}, "promote",
+     "onInconclusive=promote"),
+    ({"live": True, "analysis": _verdict("inconclusive"), "now": T_PAST_DEADLINE,
+      "on_inconclusive": "rollback"}, "rollback", "onInconclusive=rollback"),
+    ({}, "promote", "no live metrics"),
+    # A canary that is not available is rolled back whatever its metrics say.
+    ({"live": True, "canary_deployment": _dep(0, stuck=True),
+      "analysis": _verdict("promote")}, "rollback", "no progress"),
+])
+def test_decide_on_live_metrics(change: dict[str, Any], action: str, said: str) -> None:
+    decision = decide(**{**BASE, **change})
+    assert decision.action == action
+    assert said in decision.message
 
 
 def test_canary_deployment_has_its_own_name_replicas_and_selector() -> None:

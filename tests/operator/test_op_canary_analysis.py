@@ -100,15 +100,13 @@ def test_queries_read_the_slo_at_the_bucket_bound_below_it() -> None:
     assert "[600s]" in qs["requests"]
 
 
-def test_figures_from_malformed_or_empty_answers_are_no_data() -> None:
-    figures = canary_metrics.figures_from_results({
-        "requests": [{"metric": {}, "value": [0, "200"]}],
-        "preemptions": [{"metric": {}, "value": [0, "10"]}],
-        "ttft_within_slo": [{"metric": {}, "value": [0, "NaN"]}],
-        "tpot_within_slo": [{"metric": {}, "value": [0, "not a number"]}],
-        "waiting_mean": [],
-    })
-    assert figures.requests == 200
-    assert figures.preemptions_per_request == pytest.approx(0.05)
-    assert figures.ttft_within_slo is None and figures.tpot_within_slo is None
-    assert figures.waiting_mean is None
+def test_figures_from_missing_or_not_finite_answers_are_no_data() -> None:
+    got = canary_metrics.figures({"requests": 200.0, "preemptions": 10.0,
+                                  "ttft_within_slo": float("nan"), "tpot_within_slo": None,
+                                  "kv_usage_mean": 1.3})
+    assert got.requests == 200
+    assert got.preemptions_per_request == pytest.approx(0.05)
+    assert got.ttft_within_slo is None and got.tpot_within_slo is None
+    assert got.kv_usage_mean == 1.0  # a share, clamped
+    assert got.waiting_mean is None
+    assert canary_metrics.figures({}).requests == 0

@@ -70,6 +70,18 @@ with the "reads" concern's get). The Job's pods are listed with the "runtime" co
   verbs: [create, patch]
 {{- end -}}
 
+{{/* spec.routing (operator/routing.py): each pool's Gateway API Inference Extension
+InferencePool and its endpoint picker's configuration ConfigMap, server-side applied (get: the
+ownership check before an apply). Harmless where the CRDs are not installed. */}}
+{{- define "kvtune.rules.routing" -}}
+- apiGroups: [inference.networking.k8s.io]
+  resources: [inferencepools]
+  verbs: [get, create, patch]
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, create, patch]
+{{- end -}}
+
 {{/* Model configs (config.json) and pod templates that the spec references by name. */}}
 {{- define "kvtune.rules.reads" -}}
 - apiGroups: [""]

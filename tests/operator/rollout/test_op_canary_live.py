@@ -11,6 +11,7 @@ import pytest
 from kvtune.e2e.prometheus import PrometheusServer
 from kvtune.e2e.traces import AZURE_TRACE
 from kvtune.operator import canary_metrics, selectors
+from kvtune.operator import prom_replies as replies
 from kvtune.operator.api import PrometheusSpec
 from kvtune.operator.canary_analysis import AnalysisSettings, CanaryAnalysis, analyse
 from kvtune.replay.exporter import Replay, ReplayServer
@@ -43,8 +44,12 @@ def _judge(prometheus: PrometheusServer, canary_config: InstanceConfig) -> Canar
         settings = AnalysisSettings(min_requests=100,
                                     ttft_bound_seconds=canary_metrics.ttft_bound(2.0),
                                     tpot_bound_seconds=canary_metrics.tpot_bound(0.1))
+        def query(name: str, promql: str) -> float | None:
+            data = {"resultType": "vector", "result": prometheus.query(promql)}
+            return replies.scalar(replies.vector(data, name), name)
+
         stable_fig, canary_fig = canary_metrics.read_revisions(
-            prometheus.query, pair[0], pair[1], WINDOW_SECONDS, settings)
+            query, pair[0], pair[1], WINDOW_SECONDS, settings)
         return analyse(stable_fig, canary_fig, settings)
     finally:
         stable.stop()
