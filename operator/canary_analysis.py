@@ -155,5 +155,4 @@ def analyse(stable: RevisionFigures, canary: RevisionFigures,
             return result("rollback", reason,
                           f"{message}; canary: {canary.describe()}; stable: {stable.describe()}")
     return result("promote", "CanaryMeetsSLO",
-                  f"the canary is not worse for users: canary: {canary.describe()}; stable: "
-                  f"{stable.describe()}")
+                  f"canary: {canary.describe()}; stable: {stable.describe()}")
