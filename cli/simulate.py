@@ -22,11 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import click
-from kvtune.tuner import catalog, gpus
+
+from kvtune.cli.outputs import plot_file, writable_file
 from kvtune.tuner.errors import InvalidInput, KVTuneError
-from kvtune.tuner.planning import PlanRequest
-from kvtune.tuner.policy import SLO, PlanPolicy
-from kvtune.tuner.presets import profile_from_trace
+from kvtune.tuner.facts import catalog, gpus
+from kvtune.tuner.facts.capabilities import PINNED_VLLM_VERSION
+from kvtune.tuner.planner.planning import PlanRequest
+from kvtune.tuner.planner.policy import SLO, PlanPolicy
+from kvtune.tuner.planner.presets import profile_from_trace
 from kvtune.tuner.simulator import compare
 from kvtune.tuner.simulator.engine import SimulatedPlan
 from kvtune.tuner.simulator.metrics import SimResult, SLOTargets
@@ -112,6 +115,9 @@ def _row(config: SimulatedPlan, result: SimResult | None, slo: SLOTargets | None
 @click.option("--tp", "tensor_parallel", type=int, default=1, show_default=True,
               help="Tensor-parallel GPUs per replica.")
 @click.option("--weights-dtype", default="auto", show_default=True)
+@click.option("--vllm-version", default=PINNED_VLLM_VERSION, show_default=True,
+              help="vLLM version whose memory accounting and defaults to model "
+              "(the versions kvtune is calibrated for).")
 @click.option("--speed", type=float, default=1.0, show_default=True,
               help="Replay X times faster than recorded (find where a configuration saturates).")
 @click.option("--limit", type=int, default=None,
@@ -140,11 +146,16 @@ def _row(config: SimulatedPlan, result: SimResult | None, slo: SLOTargets | None
               default=None, help="Write a PNG: KV usage and hit rate over time, TTFT CDF.")
 def simulate(
     trace_path: Path, model: str, gpu_name: str, tensor_parallel: int, weights_dtype: str,
-    speed: float, limit: int | None, config_pairs: tuple[str, ...], compare_names: str,
-    score_sample: int, ttft_slo: float | None, tpot_slo: float | None,
+    vllm_version: str, speed: float, limit: int | None, config_pairs: tuple[str, ...],
+    compare_names: str, score_sample: int, ttft_slo: float | None, tpot_slo: float | None,
     per_request_path: Path | None, output_format: str, plot_path: Path | None,
 ) -> None:
     """Replay a trace through the KV-cache simulator and compare configurations."""
+    # Outputs are checked before the replay, which can take a while on a long trace.
+    if plot_path is not None:
+        plot_file(plot_path)
+    if per_request_path is not None:
+        writable_file(per_request_path, "--per-request")
     try:
         for flag, value in (("--ttft-p95", ttft_slo), ("--tpot-p95", tpot_slo)):
             if value is not None and not (value > 0 and math.isfinite(value)):
@@ -159,7 +170,7 @@ def simulate(
         request = PlanRequest(
             model=catalog.get_model(model), gpu=gpus.get_gpu_class(gpu_name),
             tensor_parallel=tensor_parallel, weights_dtype=weights_dtype,
-            profile=profile_from_trace(trace),
+            profile=profile_from_trace(trace), vllm_version=vllm_version,
             policy=PlanPolicy(slo=SLO(ttft_p95_seconds=ttft_slo, tpot_p95_seconds=tpot_slo)),
         )
         scorer = (SimulatorScorer.from_trace(trace, limit=score_sample, speed=speed)

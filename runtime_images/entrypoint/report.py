@@ -34,10 +34,11 @@ def patch_pod_annotation(
     token: str,
     ca_file: str | None,
     timeout_seconds: float = 5.0,
+    annotation: str = REPORT_ANNOTATION,
 ) -> None:
     """Merge-patch the report into the pod's annotations; raises on any failure."""
     body = json.dumps(
-        {"metadata": {"annotations": {REPORT_ANNOTATION: json.dumps(report, sort_keys=True)}}}
+        {"metadata": {"annotations": {annotation: json.dumps(report, sort_keys=True)}}}
     ).encode()
     url = f"{api_base_url.rstrip('/')}/api/v1/namespaces/{namespace}/pods/{pod_name}"
     request = urllib.request.Request(
@@ -56,8 +57,10 @@ def patch_pod_annotation(
             raise RuntimeError(f"PATCH {url} answered {response.status}")
 
 
-def publish(report: dict[str, Any], env: dict[str, str] | None = None) -> str:
-    """Report through the API when in a pod, else to the status file. Returns where it went."""
+def publish(report: dict[str, Any], env: dict[str, str] | None = None,
+            annotation: str = REPORT_ANNOTATION) -> str:
+    """Report through the API when in a pod, else to the status file. Returns where it went.
+    (The KV-quality calibration Job reports the same way under its own annotation.)"""
     env = dict(os.environ) if env is None else env
     status_file = Path(env.get("KVTUNE_STATUS_FILE", str(DEFAULT_STATUS_FILE)))
     sa_dir = Path(env.get("KVTUNE_SERVICEACCOUNT_DIR", str(SERVICEACCOUNT_DIR)))
@@ -76,8 +79,9 @@ def publish(report: dict[str, Any], env: dict[str, str] | None = None) -> str:
                 pod_name=pod_name,
                 token=(sa_dir / "token").read_text().strip(),
                 ca_file=str(ca) if ca.exists() else None,
+                annotation=annotation,
             )
-            return f"annotation {REPORT_ANNOTATION} on pod {namespace}/{pod_name}"
+            return f"annotation {annotation} on pod {namespace}/{pod_name}"
         except (OSError, urllib.error.URLError, RuntimeError) as err:
             failure = f"patching pod {namespace}/{pod_name} failed: {err}"
     # Reporting is best effort: a read-only filesystem must not keep vLLM from starting.

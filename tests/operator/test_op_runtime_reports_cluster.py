@@ -25,8 +25,6 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from kvtune.runtime import __main__ as entrypoint_main
-from kvtune.runtime import gpus, report
 from op_cluster_helpers import (
     OperatorProcess,
     condition,
@@ -38,6 +36,9 @@ from op_cluster_helpers import (
 )
 from op_samples import SAMPLE_SPEC
 
+from kvtune.runtime import __main__ as entrypoint_main
+from kvtune.runtime import gpus, report
+
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 NS, OTHER_NS = "op-runtime", "op-runtime-other"
 NAME = "chat"
@@ -47,8 +48,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _fake_nvml() -> Any:
-    """The FakeNvml class of tests/packaging/test_pkg_runtime_entrypoint.py."""
-    path = REPO / "tests/packaging/test_pkg_runtime_entrypoint.py"
+    """The FakeNvml class of tests/runtime/test_runtime_entrypoint.py."""
+    path = REPO / "tests/runtime/test_runtime_entrypoint.py"
     spec = importlib.util.spec_from_file_location("_kvtune_pkg_entrypoint_fakes", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

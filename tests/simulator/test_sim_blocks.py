@@ -4,6 +4,7 @@ ids, reference counts and the exact eviction order on small hand-made cases."""
 from __future__ import annotations
 
 import pytest
+
 from kvtune.tuner.simulator.blocks import UNSHARED_HASH, BlockPool
 
 

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from simhelpers import fixed_step_cost, request
+
 from kvtune.cli.main import cli
 from kvtune.e2e.traces import AZURE_TRACE as AZURE
 from kvtune.tuner.simulator.metrics import SimResult, SLOTargets
 from kvtune.tuner.simulator.scheduler import EngineConfig, simulate
-from simhelpers import fixed_step_cost, request
 
 
 def _run() -> SimResult:

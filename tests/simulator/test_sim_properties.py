@@ -8,10 +8,11 @@ import math
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from simhelpers import fixed_step_cost, request
+
 from kvtune.tuner.simulator.scheduler import EngineConfig, Scheduler
 from kvtune.tuner.simulator.timing import Efficiency, StepCostModel
 from kvtune.tuner.simulator.workload import SimRequest
-from simhelpers import fixed_step_cost, request
 
 # A cost model whose step time grows with the KV read, so decode runs are not uniform.
 GROWING = StepCostModel(

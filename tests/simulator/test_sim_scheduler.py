@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
+from simhelpers import STEP_SECONDS, fixed_step_cost, request
+
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.simulator.scheduler import EngineConfig, RequestState, Scheduler, simulate
-from simhelpers import STEP_SECONDS, fixed_step_cost, request
 
 
 def cfg(**kw: object) -> EngineConfig:

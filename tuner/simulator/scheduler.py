@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 import numpy as np
+
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.simulator.blocks import BlockPool
 from kvtune.tuner.simulator.metrics import SimResult, TimeSeries
