@@ -27,12 +27,12 @@ import time
 from dataclasses import dataclass
 
 from kvtune.e2e.traces import AZURE_TRACE, MOONCAKE_TRACE
-from kvtune.tuner.catalog import get_model
-from kvtune.tuner.gpus import get_gpu_class
-from kvtune.tuner.planning import PlanRequest
-from kvtune.tuner.policy import SLO, PlanPolicy
-from kvtune.tuner.presets import profile_from_trace
-from kvtune.tuner.search import SearchSettings, grid
+from kvtune.tuner.facts.catalog import get_model
+from kvtune.tuner.facts.gpus import get_gpu_class
+from kvtune.tuner.planner.planning import PlanRequest
+from kvtune.tuner.planner.policy import SLO, PlanPolicy
+from kvtune.tuner.planner.presets import profile_from_trace
+from kvtune.tuner.planner.search import SearchSettings, grid
 from kvtune.tuner.simulator.engine import vllm_default_plan
 from kvtune.tuner.simulator.goodput_search import TrafficScorer, plan_by_goodput
 from kvtune.tuner.simulator.workload import requests_from_trace

@@ -120,7 +120,7 @@ class SearchSummary(BaseModel):
     candidates: int  # configurations that passed pre-flight and were scored
     simulated_requests: int
     requests_per_candidate: int  # the finalists' stream length
-    changed_from: str  # "running plan" or "rule-based plan"
+    changed_from: str  # "running plan" or "rules' plan"
     changed_knobs: tuple[str, ...] = ()
     alternatives: tuple[SearchAlternative, ...] = ()
 

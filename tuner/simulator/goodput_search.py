@@ -20,11 +20,12 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvtune.tuner.decide_max_num_seqs import DEFAULT_TPOT_SECONDS
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.plan import KVPlan, PoolPlan
-from kvtune.tuner.planning import PlanRequest, plan_pool
-from kvtune.tuner.search import (
+from kvtune.tuner.planner.decide_max_num_seqs import DEFAULT_TPOT_SECONDS
+from kvtune.tuner.planner.planning import PlanRequest, plan_pool
+from kvtune.tuner.planner.search import (
+    DEFAULT_SETTINGS,
     DEFAULT_TTFT_SECONDS,
     GoodputScore,
     SearchSettings,
@@ -115,7 +116,7 @@ def _key(request: PlanRequest, reqs: Sequence[SimRequest], running: KVPlan | Non
 
 def plan_by_goodput(
     request: PlanRequest, trace: Trace | None = None, running: KVPlan | None = None,
-    seed: int = 0, settings: SearchSettings = SearchSettings(),
+    seed: int = 0, settings: SearchSettings = DEFAULT_SETTINGS,
 ) -> PoolPlan:
     """The pool's plan chosen by simulated SLO-goodput (module doc). Without an arrival rate
     (no trace, none in the profile) there is no traffic to replay: the rule-based plan,

@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.simulator.prefix import Segment, SegmentInterner, shareable_prefix_tokens
 from kvtune.tuner.simulator.workload import SimRequest, ideal_prefix_hit_rate
@@ -61,7 +62,8 @@ def sample_lengths(q: TokenQuantiles, rng: np.random.Generator, n: int) -> np.nd
     """``n`` lengths whose quantiles are the profile's (see the module doc)."""
     u, x = _ppf_points(q)
     draws = np.exp(np.interp(rng.random(n), u, x))
-    return np.maximum(1, np.rint(draws)).astype(np.int64)
+    lengths: np.ndarray = np.maximum(1, np.rint(draws)).astype(np.int64)
+    return lengths
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,9 +37,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvtune.tuner import decide_block_size, decide_max_num_seqs, expected
-from kvtune.tuner import decide_dtype as kv_dtype_options
-from kvtune.tuner.decide_max_num_seqs import MAX_NUM_SEQS_CEILING
 from kvtune.tuner.plan import (
     ExpectedFigures,
     KVPlan,
@@ -48,9 +45,15 @@ from kvtune.tuner.plan import (
     SearchAlternative,
     SearchSummary,
 )
-from kvtune.tuner.planning import plan_pool, preflight
-from kvtune.tuner.planrun import PlanRun
-from kvtune.tuner.request import PlanRequest
+from kvtune.tuner.planner import (
+    decide_block_size,
+    decide_max_num_seqs,
+    expected,
+    kv_dtype_options,
+)
+from kvtune.tuner.planner.planning import plan_pool, preflight
+from kvtune.tuner.planner.planrun import MAX_NUM_SEQS_CEILING, PlanRun
+from kvtune.tuner.planner.request import PlanRequest
 
 # Goodputs within 2% of the best are a tie: the spread of repeated simulations with
 # different seeds on the shipped traces (bench/oracle.py) stays under it.
@@ -64,6 +67,8 @@ RUNGS = (150, 450, 1200)
 KEEP_FRACTION = 3  # keep the best third at each rung
 # Block sizes tried for the best few after the first pass.
 BLOCK_FINALISTS = 1
+# The rate fraction at which requests arrive one at a time (nothing queues).
+_TRICKLE = 1e-3
 # Default targets when the policy sets none (the rule-based planner's defaults).
 DEFAULT_TTFT_SECONDS = 2.0
 
@@ -121,6 +126,9 @@ class SearchSettings:
     rate_steps: int = 6
     alternatives: int = 3
     batched_tokens: tuple[int, ...] = BATCHED_TOKENS
+
+
+DEFAULT_SETTINGS = SearchSettings()
 
 
 @dataclass(slots=True)
@@ -271,7 +279,8 @@ def _promote(ranked: Sequence[_Scored]) -> list[KVPlan]:
     return out
 
 
-def _why_lost(loser: _Scored, best: _Scored, run: PlanRun, tie: float) -> str:
+def _why_lost(loser: _Scored, best: _Scored, run: PlanRun, tie: float, reference: str
+              ) -> str:
     g, b = loser.score.goodput_requests_per_second, best.score.goodput_requests_per_second
     if g < b * (1.0 - tie):
         return f"lower goodput ({g:.2f} vs {b:.2f} req/s)"
@@ -280,16 +289,17 @@ def _why_lost(loser: _Scored, best: _Scored, run: PlanRun, tie: float) -> str:
     if lb < bb:
         return f"tied on goodput; {bb}-bit KV keeps more precision than {lb}-bit"
     if len(loser.changed) > len(best.changed):
-        return (f"tied on goodput; changes {len(loser.changed)} knobs from the running plan, "
+        return (f"tied on goodput; changes {len(loser.changed)} knobs from the {reference}, "
                 f"the chosen one {len(best.changed)}")
     return "tied on goodput; less headroom to the SLO targets"
 
 
 def search(
     request: PlanRequest, scorer: GoodputScorer, running: KVPlan | None = None,
-    settings: SearchSettings = SearchSettings(),
+    settings: SearchSettings | None = None,
 ) -> PoolPlan:
     """Plan one pool by SLO-goodput (module doc). Raises what ``plan_pool`` raises."""
+    settings = settings or DEFAULT_SETTINGS
     base_pool = plan_pool(request)
     base = base_pool.plan
     run = PlanRun(request)
@@ -324,7 +334,8 @@ def search(
     ranked = _order([*ranked, *scored(extra, final_n)], run, settings.tie)
     best = ranked[0]
     for x in ranked[1:]:
-        x.lost = _why_lost(x, best, run, settings.tie)
+        x.lost = _why_lost(x, best, run, settings.tie,
+                           "running plan" if running is not None else "rules' plan")
 
     slo = request.policy.slo
     has_slo = slo.ttft_p95_seconds is not None or slo.tpot_p95_seconds is not None
@@ -348,7 +359,7 @@ def search(
         candidates=considered,
         simulated_requests=book.simulated_requests,
         requests_per_candidate=final_n,
-        changed_from=("running plan" if running is not None else "rule-based plan"),
+        changed_from=("running plan" if running is not None else "rules' plan"),
         changed_knobs=best.changed,
         alternatives=tuple(
             SearchAlternative(
@@ -366,9 +377,12 @@ def search(
 
 
 def _sustainable_scale(book: _Book, plan: KVPlan, n: int, settings: SearchSettings) -> float:
-    """The largest fraction of the observed rate at which ``plan`` meets the SLO (0: not
-    even a trickle)."""
-    lo, hi = 0.0, 1.0
+    """The largest fraction of the observed rate at which ``plan`` meets the SLO (bisection
+    in ``rate_steps`` steps); 0 when not even a trickle (requests a thousand times further
+    apart, each served alone) meets it."""
+    if book.score(plan, n, _TRICKLE).slo_attainment < settings.slo_attainment:
+        return 0.0
+    lo, hi = _TRICKLE, 1.0
     for _ in range(settings.rate_steps):
         mid = (lo + hi) / 2
         if book.score(plan, n, mid).slo_attainment >= settings.slo_attainment:
@@ -398,7 +412,13 @@ def _pool_plan(run: PlanRun, base_pool: PoolPlan, best: _Scored, summary: Search
             message=(f"the goodput search chose {value} over the rules' {was} among "
                      f"{summary.candidates} candidates: {figures}"),
         ))
-    warnings = list(base_pool.warnings)
+    # The rules' warnings about their own concurrency target or about a dtype the search
+    # replaced no longer describe the plan.
+    gone = (f"kv-cache-dtype {base.kv_cache_dtype} " if plan.kv_cache_dtype !=
+            base.kv_cache_dtype else None)
+    warnings = [w for w in base_pool.warnings
+                if not w.startswith("KV capacity limits concurrency")
+                and (gone is None or gone not in w)]
     if not summary.slo_met and summary.slo_set:
         warnings.append(slo_at_risk_message(summary))
     exp = expected.figures(run, plan, None)
@@ -422,18 +442,23 @@ def slo_at_risk_message(summary: SearchSummary) -> str:
            f"{summary.slo_attainment:.1%} of requests at the observed "
            f"{summary.observed_rate_per_second:.2f} req/s (needs "
            f"{SLO_ATTAINMENT:.0%})")
-    if summary.max_rate_within_slo_per_second is not None:
-        msg += (f"; one replica sustains {summary.max_rate_within_slo_per_second:.2f} req/s "
-                f"within the SLO")
+    rate = summary.max_rate_within_slo_per_second
+    if rate is not None and rate > 0:
+        msg += f"; one replica sustains {rate:.2f} req/s within the SLO"
         if summary.replicas_needed is not None:
             msg += f", so the traffic needs {summary.replicas_needed} replicas"
+    elif rate is not None:
+        msg += ("; no request rate meets the SLO on this GPU class: the requests' own service "
+                "time (prefill, then decode at the batch size) exceeds the targets; loosen "
+                "them or plan a faster GPU class or more tensor parallelism")
     return msg
 
 
 def grid(request: PlanRequest, rate_per_second: float,
-         settings: SearchSettings = SearchSettings()) -> list[KVPlan]:
+         settings: SearchSettings | None = None) -> list[KVPlan]:
     """Every candidate the search could consider (all block sizes, no halving), that vLLM
     would start: the exhaustive grid a benchmark compares the search with."""
+    settings = settings or DEFAULT_SETTINGS
     base = plan_pool(request).plan
     run = PlanRun(request)
     out: list[KVPlan] = []
