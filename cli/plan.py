@@ -34,6 +34,7 @@ from kvtune.tuner.kv_quality import (
     KVQualityEvidence,
     KVQualityPolicy,
     evidence_from_report,
+    gate_one,
 )
 from kvtune.tuner.plan import PoolPlan
 from kvtune.tuner.planner.planning import PlanRequest, kv_capacity_by_dtype, plan_pool
@@ -130,6 +131,10 @@ def dtype_comparison(request: PlanRequest) -> list[dict[str, Any]]:
             "scale_overhead": round(per_token / pure - 1.0, 6) if pure else 0.0,
             "concurrent_sequences": count,
             "vs_16bit": round(count / base_sessions, 2) if base_sessions else None,
+            # The KV-quality gate's verdict on this dtype (docs/quality.md).
+            "quality": gate_one(name, request.kv_quality_evidence,
+                                request.policy.kv_quality).model_dump(
+                                    include={"allowed", "code", "detail"}),
         })
     return rows
 
