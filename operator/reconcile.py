@@ -54,7 +54,7 @@ from kvtune.operator.render import vllm_args as render_vllm_args
 from kvtune.operator.workloads import declared_profile, profile_from_status, profile_status
 from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan, UnknownName
 from kvtune.tuner.kv_quality import KVQualityEvidence, KVQualityPolicy
-from kvtune.tuner.plan import PoolPlan
+from kvtune.tuner.plan import KVPlan, PoolPlan
 from kvtune.tuner.planner.policy import SLO, Pins, PlanPolicy
 from kvtune.tuner.units import GiB
 from kvtune.tuner.workload import WorkloadProfile
@@ -154,9 +154,15 @@ def resolve_model(spec: InferenceDeploymentSpec, namespace: str, kube: kapply.Ku
 
 def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
                   profile: WorkloadProfile, policy: PlanPolicy,
-                  kv_quality_evidence: KVQualityEvidence | None = None) -> PoolPlan:
+                  kv_quality_evidence: KVQualityEvidence | None = None,
+                  running: KVPlan | None = None) -> PoolPlan:
+    """The pool's plan: by the goodput search on traffic made from the observed profile
+    when Prometheus gave one with an arrival rate (the same function as ``kvtune plan``),
+    else by the planner's rules. ``running``: the plan the pool runs now (ties go to the
+    fewer changed knobs)."""
     from kvtune.tuner.facts.gpus import get_gpu_class
     from kvtune.tuner.planner.planning import PlanRequest, plan_pool
+    from kvtune.tuner.simulator.goodput_search import plan_by_goodput
 
     request = PlanRequest(
         model=model, gpu=get_gpu_class(pool.gpu_declaration),
@@ -164,11 +170,32 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         weights_dtype=spec.model.weights_dtype, profile=profile, policy=policy,
         vllm_version=spec.runtime.vllm_version, kv_quality_evidence=kv_quality_evidence,
     )
+    if profile.source == "prometheus" and profile.request_rate_per_second:
+        searched: PoolPlan = plan_by_goodput(request, running=running)
+        return searched
     result: PoolPlan = plan_pool(request)
     return result
 
 
 _PIN_FIELD = re.compile(r"\bpins\.([a-z_]+)")
+
+
+def _running_plan(prev: PoolStatus | None) -> KVPlan | None:
+    if prev is None or prev.plan is None:
+        return None
+    try:
+        return KVPlan.model_validate(prev.plan.model_dump())
+    except ValueError:  # a status written by an older kvtune: no reference, the rules' plan
+        return None
+
+
+def _slo_at_risk(pool_plan: PoolPlan) -> str | None:
+    s = pool_plan.search
+    if s is None or s.slo_met or not s.slo_set:
+        return None
+    from kvtune.tuner.planner.search import slo_at_risk_message
+
+    return slo_at_risk_message(s)
 
 
 def spec_field_names(exc: Exception) -> str:
@@ -430,6 +457,19 @@ def _reconcile_locked(
         set_c(cond.READY, True, cond.ALL_POOLS_APPLIED,
               f"{len(outcomes)} pool(s) run their plan")
 
+    at_risk = [f"{o.status.name}: {o.status.slo_at_risk}" for o in outcomes
+               if o.status.slo_at_risk]
+    if at_risk:
+        was = cond.get_condition(previous.conditions, cond.SLO_AT_RISK)
+        set_c(cond.SLO_AT_RISK, True, cond.SLO_AT_RISK, " | ".join(at_risk))
+        if was is None or was.status != "True" or was.message != " | ".join(at_risk):
+            events.append(Event("Warning", cond.SLO_AT_RISK, " | ".join(at_risk)))
+    elif any(o.status.expected is not None and o.status.expected.slo_attainment is not None
+             for o in outcomes):
+        set_c(cond.SLO_AT_RISK, False, cond.SLO_PREDICTED_MET,
+              "the goodput search predicts every searched pool meets the SLO at the observed "
+              "rate")
+
     status = InferenceDeploymentStatus(
         observed_generation=generation, mode=mode, conditions=conditions,
         profile=used_profile_status, pools=[o.status for o in outcomes],
@@ -473,7 +513,8 @@ def _reconcile_pool(
         pool_plan = plan_one_pool(
             spec, pool, model, profile,
             calibration_flow.with_gate(policy, gate) if gate is not None else policy,
-            gate.evidence if gate is not None else None)
+            gate.evidence if gate is not None else None,
+            running=_running_plan(prev))
     except UnknownName as exc:
         return failed(cond.INVALID_SPEC, f"{field_}.gpuClass: {exc}")
     except NoFeasiblePlan as exc:
@@ -498,6 +539,7 @@ def _reconcile_pool(
     planned = base.model_copy(update={
         "gpu_class": gpu_class, "plan": knobs, "expected": expected, "reasons": reasons,
         "warnings": list(pool_plan.warnings), "vllm_args": render_vllm_args(inp),
+        "slo_at_risk": _slo_at_risk(pool_plan),
         "plan_hash": hash_, "revision": revision, "message": "", "profile": profile_used,
     })
     if base.plan_hash != hash_:

@@ -333,7 +333,8 @@ def retune_once(
         by_name = {p.pool_name: p for p in spec.pools}
         for t in replan:
             assert t.observed is not None
-            new_plan = rec.plan_one_pool(spec, by_name[t.name], model, t.observed, policy).plan
+            new_plan = rec.plan_one_pool(spec, by_name[t.name], model, t.observed, policy,
+                                         running=plans.get(t.name)).plan
             t.material, why = retune.plan_change_matters(plans.get(t.name), new_plan)
             if t.material:
                 t.reason = retune.PLAN_CHANGED
