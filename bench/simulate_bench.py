@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from kvtune.e2e.traces import AZURE_TRACE, MOONCAKE_TRACE, TRACES_DIR
 from kvtune.tuner.catalog import get_model
 from kvtune.tuner.gpus import get_gpu_class
 from kvtune.tuner.planning import PlanRequest
@@ -31,7 +32,7 @@ from kvtune.tuner.simulator.scheduler import Scheduler
 from kvtune.tuner.simulator.workload import SimRequest, requests_from_trace
 from kvtune.tuner.traces import load_trace
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = TRACES_DIR  # the traces shipped in examples/traces
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
@@ -56,7 +57,7 @@ def main() -> None:
     ap.add_argument("--gpu", default="H100")
     args = ap.parse_args()
 
-    azure = load_trace(args.data / "AzureLLMInferenceTrace_conv.csv")
+    azure = load_trace(args.data / AZURE_TRACE.name)
     request = PlanRequest(model=get_model(MODEL), gpu=get_gpu_class(args.gpu),
                           profile=profile_from_trace(azure))
     sim = simulated_plan(request, vllm_default_plan(request), "defaults")
@@ -78,7 +79,7 @@ def main() -> None:
     print(f"speed-up of decode runs over exact stepping: {ref_wall / fast_wall:.1f}x wall, "
           f"{ref_cpu / fast_cpu:.1f}x cpu")
 
-    mooncake = load_trace(args.data / "synthetic_trace.jsonl")
+    mooncake = load_trace(args.data / MOONCAKE_TRACE.name)
     mreq = PlanRequest(model=get_model(MODEL), gpu=get_gpu_class(args.gpu),
                        profile=profile_from_trace(mooncake))
     msim = simulated_plan(mreq, vllm_default_plan(mreq), "defaults")

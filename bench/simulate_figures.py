@@ -21,6 +21,7 @@ import argparse
 import time
 from pathlib import Path
 
+from kvtune.e2e.traces import AZURE_TRACE, MOONCAKE_TRACE, TRACES_DIR
 from kvtune.tuner.catalog import get_model
 from kvtune.tuner.gpus import get_gpu_class
 from kvtune.tuner.planning import PlanRequest
@@ -30,12 +31,12 @@ from kvtune.tuner.simulator.scheduler import EngineConfig, simulate
 from kvtune.tuner.simulator.workload import ideal_prefix_hit_rate, requests_from_trace
 from kvtune.tuner.traces import load_trace
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = TRACES_DIR  # the traces shipped in examples/traces
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
 def azure_paged_vs_contiguous(data: Path, speed: float, kv_tokens: int) -> None:
-    trace = load_trace(data / "AzureLLMInferenceTrace_conv.csv")
+    trace = load_trace(data / AZURE_TRACE.name)
     request = PlanRequest(model=get_model(MODEL), gpu=get_gpu_class("H100"),
                           profile=profile_from_trace(trace))
     cost = step_cost_for(request, "auto")
@@ -67,7 +68,7 @@ def azure_paged_vs_contiguous(data: Path, speed: float, kv_tokens: int) -> None:
 
 
 def mooncake_prefix_caching(data: Path, speed: float) -> None:
-    trace = load_trace(data / "synthetic_trace.jsonl")
+    trace = load_trace(data / MOONCAKE_TRACE.name)
     request = PlanRequest(model=get_model(MODEL), gpu=get_gpu_class("H100"),
                           profile=profile_from_trace(trace))
     cost = step_cost_for(request, "fp8")

@@ -14,7 +14,7 @@ from kvtune.e2e.replay_sim import Hardware
 
 @click.command()
 @click.option("--trace", "trace_path", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="Azure CSV or Mooncake JSONL trace (see shared/data/SOURCES.md).")
+              help="Azure CSV or Mooncake JSONL trace (examples/traces ships one of each).")
 @click.option("--speed", default=1.0, show_default=True, type=float,
               help="Model seconds per wall second.")
 @click.option("--port", default=8000, show_default=True, type=int,

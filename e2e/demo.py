@@ -22,15 +22,14 @@ from typing import Any, TypeVar
 import yaml
 from kvtune.e2e.cluster import LocalCluster
 from kvtune.e2e.errors import ClusterError, log_tail
+from kvtune.e2e.traces import AZURE_TRACE
 
 REPO = Path(__file__).resolve().parents[1]
 CRD_DIR = REPO / "crds"
 EXAMPLE = REPO / "examples" / "support-bot.yaml"
 # A real conversation trace (Azure, CC BY 4.0; see examples/traces/SOURCES.md) for the traffic
 # step, shipped in the repository so the demo needs nothing beside it.
-DEFAULT_TRACE = Path(os.environ.get(
-    "KVTUNE_DEMO_TRACE", REPO / "examples" / "traces" / "AzureLLMInferenceTrace_conv.csv"
-))
+DEFAULT_TRACE = Path(os.environ.get("KVTUNE_DEMO_TRACE", AZURE_TRACE))
 TRAFFIC_SPEED = 10.0  # trace seconds per wall second
 PROFILE_WINDOW_SECONDS = 30
 GROUP, VERSION, PLURAL = "kvtune.io", "v1alpha1", "inferencedeployments"

@@ -5,6 +5,7 @@
 # control-plane binaries (cached under ~/.cache/kvtune; a cold build takes a long time).
 #   scripts/setup.sh            everything
 #   scripts/setup.sh python     only the virtualenv
+#   scripts/setup.sh packages   only the Debian packages
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
@@ -15,15 +16,55 @@ need_apt=()
 command -v prometheus >/dev/null || need_apt+=(prometheus)
 command -v promtool >/dev/null || need_apt+=(prometheus)
 command -v lua5.1 >/dev/null || need_apt+=(lua5.1)
-if [ "$what" = all ] && [ ${#need_apt[@]} -gt 0 ]; then
+# Debian's packages start their daemons (a system Prometheus on :9090, and its node exporter
+# where that is installed too); the tests start their own Prometheus. Only what this install
+# started is stopped: a daemon or unit that was running or enabled before is left as it was.
+daemons=(prometheus prometheus-node-exporter)
+# PIDs of processes whose executable is one of the daemons (not a name match on any command).
+daemon_pids() {
+  local d exe name
+  for d in /proc/[0-9]*; do
+    exe=$(readlink "$d/exe" 2>/dev/null) || continue
+    for name in "${daemons[@]}"; do
+      [ "${exe##*/}" = "$name" ] && echo "${d#/proc/}"
+    done
+  done
+  return 0
+}
+unit_state() { systemctl "$1" "$2" 2>/dev/null || true; }
+if { [ "$what" = all ] || [ "$what" = packages ]; } && [ ${#need_apt[@]} -gt 0 ]; then
+  pids_before=$(daemon_pids)
+  declare -A active_before enabled_before
+  if command -v systemctl >/dev/null; then
+    for unit in "${daemons[@]}"; do
+      active_before[$unit]=$(unit_state is-active "$unit")
+      enabled_before[$unit]=$(unit_state is-enabled "$unit")
+    done
+  fi
   log "apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
-  # Debian's package starts a system Prometheus on :9090; the tests start their own.
-  (systemctl disable --now prometheus prometheus-node-exporter 2>/dev/null || true) >/dev/null
-  pkill -x prometheus-node-exporter 2>/dev/null || true
+  if command -v systemctl >/dev/null; then
+    for unit in "${daemons[@]}"; do
+      if [ "${active_before[$unit]}" != active ] && [ "$(unit_state is-active "$unit")" = active ]; then
+        log "stopping $unit (started by this install)"
+        systemctl stop "$unit" >/dev/null 2>&1 || true
+      fi
+      if [ "${enabled_before[$unit]}" != enabled ] && [ "$(unit_state is-enabled "$unit")" = enabled ]; then
+        systemctl disable "$unit" >/dev/null 2>&1 || true
+      fi
+    done
+  fi
+  # Without systemd the maintainer scripts start the daemons directly.
+  for pid in $(daemon_pids); do
+    if ! grep -qx "$pid" <<<"$pids_before"; then
+      log "stopping $(readlink "/proc/$pid/exe" 2>/dev/null || echo "pid $pid") (started by this install)"
+      kill "$pid" 2>/dev/null || true
+    fi
+  done
 fi
+[ "$what" = packages ] && exit 0
 
 if [ ! -x .venv/bin/python ]; then
   log "creating .venv"

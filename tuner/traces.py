@@ -1,4 +1,4 @@
-"""Request traces: the two public formats in ``shared/data`` parsed into one record type.
+"""Request traces: the two public formats (both ship in ``examples/traces``) as one record type.
 
 - Azure LLM inference trace (CSV ``TIMESTAMP,ContextTokens,GeneratedTokens``): arrival time,
   prompt and output lengths; no prefix information.

@@ -282,14 +282,14 @@ def test_rules_evaluate_live_on_the_replayed_vllm_series(tmp_path: Path) -> None
     from kvtune.e2e.prometheus import running_prometheus
     from kvtune.e2e.replay_exporter import Replay, ReplayServer
     from kvtune.e2e.replay_instance import InstanceConfig
+    from kvtune.e2e.traces import AZURE_TRACE
 
-    data = Path(__file__).resolve().parents[2].parent / "shared" / "data"
     body = copy.deepcopy(BODY)
     body["status"]["pools"][0]["expected"]["numGpuBlocks"] = 30000  # replay runs 60000
     rules = tmp_path / "rules.yaml"
     rules.write_text(yaml.safe_dump(alerts.rule_file(alerts.inputs_from_body(body))))
     server = ReplayServer(Replay(InstanceConfig(model_name=MODEL),
-                                 data / "AzureLLMInferenceTrace_conv.csv", speed=20.0), port=0)
+                                 AZURE_TRACE, speed=20.0), port=0)
     server.start()
     try:
         with running_prometheus(rule_files=[rules]) as prom:

@@ -7,19 +7,17 @@ two different profiles; the deployment-wide selector (``model_name``) sees both.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 from kvtune.e2e.prometheus import PrometheusServer
 from kvtune.e2e.replay_exporter import Replay, ReplayServer
 from kvtune.e2e.replay_instance import InstanceConfig
+from kvtune.e2e.traces import AZURE_TRACE as AZURE
+from kvtune.e2e.traces import MOONCAKE_TRACE as MOONCAKE
 from kvtune.operator import selectors
 from kvtune.operator.api import PrometheusSpec
 from kvtune.operator.profiling import ProfilingSettings, profile_from_prometheus
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-AZURE = DATA / "AzureLLMInferenceTrace_conv.csv"
-MOONCAKE = DATA / "synthetic_trace.jsonl"
 MODEL, NS, NAME = "llama", "llm", "bot"
 WINDOW_SECONDS = 20
 

@@ -7,13 +7,14 @@ import math
 import time
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
 from kvtune.e2e.prometheus import PrometheusServer, free_port
 from kvtune.e2e.replay_exporter import Replay, ReplayServer
 from kvtune.e2e.replay_instance import InstanceConfig
+from kvtune.e2e.traces import AZURE_TRACE as AZURE
+from kvtune.e2e.traces import MOONCAKE_TRACE as MOONCAKE
 from kvtune.operator import histograms
 from kvtune.operator import vllm_metrics as vm
 from kvtune.operator.profiling import (
@@ -25,10 +26,6 @@ from kvtune.operator.profiling import (
     query_window,
 )
 from kvtune.tuner.traces import load_trace
-
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-AZURE = DATA / "AzureLLMInferenceTrace_conv.csv"
-MOONCAKE = DATA / "synthetic_trace.jsonl"
 
 
 def _buckets(values: np.ndarray, max_model_len: int = 131072) -> list[tuple[float, float]]:

@@ -11,12 +11,10 @@ import pytest
 from kvtune.e2e.prometheus import PrometheusServer
 from kvtune.e2e.replay_exporter import Engine, Replay, ReplayServer, parse_config_overrides
 from kvtune.e2e.replay_instance import HistogramState, Instance, InstanceConfig, TraceSchedule
+from kvtune.e2e.traces import AZURE_TRACE as AZURE
+from kvtune.e2e.traces import MOONCAKE_TRACE as MOONCAKE
 from kvtune.operator import vllm_metrics as vm
 from kvtune.tuner.traces import TraceRequest, load_trace
-
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-AZURE = DATA / "AzureLLMInferenceTrace_conv.csv"
-MOONCAKE = DATA / "synthetic_trace.jsonl"
 
 
 def test_histogram_le_semantics_and_cumulative_counts() -> None:

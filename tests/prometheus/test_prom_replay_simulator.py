@@ -19,6 +19,8 @@ from kvtune.e2e.replay_exporter import (
 )
 from kvtune.e2e.replay_instance import InstanceConfig
 from kvtune.e2e.replay_sim import Hardware
+from kvtune.e2e.traces import AZURE_TRACE as AZURE
+from kvtune.e2e.traces import MOONCAKE_TRACE as MOONCAKE
 from kvtune.operator import vllm_metrics as vm
 from kvtune.tuner.catalog import get_model
 from kvtune.tuner.gpus import get_gpu_class
@@ -27,9 +29,6 @@ from kvtune.tuner.planning import PlanRequest, plan_pool
 from kvtune.tuner.presets import profile_from_trace
 from kvtune.tuner.traces import load_trace
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-AZURE = DATA / "AzureLLMInferenceTrace_conv.csv"
-MOONCAKE = DATA / "synthetic_trace.jsonl"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 

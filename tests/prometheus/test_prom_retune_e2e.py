@@ -30,13 +30,12 @@ import yaml
 from kvtune.e2e.prometheus import PrometheusServer
 from kvtune.e2e.replay_exporter import Replay, ReplayServer
 from kvtune.e2e.replay_instance import InstanceConfig
+from kvtune.e2e.traces import AZURE_TRACE as AZURE
+from kvtune.e2e.traces import MOONCAKE_TRACE as MOONCAKE
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-DATA = REPO.parent / "shared" / "data"
-AZURE = DATA / "AzureLLMInferenceTrace_conv.csv"
-MOONCAKE = DATA / "synthetic_trace.jsonl"
 GROUP, VERSION, PLURAL = "kvtune.io", "v1alpha1", "inferencedeployments"
 NS, NAME = "kvtune-retune-e2e", "drift"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from kvtune.cli.main import cli
+from kvtune.e2e.traces import AZURE_TRACE as AZURE
 from kvtune.tuner.catalog import get_model
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.gpus import get_gpu_class
@@ -17,8 +18,6 @@ from kvtune.tuner.presets import preset_profile
 from kvtune.tuner.simulator.compare import configurations, parse_overrides
 from kvtune.tuner.simulator.engine import simulated_plan, vllm_default_plan
 from kvtune.tuner.simulator.scoring import SimulatorScorer
-
-AZURE = Path(__file__).resolve().parents[3] / "shared" / "data" / "AzureLLMInferenceTrace_conv.csv"
 
 
 def _request() -> PlanRequest:
@@ -90,7 +89,6 @@ def test_a_plan_that_does_not_fit_is_reported_not_simulated() -> None:
     assert not sim.starts and "max-model-len" in sim.start_error
 
 
-@pytest.mark.skipif(not AZURE.exists(), reason="shared/data traces not present")
 def test_cli_json_and_plot(tmp_path: Path) -> None:
     out = tmp_path / "sim.png"
     result = CliRunner().invoke(cli, [
@@ -110,7 +108,6 @@ def test_cli_json_and_plot(tmp_path: Path) -> None:
     assert out.stat().st_size > 10_000
 
 
-@pytest.mark.skipif(not AZURE.exists(), reason="shared/data traces not present")
 def test_cli_table_and_bad_input() -> None:
     runner = CliRunner()
     ok = runner.invoke(cli, [

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
+from kvtune.e2e.traces import AZURE_TRACE as AZURE
 from kvtune.tuner.catalog import get_model
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.gpus import get_gpu_class
@@ -22,7 +22,6 @@ from kvtune.tuner.simulator.workload import requests_from_trace
 from kvtune.tuner.traces import load_trace
 from simhelpers import STEP_SECONDS, fixed_step_cost, request
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 CFG = EngineConfig(num_gpu_blocks=201, block_size=16, max_num_seqs=8,
                    max_num_batched_tokens=512, max_model_len=4096)
 
@@ -73,7 +72,7 @@ def test_all_at_once_matches_the_batch_run_exactly() -> None:
 
 
 def test_streaming_the_azure_trace_matches_the_batch_run() -> None:
-    trace = load_trace(DATA / "AzureLLMInferenceTrace_conv.csv")
+    trace = load_trace(AZURE)
     request_ = PlanRequest(model=get_model("meta-llama/Llama-3.1-8B-Instruct"),
                            gpu=get_gpu_class("H100"), profile=profile_from_trace(trace))
     sim = simulated_plan(request_, vllm_default_plan(request_), "defaults")

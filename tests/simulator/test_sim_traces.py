@@ -1,22 +1,15 @@
-"""The simulator on the real traces in shared/data: the figures the README quotes hold on
+"""The simulator on the real traces in examples/traces: the figures the README quotes hold on
 slices small enough for a unit test (the full runs are bench/simulate_figures.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
+from kvtune.e2e.traces import AZURE_TRACE as AZURE
+from kvtune.e2e.traces import MOONCAKE_TRACE as MOONCAKE
 from kvtune.tuner.simulator.prefix import block_hashes
 from kvtune.tuner.simulator.scheduler import EngineConfig, simulate
 from kvtune.tuner.simulator.timing import Efficiency, StepCostModel
 from kvtune.tuner.simulator.workload import ideal_prefix_hit_rate, requests_from_trace
 from kvtune.tuner.traces import load_trace
-
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-AZURE = DATA / "AzureLLMInferenceTrace_conv.csv"
-MOONCAKE = DATA / "synthetic_trace.jsonl"
-
-pytestmark = pytest.mark.skipif(not AZURE.exists(), reason="shared/data traces not present")
 
 # Llama-3.1-8B on one H100 with BF16 KV, as bench/simulate_figures.py (plain numbers).
 LLAMA8B_H100 = StepCostModel(

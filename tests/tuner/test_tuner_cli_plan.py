@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
 from click.testing import CliRunner
 from kvtune.cli.main import cli
+from kvtune.e2e.traces import TRACES_DIR
 
-DATA = next(
-    (p / "shared" / "data" for p in Path(__file__).resolve().parents
-     if (p / "shared" / "data").is_dir()),
-    Path("/work/shared/data"),
-)
 ARTICLE = ["plan", "--model", "meta-llama/Llama-3.3-70B-Instruct", "--gpu", "H200",
            "--weights-dtype", "fp8", "--context-tokens", "4096"]
 
@@ -67,9 +62,7 @@ def test_table_shows_the_plan_and_the_dtype_comparison() -> None:
     [("synthetic_trace.jsonl", "prefix hit rate"), ("AzureLLMInferenceTrace_conv.csv", "unknown")],
 )
 def test_trace_profiles(trace: str, expect: str) -> None:
-    path = DATA / trace
-    if not path.is_file():
-        pytest.skip("shared data absent")
+    path = TRACES_DIR / trace
     code, out, _ = run("plan", "-m", "Qwen/Qwen3-32B", "-g", "H100", "--trace", str(path),
                        "-o", "json")
     assert code == 0, out

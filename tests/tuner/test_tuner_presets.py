@@ -1,10 +1,9 @@
-"""Workload presets and profiles from the real traces in shared/data."""
+"""Workload presets and profiles from the real traces shipped in examples/traces."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from kvtune.e2e.traces import AZURE_TRACE, MOONCAKE_TRACE
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.presets import (
     PRESET_KINDS,
@@ -13,12 +12,6 @@ from kvtune.tuner.presets import (
     profile_from_trace,
 )
 from kvtune.tuner.traces import Trace, TraceRequest, load_trace
-
-DATA = Path("/work/shared/data")
-for _parent in Path(__file__).resolve().parents:
-    if (_parent / "shared" / "data").is_dir():
-        DATA = _parent / "shared" / "data"
-        break
 
 
 @pytest.mark.parametrize("kind", PRESET_KINDS)
@@ -58,9 +51,8 @@ def test_prefix_sharing_from_hash_ids() -> None:
     assert profile.context_tokens.p50 == 1024 and profile.context_tokens.max == 1536
 
 
-@pytest.mark.skipif(not (DATA / "synthetic_trace.jsonl").is_file(), reason="shared data absent")
 def test_mooncake_trace_profile() -> None:
-    trace = load_trace(DATA / "synthetic_trace.jsonl")
+    trace = load_trace(MOONCAKE_TRACE)
     profile = profile_from_trace(trace)
     assert profile.requests == len(trace.requests)
     assert profile.prefix_hit_rate is not None and 0.0 < profile.prefix_hit_rate < 1.0
@@ -69,10 +61,8 @@ def test_mooncake_trace_profile() -> None:
     assert profile.context_tokens.p50 <= profile.context_tokens.p95 <= profile.context_tokens.p99
 
 
-@pytest.mark.skipif(
-    not (DATA / "AzureLLMInferenceTrace_conv.csv").is_file(), reason="shared data absent")
 def test_azure_trace_profile() -> None:
-    trace = load_trace(DATA / "AzureLLMInferenceTrace_conv.csv")
+    trace = load_trace(AZURE_TRACE)
     profile = profile_from_trace(trace)
     assert profile.prefix_hit_rate is None  # Azure carries no prefix information
     assert profile.request_rate_per_second is not None and profile.request_rate_per_second > 0
