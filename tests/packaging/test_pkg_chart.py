@@ -283,9 +283,8 @@ def test_runtime_access_objects_are_the_operators_own(
     from kvtune.operator import runtime_access
 
     docs = render(helm, *args)
-    kinds = {"ServiceAccount", "ConfigMap", "Role", "RoleBinding"}
-    names = {"kvtune-runtime", "kvtune-runtime-reports", "kvtune-runtime-reporter"}
-    rendered = [d for d in docs if d["kind"] in kinds and d["metadata"]["name"] in names]
+    ours = {(o["kind"], o["metadata"]["name"]) for o in runtime_access.namespace_objects("x")}
+    rendered = [d for d in docs if (d["kind"], d["metadata"]["name"]) in ours]
     assert {d["metadata"]["namespace"] for d in rendered} == namespaces
     for ns in namespaces:
         expected = runtime_access.namespace_objects(ns)
@@ -305,8 +304,8 @@ def test_admission_policy_guards_the_operators_own_writes(helm: Path) -> None:
     assert condition["expression"] == (
         "request.userInfo.username == 'system:serviceaccount:kvtune-system:kvtune'")
     text = " ".join(v["expression"] for v in policy["spec"]["validations"])
-    assert "['kube-system', 'kube-public', 'kube-node-lease', 'kvtune-system']" in text
-    assert "['default', 'kvtune-runtime', 'weights-reader']" in text
+    assert "['kube-system','kube-public','kube-node-lease','kvtune-system']" in text
+    assert "['default','kvtune-runtime','weights-reader']" in text
     (deploy,) = by_kind(docs, "Deployment")
     assert "--allowed-service-account=weights-reader" in (
         deploy["spec"]["template"]["spec"]["containers"][0]["args"])

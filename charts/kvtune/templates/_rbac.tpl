@@ -35,7 +35,7 @@ label) to match the reports in each namespace's ConfigMap kvtune-runtime-reports
 the "reads" concern's get on configmaps) to the pods that run the current plan. Nothing else
 on pods: the runtime's ServiceAccount, Role and RoleBinding are the chart's
 (templates/runtime-access.yaml), so the operator creates no RBAC object and patches no pod. */}}
-{{- define "kvtune.rules.runtime" -}}
+{{- define "kvtune.rules.pods" -}}
 - apiGroups: [""]
   resources: [pods]
   verbs: [list]
