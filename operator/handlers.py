@@ -45,6 +45,7 @@ RUNTIME_REPORT_SECONDS = float(os.environ.get("KVTUNE_RUNTIME_REPORT_SECONDS", "
 # long; the standby takes over when it expires. kopf's default is 60 s; keep-alives are sent
 # every lifetime - 10 s, so 20 s means one every 10 s.
 PEERING_LIFETIME_SECONDS = 20
+HANDLER_THREADS = 16
 LOG = logging.getLogger("kvtune.operator")
 
 
@@ -77,6 +78,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # kopf's); naming kvtune's former one lets kopf remove it from objects that still carry it.
     settings.persistence.finalizer = "kvtune.io/finalizer"
     settings.peering.lifetime = PEERING_LIFETIME_SECONDS
+    # Handlers are sync (threads). Python's default pool (cores + 4) would let a handful of
+    # objects waiting on slow work (a tenant's template in its sandbox, a slow API call) hold
+    # every thread while other objects wait; the waits hold no GIL, so more threads are cheap.
+    settings.execution.max_workers = HANDLER_THREADS
     # kvtune posts its own Events (plan changes, rollouts); kopf's log lines stay in the log.
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
