@@ -123,7 +123,10 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         while not self.stopped.is_set():
             for key, timer_, tracked in self._due(time.monotonic()):
-                loop.run_in_executor(self.pool, self._run_one, key, timer_, tracked)
+                try:
+                    loop.run_in_executor(self.pool, self._run_one, key, timer_, tracked)
+                except RuntimeError:  # the pool was shut down: the operator is stopping
+                    return
             await asyncio.sleep(TICK_SECONDS)
 
     def stop(self) -> None:

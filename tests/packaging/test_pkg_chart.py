@@ -296,14 +296,19 @@ def test_runtime_access_objects_are_the_operators_own(
 
 def test_admission_policy_guards_the_operators_own_writes(helm: Path) -> None:
     docs = render(helm, "--set", "podPolicy.allowedServiceAccounts={weights-reader}")
-    (policy,) = by_kind(docs, "ValidatingAdmissionPolicy")
-    (binding,) = by_kind(docs, "ValidatingAdmissionPolicyBinding")
-    assert binding["spec"] == {"policyName": policy["metadata"]["name"],
-                               "validationActions": ["Deny"]}
-    (condition,) = policy["spec"]["matchConditions"]
-    assert condition["expression"] == (
-        "request.userInfo.username == 'system:serviceaccount:kvtune-system:kvtune'")
-    text = " ".join(v["expression"] for v in policy["spec"]["validations"])
+    policies = by_kind(docs, "ValidatingAdmissionPolicy")
+    assert sorted(p["metadata"]["name"] for p in policies) == [
+        "kvtune-operator-pods", "kvtune-operator-writes"]
+    assert sorted(b["spec"]["policyName"] for b in by_kind(
+        docs, "ValidatingAdmissionPolicyBinding")) == ["kvtune-operator-pods",
+                                                       "kvtune-operator-writes"]
+    assert {b["spec"]["validationActions"][0] for b in by_kind(
+        docs, "ValidatingAdmissionPolicyBinding")} == {"Deny"}
+    for policy in policies:
+        (condition,) = policy["spec"]["matchConditions"]
+        assert condition["expression"] == (
+            "request.userInfo.username == 'system:serviceaccount:kvtune-system:kvtune'")
+    text = " ".join(v["expression"] for p in policies for v in p["spec"]["validations"])
     assert "['kube-system','kube-public','kube-node-lease','kvtune-system']" in text
     assert "['default','kvtune-runtime','weights-reader']" in text
     (deploy,) = by_kind(docs, "Deployment")

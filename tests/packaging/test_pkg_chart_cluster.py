@@ -573,11 +573,16 @@ def test_the_operators_token_is_refused_every_escalation(
 
     sa = releases[mode]
     api = _token_client(admin, local_cluster, RELEASE_NS, sa)
-    policy = client.AdmissionregistrationV1Api(admin).read_validating_admission_policy(
-        f"{sa}-operator-writes")
-    # The API server type-checked every CEL expression of the chart's policy.
-    assert not (policy.status and policy.status.type_checking
-                and policy.status.type_checking.expression_warnings), policy.status
+    for suffix in ("operator-writes", "operator-pods"):
+        def checked(name: str = f"{sa}-{suffix}") -> Any:
+            policy = client.AdmissionregistrationV1Api(admin).read_validating_admission_policy(
+                name)
+            return policy if policy.status and policy.status.observed_generation else None
+
+        policy = wait_for(checked, f"{sa}-{suffix} type-checked", 60)
+        # The API server type-checked every CEL expression of the chart's policies.
+        assert not (policy.status.type_checking
+                    and policy.status.type_checking.expression_warnings), policy.status
     # In the watched namespace RBAC lets both accounts create Deployments: only the policy
     # refuses a privileged one.
     _wait_for_admission_policy(api, sa)
