@@ -18,14 +18,14 @@ import statistics
 import time
 from collections.abc import Callable
 
-from kvtune.tuner.catalog import get_model, list_models
 from kvtune.tuner.errors import KVTuneError
-from kvtune.tuner.gpus import get_gpu_class
-from kvtune.tuner.kvmemory import kv_bytes_per_token
-from kvtune.tuner.planning import PlanRequest, plan_pool
-from kvtune.tuner.policy import PlanPolicy
-from kvtune.tuner.presets import PRESET_KINDS, preset_profile
-from kvtune.tuner.weights import weights_bytes_per_gpu
+from kvtune.tuner.facts.catalog import get_model, list_models
+from kvtune.tuner.facts.gpus import get_gpu_class
+from kvtune.tuner.facts.kvmemory import kv_bytes_per_token
+from kvtune.tuner.facts.weights import weights_bytes_per_gpu
+from kvtune.tuner.planner.planning import PlanRequest, plan_pool
+from kvtune.tuner.planner.policy import PlanPolicy
+from kvtune.tuner.planner.presets import PRESET_KINDS, preset_profile
 
 GPUS = ("H100", "H100-NVL", "H200", "B200")
 

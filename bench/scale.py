@@ -105,6 +105,7 @@ def _wait_ready(custom: Any, names: set[str], timeout_s: float, operator: subpro
 
 def run(n: int, timeout_s: float, workers: int) -> int:
     from kubernetes import client
+
     from kvtune.e2e.cluster import LocalCluster
     from kvtune.e2e.gpu_nodes import NodePool
 

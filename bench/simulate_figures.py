@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 from kvtune.e2e.traces import AZURE_TRACE, MOONCAKE_TRACE, TRACES_DIR
-from kvtune.tuner.catalog import get_model
-from kvtune.tuner.gpus import get_gpu_class
-from kvtune.tuner.planning import PlanRequest
-from kvtune.tuner.presets import profile_from_trace
+from kvtune.tuner.facts.catalog import get_model
+from kvtune.tuner.facts.gpus import get_gpu_class
+from kvtune.tuner.planner.planning import PlanRequest
+from kvtune.tuner.planner.presets import profile_from_trace
 from kvtune.tuner.simulator.engine import step_cost_for
 from kvtune.tuner.simulator.scheduler import EngineConfig, simulate
 from kvtune.tuner.simulator.workload import ideal_prefix_hit_rate, requests_from_trace

@@ -23,25 +23,42 @@ import yaml
 @click.option("--namespace", default=None, help="Namespace when the file has none.")
 def alerts(path: str, fmt: str, output: str | None, namespace: str | None) -> None:
     """Render the alert rules; check them with `promtool check rules` (format rules)."""
-    from kvtune.operator import alerts as render
     from pydantic import ValidationError
 
-    docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d]
+    from kvtune.cli.outputs import writable_file
+    from kvtune.operator import alerts as render
+
+    if output:
+        writable_file(output, "--output")
+    try:
+        docs = [d for d in yaml.safe_load_all(Path(path).read_text(encoding="utf-8")) if d]
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise click.ClickException(
+            f"--file={path!r}: not valid YAML{at}: {problem}; fix the file") from exc
     out: list[dict[str, Any]] = []
     for doc in docs:
-        if doc.get("kind") != "InferenceDeployment":
+        if not isinstance(doc, dict) or doc.get("kind") != "InferenceDeployment":
             continue
         doc.setdefault("metadata", {})
         if "namespace" not in doc["metadata"]:
             doc["metadata"]["namespace"] = namespace or "default"
         try:
             inputs = render.inputs_from_body(doc)
-        except (ValidationError, ValueError) as exc:
-            raise click.UsageError(f"{path}: {doc['metadata'].get('name')}: {exc}") from exc
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first["loc"])
+            raise click.ClickException(
+                f"{path}: {doc['metadata'].get('name')}: spec.{field}: {first['msg']} "
+                f"(got {first.get('input')!r})") from exc
+        except ValueError as exc:
+            raise click.ClickException(f"{path}: {doc['metadata'].get('name')}: {exc}") from exc
         out.append(render.prometheus_rule(inputs) if fmt == "prometheusrule"
                    else render.rule_file(inputs))
     if not out:
-        raise click.UsageError(f"{path}: no InferenceDeployment in the file")
+        raise click.ClickException(f"--file={path!r}: no InferenceDeployment in the file")
     if fmt == "rules":  # one rule file: all groups together
         text = yaml.safe_dump({"groups": [g for d in out for g in d["groups"]]}, sort_keys=False)
     else:

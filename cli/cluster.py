@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import click
+
 from kvtune.e2e import gpu_nodes
 from kvtune.e2e.cluster import LocalCluster, default_state_dir
 from kvtune.e2e.errors import ClusterError

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import click
+
 from kvtune.e2e.binaries import cache_dir
 from kvtune.e2e.cluster import LocalCluster
 from kvtune.e2e.demo import DEFAULT_TRACE, EXAMPLE, Demo

@@ -19,6 +19,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "operator": ("operator_cmd", "operator", "Run the kvtune operator (kopf)."),
     "crds": ("crds", "crds", "Generate the CRD manifests from the API types."),
     "alerts": ("alerts", "alerts", "Render the SLO alert rules for an InferenceDeployment."),
+    "quality": ("quality", "quality", "Measure what quantized KV dtypes do to a model."),
 }
 
 

@@ -58,10 +58,20 @@ def operator(kubeconfig: str | None, namespaces: tuple[str, ...], metrics_port: 
              service_accounts: tuple[str, ...], verbose: bool) -> None:
     """Run the kvtune operator until interrupted."""
     import kopf
+
     from kvtune.operator import handlers, metrics, pod_policy
 
     if standalone and peering_name:
         raise click.UsageError("--standalone and --peering exclude each other; pick one")
+    # Fail fast on a broken kubeconfig or an API server that does not answer: kopf would
+    # retry silently forever.
+    from kvtune.cli.kube_access import ClusterUnreachable, api_client, check_api_server
+
+    try:
+        version = check_api_server(api_client(kubeconfig), kubeconfig)
+    except ClusterUnreachable as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"kvtune operator: API server {version}", err=True)
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     handlers.CONFIG.kubeconfig = kubeconfig

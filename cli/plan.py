@@ -2,7 +2,7 @@
 
 The command is three steps, each its own function so other sources and formats plug in
 without touching the rest: build a ``PlanRequest`` from the options (``build_request``),
-plan it (``kvtune.tuner.planning.plan_pool``), render it (``render``; formats in
+plan it (``kvtune.tuner.planner.planning.plan_pool``), render it (``render``; formats in
 ``RENDERERS``).
 """
 
@@ -15,23 +15,31 @@ from pathlib import Path
 from typing import Any
 
 import click
-from kvtune.tuner import catalog, gpus
-from kvtune.tuner.capabilities import PINNED_VLLM_VERSION, get_runtime
+
+from kvtune.cli.options import pin_options, pins_from
 from kvtune.tuner.errors import KVTuneError
-from kvtune.tuner.kvmemory import kv_bytes_per_token
+from kvtune.tuner.facts import catalog, gpus
+from kvtune.tuner.facts.capabilities import PINNED_VLLM_VERSION, get_runtime
+from kvtune.tuner.facts.kvmemory import kv_bytes_per_token
+from kvtune.tuner.facts.weights import weights_load
+from kvtune.tuner.kv_quality import (
+    DEFAULT_MAX_KV_QUANTIZATION_KL,
+    KVQualityEvidence,
+    KVQualityPolicy,
+    evidence_from_report,
+)
 from kvtune.tuner.plan import PoolPlan
-from kvtune.tuner.planning import PlanRequest, kv_capacity_by_dtype, plan_pool
-from kvtune.tuner.policy import SLO, Pins, PlanPolicy
-from kvtune.tuner.presets import (
+from kvtune.tuner.planner.planning import PlanRequest, kv_capacity_by_dtype, plan_pool
+from kvtune.tuner.planner.policy import SLO, PlanPolicy
+from kvtune.tuner.planner.presets import (
     PRESET_KINDS,
     fixed_session_profile,
     preset_profile,
     profile_from_trace,
 )
 from kvtune.tuner.traces import load_trace
+from kvtune.tuner.units import GiB
 from kvtune.tuner.workload import WorkloadProfile
-
-GiB = 1 << 30
 
 
 def build_profile(
@@ -51,18 +59,7 @@ def build_profile(
 
 
 def build_request(opts: dict[str, Any]) -> PlanRequest:
-    pins = Pins(
-        block_size=opts["block_size"],
-        kv_cache_dtype=opts["kv_cache_dtype"],
-        gpu_memory_utilization=opts["gpu_memory_utilization"],
-        kv_cache_memory_bytes=opts["kv_cache_memory_bytes"],
-        max_model_len=opts["max_model_len"],
-        max_num_seqs=opts["max_num_seqs"],
-        max_num_batched_tokens=opts["max_num_batched_tokens"],
-        enable_prefix_caching=opts["enable_prefix_caching"],
-        kv_offloading_size_gib=opts["kv_offloading_size"],
-        attention_backend=opts["attention_backend"],
-    )
+    pins = pins_from(opts)
     policy = PlanPolicy(
         slo=SLO(ttft_p95_seconds=opts["ttft_p95"], tpot_p95_seconds=opts["tpot_p95"]),
         lowest_kv_precision=opts["lowest_kv_precision"],
@@ -70,6 +67,9 @@ def build_request(opts: dict[str, Any]) -> PlanRequest:
         target_concurrent_sequences=opts["target_sequences"],
         min_max_model_len_tokens=opts["min_max_model_len"],
         cpu_offload_budget_bytes=int((opts["cpu_offload_gib"] or 0) * GiB),
+        kv_quality=KVQualityPolicy(
+            max_kv_quantization_kl=opts["max_kv_quantization_kl"],
+            require_measurement=opts["require_kv_measurement"]),
     )
     return PlanRequest(
         model=catalog.get_model(opts["model"]),
@@ -79,7 +79,23 @@ def build_request(opts: dict[str, Any]) -> PlanRequest:
         profile=build_profile(opts["context_tokens"], opts["workload"], opts["trace"]),
         policy=policy,
         vllm_version=opts["vllm_version"],
+        kv_quality_evidence=kv_quality_evidence(opts["kv_quality_report"]),
     )
+
+
+def kv_quality_evidence(path: Path | None) -> KVQualityEvidence | None:
+    """``--kv-quality-report``: a report written by ``kvtune quality -o``."""
+    if path is None:
+        return None
+    try:
+        report = json.loads(path.read_text())
+        if not isinstance(report, dict):
+            raise ValueError("not a JSON object")
+        return evidence_from_report(report, source=f"kvtune quality report {path.name}")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise click.BadParameter(f"{path}: not a kvtune quality report ({exc}); write one "
+                                 "with `kvtune quality --model … -o FILE`",
+                                 param_hint="--kv-quality-report") from None
 
 
 # --- rendering ---------------------------------------------------------------------------------
@@ -90,14 +106,15 @@ def dtype_comparison(request: PlanRequest) -> list[dict[str, Any]]:
     the concurrent p95 sessions (the article's 16/8/4-bit comparison)."""
     runtime = get_runtime(request.vllm_version)
     sessions = kv_capacity_by_dtype(request)
+    served = weights_load(request.model, request.weights_dtype).served_dtype
     base = kv_bytes_per_token(request.model, "auto", request.tensor_parallel,
-                              model_dtype=request.model.torch_dtype)
+                              model_dtype=served)
     base_sessions = sessions.get("auto") or 0
     rows = []
     for name, count in sessions.items():
         bits = runtime.dtype(name).bits
         per_token = kv_bytes_per_token(request.model, name, request.tensor_parallel,
-                                       model_dtype=request.model.torch_dtype)
+                                       model_dtype=served)
         pure = base * bits // 16
         rows.append({
             "kv_cache_dtype": name,
@@ -123,7 +140,7 @@ def plan_document(pool: PoolPlan, request: PlanRequest) -> dict[str, Any]:
         "concurrent_sequences": pool.expected.concurrent_sequences,
         "concurrent_sequences_context_tokens": pool.expected.concurrent_sequences_context_tokens,
         "plan": pool.plan.model_dump(mode="json"),
-        "vllm_args": pool.plan.vllm_args(),
+        "vllm_args": pool.vllm_args(),
         "expected": pool.expected.model_dump(mode="json"),
         "reasons": [r.model_dump(mode="json") for r in pool.reasons],
         "warnings": list(pool.warnings),
@@ -143,10 +160,7 @@ def render_yaml(pool: PoolPlan, request: PlanRequest) -> str:
 
 
 def render_args(pool: PoolPlan, request: PlanRequest) -> str:
-    parts = [f"vllm serve {pool.model_id}"]
-    if pool.tensor_parallel > 1:
-        parts.append(f"--tensor-parallel-size={pool.tensor_parallel}")
-    parts += pool.plan.vllm_args()
+    parts = [f"vllm serve {pool.model_id}", *pool.vllm_args()]
     return " \\\n  ".join(parts) + "\n"
 
 
@@ -210,7 +224,7 @@ def render_table(pool: PoolPlan, request: PlanRequest) -> str:
         console.print(cmp)
     for w in pool.warnings:
         console.print(f"[yellow]warning:[/] {w}")
-    console.print("[dim]vllm serve flags:[/] " + " ".join(p.vllm_args()))
+    console.print("[dim]vllm serve flags:[/] " + " ".join(pool.vllm_args()))
     return console.export_text()
 
 
@@ -249,22 +263,17 @@ def _models_help() -> str:
 @click.option("--workload", type=click.Choice(PRESET_KINDS), help="Workload preset.")
 @click.option("--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Azure CSV or Mooncake JSONL trace to profile.")
-@click.option("--kv-cache-dtype", help="Pin the KV cache dtype.")
-@click.option("--block-size", type=click.IntRange(min=1), help="Pin the block size.")
-@click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True),
-              help="Pin the memory fraction.")
-@click.option("--kv-cache-memory-bytes", type=click.IntRange(min=1), help="Pin exact KV bytes.")
-@click.option("--max-model-len", type=click.IntRange(min=1), help="Pin max-model-len.")
-@click.option("--max-num-seqs", type=click.IntRange(min=1), help="Pin max-num-seqs.")
-@click.option("--max-num-batched-tokens", type=click.IntRange(min=1),
-              help="Pin max-num-batched-tokens.")
-@click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=None,
-              help="Pin prefix caching on or off.")
-@click.option("--kv-offloading-size", type=click.FloatRange(min=0),
-              help="Pin KV offload to CPU (GiB across TP ranks; 0: off).")
-@click.option("--attention-backend", help="Pin the attention backend.")
+@pin_options
 @click.option("--lowest-kv-precision", type=click.Choice(["bf16", "fp8", "int8", "fp4", "int4"]),
               default="fp8", show_default=True, help="Never quantize the KV cache below this.")
+@click.option("--kv-quality-report", type=click.Path(exists=True, dir_okay=False,
+                                                      path_type=Path),
+              help="A `kvtune quality -o` report: narrower KV dtypes are gated on it.")
+@click.option("--max-kv-quantization-kl", type=click.FloatRange(min=0, min_open=True),
+              default=DEFAULT_MAX_KV_QUANTIZATION_KL, show_default=True,
+              help="Exclude KV dtypes whose measured mean next-token KL exceeds this (nats).")
+@click.option("--require-kv-measurement", is_flag=True,
+              help="Keep 16-bit KV unless a measurement allows a narrower dtype.")
 @click.option("--ttft-p95", type=click.FloatRange(min=0, min_open=True),
               help="TTFT p95 SLO, seconds.")
 @click.option("--tpot-p95", type=click.FloatRange(min=0, min_open=True),
@@ -303,6 +312,7 @@ def plan(**opts: Any) -> None:
         pool = plan_pool(request)
         text = render(pool, request, opts["output"])
     except KVTuneError as exc:
+        # Bad input (a model, GPU or pin that cannot work) exits 1; click's usage errors 2.
         click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        sys.exit(1)
     click.echo(text, nl=False)

@@ -18,21 +18,12 @@ from typing import Any
 
 import yaml
 
+from kvtune.tuner.knobs import PINNABLE, camel_name
+
 GROUP, VERSION, PLURAL = "kvtune.io", "v1alpha1", "inferencedeployments"
 
-# Status plan key -> spec.tuning.pin key (both camelCase; the pin spells GiB in capitals).
-_PIN_KEYS = {
-    "blockSize": "blockSize",
-    "kvCacheDtype": "kvCacheDtype",
-    "gpuMemoryUtilization": "gpuMemoryUtilization",
-    "kvCacheMemoryBytes": "kvCacheMemoryBytes",
-    "maxModelLen": "maxModelLen",
-    "maxNumSeqs": "maxNumSeqs",
-    "maxNumBatchedTokens": "maxNumBatchedTokens",
-    "enablePrefixCaching": "enablePrefixCaching",
-    "kvOffloadingSizeGiB": "kvOffloadingSizeGiB",
-    "attentionBackend": "attentionBackend",
-}
+# Status plan key -> spec.tuning.pin key: the pinnable knobs, camelCase in both.
+_PIN_KEYS = {camel_name(k): camel_name(k) for k in PINNABLE}
 
 
 class NoRecommendation(Exception):
@@ -121,14 +112,17 @@ def render_patch(obj: dict[str, Any], pool: str | None = None) -> str:
 def fetch(name: str, namespace: str, kubeconfig: str | None = None,
           context: str | None = None) -> dict[str, Any]:
     """The InferenceDeployment as the API server has it (kubeconfig, else in-cluster)."""
-    from kubernetes import client, config
+    from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
+    from kvtune.cli.kube_access import ClusterUnreachable, api_client, check_api_server
+
     try:
-        config.load_kube_config(config_file=kubeconfig, context=context)  # type: ignore[no-untyped-call]
-    except config.ConfigException:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    api = client.CustomObjectsApi()
+        kube = api_client(kubeconfig, context)
+        check_api_server(kube, kubeconfig)
+    except ClusterUnreachable as exc:
+        raise NoRecommendation(f"--from-cluster {name}: {exc}") from exc
+    api = client.CustomObjectsApi(kube)
     try:
         got: Any = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
         obj: dict[str, Any] = got
@@ -137,7 +131,9 @@ def fetch(name: str, namespace: str, kubeconfig: str | None = None,
             raise NoRecommendation(
                 f"InferenceDeployment {namespace}/{name} not found (expected it in namespace "
                 f"{namespace!r}; pass -n NAMESPACE)") from err
-        raise
+        raise NoRecommendation(
+            f"--from-cluster {name}: the API server refused to read {namespace}/{name} "
+            f"({err.status} {err.reason}); check the kubeconfig's permissions") from err
     return obj
 
 
@@ -164,6 +160,7 @@ def handle_plan_options(opts: dict[str, Any]) -> bool:
         obj = fetch(name, namespace or "default", kubeconfig=kubeconfig)
         click.echo(render_patch(obj, pool), nl=False)
     except NoRecommendation as exc:
+        # Bad input or an unreachable cluster: exit 1 (usage errors exit 2).
         click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        sys.exit(1)
     return True

@@ -7,9 +7,11 @@ import threading
 from pathlib import Path
 
 import click
-from kvtune.e2e.replay_exporter import ENGINES, Replay, ReplayServer, parse_config_overrides
-from kvtune.e2e.replay_instance import InstanceConfig
-from kvtune.e2e.replay_sim import Hardware
+
+from kvtune.replay.exporter import ENGINES, Replay, ReplayServer, parse_config_overrides
+from kvtune.replay.instance import InstanceConfig
+from kvtune.replay.sim import Hardware
+from kvtune.tuner.errors import KVTuneError
 
 
 @click.command()
@@ -54,7 +56,7 @@ def replay(trace_path: str, speed: float, port: int, model_name: str, offset_sec
     metric names, types, labels and buckets. POST /control/trace {"trace": PATH} switches
     the traffic while running; POST /control/config {"args": [vllm flags]} restarts the
     instance with a new configuration (a rollout)."""
-    from kvtune.e2e.replay_follow import DeploymentFollower, parse_target
+    from kvtune.replay.follow import DeploymentFollower, parse_target
 
     follower: DeploymentFollower | None = None
     try:
@@ -83,6 +85,8 @@ def replay(trace_path: str, speed: float, port: int, model_name: str, offset_sec
             namespace, name = parse_target(follow_deployment)
             follower = DeploymentFollower(server.replay, namespace, name, kubeconfig,
                                           follow_interval)
+    except KVTuneError as exc:  # a bad trace, model or GPU: bad input, exit 1
+        raise click.ClickException(str(exc)) from exc
     except (ValueError, OSError, LookupError) as exc:
         raise click.UsageError(str(exc)) from exc
     server.start()

@@ -22,19 +22,25 @@ from pathlib import Path
 from typing import Any
 
 import click
-from kvtune.tuner import catalog, gpus
-from kvtune.tuner.errors import KVTuneError
-from kvtune.tuner.planning import PlanRequest
-from kvtune.tuner.presets import profile_from_trace
+
+from kvtune.cli.outputs import plot_file, writable_file
+from kvtune.tuner.errors import InvalidInput, KVTuneError
+from kvtune.tuner.facts import catalog, gpus
+from kvtune.tuner.facts.capabilities import PINNED_VLLM_VERSION
+from kvtune.tuner.planner.planning import PlanRequest
+from kvtune.tuner.planner.policy import SLO, PlanPolicy
+from kvtune.tuner.planner.presets import profile_from_trace
 from kvtune.tuner.simulator import compare
 from kvtune.tuner.simulator.engine import SimulatedPlan
-from kvtune.tuner.simulator.metrics import SimResult
+from kvtune.tuner.simulator.metrics import SimResult, SLOTargets
 from kvtune.tuner.simulator.scoring import DEFAULT_SAMPLE_REQUESTS, SimulatorScorer
 from kvtune.tuner.simulator.workload import requests_from_trace
 from kvtune.tuner.traces import load_trace
 
 _COLUMNS: tuple[tuple[str, str, str], ...] = (
-    # (header, summary key, format)
+    # (header, summary key, format); a key missing from a row (no SLO given) is left out
+    ("goodput", "goodput_requests_per_second", "{:.2f}"),
+    ("SLO met", "slo_attainment", "{:.1%}"),
     ("req/s", "throughput_requests_per_second", "{:.2f}"),
     ("out tok/s", "throughput_output_tokens_per_second", "{:.0f}"),
     ("TTFT p50", "ttft_p50_seconds", "{:.3f}"),
@@ -57,7 +63,8 @@ def _fmt(fmt: str, value: Any) -> str:
 
 
 def render_table(rows: list[dict[str, Any]]) -> str:
-    headers = ["config", "block", "seqs", "KV tokens", *(h for h, _, _ in _COLUMNS)]
+    columns = [c for c in _COLUMNS if any(c[1] in row for row in rows)]
+    headers = ["config", "block", "seqs", "KV tokens", *(h for h, _, _ in columns)]
     body: list[list[str]] = []
     notes: list[str] = []
     for row in rows:
@@ -68,7 +75,7 @@ def render_table(rows: list[dict[str, Any]]) -> str:
         body.append([
             row["name"], str(e["block_size"]), str(e["max_num_seqs"]),
             str(row["kv_cache_tokens"]),
-            *(_fmt(f, row[k]) for _, k, f in _COLUMNS),
+            *(_fmt(f, row[k]) for _, k, f in columns),
         ])
     widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(headers)]
     lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))]
@@ -76,7 +83,8 @@ def render_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines + notes)
 
 
-def _row(config: SimulatedPlan, result: SimResult | None) -> dict[str, Any]:
+def _row(config: SimulatedPlan, result: SimResult | None, slo: SLOTargets | None = None
+         ) -> dict[str, Any]:
     row: dict[str, Any] = {
         "name": config.name, "starts": config.starts,
         "vllm_args": config.plan.vllm_args(),
@@ -93,7 +101,7 @@ def _row(config: SimulatedPlan, result: SimResult | None) -> dict[str, Any]:
     if not config.starts:
         row["start_error"] = config.start_error
     if result is not None:
-        summary = result.summary()
+        summary = result.summary(slo)
         summary.pop("config", None)
         row.update(summary)
     return row
@@ -107,6 +115,9 @@ def _row(config: SimulatedPlan, result: SimResult | None) -> dict[str, Any]:
 @click.option("--tp", "tensor_parallel", type=int, default=1, show_default=True,
               help="Tensor-parallel GPUs per replica.")
 @click.option("--weights-dtype", default="auto", show_default=True)
+@click.option("--vllm-version", default=PINNED_VLLM_VERSION, show_default=True,
+              help="vLLM version whose memory accounting and defaults to model "
+              "(the versions kvtune is calibrated for).")
 @click.option("--speed", type=float, default=1.0, show_default=True,
               help="Replay X times faster than recorded (find where a configuration saturates).")
 @click.option("--limit", type=int, default=None,
@@ -120,17 +131,37 @@ def _row(config: SimulatedPlan, result: SimResult | None) -> dict[str, Any]:
 @click.option("--score-sample", type=int, default=DEFAULT_SAMPLE_REQUESTS, show_default=True,
               help="Requests of the trace the planner's scorer replays per candidate "
               "(0: plan without the simulator).")
+@click.option("--ttft-p95", "ttft_slo", type=float, default=None, metavar="S",
+              help="TTFT target in seconds: each configuration reports SLO-goodput (requests "
+              "per second meeting both targets) and attainment; the planner plans for it.")
+@click.option("--tpot-p95", "tpot_slo", type=float, default=None, metavar="S",
+              help="TPOT target in seconds (per request: (finish - first token) / (output - 1)).")
+@click.option("--per-request", "per_request_path", type=click.Path(dir_okay=False,
+              path_type=Path), default=None,
+              help="Write one JSON line per configuration and request: arrival, TTFT, TPOT, "
+              "whether it met the SLO.")
 @click.option("-o", "--output", "output_format", type=click.Choice(["table", "json"]),
               default="table", show_default=True)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="Write a PNG: KV usage and hit rate over time, TTFT CDF.")
 def simulate(
     trace_path: Path, model: str, gpu_name: str, tensor_parallel: int, weights_dtype: str,
-    speed: float, limit: int | None, config_pairs: tuple[str, ...], compare_names: str,
-    score_sample: int, output_format: str, plot_path: Path | None,
+    vllm_version: str, speed: float, limit: int | None, config_pairs: tuple[str, ...],
+    compare_names: str, score_sample: int, ttft_slo: float | None, tpot_slo: float | None,
+    per_request_path: Path | None, output_format: str, plot_path: Path | None,
 ) -> None:
     """Replay a trace through the KV-cache simulator and compare configurations."""
+    # Outputs are checked before the replay, which can take a while on a long trace.
+    if plot_path is not None:
+        plot_file(plot_path)
+    if per_request_path is not None:
+        writable_file(per_request_path, "--per-request")
     try:
+        for flag, value in (("--ttft-p95", ttft_slo), ("--tpot-p95", tpot_slo)):
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise InvalidInput(flag, value, "must be a positive number of seconds")
+        slo = (SLOTargets(ttft_seconds=ttft_slo, tpot_seconds=tpot_slo)
+               if ttft_slo is not None or tpot_slo is not None else None)
         names = [n.strip() for n in compare_names.split(",") if n.strip()]
         overrides = compare.parse_overrides(config_pairs)
         if overrides and "custom" not in names:
@@ -139,7 +170,8 @@ def simulate(
         request = PlanRequest(
             model=catalog.get_model(model), gpu=gpus.get_gpu_class(gpu_name),
             tensor_parallel=tensor_parallel, weights_dtype=weights_dtype,
-            profile=profile_from_trace(trace),
+            profile=profile_from_trace(trace), vllm_version=vllm_version,
+            policy=PlanPolicy(slo=SLO(ttft_p95_seconds=ttft_slo, tpot_p95_seconds=tpot_slo)),
         )
         scorer = (SimulatorScorer.from_trace(trace, limit=score_sample, speed=speed)
                   if score_sample > 0 else None)
@@ -150,7 +182,7 @@ def simulate(
         for config in configs:
             t0 = time.perf_counter()
             result = compare.run(requests, [config])[0] if config.starts else None
-            row = _row(config, result)
+            row = _row(config, result, slo)
             row["wall_seconds"] = round(time.perf_counter() - t0, 3)
             rows.append(row)
             if result is not None:
@@ -158,6 +190,8 @@ def simulate(
     except KVTuneError as exc:
         raise click.ClickException(str(exc)) from exc
 
+    if per_request_path is not None:
+        _write_per_request(per_request_path, results, slo)
     header = (f"{trace.name}: {len(requests)} requests at {speed:g}x, {model} on "
               f"{request.gpu.name} x{tensor_parallel}")
     if output_format == "json":
@@ -168,7 +202,7 @@ def simulate(
         }), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        click.echo(header)
+        click.echo(header + (f"; SLO {_slo_text(slo)}" if slo is not None else ""))
         click.echo(render_table(rows))
         for row in rows:
             click.echo(f"  {row['name']}: vllm serve {model} {' '.join(row['vllm_args'])}")
@@ -177,6 +211,37 @@ def simulate(
 
         plot_comparison(results, plot_path, title=header)
         click.echo(f"wrote {plot_path}", err=output_format == "json")
+
+
+def _slo_text(slo: SLOTargets) -> str:
+    parts = []
+    if slo.ttft_seconds is not None:
+        parts.append(f"TTFT <= {slo.ttft_seconds:g} s")
+    if slo.tpot_seconds is not None:
+        parts.append(f"TPOT <= {slo.tpot_seconds * 1000:g} ms")
+    return " and ".join(parts) + " per request"
+
+
+def _write_per_request(path: Path, results: list[SimResult], slo: SLOTargets | None) -> None:
+    """One JSON line per configuration and request (NaN -> null)."""
+    try:
+        with path.open("w") as out:
+            for result in results:
+                per = result.per_request(slo)
+                for i in range(result.num_requests):
+                    out.write(json.dumps(_finite({
+                        "config": result.name, "request": i,
+                        "arrival_seconds": float(per.arrival_seconds[i]),
+                        "prompt_tokens": result.prompt_tokens[i],
+                        "output_tokens": result.output_tokens[i],
+                        "ttft_seconds": float(per.ttft_seconds[i]),
+                        "tpot_seconds": float(per.tpot_seconds[i]),
+                        "met_slo": bool(per.met_slo[i]),
+                    })) + "\n")
+    except OSError as exc:
+        raise click.ClickException(
+            f"--per-request={str(path)!r}: cannot write ({exc.strerror}); pass a writable "
+            "file path") from exc
 
 
 def _finite(value: Any) -> Any:

@@ -37,6 +37,9 @@ class Component:
     gomod: str
     module: str
     executables: tuple[str, ...]
+    # A second pinned module whose version is stamped into the build (helm: client-go, the
+    # Kubernetes version `helm template` assumes) and therefore part of the cache key.
+    stamped_module: str | None = None
 
 
 COMPONENTS: dict[str, Component] = {
@@ -48,27 +51,41 @@ COMPONENTS: dict[str, Component] = {
         ("kube-apiserver", "kube-controller-manager", "kube-scheduler"),
     ),
     "kwok": Component("kwok", "kwok", "sigs.k8s.io/kwok", ("kwok",)),
-    "helm": Component("helm", "helm", "helm.sh/helm/v3", ("helm",)),
+    "helm": Component("helm", "helm", "helm.sh/helm/v3", ("helm",), "k8s.io/client-go"),
 }
+
+
+def _required(component: Component, module: str, gomod: Path | None) -> str:
+    go_mod = (gomod or gomod_dir()) / component.gomod / "go.mod"
+    text = go_mod.read_text()
+    match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", text, re.M)
+    if match is None:
+        raise ClusterError(component.name, f"{go_mod} does not require {module}")
+    return match.group(1)
 
 
 def required_version(component: Component, gomod: Path | None = None) -> str:
     """The version of ``component.module`` that its go.mod requires (``require M V`` or a block)."""
-    go_mod = (gomod or gomod_dir()) / component.gomod / "go.mod"
-    text = go_mod.read_text()
-    match = re.search(rf"^\s*(?:require\s+)?{re.escape(component.module)}\s+(v\S+)", text, re.M)
-    if match is None:
-        raise ClusterError(component.name, f"{go_mod} does not require {component.module}")
-    return match.group(1)
+    return _required(component, component.module, gomod)
+
+
+def cache_key(component: Component, gomod: Path | None = None) -> str:
+    """The version part of the cache directory, as e2e/build-binaries.sh names it: the module's
+    version, plus ``-kubeMAJOR.MINOR`` where a client-go version is stamped in (helm's
+    Makefile: client-go v0.34.x -> Kubernetes 1.34)."""
+    version = required_version(component, gomod)
+    if component.stamped_module is None:
+        return version
+    stamped = _required(component, component.stamped_module, gomod).lstrip("v").split(".")
+    return f"{version}-kube{int(stamped[0]) + 1}.{stamped[1]}"
 
 
 def build_dir(component: Component, gomod: Path | None = None) -> Path:
-    return cache_dir() / "bin" / f"{component.name}-{required_version(component, gomod)}"
+    return cache_dir() / "bin" / f"{component.name}-{cache_key(component, gomod)}"
 
 
 def build_log(component: Component, gomod: Path | None = None) -> Path:
-    version = required_version(component, gomod)
-    return cache_dir() / "logs" / f"build-{component.name}-{version}.log"
+    return cache_dir() / "logs" / f"build-{component.name}-{cache_key(component, gomod)}.log"
 
 
 def is_built(component: Component, gomod: Path | None = None) -> bool:

@@ -85,7 +85,18 @@ for w in $want; do
       build kwok "$v" "$gomod/kwok" "-s -w" sigs.k8s.io/kwok/cmd/kwok ;;
     helm)
       helm_version=$(required helm helm.sh/helm/v3) || exit 1
-      build helm "$helm_version" "$gomod/helm" "-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version" helm.sh/helm/v3/cmd/helm ;;
+      # As helm's own Makefile: the Kubernetes version that `helm template` and `helm lint`
+      # assume without --kube-version is stamped from client-go (v0.34 -> 1.34); unstamped it is
+      # 1.20, below the chart's kubeVersion. The cache key names it, so an unstamped build
+      # cached before is not reused (e2e/binaries.py computes the same key).
+      client_go=$(required helm k8s.io/client-go) || exit 1
+      kube_minor=$(echo "$client_go" | cut -d. -f2)
+      kube_major=$(( $(echo "${client_go#v}" | cut -d. -f1) + 1 ))
+      helm_ld="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+      for pkg in pkg/chartutil pkg/lint/rules; do
+        helm_ld="$helm_ld -X helm.sh/helm/v3/$pkg.k8sVersionMajor=$kube_major -X helm.sh/helm/v3/$pkg.k8sVersionMinor=$kube_minor"
+      done
+      build helm "$helm_version-kube$kube_major.$kube_minor" "$gomod/helm" "$helm_ld" helm.sh/helm/v3/cmd/helm ;;
     *) log "FAILED: unknown component '$w' (choose from: etcd kube kwok helm)"; exit 2 ;;
   esac
 done

@@ -30,11 +30,12 @@ from types import TracebackType
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
+
 from kvtune.e2e import binaries, gpu_nodes, pki
 from kvtune.e2e.errors import ClusterError, log_tail
 from kvtune.e2e.gpu_nodes import NodePool
 from kvtune.e2e.processes import ProcessRecord, Supervisor, is_running
-from pydantic import BaseModel
 
 KWOK_STAGES = Path(__file__).resolve().parent / "kwok-stages.yaml"
 STATE_FILE = "cluster.json"

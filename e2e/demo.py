@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+
 from kvtune.e2e.cluster import LocalCluster
 from kvtune.e2e.errors import ClusterError, log_tail
 from kvtune.e2e.traces import AZURE_TRACE
@@ -194,8 +195,8 @@ class Demo:
             return "skipped: no `prometheus` on PATH (scripts/setup.sh installs Debian's)"
         try:
             from kvtune.e2e.prometheus import start_prometheus
-            from kvtune.e2e.replay_exporter import Replay, ReplayServer
-            from kvtune.e2e.replay_instance import InstanceConfig
+            from kvtune.replay.exporter import Replay, ReplayServer
+            from kvtune.replay.instance import InstanceConfig
         except ImportError as error:
             return f"skipped: the replay exporter or Prometheus module is missing ({error})"
         model = self.manifest["spec"]["model"]["name"]

@@ -29,8 +29,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvtune.e2e.errors import ClusterError, log_tail
 from pydantic import BaseModel
+
+from kvtune.e2e.errors import ClusterError, log_tail
 
 _PR_SET_PDEATHSIG = 1
 _LIVE: set[Supervisor] = set()

@@ -34,8 +34,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from kvtune.operator import vllm_metrics as vm
 from pydantic import BaseModel, ConfigDict, Field
+
+from kvtune.operator import vllm_metrics as vm
 
 RECORD_PREFIX = "kvtune"
 

@@ -12,11 +12,15 @@ from __future__ import annotations
 import itertools
 from typing import Any, Literal
 
-from kvtune.operator.durations import DURATION_PATTERN, parse_duration
-from kvtune.tuner.policy import KVPrecision
-from kvtune.tuner.weights import WEIGHTS_DTYPES
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+
+from kvtune.operator.durations import DURATION_PATTERN, parse_duration
+from kvtune.tuner.facts.vllm_memory import supported_versions
+from kvtune.tuner.facts.weights import WEIGHTS_DTYPES
+from kvtune.tuner.knobs import PINNABLE
+from kvtune.tuner.kv_quality import DEFAULT_MAX_KV_QUANTIZATION_KL
+from kvtune.tuner.planner.policy import KVPrecision, Pins
 
 GROUP = "kvtune.io"
 VERSION = "v1alpha1"
@@ -96,6 +100,11 @@ class ModelSpec(_Model):
         default="auto",
         description="Dtype of the checkpoint's weights; auto: the model's own (config.json).",
     )
+    revision: str | None = Field(
+        default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._/-]+$",
+        description="The checkpoint revision (a commit or tag) the runtime serves; KV-quality "
+                    "measurements are kept per revision. Unset: 'unpinned'.",
+    )
 
 
 class PodTemplateRef(_Model):
@@ -109,7 +118,12 @@ class PodTemplateSource(_Model):
 
 class RuntimeSpec(_Model):
     image: str = Field(default="vllm/vllm-openai:v0.33.0", min_length=1, max_length=512)
-    vllm_version: str = Field(default="0.33.0", pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$")
+    # The versions kvtune's memory model is calibrated for (tuner/facts/data/vllm_memory.json);
+    # the API server refuses others at admission.
+    vllm_version: str = Field(
+        default="0.33.0", json_schema_extra={"enum": list(supported_versions())},
+        description="The vLLM version the image runs: its memory accounting and defaults.",
+    )
     pod_template: PodTemplateSource | None = Field(
         default=None,
         description="A ConfigMap whose key holds a Jinja2 pod template replacing kvtune's own.",
@@ -121,6 +135,15 @@ class RuntimeSpec(_Model):
                     "runtime images), which checks the GPU against the plan, sizes the memory "
                     "fraction to what is free, reports to the pod, then execs `vllm serve`.",
     )
+
+    @model_validator(mode="after")
+    def _calibrated_version(self) -> RuntimeSpec:
+        if self.vllm_version not in supported_versions():
+            raise ValueError(
+                f"spec.runtime.vllmVersion={self.vllm_version!r}: kvtune is calibrated for "
+                f"vLLM {', '.join(supported_versions())}; set one of them"
+            )
+        return self
 
 
 class DeclaredTokens(_Model):
@@ -180,8 +203,40 @@ class SLOSpec(_Model):
             self.tpot_p95, field="spec.slo.tpotP95")
 
 
+class CalibrationSpec(_Model):
+    """The KV-quality calibration Job (issue 15): measured before a narrower KV dtype first
+    rolls out for a model revision."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Measure narrower KV dtypes with a Job on the pool's GPU nodes before "
+                    "they roll out. false: plan on the configured evidence alone.")
+    image: str | None = Field(
+        default=None, min_length=1, max_length=512,
+        description="Image with kvtune, torch and transformers for the Job. Default: the "
+                    "runtime image when runtime.entrypoint is kvtune (kvtune's runtime images "
+                    "carry all three); with a plain vLLM image, set this.")
+    timeout: str = Field(
+        default="30m", pattern=DURATION_PATTERN, max_length=32,
+        description="The Job's activeDeadlineSeconds; past it the Job fails and the wider "
+                    "dtype stays.")
+    max_prompt_tokens: int = Field(default=2048, ge=16, le=32768)
+
+    def timeout_seconds(self) -> int:
+        return max(1, int(parse_duration(self.timeout, field="spec.quality.calibration.timeout")))
+
+
 class QualitySpec(_Model):
     lowest_kv_precision: KVPrecision = Field(default="fp8", alias="lowestKVPrecision")
+    max_kv_quantization_kl: float = Field(
+        default=DEFAULT_MAX_KV_QUANTIZATION_KL, gt=0.0, le=10.0, alias="maxKVQuantizationKL",
+        description="Exclude KV dtypes whose measured mean next-token KL divergence against "
+                    "16-bit KV (nats, over kvtune's calibration prompts) exceeds this.")
+    require_measurement: bool = Field(
+        default=False,
+        description="Keep 16-bit KV until a measurement for this model revision allows a "
+                    "narrower dtype.")
+    calibration: CalibrationSpec = CalibrationSpec()
 
 
 class Toleration(_Model):
@@ -192,11 +247,38 @@ class Toleration(_Model):
     toleration_seconds: int | None = None
 
 
+_QUANTITY = r"^[0-9]+(\.[0-9]+)?\s*[A-Za-z/]+$"
+
+
+class CustomGPUSpec(_Model):
+    """A GPU kvtune has no data for, declared by its facts; label its nodes
+    ``kvtune.io/gpu-class: <gpuClass>``."""
+
+    memory: str = Field(pattern=_QUANTITY, max_length=32, description=(
+        "Memory as the CUDA runtime reports it (torch.cuda.mem_get_info total), e.g. 47.4GiB."))
+    bandwidth: str = Field(pattern=_QUANTITY, max_length=32,
+                           description="Memory bandwidth, e.g. 960GB/s or 3.35TB/s.")
+    bf16: str = Field(pattern=_QUANTITY, max_length=32,
+                      description="Dense BF16 tensor FLOPs, e.g. 364TFLOPS.")
+    fp8: str | None = Field(default=None, pattern=_QUANTITY, max_length=32,
+                            description="Dense FP8 tensor FLOPs (compute capability 8.9+).")
+    compute_capability: str = Field(pattern=r"^[0-9]+\.[0-9]$", max_length=8,
+                                    description="e.g. 8.9 (nvidia-smi --query-gpu=compute_cap).")
+
+    def declaration(self, name: str) -> str:
+        """The tuner's custom-GPU declaration (``tuner.gpus.parse_gpu_spec``)."""
+        fp8 = f",fp8={self.fp8}" if self.fp8 else ""
+        return (f"{name}:memory={self.memory},bandwidth={self.bandwidth},bf16={self.bf16}"
+                f"{fp8},cc={self.compute_capability}")
+
+
 class PoolSpec(_Model):
     gpu_class: str = Field(
         min_length=1, max_length=32, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
-        description="kvtune GPU class, e.g. H100, H200, B200.",
+        description="kvtune GPU class, e.g. H100, H200, B200, L4; or the name of a customGpu.",
     )
+    custom_gpu: CustomGPUSpec | None = Field(
+        default=None, description="Declares gpuClass as a GPU kvtune has no data for.")
     name: str | None = Field(
         default=None, min_length=1, max_length=20, pattern=_DNS_LABEL,
         description="Pool name in object names; defaults to the lower-cased GPU class.",
@@ -209,6 +291,11 @@ class PoolSpec(_Model):
     @property
     def pool_name(self) -> str:
         return self.name or self.gpu_class.lower().replace("_", "-")
+
+    @property
+    def gpu_declaration(self) -> str:
+        """What ``tuner.gpus.get_gpu_class`` takes: the class name, or its custom declaration."""
+        return self.custom_gpu.declaration(self.gpu_class) if self.custom_gpu else self.gpu_class
 
 
 _LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
@@ -293,6 +380,10 @@ class PinSpec(_Model):
             raise ValueError("pin gpuMemoryUtilization or kvCacheMemoryBytes, not both")
         return self
 
+    def to_pins(self) -> Pins:
+        """The planner's pins: every pinnable knob of the table (``kvtune.tuner.knobs``)."""
+        return Pins(**{k.name: getattr(self, k.name) for k in PINNABLE})
+
 
 _DWELL_RULE = (
     "!has(self.retune) || !has(self.retune.dwell) || !has(self.prometheus) || "
@@ -313,6 +404,12 @@ class TuningSpec(_Model):
     prometheus: PrometheusSpec | None = None
     retune: RetuneSpec | None = None
     pin: PinSpec | None = None
+    cpu_offload_gib: float = Field(
+        default=0.0, ge=0.0, le=65536.0, alias="cpuOffloadGiB",
+        description="CPU memory per GPU (GiB) that may hold offloaded KV blocks; kvtune turns "
+                    "KV offloading on when blocks are read back and this is at least 1 GiB. "
+                    "0: no KV offload (as `kvtune plan --cpu-offload-gib`).",
+    )
 
     @model_validator(mode="after")
     def _dwell_covers_the_window(self) -> TuningSpec:
@@ -343,6 +440,41 @@ class RolloutSpec(_Model):
     def progress_deadline_seconds(self) -> int:
         seconds = parse_duration(self.progress_deadline, field="spec.rollout.progressDeadline")
         return max(1, round(seconds))
+
+
+_LABELS_DESCRIPTION = ("Extra labels, e.g. the `release` label your Prometheus selects on "
+                       "(kube-prometheus-stack: release=<its release name>).")
+
+
+class ScrapeSpec(_Model):
+    """How the Prometheus operator scrapes the pools' vLLM pods (it ignores the
+    prometheus.io annotations a stock Prometheus reads)."""
+
+    enabled: bool = Field(default=True, description=(
+        "Render a PodMonitor (or ServiceMonitor) per pool; applied where the cluster serves "
+        "monitoring.coreos.com, deleted when switched off."))
+    kind: Literal["PodMonitor", "ServiceMonitor"] = Field(
+        default="PodMonitor",
+        description="PodMonitor selects the pool's pods; ServiceMonitor its Service.")
+    interval: str | None = Field(default=None, pattern=DURATION_PATTERN, max_length=32,
+                                 description="Scrape interval; empty: Prometheus's own.")
+    labels: dict[str, str] | None = Field(default=None, max_length=16,
+                                          description=_LABELS_DESCRIPTION)
+
+
+class PrometheusRuleSpec(_Model):
+    enabled: bool = Field(default=True, description=(
+        "Render this deployment's KV-cache and SLO alerts as a PrometheusRule (the one source "
+        "of kvtune's alert rules); deleted when switched off."))
+    labels: dict[str, str] | None = Field(
+        default=None, max_length=16,
+        description="Extra labels for the Prometheus ruleSelector (kube-prometheus-stack: "
+                    "release=<its release name>).")
+
+
+class MonitoringSpec(_Model):
+    scrape: ScrapeSpec = ScrapeSpec()
+    prometheus_rule: PrometheusRuleSpec = PrometheusRuleSpec()
 
 
 def _pin_floor_rule() -> tuple[str, str]:
@@ -385,6 +517,7 @@ class InferenceDeploymentSpec(_Model):
     pools: list[PoolSpec] = Field(min_length=1, max_length=8)
     tuning: TuningSpec = TuningSpec()
     rollout: RolloutSpec | None = None
+    monitoring: MonitoringSpec = MonitoringSpec()
 
     @model_validator(mode="after")
     def _cross_field(self) -> InferenceDeploymentSpec:
@@ -448,6 +581,10 @@ class PlanStatus(_Status):
     kv_offloading_size_gib: float | None = Field(default=None, alias="kvOffloadingSizeGiB")
     kv_offloading_backend: str | None = None
     attention_backend: str | None = None
+    # What the weights dtype needs (--dtype, load-time --quantization, deprecated methods).
+    dtype: str | None = None
+    quantization: str | None = None
+    allow_deprecated_quantization: bool = False
 
 
 class ExpectedStatus(_Status):
@@ -556,10 +693,38 @@ class ProfileStatus(_Status):
     observed_at: str | None = None
 
 
+KVQualityPhase = Literal["Measured", "Calibrating", "Failed", "Disabled", "NotNeeded"]
+
+
+class KVQualityDtypeStatus(_Status):
+    dtype: str
+    kl_mean: float  # nats vs 16-bit KV
+    top1_agreement: float
+    attention_error_max: float
+    worst_layer: int
+    allowed: bool  # within spec.quality.maxKVQuantizationKL
+
+
+class KVQualityStatus(_Status):
+    """The KV-quality evidence the plans were gated on (issue 15)."""
+
+    model: str
+    revision: str  # spec.model.revision, or "unpinned"
+    phase: KVQualityPhase
+    message: str = ""
+    job: str | None = None  # the calibration Job, while it runs or when it failed
+    config_map: str | None = None  # where the report is kept
+    measured_at: str | None = None
+    weights: str | None = None  # "checkpoint" | "random-init"
+    checkpoint_kv_scales: str | None = None  # what the checkpoint says of its KV scales
+    dtypes: list[KVQualityDtypeStatus] = []
+
+
 class InferenceDeploymentStatus(_Status):
     observed_generation: int | None = None
     mode: str | None = None
     conditions: list[Condition] = []
     profile: ProfileStatus | None = None
+    kv_quality: KVQualityStatus | None = None
     pools: list[PoolStatus] = []
     pool_summary: str | None = None  # "H200x2,H100x1", for the printer column

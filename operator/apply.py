@@ -16,6 +16,7 @@ from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+
 from kvtune.operator import api
 from kvtune.operator.render import FIELD_MANAGER, LABEL_DEPLOYMENT, LABEL_POOL
 

@@ -12,6 +12,7 @@ import copy
 from typing import Any
 
 import yaml
+
 from kvtune.operator import api
 
 _DROP = {"title", "$defs"}

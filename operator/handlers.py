@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import kopf
+
 from kvtune.operator import api, metrics, periodic, runtime_reports
 from kvtune.operator import apply as kapply
 from kvtune.operator import pools as gpu_pools

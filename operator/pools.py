@@ -1,7 +1,7 @@
 """GPU node pools: which Nodes belong to which of the planner's GPU classes.
 
 The class of a node comes from its labels (NVIDIA GPU feature discovery, GKE, EKS/Karpenter),
-read by ``kvtune.tuner.gpus.gpu_class_for_node_labels``. This module groups nodes by class
+read by ``kvtune.tuner.facts.gpus.gpu_class_for_node_labels``. This module groups nodes by class
 and derives, for each class, the node affinity that selects exactly those nodes: one term per
 label key that identified them (e.g. ``nvidia.com/gpu.product In [NVIDIA-H100-80GB-HBM3]``),
 so a Deployment lands on the nodes the plan was made for, whichever labelling they carry.
@@ -13,7 +13,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvtune.tuner.gpus import NODE_GPU_LABELS, find_gpu_class, gpu_class_for_node_labels
+from kvtune.tuner.facts.gpus import (
+    GPU_CLASS_LABEL,
+    NODE_GPU_LABELS,
+    find_gpu_class,
+    gpu_class_for_node_labels,
+)
 
 # Label keys that name a node's GPU, most specific first (the tuner's own list, so the key an
 # affinity selects on is the one that classified the node).
@@ -25,7 +30,12 @@ Classifier = Callable[[Mapping[str, str]], Any]
 
 
 def _default_classifier(labels: Mapping[str, str]) -> Any:
-    return gpu_class_for_node_labels(labels)
+    known = gpu_class_for_node_labels(labels)
+    if known is not None:
+        return known
+    # A GPU kvtune has no data for: the platform team names its class on the node
+    # (kvtune.io/gpu-class) and declares its facts in the pool's customGpu.
+    return labels.get(GPU_CLASS_LABEL) or None
 
 
 def _class_name(result: Any) -> str | None:
@@ -105,7 +115,8 @@ def classify_node(node: Mapping[str, Any], classify: Classifier | None = None) -
         return None
     # The label that named the class: its value identifies the same class.
     key = next((k for k in GPU_LABEL_KEYS if labels.get(k)
-                and _class_name(find_gpu_class(labels[k])) == gpu_class), None)
+                and (_class_name(find_gpu_class(labels[k])) == gpu_class
+                     or (k == GPU_CLASS_LABEL and labels[k] == gpu_class))), None)
     spec = node.get("spec") or {}
     return GPUNode(
         name=str(meta.get("name", "")),

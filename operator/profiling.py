@@ -18,12 +18,13 @@ import time
 from collections.abc import Mapping
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from kvtune.operator import histograms
 from kvtune.operator import vllm_metrics as vm
 from kvtune.operator.histograms import QuantileEstimate
 from kvtune.operator.selectors import SeriesSelector
 from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
-from pydantic import BaseModel, ConfigDict, Field
 
 QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99)
 

@@ -21,8 +21,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import ValidationError
+from pydantic.alias_generators import to_camel
+
 from kvtune.operator import apply as kapply
-from kvtune.operator import canary
+from kvtune.operator import calibration_flow, canary
 from kvtune.operator import conditions as cond
 from kvtune.operator import pools as gpu_pools
 from kvtune.operator.api import (
@@ -50,11 +53,11 @@ from kvtune.operator.render import (
 from kvtune.operator.render import vllm_args as render_vllm_args
 from kvtune.operator.workloads import declared_profile, profile_from_status, profile_status
 from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan, UnknownName
+from kvtune.tuner.kv_quality import KVQualityEvidence, KVQualityPolicy
 from kvtune.tuner.plan import PoolPlan
-from kvtune.tuner.policy import SLO, Pins, PlanPolicy
+from kvtune.tuner.planner.policy import SLO, Pins, PlanPolicy
+from kvtune.tuner.units import GiB
 from kvtune.tuner.workload import WorkloadProfile
-from pydantic import ValidationError
-from pydantic.alias_generators import to_camel
 
 NO_NODES_RETRY_SECONDS = 30.0
 RUNTIME_ACCESS_KINDS = ("ServiceAccount", "Role", "RoleBinding")
@@ -98,15 +101,7 @@ def describe_validation_error(exc: ValidationError) -> str:
 
 def policy_for(spec: InferenceDeploymentSpec) -> PlanPolicy:
     pin = spec.tuning.pin
-    pins = Pins() if pin is None else Pins(
-        block_size=pin.block_size, kv_cache_dtype=pin.kv_cache_dtype,
-        gpu_memory_utilization=pin.gpu_memory_utilization,
-        kv_cache_memory_bytes=pin.kv_cache_memory_bytes, max_model_len=pin.max_model_len,
-        max_num_seqs=pin.max_num_seqs, max_num_batched_tokens=pin.max_num_batched_tokens,
-        enable_prefix_caching=pin.enable_prefix_caching,
-        kv_offloading_size_gib=pin.kv_offloading_size_gib,
-        attention_backend=pin.attention_backend,
-    )
+    pins = Pins() if pin is None else pin.to_pins()
     slo = SLO() if spec.slo is None else SLO(
         ttft_p95_seconds=spec.slo.ttft_p95_seconds(), tpot_p95_seconds=spec.slo.tpot_p95_seconds()
     )
@@ -118,6 +113,10 @@ def policy_for(spec: InferenceDeploymentSpec) -> PlanPolicy:
         target_concurrent_sequences=spec.workload.concurrent_sequences,
         # The spec promises clients its declared max context: never plan below it.
         min_max_model_len_tokens=ctx.max if ctx is not None else None,
+        kv_quality=KVQualityPolicy() if spec.quality is None else KVQualityPolicy(
+            max_kv_quantization_kl=spec.quality.max_kv_quantization_kl,
+            require_measurement=spec.quality.require_measurement),
+        cpu_offload_budget_bytes=round(spec.tuning.cpu_offload_gib * GiB),
     )
 
 
@@ -126,8 +125,8 @@ def resolve_model(spec: InferenceDeploymentSpec, namespace: str, kube: kapply.Ku
 
     Only catalog ids are looked up (never a path): the model name is user input.
     """
-    from kvtune.tuner.catalog import get_model, list_models
-    from kvtune.tuner.models import ModelArchitecture
+    from kvtune.tuner.facts.catalog import get_model, list_models
+    from kvtune.tuner.facts.models import ModelArchitecture
 
     if spec.model.config is not None:
         ref = spec.model.config.config_map_ref
@@ -154,14 +153,16 @@ def resolve_model(spec: InferenceDeploymentSpec, namespace: str, kube: kapply.Ku
 
 
 def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
-                  profile: WorkloadProfile, policy: PlanPolicy) -> PoolPlan:
-    from kvtune.tuner.gpus import get_gpu_class
-    from kvtune.tuner.planning import PlanRequest, plan_pool
+                  profile: WorkloadProfile, policy: PlanPolicy,
+                  kv_quality_evidence: KVQualityEvidence | None = None) -> PoolPlan:
+    from kvtune.tuner.facts.gpus import get_gpu_class
+    from kvtune.tuner.planner.planning import PlanRequest, plan_pool
 
     request = PlanRequest(
-        model=model, gpu=get_gpu_class(pool.gpu_class), tensor_parallel=pool.tensor_parallel,
+        model=model, gpu=get_gpu_class(pool.gpu_declaration),
+        tensor_parallel=pool.tensor_parallel,
         weights_dtype=spec.model.weights_dtype, profile=profile, policy=policy,
-        vllm_version=spec.runtime.vllm_version,
+        vllm_version=spec.runtime.vllm_version, kv_quality_evidence=kv_quality_evidence,
     )
     result: PoolPlan = plan_pool(request)
     return result
@@ -384,6 +385,8 @@ def _reconcile_locked(
         return used_profile, deployment_wide
 
     policy = policy_for(spec)
+    # The KV-quality evidence of the served model revision, and its calibration Job.
+    gate = calibration_flow.prepare(kube, body, spec)
     discovered = gpu_pools.discover_pools(nodes if nodes is not None
                                           else kapply.list_nodes(kube))
     outcomes = []
@@ -392,7 +395,7 @@ def _reconcile_locked(
         outcomes.append(_reconcile_pool(
             spec, i, pool, model, pool_profile, policy, discovered,
             prev_pools.get(pool.pool_name), body, kube, events, now,
-            profile_used=pool_profile_status))
+            profile_used=pool_profile_status, gate=gate))
     if mode == "auto":
         for deleted in kapply.prune_pools(kube, namespace, name,
                                           {p.pool_name for p in spec.pools}):
@@ -430,7 +433,7 @@ def _reconcile_locked(
     status = InferenceDeploymentStatus(
         observed_generation=generation, mode=mode, conditions=conditions,
         profile=used_profile_status, pools=[o.status for o in outcomes],
-        pool_summary=pool_summary([o.status for o in outcomes]),
+        pool_summary=pool_summary([o.status for o in outcomes]), kv_quality=gate.status(),
     )
     # Rollouts are followed by the rollout timer (refresh_rollout), not by retries.
     return finish(status, retry_after=NO_NODES_RETRY_SECONDS if waiting else None)
@@ -441,6 +444,7 @@ def _reconcile_pool(
     profile: WorkloadProfile, policy: PlanPolicy, discovered: Mapping[str, gpu_pools.GPUPool],
     prev: PoolStatus | None, body: Mapping[str, Any], kube: kapply.Kube, events: list[Event],
     now: str | None = None, profile_used: ProfileStatus | None = None,
+    gate: calibration_flow.Gate | None = None,
 ) -> _PoolOutcome:
     """``profile_used``: how ``profile`` is shown in the pool's status (scope, window)."""
     now = now or cond.now_rfc3339()
@@ -466,7 +470,10 @@ def _reconcile_pool(
                             failure=(reason, message))
 
     try:
-        pool_plan = plan_one_pool(spec, pool, model, profile, policy)
+        pool_plan = plan_one_pool(
+            spec, pool, model, profile,
+            calibration_flow.with_gate(policy, gate) if gate is not None else policy,
+            gate.evidence if gate is not None else None)
     except UnknownName as exc:
         return failed(cond.INVALID_SPEC, f"{field_}.gpuClass: {exc}")
     except NoFeasiblePlan as exc:
@@ -535,6 +542,22 @@ def _reconcile_pool(
     except RenderError as exc:
         return failed(cond.INVALID_POD_TEMPLATE, f"pool {pool.pool_name}: {exc}; nothing was "
                       f"changed")
+    if gate is not None and not gate.hold:
+        # A narrower KV dtype no measurement covers: measure it first (a Job on this pool's
+        # nodes, as this pool's pod), and plan the pool again with the wider dtype held.
+        deployment_obj = next(o for o in objects if o["kind"] == "Deployment")
+        try:
+            started = calibration_flow.maybe_start(kube, body, spec, gate, pool_plan,
+                                                   deployment_obj)
+        except kapply.ApplyError as exc:
+            return failed(cond.APPLY_FAILED, f"pool {pool.pool_name}: the KV-quality "
+                          f"calibration Job: {exc}")
+        if started:
+            events.append(Event("Normal", "CalibrationStarted", f"pool {pool.pool_name}: Job "
+                                f"{gate.started_jobs[-1]} measures "
+                                f"{pool_plan.plan.kv_cache_dtype} before it rolls out"))
+            return _reconcile_pool(spec, index, pool, model, profile, policy, discovered,
+                                   prev, body, kube, events, now, profile_used, gate)
 
     # The runtime's ServiceAccount, Role, RoleBinding (entrypoint kvtune) come first, for
     # real, one by one: the pods (canary ones too) run as it, and the RoleBinding's dry run

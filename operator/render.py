@@ -22,6 +22,7 @@ from typing import Any
 import jinja2
 import yaml
 from jinja2.sandbox import SandboxedEnvironment
+
 from kvtune.operator import pod_policy, runtime_access, template_sandbox
 from kvtune.tuner.plan import PoolPlan
 
@@ -102,8 +103,7 @@ def vllm_args(inp: RenderInput) -> list[str]:
         "--host=0.0.0.0",
         f"--port={VLLM_PORT}",
         f"--served-model-name={inp.model_name}",
-        f"--tensor-parallel-size={inp.pool_plan.tensor_parallel}",
-        *inp.pool_plan.plan.vllm_args(),
+        *inp.pool_plan.vllm_args(),
     ]
 
 

@@ -22,9 +22,11 @@ from __future__ import annotations
 import math
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from kvtune.tuner import knobs
 from kvtune.tuner.plan import KVPlan
 from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
-from pydantic import BaseModel, ConfigDict, Field
 
 _QUANTILES = ("p50", "p90", "p95", "p99")
 # A drift that never settles is planned for after this many dwell times.
@@ -178,40 +180,13 @@ def decide(
         drift=drift, state=state)
 
 
-def _rel(a: float, b: float) -> float:
-    return abs(b - a) / max(abs(a), 1e-9)
-
-
 def plan_change_matters(old: KVPlan | None, new: KVPlan) -> tuple[bool, list[str]]:
     """Whether ``new`` is worth a rollout over ``old``, and the changes that say so (or the
-    changes too small to count, prefixed with "noise:")."""
+    changes too small to count, prefixed with "noise:"). Each knob's margin is in the knob
+    table (``kvtune.tuner.knobs``)."""
     if old is None:
         return True, ["no plan is running"]
-    material: list[str] = []
-    noise: list[str] = []
-    for knob in ("block_size", "kv_cache_dtype", "enable_prefix_caching",
-                 "kv_offloading_size_gib", "kv_offloading_backend", "attention_backend"):
-        a, b = getattr(old, knob), getattr(new, knob)
-        if a != b:
-            material.append(f"{knob} {a} -> {b}")
-    margins = {"max_model_len": 0.10, "max_num_seqs": 0.20, "max_num_batched_tokens": 0.25}
-    for knob, margin in margins.items():
-        a, b = getattr(old, knob), getattr(new, knob)
-        if a != b:
-            (material if _rel(a, b) > margin else noise).append(
-                f"{knob} {a} -> {b} ({_rel(a, b):+.0%}, margin {margin:.0%})")
-    if abs(old.gpu_memory_utilization - new.gpu_memory_utilization) > 0.02:
-        material.append(f"gpu_memory_utilization {old.gpu_memory_utilization} -> "
-                        f"{new.gpu_memory_utilization}")
-    elif old.gpu_memory_utilization != new.gpu_memory_utilization:
-        noise.append(f"gpu_memory_utilization {old.gpu_memory_utilization} -> "
-                     f"{new.gpu_memory_utilization}")
-    if old.kv_cache_memory_bytes != new.kv_cache_memory_bytes:
-        a_b, b_b = old.kv_cache_memory_bytes, new.kv_cache_memory_bytes
-        if a_b is None or b_b is None or _rel(a_b, b_b) > 0.05:
-            material.append(f"kv_cache_memory_bytes {a_b} -> {b_b}")
-        else:
-            noise.append(f"kv_cache_memory_bytes {a_b} -> {b_b}")
+    material, noise = knobs.material_changes(old.model_dump(), new.model_dump())
     if material:
         return True, material
     return False, [f"noise: {n}" for n in noise] or ["identical"]

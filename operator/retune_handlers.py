@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import kopf
+from prometheus_client import Counter, Gauge
+
 from kvtune.operator import alert_rules, api, conditions, metrics, periodic, retune, selectors
 from kvtune.operator import apply as kapply
 from kvtune.operator import reconcile as rec
@@ -42,7 +44,6 @@ from kvtune.operator.selectors import SeriesSelector
 from kvtune.operator.workloads import declared_profile, profile_from_status
 from kvtune.tuner.plan import KVPlan
 from kvtune.tuner.workload import WorkloadProfile
-from prometheus_client import Counter, Gauge
 
 LOG = logging.getLogger("kvtune.operator.retune")
 
@@ -391,19 +392,24 @@ def retune_once(
 
 
 def sync_alert_rules(kube: kapply.Kube, body: Mapping[str, Any], memo: Any) -> None:
-    """Apply the deployment's PrometheusRule when its rendering changed (best effort: an
-    alerting problem is logged, it never stops profiling or re-tuning)."""
+    """Apply the deployment's PrometheusRule and its pools' PodMonitors/ServiceMonitors when
+    their rendering changed, and delete the ones spec.monitoring switched off (best effort:
+    a monitoring problem is logged, it never stops profiling or re-tuning)."""
     try:
-        rule = alert_rules.rendered_rule(body)
-        digest = alert_rules.rule_digest(rule)
+        objects, unwanted = alert_rules.rendered_objects(body)
+        digest = alert_rules.digest([objects, unwanted])
         if memo.get("alert_rules_digest") == digest:
             return
-        if alert_rules.apply_rule(kube, rule):
-            LOG.info("applied PrometheusRule %s/%s", rule["metadata"]["namespace"],
-                     rule["metadata"]["name"])
+        namespace = body["metadata"]["namespace"]
+        for kind, name in unwanted:
+            if alert_rules.delete_object(kube, namespace, kind, name):
+                LOG.info("deleted %s %s/%s (switched off)", kind, namespace, name)
+        for obj in objects:
+            if alert_rules.apply_object(kube, obj):
+                LOG.info("applied %s %s/%s", obj["kind"], namespace, obj["metadata"]["name"])
         memo["alert_rules_digest"] = digest
     except Exception:
-        LOG.exception("cannot render or apply the alert rules")
+        LOG.exception("cannot render or apply the monitoring objects")
 
 
 @dataclass

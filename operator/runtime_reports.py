@@ -20,12 +20,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
+
 from kvtune.operator import apply as kapply
 from kvtune.operator import conditions as cond
 from kvtune.operator import reconcile as rec
 from kvtune.operator.api import PoolStatus, RuntimeStatus, TokensStatus, UtilizationStatus
 from kvtune.operator.render import ANNOTATION_PLAN_HASH, LABEL_DEPLOYMENT, LABEL_POOL
 from kvtune.operator.runtime_access import REPORTS_CONFIG_MAP
+from kvtune.tuner.units import GiB
 
 # RuntimeAsPlanned=False: the namespace has no reports ConfigMap (the chart did not set up
 # the runtime's access there), so the runtime pods cannot run as kvtune-runtime.
@@ -34,7 +36,6 @@ RUNTIME_ACCESS_MISSING = "RuntimeAccessMissing"
 # planned by more than this share, is worth an Event: the pool serves fewer sequences.
 MATERIAL_UTILIZATION_DROP = 0.05
 MATERIAL_TOKEN_SHORTFALL = 0.05
-GIB = 1024**3
 
 
 def _report(pod: Mapping[str, Any], reports: Mapping[str, str]) -> dict[str, Any] | None:
@@ -80,8 +81,8 @@ def summarize(pods: Sequence[Mapping[str, Any]], plan_hash: str | None,
     parts = [f"{len(reports)}/{len(current)} pod(s) reported"]
     if gpus:
         parts.append(f"{gpus[0].get('name')}, "
-                     f"{min(int(g['freeBytes']) for g in gpus) / GIB:.1f} GiB free of "
-                     f"{min(int(g['totalBytes']) for g in gpus) / GIB:.1f} GiB")
+                     f"{min(int(g['freeBytes']) for g in gpus) / GiB:.1f} GiB free of "
+                     f"{min(int(g['totalBytes']) for g in gpus) / GiB:.1f} GiB")
     if util is not None:
         parts.append(f"gpu-memory-utilization {util.actual:.4g} (planned {util.planned:.4g})")
     if kv is not None:
@@ -119,8 +120,8 @@ def finding(pool: str, runtime: RuntimeStatus | None) -> tuple[str, str] | None:
     what = (f"lowered gpu-memory-utilization from {util.planned:.4g} to {util.actual:.4g}"
             if util is not None and lowered else "shrank the KV cache")
     free = "" if runtime.gpu_memory_free_bytes is None else (
-        f" ({runtime.gpu_product}: {runtime.gpu_memory_free_bytes / GIB:.1f} GiB free of "
-        f"{(runtime.gpu_memory_total_bytes or 0) / GIB:.1f} GiB)")
+        f" ({runtime.gpu_product}: {runtime.gpu_memory_free_bytes / GiB:.1f} GiB free of "
+        f"{(runtime.gpu_memory_total_bytes or 0) / GiB:.1f} GiB)")
     held = "" if kv is None else (
         f"; the KV cache holds {kv.actual} tokens, {kv.actual / max(kv.expected, 1):.0%} of "
         f"the {kv.expected} planned")

@@ -21,9 +21,10 @@ Label names are overridable in the spec (``namespaceLabel``, ``podLabel``,
 
 from __future__ import annotations
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from kvtune.operator.api import PrometheusSpec
 from kvtune.operator.render import object_name
-from pydantic import BaseModel, ConfigDict, Field
 
 # Characters RE2 (Prometheus' regex engine) treats as special.
 _RE2_SPECIAL = set("\\.+*?()|[]{}^$")
@@ -74,3 +75,25 @@ def pool_selector(prom: PrometheusSpec, *, namespace: str, deployment: str,
     name = re2_escape(object_name(deployment, pool))
     return SeriesSelector(equal={prom.namespace_label: namespace},
                           regex={prom.pod_label: f"{name}(-canary)?{_POD_SUFFIX}"})
+
+
+# The canary's pods carry kvtune.io/track=canary (canary.TRACK_LABEL); the stable ones do not.
+_TRACK_LABEL_PROMETHEUS = "kvtune_io_track"
+
+
+def track_selectors(prom: PrometheusSpec, *, namespace: str, deployment: str,
+                    pool: str) -> tuple[SeriesSelector, SeriesSelector] | None:
+    """(stable, canary): the series of a pool's stable pods and of its canary's, to judge the
+    canary on live metrics; None with ``poolSelector: none`` (nothing tells them apart)."""
+    if prom.pool_selector == "none":
+        return None
+    if prom.pool_selector == "labels":
+        base = {prom.namespace_label: namespace, prom.deployment_label: deployment,
+                prom.pool_label: pool}
+        # =~"" matches a series without the label: the stable pods carry no track label.
+        return (SeriesSelector(equal=base, regex={_TRACK_LABEL_PROMETHEUS: "(stable)?"}),
+                SeriesSelector(equal={**base, _TRACK_LABEL_PROMETHEUS: "canary"}))
+    name = re2_escape(object_name(deployment, pool))
+    ns = {prom.namespace_label: namespace}
+    return (SeriesSelector(equal=ns, regex={prom.pod_label: f"{name}{_POD_SUFFIX}"}),
+            SeriesSelector(equal=ns, regex={prom.pod_label: f"{name}-canary{_POD_SUFFIX}"}))

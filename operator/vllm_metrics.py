@@ -1,7 +1,7 @@
 """The Prometheus metrics vLLM 0.33.0 exports, as data: names, kinds, label names, buckets.
 
 Read from the pinned wheel's ``vllm/v1/metrics/loggers.py`` and ``buckets.py``; a test
-(``tests/prometheus/test_prom_vllm_metric_names.py``) re-reads those files and fails when a
+(``tests/operator/profiling/test_op_vllm_metric_names.py``) re-reads those files and fails when a
 name, kind or bucket here differs. The profiler, the alert rules, the dashboard and the
 replay exporter all take their names from this one table, so they cannot drift apart.
 

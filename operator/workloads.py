@@ -44,7 +44,7 @@ def merge_quantiles(base: TokenQuantiles, declared: DeclaredTokens | None) -> To
 
 
 def declared_profile(workload: WorkloadSpec) -> WorkloadProfile:
-    from kvtune.tuner.presets import preset_profile
+    from kvtune.tuner.planner.presets import preset_profile
 
     # The preset's context distribution is rescaled to the declared p95 (its own convention).
     hint = workload.context_tokens.p95 if workload.context_tokens is not None else None

@@ -3,7 +3,7 @@ cache, so contract tests can read ``vllm/config/cache.py`` & co. without importi
 
     python scripts/fetch_vllm_source.py [VERSION]    # prints the unpacked root
 
-The version defaults to the one kvtune pins (kvtune.tuner.capabilities.PINNED_VLLM_VERSION
+The version defaults to the one kvtune pins (kvtune.tuner.facts.capabilities.PINNED_VLLM_VERSION
 when it exists, else 0.33.0). Idempotent: a complete unpack is never redone.
 """
 

@@ -72,8 +72,12 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.kvtune-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  log "pip install -e .[dev]"
-  .venv/bin/pip install -q -e '.[dev]'
+  # [quality]: torch + transformers for tests/quality (the vllm extra brings them too); a
+  # local wheel folder (~/.cache/kvtune/wheels-vllm) saves downloading torch again.
+  links=()
+  [ -d "$HOME/.cache/kvtune/wheels-vllm" ] && links=(--find-links "$HOME/.cache/kvtune/wheels-vllm")
+  log "pip install -e .[dev,quality]"
+  .venv/bin/pip install -q "${links[@]}" -e '.[dev,quality]'
   touch "$stamp"
 fi
 [ "$what" = python ] && exit 0

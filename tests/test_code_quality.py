@@ -1,9 +1,11 @@
-"""The project's own checks run with the tests: ruff over the tree and mypy --strict on the pure
-core (kvtune.tuner). (crds/ and the chart's copy are checked against the API types in
-tests/operator and tests/packaging.)"""
+"""The project's own checks run with the tests: ruff over the tree, mypy --strict, and the import
+contracts (what each part may import: docs/architecture.md). (crds/ and the chart's copy are
+checked against the API types in tests/operator and tests/chart.)"""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +14,9 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+def _run(*cmd: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
+                          env=env)
 
 
 def test_ruff_is_clean() -> None:
@@ -25,3 +28,38 @@ def test_mypy_strict_on_the_tuner() -> None:
     result = _run(str(REPO / "scripts" / "mypy.sh"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Success" in result.stdout
+
+
+def test_import_contracts_hold() -> None:
+    """[tool.importlinter] in pyproject.toml: the tuner imports no edge, the facts no planner,
+    the operator no e2e/replay/cli, nothing the cli, the runtime no other part."""
+    result = _run(str(REPO / "scripts" / "lint_imports.sh"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout, result.stdout
+
+
+# What the vLLM runtime image has besides the standard library: vLLM's own pydantic, and
+# nvidia-ml-py installed by runtime_images/Dockerfile.* (imported by name at run time).
+RUNTIME_IMAGE_PACKAGES = {"pydantic", "pynvml"}
+
+_EXTERNAL_IMPORTS = """
+import json, sys
+import grimp
+graph = grimp.build_graph("kvtune", include_external_packages=True)
+# The entrypoint and the two standard-library modules of the tuner it reads (same wheel).
+modules = graph.find_descendants("kvtune.runtime") | {"kvtune.runtime", "kvtune.tuner.knobs",
+                                                      "kvtune.tuner.units"}
+found = {i.split(".")[0] for m in modules for i in graph.find_modules_directly_imported_by(m)
+         if not i.startswith("kvtune")}
+print(json.dumps(sorted(found - set(sys.stdlib_module_names) - {"__future__"})))
+"""
+
+
+def test_the_runtime_entrypoint_imports_only_what_its_image_has() -> None:
+    shim = _run(sys.executable, str(REPO / "scripts" / "import_shim.py")).stdout.strip()
+    result = _run(sys.executable, "-c", _EXTERNAL_IMPORTS,
+                  env={**os.environ, "PYTHONPATH": shim})
+    assert result.returncode == 0, result.stderr
+    third_party = set(json.loads(result.stdout))
+    assert third_party, "grimp found no import at all: the shim is wrong"
+    assert third_party <= RUNTIME_IMAGE_PACKAGES, third_party - RUNTIME_IMAGE_PACKAGES

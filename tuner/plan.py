@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kvtune.tuner import knobs
+
 
 class KVPlan(BaseModel):
     """The vLLM KV-cache configuration of one pool. Field names follow vLLM's flags."""
@@ -25,31 +27,17 @@ class KVPlan(BaseModel):
     kv_offloading_backend: str | None = None
     # None: let vLLM pick the backend for the dtype/GPU.
     attention_backend: str | None = None
+    # What the weights dtype needs (tuner.weights.weights_load): --dtype when it differs from
+    # auto's, --quantization for load-time quantization (fp8_per_tensor on a 16-bit
+    # checkpoint), --allow-deprecated-quantization for a deprecated checkpoint method.
+    dtype: str | None = None
+    quantization: str | None = None
+    allow_deprecated_quantization: bool = False
 
     def vllm_args(self) -> list[str]:
-        """The exact ``vllm serve`` flags for this plan (no model argument, no TP flag)."""
-        args = [
-            f"--block-size={self.block_size}",
-            f"--kv-cache-dtype={self.kv_cache_dtype}",
-        ]
-        if self.kv_cache_memory_bytes is not None:
-            args.append(f"--kv-cache-memory-bytes={self.kv_cache_memory_bytes}")
-        else:
-            args.append(f"--gpu-memory-utilization={self.gpu_memory_utilization:.4g}")
-        args += [
-            f"--max-model-len={self.max_model_len}",
-            f"--max-num-seqs={self.max_num_seqs}",
-            f"--max-num-batched-tokens={self.max_num_batched_tokens}",
-            "--enable-prefix-caching" if self.enable_prefix_caching
-            else "--no-enable-prefix-caching",
-        ]
-        if self.kv_offloading_size_gib is not None:
-            args.append(f"--kv-offloading-size={self.kv_offloading_size_gib:g}")
-            if self.kv_offloading_backend is not None:
-                args.append(f"--kv-offloading-backend={self.kv_offloading_backend}")
-        if self.attention_backend is not None:
-            args.append(f"--attention-backend={self.attention_backend}")
-        return args
+        """The exact ``vllm serve`` flags for this plan (no model argument, no TP flag),
+        rendered from the knob table (``tuner/knobs.py``)."""
+        return knobs.plan_args(self.model_dump())
 
 
 class CandidateVerdict(BaseModel):
@@ -106,6 +94,12 @@ class PoolPlan(BaseModel):
     expected: ExpectedFigures
     reasons: tuple[Reason, ...]
     warnings: tuple[str, ...] = ()
+
+    def vllm_args(self) -> list[str]:
+        """Everything after ``vllm serve MODEL`` this pool's plan sets: the TP flag, then the
+        plan's. The one rendering path of ``kvtune plan -o json|args`` and the operator's
+        Deployment (``tuner/knobs.py``)."""
+        return knobs.serve_args(self.tensor_parallel, self.plan.model_dump())
 
 
 class CandidateScore(BaseModel):

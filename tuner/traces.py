@@ -56,6 +56,22 @@ def _parse_azure_timestamp(text: str) -> datetime:
     return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}" if frac else head)
 
 
+def _tokens(value: object, field: str, where: str) -> int:
+    """A token count: a whole number >= 0 (a negative or fractional count is a broken trace,
+    refused here in one line rather than deep inside the profile)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise InvalidInput(f"trace {where}: {field}", value, "expected a whole number of tokens")
+    try:
+        count = int(value)
+    except ValueError as exc:
+        raise InvalidInput(f"trace {where}: {field}", value,
+                           "expected a whole number of tokens") from exc
+    if count < 0:
+        raise InvalidInput(f"trace {where}: {field}", count,
+                           "a token count cannot be negative; fix or drop that row")
+    return count
+
+
 def parse_azure_csv(lines: Iterable[str], name: str = "azure") -> Trace:
     it = iter(lines)
     header = next(it, "").strip()
@@ -70,7 +86,11 @@ def parse_azure_csv(lines: Iterable[str], name: str = "azure") -> Trace:
             continue
         try:
             ts, ctx, gen = line.strip().split(",")
-            rows.append((_parse_azure_timestamp(ts), int(ctx), int(gen)))
+            where = f"{name}:{lineno}"
+            rows.append((_parse_azure_timestamp(ts), _tokens(ctx.strip(), "ContextTokens", where),
+                         _tokens(gen.strip(), "GeneratedTokens", where)))
+        except InvalidInput:
+            raise
         except ValueError as exc:
             raise InvalidInput(
                 "trace", f"{name}:{lineno}", f"cannot parse {line!r}: {exc}"
@@ -90,14 +110,17 @@ def parse_mooncake_jsonl(lines: Iterable[str], name: str = "mooncake") -> Trace:
             continue
         try:
             obj = json.loads(line)
+            where = f"{name}:{lineno}"
             requests.append(
                 TraceRequest(
                     arrival_seconds=float(obj["timestamp"]) / 1000.0,
-                    prompt_tokens=int(obj["input_length"]),
-                    output_tokens=int(obj["output_length"]),
+                    prompt_tokens=_tokens(obj["input_length"], "input_length", where),
+                    output_tokens=_tokens(obj["output_length"], "output_length", where),
                     prefix_block_ids=tuple(int(h) for h in obj.get("hash_ids", ())),
                 )
             )
+        except InvalidInput:
+            raise
         except (ValueError, KeyError, TypeError) as exc:
             raise InvalidInput(
                 "trace", f"{name}:{lineno}",

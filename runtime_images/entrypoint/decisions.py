@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvtune.tuner.knobs import BY_NAME, FLAG_TO_NAME, TENSOR_PARALLEL_FLAG
+
 from .gpus import GIB, GPU_CLASSES, GpuInfo, class_of
 from .runtime_plan import RuntimePlan
 
@@ -99,7 +101,9 @@ def check_gpus(plan: RuntimePlan, gpus: list[GpuInfo]) -> tuple[GpuInfo, ...]:
     expected_cls = GPU_CLASSES.get(wanted)
     for gpu in used:
         found_cls = class_of(gpu)
-        name_ok = found_cls == wanted if expected_cls else wanted.lower() in gpu.name.lower()
+        # A class kvtune has data for is matched by its NVML product names; a custom class
+        # (declared in the pool, nodes picked by their kvtune.io/gpu-class label) has none.
+        name_ok = expected_cls is None or (found_cls or "").upper() == wanted
         if not name_ok:
             raise PlanDoesNotFit(
                 "WrongGpuClass",
@@ -204,19 +208,16 @@ def decide(
     )
 
 
-# Flags the plan owns, by the knob they set (both prefix-caching spellings are one knob).
+# Flags the plan owns, by the knob they set, from the knob table (both spellings of a bool are
+# one knob; the memory fraction and the KV bytes are one "memory" knob: the node decides it).
+_MEMORY_KNOBS = ("gpu_memory_utilization", "kv_cache_memory_bytes")
 _PLAN_FLAG_KNOB = {
-    "--block-size": "block-size", "--kv-cache-dtype": "kv-cache-dtype",
-    "--gpu-memory-utilization": "memory", "--kv-cache-memory-bytes": "memory",
-    "--max-model-len": "max-model-len", "--max-num-seqs": "max-num-seqs",
-    "--max-num-batched-tokens": "max-num-batched-tokens",
-    "--enable-prefix-caching": "prefix-caching", "--no-enable-prefix-caching": "prefix-caching",
-    "--kv-offloading-size": "kv-offloading-size",
-    "--kv-offloading-backend": "kv-offloading-backend",
-    "--attention-backend": "attention-backend", "--tensor-parallel-size": "tensor-parallel",
-    "-tp": "tensor-parallel",
+    **{f"--{flag}": "memory" if name in _MEMORY_KNOBS else name
+       for flag, name in FLAG_TO_NAME.items()},
+    f"--{TENSOR_PARALLEL_FLAG}": "tensor-parallel", "-tp": "tensor-parallel",
 }
-_BOOLEAN_FLAGS = {"--enable-prefix-caching", "--no-enable-prefix-caching"}
+_BOOLEAN_FLAGS = {f"--{flag}" for flag, name in FLAG_TO_NAME.items()
+                  if BY_NAME[name].type is bool}
 
 
 def _joined(args: list[str]) -> list[str]:

@@ -7,12 +7,14 @@ of ``GpuInfo`` so the checks run (and are tested) on a machine without a GPU.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
-GIB = 1024**3
+from kvtune.tuner.units import GiB as GIB
 
 
 @dataclass(frozen=True)
@@ -38,29 +40,38 @@ class GpuClass:
     """How a GPU class of the plan shows up in NVML."""
 
     name: str
-    # Lower-case fragments of the NVML product name, e.g. "h100" matches "NVIDIA H100 80GB HBM3"
-    # and "NVIDIA H100 NVL"; "gh200" must not count as H200, hence the exclusions.
-    name_fragments: tuple[str, ...]
-    excluded_fragments: tuple[str, ...]
-    compute_capability_major: int
+    # NVML product names of the class, exactly as nvmlDeviceGetName returns them
+    # ("NVIDIA H100 NVL" is the class H100-NVL, not H100; "NVIDIA GH200 480GB" is none).
+    nvml_names: tuple[str, ...]
+    compute_capability: tuple[int, int]
+
+    @property
+    def compute_capability_major(self) -> int:
+        return self.compute_capability[0]
 
 
-GPU_CLASSES: dict[str, GpuClass] = {
-    "H100": GpuClass("H100", ("h100",), ("gh100",), 9),
-    "H200": GpuClass("H200", ("h200",), ("gh200",), 9),
-    "B200": GpuClass("B200", ("b200",), ("gb200",), 10),
-}
+def _load_classes() -> dict[str, GpuClass]:
+    """The GPU classes from the tuner's one data file (shipped in the same wheel), read as
+    JSON so that the runtime needs nothing but its standard library and pydantic."""
+    text = resources.files("kvtune.tuner.facts").joinpath("data", "gpus.json").read_text("utf-8")
+    return {
+        str(g["name"]).upper(): GpuClass(
+            str(g["name"]), tuple(str(n) for n in g["nvml_names"]),
+            (int(g["compute_capability"][0]), int(g["compute_capability"][1])))
+        for g in json.loads(text)["gpu_classes"]
+    }
+
+
+GPU_CLASSES: dict[str, GpuClass] = _load_classes()
+_BY_NVML_NAME: dict[str, str] = {
+    n.lower(): cls.name for cls in GPU_CLASSES.values() for n in cls.nvml_names}
 
 
 def class_of(gpu: GpuInfo) -> str | None:
-    """The plan's GPU class name this GPU belongs to, or None when it is none of them."""
-    lowered = gpu.name.lower()
-    for cls in GPU_CLASSES.values():
-        if any(f in lowered for f in cls.name_fragments) and not any(
-            f in lowered for f in cls.excluded_fragments
-        ):
-            return cls.name
-    return None
+    """The plan's GPU class name this GPU belongs to, or None when it is none of them. A MIG
+    instance is named after its parent ("NVIDIA H100 80GB HBM3 MIG 3g.40gb")."""
+    product = gpu.name.split(" MIG ")[0].strip().lower()
+    return _BY_NVML_NAME.get(product)
 
 
 def _visible_indices(count: int) -> list[int]:

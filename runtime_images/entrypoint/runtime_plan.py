@@ -4,13 +4,17 @@ The JSON is a ``kvtune.tuner.plan.PoolPlan`` dump (``model_id``, ``gpu_class``,
 ``tensor_parallel``, ``vllm_version``, ``plan``, ``expected``; ``reasons`` are ignored here).
 Keys may be snake_case (``model_dump()``) or camelCase (``model_dump(by_alias=…)`` / the CRD
 status style). The runtime keeps its own lenient copy of the types instead of importing the
-tuner, so the image needs only pydantic; a test checks both agree on the flags.
+tuner, so the image needs only pydantic (a test checks the fields are the knob table's); the
+flags render from the knob table itself (``kvtune.tuner.knobs``, standard library only, in
+the same wheel), so they cannot differ from the operator's.
 """
 
 from __future__ import annotations
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+
+from kvtune.tuner.knobs import plan_args
 
 PLAN_ENV = "KVTUNE_PLAN"
 
@@ -34,34 +38,21 @@ class RuntimeKnobs(_Lenient):
     kv_offloading_size_gib: float | None = Field(default=None, gt=0.0)
     kv_offloading_backend: str | None = None
     attention_backend: str | None = None
+    # What the weights dtype needs (--dtype, load-time --quantization, deprecated methods).
+    dtype: str | None = None
+    quantization: str | None = None
+    allow_deprecated_quantization: bool = False
 
     def vllm_args(self, gpu_memory_utilization: float | None = None,
                   kv_cache_memory_bytes: int | None = None) -> list[str]:
         """The ``vllm serve`` flags, in the order ``KVPlan.vllm_args()`` renders them, with
         the memory knob replaced by what the runtime decided on this node."""
-        util = self.gpu_memory_utilization if gpu_memory_utilization is None \
-            else gpu_memory_utilization
-        kv_bytes = self.kv_cache_memory_bytes if kv_cache_memory_bytes is None \
-            else kv_cache_memory_bytes
-        args = [f"--block-size={self.block_size}", f"--kv-cache-dtype={self.kv_cache_dtype}"]
-        if kv_bytes is not None:
-            args.append(f"--kv-cache-memory-bytes={kv_bytes}")
-        else:
-            args.append(f"--gpu-memory-utilization={util:.4g}")
-        args += [
-            f"--max-model-len={self.max_model_len}",
-            f"--max-num-seqs={self.max_num_seqs}",
-            f"--max-num-batched-tokens={self.max_num_batched_tokens}",
-            "--enable-prefix-caching" if self.enable_prefix_caching
-            else "--no-enable-prefix-caching",
-        ]
-        if self.kv_offloading_size_gib is not None:
-            args.append(f"--kv-offloading-size={self.kv_offloading_size_gib:g}")
-            if self.kv_offloading_backend is not None:
-                args.append(f"--kv-offloading-backend={self.kv_offloading_backend}")
-        if self.attention_backend is not None:
-            args.append(f"--attention-backend={self.attention_backend}")
-        return args
+        values = self.model_dump()
+        if gpu_memory_utilization is not None:
+            values["gpu_memory_utilization"] = gpu_memory_utilization
+        if kv_cache_memory_bytes is not None:
+            values["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+        return plan_args(values)
 
 
 class RuntimeExpected(_Lenient):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from kvtune.e2e.processes import processes_mentioning
 
 pytestmark = pytest.mark.cluster

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from kvtune.e2e.demo import DEFAULT_TRACE
 from kvtune.e2e.processes import processes_mentioning
 

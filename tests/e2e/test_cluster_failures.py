@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from kvtune.e2e import binaries
 from kvtune.e2e import cluster as cluster_module
 from kvtune.e2e.cluster import LocalCluster

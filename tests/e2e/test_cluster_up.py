@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+
 from kvtune.e2e.cluster import LocalCluster
 from kvtune.e2e.gpu_nodes import DEFAULT_POOLS, GPU_CLASSES
 

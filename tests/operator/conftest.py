@@ -6,8 +6,9 @@ import copy
 from typing import Any
 
 import pytest
-from kvtune.tuner.plan import PoolPlan
 from op_samples import SAMPLE_SPEC, make_pool_plan
+
+from kvtune.tuner.plan import PoolPlan
 
 
 @pytest.fixture

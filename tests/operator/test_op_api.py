@@ -6,11 +6,12 @@ import copy
 from typing import Any
 
 import pytest
+from op_samples import SAMPLE_SPEC
+from pydantic import ValidationError
+
 from kvtune.operator.api import InferenceDeploymentSpec
 from kvtune.operator.durations import parse_duration
 from kvtune.tuner.errors import InvalidInput
-from op_samples import SAMPLE_SPEC
-from pydantic import ValidationError
 
 
 def _with(path: str, value: Any) -> dict[str, Any]:
@@ -34,7 +35,11 @@ def test_sample_parses_with_camel_case_aliases() -> None:
     assert spec.quality is not None and spec.quality.lowest_kv_precision == "fp8"
     assert spec.slo is not None and spec.slo.tpot_p95_seconds() == pytest.approx(0.08)
     dumped = spec.model_dump(by_alias=True, exclude_none=True)
-    assert dumped["quality"] == {"lowestKVPrecision": "fp8"}
+    assert dumped["quality"]["lowestKVPrecision"] == "fp8"
+    # The KV-quality gate's defaults (issue 15).
+    assert dumped["quality"]["maxKVQuantizationKL"] == 0.01
+    assert dumped["quality"]["requireMeasurement"] is False
+    assert dumped["quality"]["calibration"]["timeout"] == "30m"
     assert dumped["pools"][0]["gpuClass"] == "H200"
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from op_samples import make_pool_plan
+
 from kvtune.operator.canary import TRACK_LABEL, canary_objects, decide
 from kvtune.operator.render import RenderInput, render_pool
-from op_samples import make_pool_plan
 
 T0, T5, T20, T700 = ("2026-01-01T00:00:00Z", "2026-01-01T00:00:05Z", "2026-01-01T00:00:20Z",
                      "2026-01-01T00:11:40Z")

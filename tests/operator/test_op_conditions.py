@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kvtune.operator import conditions as cond
 from kvtune.operator.api import Condition
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 from click.testing import CliRunner
+
 from kvtune.cli.crds import crds
 from kvtune.operator import crdgen
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from kvtune.operator import reconcile as rec
 from kvtune.operator.api import InferenceDeploymentSpec
 from kvtune.operator.workloads import declared_profile

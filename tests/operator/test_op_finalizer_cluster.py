@@ -24,7 +24,6 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from kvtune.operator import runtime_access
 from op_cluster_helpers import (
     GROUP,
     PLURAL,
@@ -32,6 +31,7 @@ from op_cluster_helpers import (
     OperatorProcess,
     condition,
     create_infd,
+    create_runtime_access,
     ensure_namespace,
     get_infd,
     install_crd,
@@ -88,14 +88,7 @@ def test_with_no_operator_running_objects_and_their_namespace_delete(
     create_infd(api, ns, "chat", _spec())
     entrypoint = _spec()
     entrypoint["runtime"] = {"entrypoint": "kvtune"}  # the runtime-reports timer runs too
-    rbac = client.RbacAuthorizationV1Api(api)
-    create = {"ServiceAccount": core.create_namespaced_service_account,
-              "ConfigMap": core.create_namespaced_config_map,
-              "Role": rbac.create_namespaced_role,
-              "RoleBinding": rbac.create_namespaced_role_binding}
-    for obj in runtime_access.namespace_objects(ns_doomed):  # what the chart would create
-        with contextlib.suppress(ApiException):
-            create[obj["kind"]](ns_doomed, obj)
+    create_runtime_access(api, ns_doomed)  # what the chart would create
     create_infd(api, ns_doomed, "chat", entrypoint)
     operator = OperatorProcess(Path(local_cluster.kubeconfig_path), [ns, ns_doomed],
                                tmp_path / "operator.log")

@@ -7,6 +7,7 @@ from typing import Any
 
 import kopf
 import pytest
+
 from kvtune.operator import handlers, periodic, retune_handlers  # noqa: F401 (registers)
 
 

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import pytest
+
 from kvtune.operator import pod_policy, template_sandbox
 from kvtune.operator.render import RenderError, RenderInput, render_pool
 from kvtune.tuner.plan import PoolPlan

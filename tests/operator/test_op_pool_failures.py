@@ -7,10 +7,11 @@ import copy
 from typing import Any
 
 import pytest
+from op_samples import SAMPLE_SPEC
+
 from kvtune.operator import reconcile as rec
 from kvtune.operator.api import InferenceDeploymentSpec
 from kvtune.operator.workloads import declared_profile
-from op_samples import SAMPLE_SPEC
 
 BODY = {"metadata": {"name": "bot", "namespace": "llm", "uid": "u"}}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from kvtune.operator.pools import classify_node, discover_pools, inventory_digest
 
 

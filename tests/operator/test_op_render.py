@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from op_samples import make_pool_plan
+
 from kvtune.operator.render import (
     ANNOTATION_PLAN_HASH,
     LABEL_PLAN_REVISION,
@@ -18,7 +20,6 @@ from kvtune.operator.render import (
     render_pool,
 )
 from kvtune.tuner.plan import PoolPlan
-from op_samples import make_pool_plan
 
 AFFINITY = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
     {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In",

@@ -8,6 +8,8 @@ import json
 from typing import Any
 
 import pytest
+from op_samples import SAMPLE_SPEC, make_pool_plan
+
 from kvtune.operator import conditions as cond
 from kvtune.operator import runtime_access, runtime_reports
 from kvtune.operator.api import InferenceDeploymentSpec
@@ -15,7 +17,6 @@ from kvtune.operator.render import ANNOTATION_PLAN_HASH, RenderInput, plan_env_j
 from kvtune.runtime import decisions, gpus
 from kvtune.runtime.runtime_plan import parse_plan
 from kvtune.tuner.plan import PoolPlan
-from op_samples import SAMPLE_SPEC, make_pool_plan
 
 GIB = 1024**3
 USER_TEMPLATE = """

@@ -26,19 +26,20 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from kvtune.operator import runtime_access
-from kvtune.runtime import __main__ as entrypoint_main
-from kvtune.runtime import gpus, report
 from op_cluster_helpers import (
     OperatorProcess,
     condition,
     create_infd,
+    create_runtime_access,
     ensure_namespace,
     get_infd,
     install_crd,
     wait_for,
 )
 from op_samples import SAMPLE_SPEC
+
+from kvtune.runtime import __main__ as entrypoint_main
+from kvtune.runtime import gpus, report
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 NS, OTHER_NS = "op-runtime", "op-runtime-other"  # OTHER_NS: no runtime access objects
@@ -49,8 +50,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _fake_nvml() -> Any:
-    """The FakeNvml class of tests/packaging/test_pkg_runtime_entrypoint.py."""
-    path = REPO / "tests/packaging/test_pkg_runtime_entrypoint.py"
+    """The FakeNvml class of tests/runtime/test_runtime_entrypoint.py."""
+    path = REPO / "tests/runtime/test_runtime_entrypoint.py"
     spec = importlib.util.spec_from_file_location("_kvtune_pkg_entrypoint_fakes", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -65,17 +66,7 @@ def cluster_api(local_cluster: Any) -> Any:
     install_crd(api)
     for ns in (NS, OTHER_NS):
         ensure_namespace(api, ns)
-    core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
-    create = {"ServiceAccount": core.create_namespaced_service_account,
-              "ConfigMap": core.create_namespaced_config_map,
-              "Role": rbac.create_namespaced_role,
-              "RoleBinding": rbac.create_namespaced_role_binding}
-    for obj in runtime_access.namespace_objects(NS):  # what the chart creates
-        try:
-            create[obj["kind"]](NS, obj)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
+    create_runtime_access(api, NS)  # what the chart creates; none in OTHER_NS
     return api
 
 

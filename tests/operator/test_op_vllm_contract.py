@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from op_samples import make_pool_plan
+
 from kvtune.operator import api
 from kvtune.operator.render import RenderInput, render_pool
-from op_samples import make_pool_plan
 
 pytestmark = pytest.mark.vllm_source
 VLLM_VERSION = "0.33.0"
@@ -145,3 +146,69 @@ def test_api_enums_match_the_pinned_vllm() -> None:
                                      "AttentionBackendEnum").body
                 if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
     assert set(api.VLLM_ATTENTION_BACKENDS) <= backends
+
+
+# --- one rendering path (issue 14 item 2): plan -o json, -o args, the Deployment, the runtime --
+_PLAN_CASES = [
+    ["-m", "meta-llama/Llama-3.1-8B-Instruct", "-g", "H100"],
+    ["-m", "meta-llama/Llama-3.3-70B-Instruct", "-g", "H200", "--tp", "2",
+     "--weights-dtype", "fp8"],
+    ["-m", "meta-llama/Llama-3.3-70B-Instruct", "-g", "H100", "--tp", "4",
+     "--kv-offloading-size", "64", "--no-enable-prefix-caching"],
+    ["-m", "Qwen/Qwen3-8B", "-g", "B200", "--kv-cache-memory-bytes", str(40 * 2**30),
+     "--attention-backend", "FLASHINFER"],
+    ["-m", "deepseek-ai/DeepSeek-V3", "-g", "H200", "--tp", "8"],
+]
+
+
+def _cli(args: list[str]) -> str:
+    from click.testing import CliRunner
+
+    from kvtune.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["plan", *args])
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+@pytest.mark.parametrize("case", _PLAN_CASES, ids=lambda c: " ".join(c[1::2][:3]))
+def test_plan_json_args_deployment_and_runtime_render_the_same_flags(case: list[str]) -> None:
+    import json
+
+    from kvtune.operator.render import plan_env_json
+    from kvtune.runtime.decisions import Decision, build_command
+    from kvtune.runtime.runtime_plan import parse_plan
+    from kvtune.tuner.plan import PoolPlan
+
+    doc = json.loads(_cli([*case, "-o", "json"]))
+    from_json: list[str] = doc["vllm_args"]
+    # `-o args`: "vllm serve MODEL \\\n  --flag \\\n  ..."
+    words = _cli([*case, "-o", "args"]).replace("\\\n", " ").split()
+    assert words[:3] == ["vllm", "serve", doc["model"]]
+    from_args = words[3:]
+    pool_plan = PoolPlan.model_validate({
+        **{k: doc[k] for k in ("vllm_version", "plan", "expected")},
+        "model_id": doc["model"], "gpu_class": doc["gpu_class"],
+        "tensor_parallel": doc["tensor_parallel"], "reasons": doc["reasons"],
+        "warnings": doc["warnings"]})
+    objs = render_pool(RenderInput(
+        name="x", namespace="y", pool="p", pool_plan=pool_plan, model_name=doc["model"],
+        image="img", replicas=1, revision=1))
+    dep: dict[str, Any] = next(o for o in objs if o["kind"] == "Deployment")
+    container_args: list[str] = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    server = [a for a in container_args[1:] if a.split("=", 1)[0] in
+              ("--host", "--port", "--served-model-name")]
+    from_deployment = [a for a in container_args[1:] if a not in server]
+    runtime_plan = parse_plan(plan_env_json(pool_plan, plan_hash_="h", revision=1))
+    decision = Decision.__new__(Decision)  # the node keeps the plan's memory knob
+    object.__setattr__(decision, "gpu_memory_utilization", pool_plan.plan.gpu_memory_utilization)
+    object.__setattr__(decision, "kv_cache_memory_bytes", pool_plan.plan.kv_cache_memory_bytes)
+    command = build_command(runtime_plan, decision, container_args)
+    from_runtime = [a for a in command[3:] if a not in server]
+
+    assert from_json[0] == f"--tensor-parallel-size={doc['tensor_parallel']}"
+    assert from_json == from_args == from_deployment, (from_json, from_args, from_deployment)
+    assert sorted(from_runtime) == sorted(from_json), (from_runtime, from_json)
+    parser = _parser_flags()
+    unknown = [a for a in from_json if a.split("=", 1)[0] not in parser]
+    assert not unknown, f"flags vLLM {VLLM_VERSION} does not know: {unknown}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kvtune.operator.api import DeclaredTokens
 from kvtune.operator.workloads import merge_quantiles
 from kvtune.tuner.workload import TokenQuantiles

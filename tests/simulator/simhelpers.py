@@ -32,3 +32,4 @@ def request(
         segments=(*shared, (own_uid, prompt_tokens - shared_tokens + output_tokens)),
         shareable_tokens=shared_tokens,
     )
+

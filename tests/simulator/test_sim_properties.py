@@ -8,10 +8,11 @@ import math
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from simhelpers import fixed_step_cost, request
+
 from kvtune.tuner.simulator.scheduler import EngineConfig, Scheduler
 from kvtune.tuner.simulator.timing import Efficiency, StepCostModel
 from kvtune.tuner.simulator.workload import SimRequest
-from simhelpers import fixed_step_cost, request
 
 # A cost model whose step time grows with the KV read, so decode runs are not uniform.
 GROWING = StepCostModel(
@@ -54,14 +55,14 @@ def _check(s: Scheduler) -> None:
     pool = s.pool
     pool.check_invariants()
     # Every reference is held by a running request's block table, and only those.
-    refs = sum(b.ref_cnt for b in pool.blocks[1:])
+    refs = int(pool.ref_cnt[1:].sum())
     assert refs == sum(len(r.blocks) for r in s.running)
     assert len(s.running) <= s.config.max_num_seqs
     for r in s.running:
         assert 0 <= r.num_computed <= r.num_tokens
         assert len(r.blocks) * s.block_size >= r.num_computed
     for r in s.waiting:
-        assert r.blocks == [] and r.num_computed == 0
+        assert len(r.blocks) == 0 and r.num_computed == 0
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

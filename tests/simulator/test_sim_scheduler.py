@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
+from simhelpers import STEP_SECONDS, fixed_step_cost, request
+
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.simulator.scheduler import EngineConfig, RequestState, Scheduler, simulate
-from simhelpers import STEP_SECONDS, fixed_step_cost, request
 
 
 def cfg(**kw: object) -> EngineConfig:
@@ -124,7 +125,7 @@ def test_block_ids_and_eviction_order_through_the_scheduler() -> None:
 
     class Recording(Scheduler):
         def _free(self, st: RequestState) -> None:
-            seen[st.req.request_id] = [b.block_id for b in st.blocks]
+            seen[st.req.request_id] = st.blocks.tolist()
             super()._free(st)
 
     sched = Recording(reqs, cfg(num_gpu_blocks=10, block_size=4), fixed_step_cost())

@@ -7,14 +7,15 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
 from kvtune.cli.main import cli
 from kvtune.e2e.traces import AZURE_TRACE as AZURE
-from kvtune.tuner.catalog import get_model
 from kvtune.tuner.errors import InvalidInput
-from kvtune.tuner.gpus import get_gpu_class
-from kvtune.tuner.planning import PlanRequest, plan_pool
-from kvtune.tuner.policy import SLO, PlanPolicy
-from kvtune.tuner.presets import preset_profile
+from kvtune.tuner.facts.catalog import get_model
+from kvtune.tuner.facts.gpus import get_gpu_class
+from kvtune.tuner.planner.planning import PlanRequest, plan_pool
+from kvtune.tuner.planner.policy import SLO, PlanPolicy
+from kvtune.tuner.planner.presets import preset_profile
 from kvtune.tuner.simulator.compare import configurations, parse_overrides
 from kvtune.tuner.simulator.engine import simulated_plan, vllm_default_plan
 from kvtune.tuner.simulator.scoring import SimulatorScorer

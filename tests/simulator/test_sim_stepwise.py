@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 
 import pytest
+from simhelpers import STEP_SECONDS, fixed_step_cost, request
+
 from kvtune.e2e.traces import AZURE_TRACE as AZURE
-from kvtune.tuner.catalog import get_model
 from kvtune.tuner.errors import InvalidInput
-from kvtune.tuner.gpus import get_gpu_class
-from kvtune.tuner.planning import PlanRequest
-from kvtune.tuner.presets import profile_from_trace
+from kvtune.tuner.facts.catalog import get_model
+from kvtune.tuner.facts.gpus import get_gpu_class
+from kvtune.tuner.planner.planning import PlanRequest
+from kvtune.tuner.planner.presets import profile_from_trace
 from kvtune.tuner.simulator.engine import simulated_plan, vllm_default_plan
 from kvtune.tuner.simulator.prefix import SegmentInterner
 from kvtune.tuner.simulator.scheduler import EngineConfig, Scheduler
@@ -20,7 +22,6 @@ from kvtune.tuner.simulator.stepwise import (
 )
 from kvtune.tuner.simulator.workload import requests_from_trace
 from kvtune.tuner.traces import load_trace
-from simhelpers import STEP_SECONDS, fixed_step_cost, request
 
 CFG = EngineConfig(num_gpu_blocks=201, block_size=16, max_num_seqs=8,
                    max_num_batched_tokens=512, max_model_len=4096)

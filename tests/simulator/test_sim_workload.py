@@ -7,6 +7,8 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from simhelpers import fixed_step_cost
+
 from kvtune.tuner.simulator.prefix import SegmentInterner, block_hashes, shareable_prefix_tokens
 from kvtune.tuner.simulator.scheduler import EngineConfig, simulate
 from kvtune.tuner.simulator.timing import Efficiency, StepCostModel, efficiency_for
@@ -18,7 +20,6 @@ from kvtune.tuner.simulator.workload import (
     synthetic_requests,
 )
 from kvtune.tuner.traces import Trace, TraceRequest
-from simhelpers import fixed_step_cost
 
 
 def test_block_hash_names_the_prefix_up_to_the_block_end() -> None:

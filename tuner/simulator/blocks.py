@@ -3,10 +3,10 @@
 Nouns and behaviour follow ``vllm/v1/core/block_pool.py`` and ``kv_cache_utils.py``
 (vLLM 0.33.0), so a simulated run can be read against vLLM's own:
 
-- ``KVCacheBlock`` is plain data: ``block_id``, ``ref_cnt``, ``block_hash``. A full block
-  gets its hash once (``cache_full_blocks``) and keeps it while it sits in the free queue,
-  so a later request can take it back (``touch``); it loses the hash only when it is handed
-  out again (``get_new_blocks`` evicts it from the cache).
+- A block is its id (an int); its state is two arrays indexed by id: ``ref_cnt`` and
+  ``block_hash``. A full block gets its hash once (``cache_full_blocks``) and keeps it while
+  it sits in the free queue, so a later request can take it back (``touch``); it loses the
+  hash only when it is handed out again (``get_new_blocks`` evicts it from the cache).
 - ``FreeKVCacheBlockQueue`` is the LRU eviction order. At start it holds every block by id;
   ``popleft`` takes the least recently used. vLLM 0.33's ``free_blocks`` puts blocks without
   a hash (or all blocks when caching is off) at the *front* (reused first) and hashed blocks
@@ -14,37 +14,47 @@ Nouns and behaviour follow ``vllm/v1/core/block_pool.py`` and ``kv_cache_utils.p
   the tail of a prefix chain is evicted before its head.
 - Block 0 is the null block: taken out of the queue at start, never allocated.
 
-The queue is an ``OrderedDict`` (C-implemented: O(1) pop-front, append, prepend and remove
-from the middle) rather than vLLM's hand-threaded linked list; the order it keeps is the
-same. Hashes here are opaque ints made by ``prefix.py``; ``UNSHARED_HASH`` marks a full
-block whose content no other request can ever ask for (see ``prefix.py``): it is cached
-(it keeps its LRU position as a hashed block) but never entered in the hash map, because
-a lookup for it can never come.
+Why arrays and not one object per block (as vLLM): a long prompt holds hundreds of blocks,
+and per-block Python work was most of a replay's time (multi-turn Mooncake traffic at block
+size 16 moves ~900 blocks per request). Every pool operation here is a handful of numpy
+calls over all the blocks it touches; the order the queue keeps and the blocks handed out
+are the same as vLLM's. Two structures are lazy for that reason:
+
+- the queue is an array in eviction order with a head and a tail; a block taken out of the
+  middle (a prefix hit, ``remove``) only has its position cleared (``position[id] = -1``),
+  and ``popleft_n`` skips entries whose block is no longer at that position;
+- the prefix-cache map (hash -> block id) is never cleaned on eviction: an entry is live
+  only while its block still holds that hash (``block_hash[id] == hash``).
+
+Hashes here are dense non-negative ints (``prefix.KeySpace``), so the map is an array indexed
+by hash (``key_block``; 0, the null block, where none). ``UNSHARED_HASH`` marks a
+full block whose content no other request can ever ask for (see ``prefix.py``): it is
+cached (it keeps its LRU position as a hashed block) but never entered in the map, because
+a lookup for it can never come. ``NO_HASH`` is a block that is not cached.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+
+import numpy as np
 
 # A full block whose content is unique to one request: hashed in vLLM, but no lookup can
 # ever find it, so the simulator skips the map entry (and the cost of a real key).
 UNSHARED_HASH = -1
+# Not cached: not full, or handed out again since it was.
+NO_HASH = -2
+
+Ids = Sequence[int] | np.ndarray
+# Up to this many blocks, queue and pool operations take scalar paths (measured: the fixed
+# cost of a handful of numpy calls is more than a few scalar reads).
+_SCALAR_MAX = 4
 
 
-class KVCacheBlock:
-    """One KV-cache block: ``block_size`` token slots in every layer."""
-
-    __slots__ = ("block_hash", "block_id", "ref_cnt")
-
-    def __init__(self, block_id: int) -> None:
-        self.block_id = block_id
-        self.ref_cnt = 0
-        # None: not full or not cached; UNSHARED_HASH or a key from prefix.py otherwise.
-        self.block_hash: int | None = None
-
-    def __repr__(self) -> str:
-        return f"KVCacheBlock(id={self.block_id}, ref_cnt={self.ref_cnt}, hash={self.block_hash})"
+def _ids(blocks: Ids) -> np.ndarray:
+    if isinstance(blocks, np.ndarray):
+        return blocks
+    return np.asarray(blocks, dtype=np.int64)
 
 
 class FreeKVCacheBlockQueue:
@@ -56,59 +66,119 @@ class FreeKVCacheBlockQueue:
     3. Blocks of one request are freed tail first, so among blocks freed together the one
        holding more of the prefix chain (its tail) is evicted first.
 
-    Keyed by the block objects themselves (identity hash): pop-front, append, prepend and
-    removal from the middle are each one C-level dict operation.
+    ``_slots[head:tail]`` holds block ids front to back, some of them stale: block ``b`` is
+    in the queue at slot ``i`` iff ``_position[b] == i``. Room is kept on both sides
+    (``prepend_n`` writes before ``head``, ``append_n`` after ``tail``); when a side runs
+    out, the live entries are copied into a fresh array (amortized O(1) per block).
     """
 
-    __slots__ = ("_queue",)
+    __slots__ = ("_head", "_num_blocks", "_position", "_slots", "_tail", "num_free_blocks")
 
-    def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
-        self._queue: OrderedDict[KVCacheBlock, None] = OrderedDict.fromkeys(blocks)
+    def __init__(self, num_blocks: int, block_ids: Sequence[int]) -> None:
+        self._num_blocks = num_blocks
+        self._position = np.full(num_blocks, -1, dtype=np.int64)
+        self._slots = np.zeros(0, dtype=np.int64)
+        self._head = self._tail = 0
+        self.num_free_blocks = 0
+        self._relayout(np.asarray(block_ids, dtype=np.int64), 0)
 
-    @property
-    def num_free_blocks(self) -> int:
-        return len(self._queue)
+    def _live(self) -> np.ndarray:
+        window = self._slots[self._head:self._tail]
+        keep = self._position[window] == np.arange(self._head, self._tail)
+        live: np.ndarray = window[keep]
+        return live
 
-    def popleft(self) -> KVCacheBlock:
-        if not self._queue:
-            raise ValueError("No free blocks available")
-        return self._queue.popitem(last=False)[0]
+    def _relayout(self, live: np.ndarray, extra: int) -> None:
+        front = self._num_blocks + extra
+        self._slots = np.zeros(front + len(live) + 2 * self._num_blocks + extra, np.int64)
+        self._slots[front:front + len(live)] = live
+        self._position[live] = np.arange(front, front + len(live))
+        self._head, self._tail = front, front + len(live)
+        self.num_free_blocks = len(live)
 
-    def popleft_n(self, n: int) -> list[KVCacheBlock]:
-        assert n <= len(self._queue), f"popleft_n({n}) with {len(self._queue)} free"
-        pop = self._queue.popitem
-        return [pop(False)[0] for _ in range(n)]
+    def popleft_n(self, n: int) -> np.ndarray:
+        """Take the ``n`` blocks at the front (``n`` <= free blocks)."""
+        if n > self.num_free_blocks:
+            raise ValueError(f"Cannot get {n} free blocks from the pool "
+                             f"({self.num_free_blocks} free)")
+        if n <= 0:
+            return np.zeros(0, dtype=np.int64)
+        head, tail = self._head, self._tail
+        if n <= _SCALAR_MAX:
+            # A few blocks (a decode step crossing a block boundary): scalar reads beat the
+            # fixed cost of the array calls below.
+            slots, position = self._slots, self._position
+            out = np.empty(n, dtype=np.int64)
+            i = head
+            for j in range(n):
+                b = slots[i]
+                while position[b] != i:
+                    i += 1
+                    b = slots[i]
+                out[j] = b
+                position[b] = -1
+                i += 1
+            self._head = i
+            self.num_free_blocks -= n
+            return out
+        end = min(tail, head + n)
+        while True:
+            window = self._slots[head:end]
+            live = np.flatnonzero(self._position[window] == np.arange(head, end))
+            if len(live) >= n or end == tail:
+                break
+            end = min(tail, end + 2 * (n - len(live)) + 16)
+        idx = live[:n]
+        taken: np.ndarray = window[idx]
+        self._position[taken] = -1
+        self._head = head + int(idx[-1]) + 1
+        self.num_free_blocks -= n
+        return taken
 
-    def remove(self, block: KVCacheBlock) -> None:
-        del self._queue[block]
+    def remove(self, blocks: Ids) -> None:
+        ids = _ids(blocks)
+        self._position[ids] = -1
+        self.num_free_blocks -= len(ids)
 
-    def append(self, block: KVCacheBlock) -> None:
-        self._queue[block] = None
+    def append_n(self, blocks: Ids) -> None:
+        ids = _ids(blocks)
+        k = len(ids)
+        if self._tail + k > len(self._slots):
+            self._relayout(self._live(), k)
+        t = self._tail
+        self._slots[t:t + k] = ids
+        self._position[ids] = np.arange(t, t + k)
+        self._tail = t + k
+        self.num_free_blocks += k
 
-    def append_n(self, blocks: Iterable[KVCacheBlock]) -> None:
-        # A plain loop: OrderedDict.update(dict) measured 4x slower per block (CPython 3.11).
-        q = self._queue
-        for b in blocks:
-            q[b] = None
-
-    def prepend_n(self, blocks: Sequence[KVCacheBlock]) -> None:
+    def prepend_n(self, blocks: Ids) -> None:
         """Put ``blocks`` at the front, keeping their order (blocks[0] evicted first)."""
-        q = self._queue
-        move = q.move_to_end
-        for b in reversed(blocks):
-            q[b] = None
-            move(b, False)
+        ids = _ids(blocks)
+        k = len(ids)
+        if self._head < k:
+            self._relayout(self._live(), k)
+        h = self._head - k
+        self._slots[h:h + k] = ids
+        self._position[ids] = np.arange(h, h + k)
+        self._head = h
+        self.num_free_blocks += k
 
     def block_ids(self) -> list[int]:
         """The queue front to back (for tests and debugging)."""
-        return [b.block_id for b in self._queue]
+        out: list[int] = self._live().tolist()
+        return out
 
-    def __contains__(self, block: KVCacheBlock) -> bool:
-        return block in self._queue
+    def contains(self, blocks: Ids) -> np.ndarray:
+        """Per block: whether it is in the queue."""
+        inside: np.ndarray = self._position[_ids(blocks)] >= 0
+        return inside
+
+    def __contains__(self, block: int) -> bool:
+        return bool(self._position[block] >= 0)
 
 
 class BlockPool:
-    """Owns every block, the free queue and the prefix-cache map (hash -> block).
+    """Owns every block's state, the free queue and the prefix-cache map (hash -> block id).
 
     The map holds one block per hash. vLLM also remembers duplicates (two requests that
     computed the same block in the same step, neither a hit for the other) and can return
@@ -125,74 +195,109 @@ class BlockPool:
             )
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
-        self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
-        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
-        self.cached_block_hash_to_block: dict[int, KVCacheBlock] = {}
+        self.ref_cnt = np.zeros(num_gpu_blocks, dtype=np.int64)
+        self.block_hash = np.full(num_gpu_blocks, NO_HASH, dtype=np.int64)
+        # The null block (0) never enters the queue.
+        self.free_block_queue = FreeKVCacheBlockQueue(num_gpu_blocks, range(1, num_gpu_blocks))
+        self.null_block = 0
+        # hash -> block id (0: none). Lazy: live only while block_hash[block] == hash.
+        self.key_block = np.zeros(1024, dtype=np.int64)
         # Blocks holding a hash (in the map or UNSHARED_HASH), whether in use or free.
         self.num_hashed_blocks = 0
-        self.null_block = self.free_block_queue.popleft()
         # Counters for the report (vLLM's prefix-cache stats count tokens, not blocks).
         self.num_evicted_cached_blocks = 0
 
+    def _room_for(self, keys: np.ndarray) -> None:
+        top = int(keys.max()) + 1
+        if top > len(self.key_block):
+            grown = np.zeros(max(top, 2 * len(self.key_block)), dtype=np.int64)
+            grown[:len(self.key_block)] = self.key_block
+            self.key_block = grown
+
     # -- lookups ---------------------------------------------------------------------------
 
-    def get_cached_block(self, block_hash: int) -> KVCacheBlock | None:
-        return self.cached_block_hash_to_block.get(block_hash)
+    def hash_of(self, block: int) -> int | None:
+        """The block's hash (None: not cached)."""
+        h = int(self.block_hash[block])
+        return None if h == NO_HASH else h
 
-    def find_longest_cache_hit(
-        self, block_hashes: Sequence[int], max_num_blocks: int
-    ) -> list[KVCacheBlock]:
+    def get_cached_block(self, block_hash: int) -> int | None:
+        if block_hash >= len(self.key_block):
+            return None
+        b = int(self.key_block[block_hash])
+        if b == 0 or self.block_hash[b] != block_hash:
+            return None
+        return b
+
+    def cached_hashes(self) -> set[int]:
+        """The hashes a lookup can find now (tests)."""
+        keys = np.flatnonzero(self.key_block)
+        live = self.block_hash[self.key_block[keys]] == keys
+        return set(keys[live].tolist())
+
+    def find_longest_cache_hit(self, block_hashes: Ids, max_num_blocks: int) -> np.ndarray:
         """The run of cached blocks from the start of ``block_hashes`` (chained hashes: the
         first miss ends the hit), at most ``max_num_blocks`` long."""
-        hits: list[KVCacheBlock] = []
-        get = self.cached_block_hash_to_block.get
-        for h in block_hashes[:max_num_blocks]:
-            b = get(h)
-            if b is None:
-                break
-            hits.append(b)
-        return hits
+        keys = _ids(block_hashes)[:max(0, max_num_blocks)]
+        if not len(keys):
+            return keys
+        self._room_for(keys)
+        got: np.ndarray = self.key_block[keys]
+        # A missing key maps to the null block, whose hash is NO_HASH: never a hit.
+        hit = self.block_hash[got] == keys
+        if hit.all():
+            return got
+        out: np.ndarray = got[:int(np.argmin(hit))]
+        return out
+
+    def num_free_among(self, blocks: Ids) -> int:
+        """How many of ``blocks`` sit in the free queue (ref_cnt 0)."""
+        if not len(blocks):
+            return 0
+        return int(np.count_nonzero(self.ref_cnt[_ids(blocks)] == 0))
 
     # -- allocation ------------------------------------------------------------------------
 
     def get_num_free_blocks(self) -> int:
-        return len(self.free_block_queue._queue)
+        return self.free_block_queue.num_free_blocks
 
-    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+    def get_new_blocks(self, num_blocks: int) -> np.ndarray:
         """Take ``num_blocks`` from the front of the free queue, evicting their cached
         content (vLLM's ``_maybe_evict_cached_block``)."""
-        if num_blocks > self.get_num_free_blocks():
-            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
-        pop = self.free_block_queue._queue.popitem
-        ret: list[KVCacheBlock] = []
-        add = ret.append
-        cache = self.cached_block_hash_to_block
-        unhashed = 0
-        for _ in range(num_blocks):
-            b = pop(False)[0]
-            h = b.block_hash
-            if h is not None:
-                if h != UNSHARED_HASH and cache.get(h) is b:
-                    del cache[h]
-                    self.num_evicted_cached_blocks += 1
-                b.block_hash = None
-                unhashed += 1
-            b.ref_cnt = 1
-            add(b)
-        self.num_hashed_blocks -= unhashed
-        return ret
+        taken = self.free_block_queue.popleft_n(num_blocks)
+        if num_blocks <= _SCALAR_MAX:
+            bh, ref = self.block_hash, self.ref_cnt
+            for b in taken:
+                h = bh[b]
+                if h != NO_HASH:
+                    if h >= 0:
+                        self.num_evicted_cached_blocks += 1
+                    self.num_hashed_blocks -= 1
+                    bh[b] = NO_HASH
+                ref[b] = 1
+            return taken
+        hashes = self.block_hash[taken]
+        hashed = hashes != NO_HASH
+        num_hashed = int(np.count_nonzero(hashed))
+        if num_hashed:
+            self.num_evicted_cached_blocks += int(np.count_nonzero(hashes >= 0))
+            self.num_hashed_blocks -= num_hashed
+            self.block_hash[taken] = NO_HASH  # the map entries go stale with it
+        self.ref_cnt[taken] = 1
+        return taken
 
-    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+    def touch(self, blocks: Ids) -> None:
         """A prefix hit takes a reference; a free cached block leaves the free queue."""
-        q = self.free_block_queue._queue
-        for b in blocks:
-            if b.ref_cnt == 0:
-                del q[b]
-            b.ref_cnt += 1
+        if not len(blocks):
+            return
+        ids = _ids(blocks)
+        free = ids[self.ref_cnt[ids] == 0]
+        if len(free):
+            self.free_block_queue.remove(free)
+        self.ref_cnt[ids] += 1
 
     def cache_full_blocks(
-        self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[int],
-        num_cached_blocks: int, num_full_blocks: int,
+        self, blocks: Ids, block_hashes: Ids, num_cached_blocks: int, num_full_blocks: int,
     ) -> None:
         """Give blocks ``[num_cached_blocks, num_full_blocks)`` their hash from
         ``block_hashes`` (the request's shareable keys). Full blocks past the shareable
@@ -201,69 +306,79 @@ class BlockPool:
         no per-block work while they are in use."""
         if not self.enable_caching:
             return
-        cache = self.cached_block_hash_to_block
         end = min(len(block_hashes), num_full_blocks)
-        hashed = 0
-        for i in range(num_cached_blocks, end):
-            b = blocks[i]
-            if b.block_hash is not None:
-                continue  # a prefix hit: already cached under this hash
-            h = block_hashes[i]
-            b.block_hash = h
-            # One entry per hash: a duplicate (two requests computed the same block in
-            # one step) is not entered; see the class doc.
-            cache.setdefault(h, b)
-            hashed += 1
-        self.num_hashed_blocks += hashed
+        if end <= num_cached_blocks:
+            return
+        ids = _ids(blocks)[num_cached_blocks:end]
+        keys = _ids(block_hashes)[num_cached_blocks:end]
+        bh = self.block_hash
+        new = bh[ids] == NO_HASH  # the others are prefix hits, already cached
+        if not new.all():
+            ids, keys = ids[new], keys[new]
+            if not len(ids):
+                return
+        bh[ids] = keys
+        self.num_hashed_blocks += len(ids)
+        # One live entry per hash: a duplicate (two requests computed the same block in one
+        # step) is not entered; see the class doc.
+        self._room_for(keys)
+        kb = self.key_block
+        held = kb[keys]
+        live = (bh[held] == keys) & (held != ids)
+        if live.any():
+            ids, keys = ids[~live], keys[~live]
+        kb[keys] = ids
 
-    def free_request_blocks(self, blocks: Sequence[KVCacheBlock], num_full_blocks: int) -> None:
+    def free_request_blocks(self, blocks: Ids, num_full_blocks: int) -> None:
         """Free one request's block table the way vLLM does (``free_blocks`` of the blocks in
         reverse), where its first ``num_full_blocks`` blocks are full and therefore hashed:
         those without a shareable key get ``UNSHARED_HASH`` now."""
-        if not self.enable_caching:
-            self.free_blocks(reversed(blocks))
+        if not len(blocks):
             return
-        first: list[KVCacheBlock] = []
-        last: list[KVCacheBlock] = []
+        ids = _ids(blocks)
+        if not self.enable_caching:
+            self.free_blocks(ids[::-1])
+            return
+        ref = self.ref_cnt
+        ref[ids] -= 1
         # Reverse order: the partial tail blocks come first, then the full blocks.
-        for b in reversed(blocks[num_full_blocks:]):
-            b.ref_cnt -= 1
-            if not b.ref_cnt:
-                (first if b.block_hash is None else last).append(b)
-        marked = 0
-        for b in reversed(blocks[:num_full_blocks]):
-            b.ref_cnt -= 1
-            if not b.ref_cnt:
-                if b.block_hash is None:
-                    b.block_hash = UNSHARED_HASH
-                    marked += 1
-                last.append(b)
-        self.num_hashed_blocks += marked
-        if first:
-            self.free_block_queue.prepend_n(first)
-        if last:
-            self.free_block_queue.append_n(last)
+        tail = ids[num_full_blocks:][::-1]
+        tail = tail[ref[tail] == 0]
+        full = ids[:num_full_blocks][::-1]
+        full = full[ref[full] == 0]
+        bh = self.block_hash
+        unmarked = full[bh[full] == NO_HASH]
+        if len(unmarked):
+            bh[unmarked] = UNSHARED_HASH
+            self.num_hashed_blocks += len(unmarked)
+        q = self.free_block_queue
+        if len(tail):
+            tail_hashed = bh[tail] != NO_HASH
+            if tail_hashed.any():
+                q.prepend_n(tail[~tail_hashed])
+                q.append_n(tail[tail_hashed])
+            else:
+                q.prepend_n(tail)
+        if len(full):
+            q.append_n(full)
 
-    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+    def free_blocks(self, ordered_blocks: Ids | Iterable[int]) -> None:
         """Drop one reference from each block; blocks reaching zero go back to the queue,
         hashed ones at the back, the others at the front, each in the order given (the
         first is evicted first). Callers pass a request's blocks in reverse."""
-        first: list[KVCacheBlock] = []
-        last: list[KVCacheBlock] = []
-        if self.enable_caching:
-            for b in ordered_blocks:
-                b.ref_cnt -= 1
-                if not b.ref_cnt:
-                    (first if b.block_hash is None else last).append(b)
-        else:
-            for b in ordered_blocks:
-                b.ref_cnt -= 1
-                if not b.ref_cnt:
-                    first.append(b)
-        if first:
-            self.free_block_queue.prepend_n(first)
-        if last:
-            self.free_block_queue.append_n(last)
+        ids = (ordered_blocks if isinstance(ordered_blocks, np.ndarray)
+               else np.asarray(list(ordered_blocks), dtype=np.int64))
+        if not len(ids):
+            return
+        self.ref_cnt[ids] -= 1
+        freed = ids[self.ref_cnt[ids] == 0]
+        q = self.free_block_queue
+        if not self.enable_caching:
+            q.prepend_n(freed)
+            return
+        hashed = self.block_hash[freed] != NO_HASH
+        q.prepend_n(freed[~hashed])
+        q.append_n(freed[hashed])
 
     # -- accounting ------------------------------------------------------------------------
 
@@ -273,31 +388,27 @@ class BlockPool:
 
     def num_cached_free_blocks(self) -> int:
         """Free blocks that still hold a hash (eviction candidates of the prefix cache)."""
-        return sum(1 for b in self.free_block_queue._queue if b.block_hash is not None)
+        free = np.asarray(self.free_block_queue.block_ids(), dtype=np.int64)
+        return int(np.count_nonzero(self.block_hash[free] != NO_HASH))
 
     def check_invariants(self) -> None:
         """Conservation: every usable block is exactly one of in use (ref_cnt > 0), free and
-        cached (hash kept), or free and empty; the map points only at hashed blocks."""
-        q = self.free_block_queue._queue
-        in_use = 0
-        free_cached = 0
-        free_empty = 0
-        hashed = 0
-        for b in self.blocks[1:]:
-            assert b.ref_cnt >= 0, b
-            in_q = b in q
-            assert in_q == (b.ref_cnt == 0), f"{b} in free queue={in_q}"
-            if b.block_hash is not None:
-                hashed += 1
-            if b.ref_cnt > 0:
-                in_use += 1
-            elif b.block_hash is not None:
-                free_cached += 1
-            else:
-                free_empty += 1
-        assert self.null_block not in q and self.null_block.block_hash is None
+        cached (hash kept), or free and empty; the live map entries point only at blocks
+        holding their hash."""
+        q = self.free_block_queue
+        queued = q.block_ids()
+        assert len(queued) == len(set(queued)) == q.num_free_blocks, "queue entries"
+        ids = np.arange(1, self.num_gpu_blocks)
+        in_q = q.contains(ids)
+        ref = self.ref_cnt[1:]
+        assert (ref >= 0).all()
+        assert (in_q == (ref == 0)).all(), "a block is free iff it has no reference"
+        hashed = self.block_hash[1:] != NO_HASH
+        in_use = int(np.count_nonzero(ref > 0))
+        free_cached = int(np.count_nonzero(in_q & hashed))
+        free_empty = int(np.count_nonzero(in_q & ~hashed))
+        assert 0 not in q and self.block_hash[0] == NO_HASH and self.ref_cnt[0] == 0
         assert in_use + free_cached + free_empty == self.num_gpu_blocks - 1
-        assert free_cached + free_empty == len(q)
-        assert hashed == self.num_hashed_blocks, (hashed, self.num_hashed_blocks)
-        for h, b in self.cached_block_hash_to_block.items():
-            assert b.block_hash == h, (h, b)
+        assert free_cached + free_empty == q.num_free_blocks
+        assert int(np.count_nonzero(hashed)) == self.num_hashed_blocks
+        assert ((self.key_block >= 0) & (self.key_block < self.num_gpu_blocks)).all()

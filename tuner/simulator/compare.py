@@ -9,7 +9,7 @@ from typing import Any
 
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.plan import KVPlan
-from kvtune.tuner.planning import PlanRequest, plan_pool
+from kvtune.tuner.planner.planning import PlanRequest, plan_pool
 from kvtune.tuner.simulator.engine import SimulatedPlan, simulated_plan, vllm_default_plan
 from kvtune.tuner.simulator.metrics import SimResult
 from kvtune.tuner.simulator.scheduler import simulate

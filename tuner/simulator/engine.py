@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvtune.tuner import planning
-from kvtune.tuner.capabilities import get_runtime
 from kvtune.tuner.errors import InvalidInput
-from kvtune.tuner.kvmemory import kv_bytes_per_token, page_size_bytes
+from kvtune.tuner.facts.capabilities import get_runtime
+from kvtune.tuner.facts.kvmemory import kv_bytes_per_token, page_size_bytes
+from kvtune.tuner.facts.weights import weight_bits, weights_bytes_per_gpu, weights_load
 from kvtune.tuner.plan import KVPlan
+from kvtune.tuner.planner import planning
 from kvtune.tuner.simulator.scheduler import Allocation, EngineConfig
 from kvtune.tuner.simulator.timing import Efficiency, StepCostModel, efficiency_for
-from kvtune.tuner.weights import weight_bits, weights_bytes_per_gpu
 
 # Two all-reduces per layer under tensor parallel, about 8 us each on NVLink (as decode.py).
 _ALLREDUCE_SECONDS = 8e-6
@@ -63,7 +63,8 @@ def step_cost_for(request: planning.PlanRequest, kv_cache_dtype: str) -> StepCos
     return StepCostModel(
         weights_bytes=weights_bytes_per_gpu(model, request.weights_dtype, tp),
         kv_bytes_per_token=kv_bytes_per_token(
-            model, kv_cache_dtype, tp, model_dtype=model.torch_dtype),
+            model, kv_cache_dtype, tp,
+            model_dtype=weights_load(model, request.weights_dtype).served_dtype),
         hbm_bytes_per_second=float(gpu.hbm_bandwidth_bytes_per_second),
         matrix_flops_per_second=flops_rate,
         flops_per_token=2.0 * model.active_parameter_count / tp,
@@ -77,8 +78,9 @@ def simulated_plan(
 ) -> SimulatedPlan:
     """The engine numbers of ``plan`` on the request's model and GPU."""
     ok, need_bytes, available_bytes = planning.preflight(request, plan)
+    served = weights_load(request.model, request.weights_dtype).served_dtype
     page = page_size_bytes(request.model, plan.kv_cache_dtype, request.tensor_parallel,
-                           plan.block_size, model_dtype=request.model.torch_dtype)
+                           plan.block_size, model_dtype=served)
     num_gpu_blocks = available_bytes // page + 1  # + vLLM's null block
     error = "" if ok else (
         f"vLLM would not start: one max-model-len ({plan.max_model_len}) request needs "

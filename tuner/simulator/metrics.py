@@ -9,6 +9,26 @@ from typing import Any
 import numpy as np
 
 
+@dataclass(frozen=True, slots=True)
+class SLOTargets:
+    """Per-request targets (DistServe's goodput: a request counts when it meets both).
+    ``None``: that target does not constrain."""
+
+    ttft_seconds: float | None = None
+    tpot_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PerRequest:
+    """Each request's outcome, in request order (NaN: never finished or not defined)."""
+
+    arrival_seconds: np.ndarray
+    ttft_seconds: np.ndarray  # NaN: rejected or never finished
+    # (finish - first token) / (output tokens - 1); NaN with one output token (no gap).
+    tpot_seconds: np.ndarray
+    met_slo: np.ndarray  # bool: finished, TTFT and TPOT within their targets
+
+
 @dataclass(slots=True)
 class TimeSeries:
     """Sampled after every simulated step or run of decode steps (``time_seconds`` rises)."""
@@ -50,13 +70,44 @@ class SimResult:
     series: TimeSeries
     config: dict[str, Any] = field(default_factory=dict)
 
-    def summary(self) -> dict[str, Any]:
+    def per_request(self, slo: SLOTargets | None = None) -> PerRequest:
+        """Per request: TTFT, TPOT and whether it met ``slo`` (a request with one output
+        token has no TPOT and meets that target; an unfinished one meets nothing)."""
+        arr = np.asarray(self.arrival_seconds, dtype=float)
+        first = np.asarray(self.first_token_seconds, dtype=float)
+        fin = np.asarray(self.finish_seconds, dtype=float)
+        outs = np.asarray(self.output_tokens)
+        done = ~np.isnan(fin)
+        ttft = np.where(done, first - arr, np.nan)
+        gaps = np.maximum(outs - 1, 1)
+        tpot = np.where(done & (outs > 1), (fin - first) / gaps, np.nan)
+        met = done.copy()
+        if slo is not None and slo.ttft_seconds is not None:
+            met &= ttft <= slo.ttft_seconds
+        if slo is not None and slo.tpot_seconds is not None:
+            met &= np.isnan(tpot) | (tpot <= slo.tpot_seconds)
+        return PerRequest(arrival_seconds=arr, ttft_seconds=ttft, tpot_seconds=tpot,
+                          met_slo=met)
+
+    def goodput(self, slo: SLOTargets) -> tuple[float, float]:
+        """(requests per second that met ``slo``, fraction of requests that did). The rate
+        is over the same span as the throughput (first arrival to last finish), so it is
+        the arrival rate when every request meets its targets and the system keeps up."""
+        met = int(self.per_request(slo).met_slo.sum())
+        fin = np.asarray(self.finish_seconds, dtype=float)
+        done = ~np.isnan(fin)
+        span = float(fin[done].max() - min(self.arrival_seconds)) if done.any() else 0.0
+        rate = met / span if span > 0 else 0.0
+        return rate, (met / self.num_requests if self.num_requests else 0.0)
+
+    def summary(self, slo: SLOTargets | None = None) -> dict[str, Any]:
         """The figures per configuration (``kvtune simulate -o json``); seconds and rates.
 
         TTFT: arrival to the end of the step that computed the last prompt token (queueing
         included). TPOT: per request, (finish - first token) / (output tokens - 1), as vLLM's
         ``vllm:request_time_per_output_token_seconds``; percentiles are over requests.
-        Throughput: completed requests (tokens) over first arrival to last finish."""
+        Throughput: completed requests (tokens) over first arrival to last finish. With
+        ``slo``: ``goodput_requests_per_second`` and ``slo_attainment`` (``goodput``)."""
         arr = np.asarray(self.arrival_seconds)
         first = np.asarray(self.first_token_seconds)
         fin = np.asarray(self.finish_seconds)
@@ -101,7 +152,16 @@ class SimResult:
             "mean_fragmented_tokens": self.mean_fragmented_tokens,
             "fragmentation_fraction": self.fragmentation_fraction,
             "kv_cache_tokens": self.kv_cache_tokens,
+            **(self._slo_figures(slo) if slo is not None else {}),
             **({"config": self.config} if self.config else {}),
+        }
+
+    def _slo_figures(self, slo: SLOTargets) -> dict[str, Any]:
+        rate, attainment = self.goodput(slo)
+        return {
+            "slo": {"ttft_seconds": slo.ttft_seconds, "tpot_seconds": slo.tpot_seconds},
+            "goodput_requests_per_second": rate,
+            "slo_attainment": attainment,
         }
 
     def ttft_seconds(self) -> np.ndarray:

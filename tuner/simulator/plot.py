@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
 from kvtune.tuner.simulator.metrics import SimResult
 
 _MAX_POINTS = 1500

@@ -32,6 +32,7 @@ block pool marks the others ``UNSHARED_HASH`` (cached, never looked up).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 
 # Offsets live in the low bits of a key; a segment is never this long.
 _OFFSET_BITS = 32
@@ -103,3 +104,65 @@ def shareable_prefix_tokens(requests_segments: Sequence[Sequence[Segment]]) -> l
             n += length
         out.append(n)
     return out
+
+
+class KeySpace:
+    """Dense block keys for one block size: the same identity as ``block_hashes`` (a key
+    names the prefix up to a block's end), numbered 0, 1, 2, ... so the block pool can map
+    keys to blocks with an array instead of a dict.
+
+    Segment ``uid`` at start ``seg_start`` has its i-th block end (in the request's block
+    numbering) ``i`` in ``[seg_start // bs, end // bs)``; its key is the uid's base plus
+    ``i - seg_start // bs``. A uid always starts at the same token (its uid is
+    prefix-determining), so the numbering is the same in every request that holds it. A
+    later copy that is longer than any seen before (a partial last Mooncake block first,
+    the full one later) gets an extension range for the new blocks; the old keys stay.
+    """
+
+    __slots__ = ("_block_size", "_chunks", "num_keys")
+
+    def __init__(self, block_size: int) -> None:
+        self._block_size = block_size
+        # uid -> [(first relative block index, base key), ...], ascending.
+        self._chunks: dict[int, list[tuple[int, int]]] = {}
+        self.num_keys = 0
+
+    def _ranges(self, uid: int, count: int) -> list[range]:
+        chunks = self._chunks.get(uid)
+        if chunks is None:
+            chunks = self._chunks[uid] = [(0, self.num_keys)]
+            self.num_keys += count
+            self._chunks[uid].append((count, -1))  # sentinel: the covered length
+            return [range(chunks[0][1], chunks[0][1] + count)]
+        covered = chunks[-1][0]
+        if count > covered:
+            chunks[-1] = (covered, self.num_keys)
+            self.num_keys += count - covered
+            chunks.append((count, -1))
+        if len(chunks) == 2:  # one chunk: the common case
+            base = chunks[0][1]
+            return [range(base, base + count)]
+        out: list[range] = []
+        for (lo, base), (hi, _) in pairwise(chunks):
+            if lo >= count:
+                break
+            out.append(range(base, base + min(hi, count) - lo))
+        return out
+
+    def keys(self, segments: Sequence[Segment], num_tokens: int) -> list[int]:
+        """Keys of the full blocks among the first ``num_tokens`` tokens (``block_hashes``
+        numbered densely)."""
+        bs = self._block_size
+        out: list[int] = []
+        seg_start = 0
+        for uid, length in segments:
+            seg_end = min(seg_start + length, num_tokens)
+            first = seg_start // bs
+            count = seg_end // bs - first
+            if count > 0:
+                for r in self._ranges(uid, count):
+                    out.extend(r)
+            seg_start += length
+            if seg_start >= num_tokens:
+                break
+        return out

@@ -43,10 +43,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+import numpy as np
+
 from kvtune.tuner.errors import InvalidInput
-from kvtune.tuner.simulator.blocks import BlockPool, KVCacheBlock
+from kvtune.tuner.simulator.blocks import BlockPool
 from kvtune.tuner.simulator.metrics import SimResult, TimeSeries
-from kvtune.tuner.simulator.prefix import block_hashes
+from kvtune.tuner.simulator.prefix import KeySpace
 from kvtune.tuner.simulator.timing import StepCostModel
 from kvtune.tuner.simulator.workload import SimRequest
 
@@ -88,6 +90,11 @@ class EngineConfig:
         return (self.num_gpu_blocks - 1) * self.block_size
 
 
+# An empty block table / key list (shared: arrays are replaced, never changed in place).
+_NO_BLOCKS = np.zeros(0, dtype=np.int64)
+_NO_BLOCKS.flags.writeable = False
+
+
 class RequestState:
     """A request inside the engine (vLLM's ``Request``: num_tokens, num_computed_tokens)."""
 
@@ -108,18 +115,16 @@ class RequestState:
         "scheduled_seconds",
     )
 
-    def __init__(self, req: SimRequest, output_tokens: int, block_size: int) -> None:
+    def __init__(self, req: SimRequest, output_tokens: int, hashes: np.ndarray) -> None:
         self.req = req
         self.output_tokens = output_tokens
         self.num_tokens = req.prompt_tokens  # prompt + generated so far
         self.num_computed = 0
         self.generated = 0
-        self.blocks: list[KVCacheBlock] = []
+        self.blocks = _NO_BLOCKS  # block ids: the request's block table
         self.num_cached_blocks = 0
-        self.hashes: list[int] = (
-            block_hashes(req.segments, req.shareable_tokens, block_size)
-            if block_size and req.shareable_tokens >= block_size else []
-        )
+        # Keys (prefix.KeySpace) of the full blocks other requests may share.
+        self.hashes = hashes
         self.first_token_seconds = float("nan")
         self.finish_seconds = float("nan")
         self.preemptions = 0
@@ -158,6 +163,7 @@ class Scheduler:
             num_blocks = config.num_gpu_blocks
             caching = config.enable_prefix_caching
         self.pool = BlockPool(num_blocks, enable_caching=caching)
+        self.keyspace = KeySpace(self.block_size)
         self.requests = list(requests)
         self.states: list[RequestState] = []
         self.rejected = 0
@@ -192,7 +198,9 @@ class Scheduler:
         bs = self.block_size
         out = min(r.output_tokens, self.config.max_model_len - r.prompt_tokens)
         ok = out >= 1 and -(-(r.prompt_tokens + out - 1) // bs) <= self._usable_blocks
-        st = RequestState(r, out if ok else 0, bs if self.pool.enable_caching else 0)
+        hashes = (np.asarray(self.keyspace.keys(r.segments, r.shareable_tokens), np.int64)
+                  if self.pool.enable_caching and r.shareable_tokens >= bs else _NO_BLOCKS)
+        st = RequestState(r, out if ok else 0, hashes)
         if not ok:
             self.rejected += 1
         return st
@@ -207,7 +215,7 @@ class Scheduler:
         if need > self.pool.get_num_free_blocks():
             return False
         if need:
-            st.blocks.extend(self.pool.get_new_blocks(need))
+            st.blocks = np.concatenate((st.blocks, self.pool.get_new_blocks(need)))
         self._cache(st, st.num_computed + num_new)
         return True
 
@@ -221,7 +229,7 @@ class Scheduler:
     def _free(self, st: RequestState) -> None:
         # Reverse: the chain's tail goes first in the eviction order.
         self.pool.free_request_blocks(st.blocks, st.num_cached_blocks)
-        st.blocks = []
+        st.blocks = _NO_BLOCKS
         st.num_cached_blocks = 0
 
     def _preempt(self, st: RequestState) -> None:
@@ -229,7 +237,8 @@ class Scheduler:
             # The request itself will look its blocks up when it resumes (vLLM keeps them
             # cached), so its own full blocks need real keys, not UNSHARED_HASH.
             known = len(st.hashes)
-            st.hashes = block_hashes(st.req.segments, st.num_tokens, self.block_size)
+            st.hashes = np.asarray(self.keyspace.keys(st.req.segments, st.num_tokens),
+                                   np.int64)
             self.pool.cache_full_blocks(st.blocks, st.hashes, known, st.num_cached_blocks)
         self._free(st)
         st.num_computed = 0
@@ -237,25 +246,25 @@ class Scheduler:
         self.preemptions += 1
         self.waiting.appendleft(st)
 
-    def _lookup(self, st: RequestState) -> list[KVCacheBlock]:
-        if not self.pool.enable_caching or not st.hashes:
-            return []
-        hits: list[KVCacheBlock] = self.pool.find_longest_cache_hit(
+    def _lookup(self, st: RequestState) -> np.ndarray:
+        if not self.pool.enable_caching or not len(st.hashes):
+            return _NO_BLOCKS
+        hits: np.ndarray = self.pool.find_longest_cache_hit(
             st.hashes, (st.num_tokens - 1) // self.block_size
         )
         return hits
 
-    def _admission_blocks(self, st: RequestState, hits: Sequence[KVCacheBlock]) -> int:
+    def _admission_blocks(self, st: RequestState, hits: np.ndarray) -> int:
         """Free blocks the full-sequence check needs (new blocks + hits in the free queue)."""
         new: int = -(-st.num_tokens // self.block_size) - len(hits)
-        evictable: int = sum(1 for b in hits if b.ref_cnt == 0)
+        evictable: int = self.pool.num_free_among(hits)
         return max(0, new) + evictable
 
     def _head_admissible(self) -> bool:
         if not self.waiting or len(self.running) >= self.config.max_num_seqs:
             return False
         st = self.waiting[0]
-        hits = self._lookup(st) if st.num_computed == 0 else []
+        hits = self._lookup(st) if st.num_computed == 0 else _NO_BLOCKS
         free: int = self.pool.get_num_free_blocks()
         return self._admission_blocks(st, hits) <= free
 
@@ -366,7 +375,7 @@ class Scheduler:
                 else:
                     self.resume_hit_tokens += computed
                 pool.touch(hits)
-                st.blocks = list(hits)
+                st.blocks = hits
                 st.num_cached_blocks = len(hits)
                 st.num_computed = computed
                 ok = self._allocate(st, num_new)
@@ -417,8 +426,12 @@ class Scheduler:
         running = self.running
         if not running or len(running) > self.config.max_num_batched_tokens:
             return False  # not every sequence gets its token each step: step exactly
+        last = running[-1]
+        if last.num_computed != last.num_tokens - 1 or not last.generated:
+            return False  # the newest is still in prefill (the common reason; checked first)
         k = 1 << 62
         context = 0
+        alloc_before = 0
         for st in running:
             if st.num_computed != st.num_tokens - 1 or not st.generated:
                 return False  # a prefill chunk is in flight (its last token is the first)
@@ -426,6 +439,7 @@ class Scheduler:
             if left < k:
                 k = left
             context += st.num_tokens
+            alloc_before += len(st.blocks)
         if k <= 1 or (self.waiting and self._head_admissible()):
             return False
         n = len(running)
@@ -450,26 +464,39 @@ class Scheduler:
         dt = self.cost.decode_run_seconds(n, context, k)
         pool = self.pool
         bs = self.block_size
-        alloc = 0
-        used = 0
         any_done = False
-        for st in running:
-            slots = st.num_tokens + k - 1  # KV slots after the k-th step
-            need = -(-slots // bs) - len(st.blocks)
+        # KV slots after the k-th step: each sequence's tokens + k - 1.
+        needs = [-(-(st.num_tokens + k - 1) // bs) - len(st.blocks) for st in running]
+        total = sum(x for x in needs if x > 0)
+        caching = any(st.num_cached_blocks < len(st.hashes) for st in running)
+        # The run's new blocks in one pool call when no request caches a shareable block
+        # during the run (the common case): the same blocks to the same requests as one
+        # call per request, because caching would be the only thing in between.
+        fresh = pool.get_new_blocks(total) if total and not caching else _NO_BLOCKS
+        taken = 0
+        for st, need in zip(running, needs, strict=True):
+            nt = st.num_tokens
+            slots = nt + k - 1
             if need > 0:
-                st.blocks.extend(pool.get_new_blocks(need))
-            st.num_tokens += k
+                if caching:
+                    got = pool.get_new_blocks(need)
+                else:
+                    got = fresh[taken:taken + need]
+                    taken += need
+                st.blocks = np.concatenate((st.blocks, got))
+            st.num_tokens = nt + k
             st.num_computed = slots
-            st.generated += k
-            if st.generated >= st.output_tokens:
+            generated = st.generated + k
+            st.generated = generated
+            if generated >= st.output_tokens:
                 any_done = True
             full = slots // bs
             if full > st.num_cached_blocks:
-                if st.num_cached_blocks < len(st.hashes):
+                if caching and st.num_cached_blocks < len(st.hashes):
                     pool.cache_full_blocks(st.blocks, st.hashes, st.num_cached_blocks, full)
                 st.num_cached_blocks = full
-            alloc += len(st.blocks)
-            used += slots
+        alloc = alloc_before + total
+        used = context + n * (k - 1)
         self.now += dt
         self.steps += k
         self._sample(dt, alloc * bs - used, alloc * bs)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvtune.tuner.plan import CandidateScore, KVPlan
-from kvtune.tuner.planning import PlanRequest
+from kvtune.tuner.planner.planning import PlanRequest
 from kvtune.tuner.simulator.engine import simulated_plan
 from kvtune.tuner.simulator.scheduler import simulate
 from kvtune.tuner.simulator.workload import (

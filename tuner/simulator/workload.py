@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.simulator.prefix import (
     Segment,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Copy the generated CRDs (crds/ at the repo root, written by `kvtune crds --write`) into the
-# chart. tests/packaging/test_pkg_chart.py fails while the two differ.
+# chart. tests/chart/test_chart.py fails while the two differ.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../../.." && pwd)
 dest="$repo/charts/kvtune/files/crds"

@@ -41,12 +41,13 @@ on pods: the runtime's ServiceAccount, Role and RoleBinding are the chart's
   verbs: [list]
 {{- end -}}
 
-{{/* Each InferenceDeployment's alert rules (SLO, KV cache), server-side applied by the
-retune timer when the Prometheus operator's API is served. */}}
+{{/* Each InferenceDeployment's alert rules (SLO, KV cache) and its pools' PodMonitors or
+ServiceMonitors, server-side applied by the retune timer when the Prometheus operator's API is
+served; get + delete to remove kvtune's own when spec.monitoring switches them off. */}}
 {{- define "kvtune.rules.alerting" -}}
 - apiGroups: [monitoring.coreos.com]
-  resources: [prometheusrules]
-  verbs: [create, patch]
+  resources: [prometheusrules, podmonitors, servicemonitors]
+  verbs: [create, patch, get, delete]
 {{- end -}}
 
 {{/* Model configs (config.json) and pod templates that the spec references by name. */}}

@@ -1,0 +1,44 @@
+"""Click options derived from the knob table (``kvtune.tuner.knobs``): one ``--<flag>`` per
+pinnable knob, typed and documented from its row, so a new knob is a new option without
+touching the commands."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from kvtune.tuner.knobs import PINNABLE, Knob
+from kvtune.tuner.planner.policy import Pins
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _option(knob: Knob) -> Callable[[F], F]:
+    unit = f" ({knob.unit})" if knob.unit and knob.unit != "fraction" else ""
+    help_ = f"Pin {knob.flag}: {knob.doc}{unit}."
+    if knob.type is bool:
+        return click.option(f"{knob.option}/--no-{knob.flag}", knob.name, default=None,
+                            help=help_)
+    kind: click.ParamType | type[str]
+    if knob.type is int:
+        kind = click.IntRange(min=1)
+    elif knob.type is float and knob.unit == "fraction":
+        kind = click.FloatRange(0, 1, min_open=True)
+    elif knob.type is float:
+        kind = click.FloatRange(min=0)
+    else:
+        kind = str
+    return click.option(knob.option, knob.name, type=kind, help=help_)
+
+
+def pin_options(command: F) -> F:
+    """Adds the pin options, in the table's order."""
+    for knob in reversed(PINNABLE):
+        command = _option(knob)(command)
+    return command
+
+
+def pins_from(opts: dict[str, Any]) -> Pins:
+    return Pins(**{k.name: opts[k.name] for k in PINNABLE})

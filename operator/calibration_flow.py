@@ -1,0 +1,225 @@
+"""The calibration Job's place in a reconcile (issue 15), the I/O around ``calibration``.
+
+1. ``prepare`` (once per InferenceDeployment, before the pools are planned): reads the report
+   ConfigMap of the model revision and this InferenceDeployment's calibration Jobs; stores
+   the report of a Job that succeeded; says whether plans must hold (a Job runs or failed:
+   ``require_measurement``, so the wider dtype stays) and gives the evidence the planner gates
+   on.
+2. ``maybe_start`` (per pool, after its plan is rendered): when the plan chose a narrower
+   dtype that no measurement covers, applies the Job (the pool's rendered Deployment turned
+   into it) and says so; the caller then plans the pool again with ``held`` policy.
+3. ``status`` for ``status.kvQuality``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from kvtune.operator import apply as kapply
+from kvtune.operator import calibration
+from kvtune.operator.api import InferenceDeploymentSpec, KVQualityStatus, QualitySpec
+from kvtune.tuner import kv_quality
+from kvtune.tuner.plan import PoolPlan
+from kvtune.tuner.planner.policy import PlanPolicy
+
+_FIELD_MANAGER = "kvtune"
+_APPLY = "application/apply-patch+yaml"
+
+
+@dataclass
+class Gate:
+    """What one reconcile knows about the KV quality of the served model revision."""
+
+    model: str
+    revision: str
+    config_map: str
+    quality: QualitySpec
+    report: dict[str, Any] | None = None
+    running_job: str | None = None
+    failed_job: str | None = None
+    failure: str = ""
+    started_jobs: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def evidence(self) -> kv_quality.KVQualityEvidence | None:
+        return calibration.evidence(self.report, config_map=self.config_map,
+                                    revision=self.revision)
+
+    @property
+    def hold(self) -> bool:
+        """A calibration runs or failed: unmeasured narrower dtypes must not roll out."""
+        return bool(self.running_job or self.started_jobs or self.failed_job)
+
+    def policy(self) -> kv_quality.KVQualityPolicy:
+        job = self.running_job or (self.started_jobs[0] if self.started_jobs else None)
+        if job is not None:
+            why = f"the calibration Job {job} (running)"
+        elif self.failed_job is not None:
+            why = f"the failed calibration Job {self.failed_job}"
+        else:
+            why = "quality.requireMeasurement"
+        return kv_quality.KVQualityPolicy(
+            max_kv_quantization_kl=self.quality.max_kv_quantization_kl,
+            require_measurement=self.quality.require_measurement or self.hold,
+            required_by=why)
+
+    def status(self) -> KVQualityStatus:
+        job = self.running_job or (self.started_jobs[0] if self.started_jobs else None)
+        if job is not None:
+            phase, message = "Calibrating", (
+                f"Job {job} measures the narrower KV dtypes for revision {self.revision}; "
+                "the wider dtype stays until it reports")
+        elif self.failed_job is not None:
+            phase, message = "Failed", (
+                f"calibration Job {self.failed_job} failed ({self.failure}); the wider dtype "
+                "stays (a new Job is tried when this one is deleted, after a day at most)")
+            job = self.failed_job
+        elif self.report is not None:
+            phase, message = "Measured", f"report in configmap/{self.config_map}"
+        elif not self.quality.calibration.enabled:
+            phase, message = "Disabled", "spec.quality.calibration.enabled is false"
+        else:
+            phase, message = "NotNeeded", "no narrower KV dtype is planned"
+        if self.notes:
+            message = "; ".join([message, *self.notes])
+        return calibration.status(
+            model=self.model, revision=self.revision, phase=phase, message=message,
+            report=self.report, job=job,
+            config_map=self.config_map if self.report is not None else None,
+            policy=self.policy())
+
+
+def with_gate(policy: PlanPolicy, gate: Gate) -> PlanPolicy:
+    """The planner's policy with this reconcile's KV-quality policy."""
+    return policy.model_copy(update={"kv_quality": gate.policy()})
+
+
+def _batch(kube: kapply.Kube) -> client.BatchV1Api:
+    return client.BatchV1Api(kube.api_client)
+
+
+def _read_config_map(kube: kapply.Kube, namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        return kapply._json(kube.core.read_namespaced_config_map(
+            name, namespace, _preload_content=False))
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def _apply(kube: kapply.Kube, obj: dict[str, Any], owner: Mapping[str, Any]) -> None:
+    obj = {**obj, "metadata": {**obj["metadata"],
+                               "ownerReferences": [kapply.owner_reference(owner)]}}
+    meta = obj["metadata"]
+    kwargs: dict[str, Any] = {"field_manager": _FIELD_MANAGER, "force": True,
+                              "_content_type": _APPLY, "_preload_content": False}
+    try:
+        if obj["kind"] == "Job":
+            _batch(kube).patch_namespaced_job(meta["name"], meta["namespace"], obj, **kwargs)
+        else:
+            kube.core.patch_namespaced_config_map(meta["name"], meta["namespace"], obj,
+                                                  **kwargs)
+    except ApiException as exc:
+        raise kapply.ApplyError(f"{obj['kind']} {meta['namespace']}/{meta['name']} was "
+                                f"refused by the API server: {kapply._reason(exc)}") from exc
+
+
+def _jobs(kube: kapply.Kube, namespace: str, deployment: str) -> list[dict[str, Any]]:
+    selector = (f"{calibration.LABEL_DEPLOYMENT}={deployment},"
+                f"{calibration.LABEL_KV_QUALITY}=calibration")
+    items: list[dict[str, Any]] = kapply._json(_batch(kube).list_namespaced_job(
+        namespace, label_selector=selector, _preload_content=False)).get("items", [])
+    return items
+
+
+def prepare(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeploymentSpec
+            ) -> Gate:
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    model = spec.model.name
+    revision = spec.model.revision or calibration.UNPINNED
+    quality = spec.quality or QualitySpec()
+    gate = Gate(model=model, revision=revision, config_map=calibration.cache_name(
+        model, revision), quality=quality)
+    try:
+        cached = calibration.report_from_config_map(_read_config_map(kube, namespace,
+                                                                      gate.config_map))
+        jobs = _jobs(kube, namespace, name) if quality.calibration.enabled else []
+    except ApiException as exc:
+        # E.g. an older chart without the Job/ConfigMap rights: plan without the cache.
+        gate.notes.append(f"cannot read the KV-quality report or Jobs: {kapply._reason(exc)}")
+        return gate
+    report = cached
+    reports_cm = _read_config_map(kube, namespace, calibration.RUNTIME_REPORTS_CONFIG_MAP) \
+        if jobs else None
+    for job in jobs:
+        notes = (job.get("metadata") or {}).get("annotations") or {}
+        if (notes.get(calibration.ANNOTATION_MODEL), notes.get(
+                calibration.ANNOTATION_REVISION)) != (model, revision):
+            continue  # another model revision's Job: its report has its own ConfigMap
+        job_id = job["metadata"]["name"]
+        pods = kapply.list_pods(kube, namespace, f"batch.kubernetes.io/job-name={job_id}")
+        result = calibration.job_result(job, pods, reports_cm)
+        if result.phase == "running":
+            gate.running_job = job_id
+        elif result.phase == "failed":
+            gate.failed_job, gate.failure = job_id, result.message
+        elif result.phase == "succeeded" and result.report is not None:
+            report = calibration.merge_reports(report, result.report)
+    if report is not None and report != cached:
+        _apply(kube, calibration.report_config_map(
+            name=gate.config_map, namespace=namespace, model=model, revision=revision,
+            report=report, labels={calibration.LABEL_DEPLOYMENT: name}), body)
+    gate.report = report
+    if gate.report is not None:
+        # A measured revision is no failure: the report wins over a stale failed Job.
+        measured = {m.get("dtype") for m in gate.report.get("measurements") or []}
+        if measured and gate.failed_job is not None and not gate.running_job:
+            gate.failed_job, gate.failure = None, ""
+    return gate
+
+
+def maybe_start(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeploymentSpec,
+                gate: Gate, pool_plan: PoolPlan, deployment: Mapping[str, Any]) -> bool:
+    """Start the calibration Job when the pool's plan chose a narrower dtype no measurement
+    covers. True: the caller must plan the pool again with the held policy."""
+    quality = gate.quality
+    if not quality.calibration.enabled or gate.hold:
+        return gate.hold and _unverified(pool_plan, gate)
+    if not _unverified(pool_plan, gate):
+        return False
+    image = calibration.job_image(deployment, quality.calibration.image)
+    if image is None:
+        note = ("no calibration image: set spec.quality.calibration.image to an image with "
+                "kvtune, torch and transformers, or use runtime.entrypoint: kvtune")
+        if note not in gate.notes:
+            gate.notes.append(note)
+        return False
+    dtypes = calibration.dtypes_to_measure(pool_plan, gate.evidence)
+    meta = body["metadata"]
+    name = calibration.job_name(meta["name"], gate.model, gate.revision, dtypes)
+    model_arg = (deployment["spec"]["template"]["spec"]["containers"][0].get("args")
+                 or [gate.model])[0]
+    job = calibration.render_job(
+        deployment=deployment, name=name, namespace=meta["namespace"], model=model_arg,
+        revision=gate.revision, dtypes=dtypes, image=image,
+        timeout_seconds=quality.calibration.timeout_seconds(),
+        max_prompt_tokens=quality.calibration.max_prompt_tokens,
+        labels={calibration.LABEL_DEPLOYMENT: meta["name"]})
+    _apply(kube, job, body)
+    gate.started_jobs.append(name)
+    return True
+
+
+def _unverified(pool_plan: PoolPlan, gate: Gate) -> bool:
+    verdict = kv_quality.gate_one(pool_plan.plan.kv_cache_dtype, gate.evidence,
+                                  kv_quality.KVQualityPolicy(
+                                      max_kv_quantization_kl=gate.quality.max_kv_quantization_kl))
+    return verdict.code == kv_quality.UNVERIFIED

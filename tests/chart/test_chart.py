@@ -1,0 +1,342 @@
+"""The Helm chart: lint, render (cluster-wide and namespaced), schema, CRD copy, docs."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts/kvtune"
+NAMESPACED = ["--set", "operator.namespaced=true", "--set", "operator.watchNamespaces={llm,batch}"]
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    """helm built from the Go module proxy (cached; built on first use)."""
+    from kvtune.e2e.binaries import ensure_built
+
+    return ensure_built(["helm"])["helm"]
+
+
+def run_helm(helm: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(helm), *args], capture_output=True, text=True, check=check,
+                          timeout=120)
+
+
+def render(helm: Path, *args: str, release: str = "kvtune") -> list[dict[str, Any]]:
+    out = run_helm(helm, "template", release, str(CHART), "--namespace", "kvtune-system",
+                   "--include-crds", *args).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def rules_of(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [rule for d in by_kind(docs, kind) for rule in d["rules"]]
+
+
+@pytest.mark.parametrize("extra", [[], NAMESPACED], ids=["cluster-wide", "namespaced"])
+def test_helm_lint(helm: Path, extra: list[str]) -> None:
+    result = run_helm(helm, "lint", "--strict", str(CHART), *extra, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+
+
+def test_helm_is_built_as_helm_releases_it(helm: Path, tmp_path: Path) -> None:
+    # Built with helm's own ldflags: its version, and the Kubernetes version `helm template`
+    # assumes without --kube-version stamped from client-go (unstamped it is v1.20, below the
+    # chart's kubeVersion >= 1.29, and every render needed --kube-version).
+    from kvtune.e2e.binaries import COMPONENTS, cache_key, required_version
+
+    component = COMPONENTS["helm"]
+    version = run_helm(helm, "version", "--short").stdout
+    assert version.startswith(required_version(component)), version
+    probe = tmp_path / "probe"
+    (probe / "templates").mkdir(parents=True)
+    (probe / "Chart.yaml").write_text("apiVersion: v2\nname: probe\nversion: 0.1.0\n")
+    (probe / "templates" / "cm.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: probe}\n"
+        "data: {kube: '{{ .Capabilities.KubeVersion.Version }}'}\n")
+    (doc,) = yaml.safe_load_all(run_helm(helm, "template", str(probe)).stdout)
+    stamped = cache_key(component).split("-kube")[1]
+    assert doc["data"]["kube"] == f"v{stamped}.0"
+    assert int(stamped.split(".")[1]) >= 29  # the chart's kubeVersion floor
+
+
+def test_default_render(helm: Path) -> None:
+    docs = render(helm)
+    (deploy,) = by_kind(docs, "Deployment")
+    assert deploy["spec"]["replicas"] == 2
+    pod = deploy["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"] == [
+        "operator", "--peering=kvtune", "--liveness=http://0.0.0.0:8081/healthz",
+        "--metrics-port=8080", "--metrics-address=0.0.0.0", "--pod-security=baseline"]
+    assert pod["serviceAccountName"] == "kvtune"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # Peering: kopf's CRDs (crds/ folder) and this release's cluster-wide peering object.
+    crd_names = {d["metadata"]["name"] for d in by_kind(docs, "CustomResourceDefinition")}
+    assert {"kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"} <= crd_names
+    (peering,) = by_kind(docs, "ClusterKopfPeering")
+    assert peering["metadata"]["name"] == "kvtune"
+    assert by_kind(docs, "Role") == []
+    # The status subresource is a rule of its own; no wildcard anywhere.
+    rules = rules_of(docs, "ClusterRole")
+    status_rules = [r for r in rules if "inferencedeployments/status" in r["resources"]
+                    and "patch" in r["verbs"]]
+    assert status_rules and all(r["resources"] == ["inferencedeployments/status"]
+                                for r in status_rules)
+    for rule in rules:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
+    peering_patch = [r for r in rules if r["resources"] == ["clusterkopfpeerings"]
+                     and "patch" in r["verbs"]]
+    assert peering_patch == [{"apiGroups": ["kopf.dev"], "resources": ["clusterkopfpeerings"],
+                              "resourceNames": ["kvtune"], "verbs": ["get", "patch"]}]
+    (svc,) = by_kind(docs, "Service")
+    assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
+    assert svc["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
+    assert by_kind(docs, "ServiceMonitor") == [] and by_kind(docs, "PrometheusRule") == []
+    (pdb,) = by_kind(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"] == deploy["spec"]["selector"]
+    assert by_kind(render(helm, "--set", "replicaCount=1"), "PodDisruptionBudget") == []
+
+
+def test_namespaced_mode_uses_roles(helm: Path) -> None:
+    docs = render(helm, *NAMESPACED)
+    (deploy,) = by_kind(docs, "Deployment")
+    args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=llm" in args and "--namespace=batch" in args
+    roles = by_kind(docs, "Role")
+    assert {r["metadata"]["namespace"] for r in roles} == {"llm", "batch"}
+    for binding in by_kind(docs, "RoleBinding"):
+        if binding["metadata"]["name"] == "kvtune-runtime-reporter":
+            continue  # the runtime's (test_runtime_access_objects_are_the_operators_own)
+        assert binding["subjects"][0]["namespace"] == "kvtune-system"
+    # Only cluster-scoped reads stay cluster-wide (the aggregated view/edit roles aside).
+    cluster_rules = [r for d in by_kind(docs, "ClusterRole")
+                     if "aggregate-to-view" not in str(d["metadata"].get("labels"))
+                     and "aggregate-to-edit" not in str(d["metadata"].get("labels"))
+                     for r in d["rules"]]
+    assert {res for r in cluster_rules for res in r["resources"]} == {
+        "nodes", "customresourcedefinitions", "namespaces"}
+    for rule in cluster_rules:
+        assert set(rule["verbs"]) <= {"get", "list", "watch"}
+    peerings = by_kind(docs, "KopfPeering")
+    assert {p["metadata"]["namespace"] for p in peerings} == {"llm", "batch"}
+    assert by_kind(docs, "ClusterKopfPeering") == []
+
+
+def test_names_are_cut_to_63_characters(helm: Path) -> None:
+    release = "a-long-release-name-for-a-platform-team-53-characters"  # Helm's maximum
+    assert len(release) == 53
+    docs = render(helm, release=release)
+    names = [d["metadata"]["name"] for d in docs]
+    assert all(len(n) <= 63 and not n.endswith("-") for n in names), names
+    # Suffixed names keep their suffix so the roles stay distinguishable.
+    kinds_names = [(d["kind"], d["metadata"]["name"]) for d in docs]
+    assert len(set(kinds_names)) == len(kinds_names)
+    roles = {n for k, n in kinds_names if k == "ClusterRole"}
+    for suffix in ("cluster-reader", "inferencedeployments", "rendered", "events", "peering"):
+        assert any(n.endswith(f"-{suffix}") for n in roles), (suffix, roles)
+
+
+@pytest.mark.parametrize(("args", "complaint"), [
+    (["--set", "notAValue=1"], "at '': additional properties 'notAValue' not allowed"),
+    (["--set", "operator.watchNamespace=llm"],
+     "at '/operator': additional properties 'watchNamespace' not allowed"),
+    (["--set", "replicaCount=two"], "at '/replicaCount': got string, want integer"),
+    (["--set-string", "operator.namespaced=yes"],
+     "at '/operator/namespaced': got string, want boolean"),
+    (["--set", "operator.metricsPort=70000"], "at '/operator/metricsPort': maximum"),
+    (["--set", "operator.watchNamespaces={Bad_NS}"], "/operator/watchNamespaces/0"),
+])
+def test_schema_rejects_unknown_keys_and_bad_types(
+    helm: Path, args: list[str], complaint: str
+) -> None:
+    result = run_helm(helm, "template", "kvtune", str(CHART), *args, check=False)
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert complaint in result.stderr, result.stderr
+
+
+def test_optional_monitoring_objects(helm: Path, tmp_path: Path) -> None:
+    docs = render(helm, "--set", "metrics.serviceMonitor.enabled=true",
+                  "--set", "metrics.serviceMonitor.labels.release=prom",
+                  "--set", "alerts.enabled=true", "--set", "argocd.healthCheckConfigMap=true")
+    (monitor,) = by_kind(docs, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    # The operator's series carry the InferenceDeployment's namespace: kept, not renamed
+    # exported_namespace (the dashboard and KVTuneProfileStale select on `namespace`).
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
+    (rule,) = by_kind(docs, "PrometheusRule")
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    # One source of KV-cache rules: the operator's per-deployment PrometheusRule. The chart
+    # keeps only what no deployment can say (the operator is down), nothing over vLLM's series.
+    assert alerts == {"KVTuneOperatorDown"}
+    assert not any("vllm:" in r["expr"] for g in rule["spec"]["groups"] for r in g["rules"])
+    promtool = shutil.which("promtool")
+    if promtool:  # Debian's prometheus package (scripts/setup.sh installs it)
+        rules_file = tmp_path / "rules.yaml"
+        rules_file.write_text(yaml.safe_dump(rule["spec"]))
+        check = subprocess.run([promtool, "check", "rules", str(rules_file)],
+                               capture_output=True, text=True, timeout=60)
+        assert check.returncode == 0, check.stdout + check.stderr
+    health = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("health")]
+    script = health[0]["data"]["resource.customizations.health.kvtune.io_InferenceDeployment"]
+    assert script == (CHART / "files/argocd/health.lua").read_text().rstrip("\n")
+
+
+def test_dashboards_ship_in_a_labelled_configmap(helm: Path) -> None:
+    files = sorted((CHART / "dashboards").glob("*.json"))
+    docs = render(helm)
+    maps = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("dashboards")]
+    if not files:
+        assert maps == []
+        pytest.skip("no dashboard in charts/kvtune/dashboards/ yet")
+    (cm,) = maps
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert sorted(cm["data"]) == [f.name for f in files]
+    for f in files:
+        assert json.loads(cm["data"][f.name]) == json.loads(f.read_text())
+
+
+def test_crds_in_the_chart_equal_the_generated_ones(helm: Path) -> None:
+    generated = {p.name: p.read_text() for p in sorted((REPO / "crds").glob("*.yaml"))}
+    copied = {p.name: p.read_text() for p in sorted((CHART / "files/crds").glob("*.yaml"))}
+    assert copied == generated, "run charts/kvtune/hack/sync_crds.sh after `make crds`"
+    if not generated:
+        pytest.skip("crds/ is empty: nothing generated yet")
+    docs = render(helm)
+    rendered = {d["metadata"]["name"]: d for d in by_kind(docs, "CustomResourceDefinition")}
+    for text in generated.values():
+        crd = yaml.safe_load(text)
+        live = rendered[crd["metadata"]["name"]]
+        assert live["spec"] == crd["spec"]
+        assert live["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    off = render(helm, "--set", "crds.install=false")
+    assert {d["metadata"]["name"] for d in by_kind(off, "CustomResourceDefinition")} == {
+        "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"}
+
+
+def test_readme_and_schema_are_generated_from_values() -> None:
+    result = subprocess.run(
+        [str(Path(__import__("sys").executable)), str(CHART / "hack/values_docs.py"), "--check"],
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["additionalProperties"] is False
+    assert schema["properties"]["operator"]["additionalProperties"] is False
+
+
+def _rbac_doc_rules(namespaced: bool) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) from docs/rbac.md's table, as the operator engineer wrote
+    it from the operator's calls."""
+    triples: set[tuple[str, str, str]] = set()
+    for line in (REPO / "docs/rbac.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or not cells[0].startswith("`"):
+            continue
+        group = cells[0].strip("`").replace('""', "")
+        resources = re.findall(r"`([^`]+)`", cells[1])
+        if len(resources) > 1:  # kopfpeerings / clusterkopfpeerings
+            resources = [r for r in resources if r.startswith("kopf") == namespaced]
+        if resources == ["namespaces"] and not namespaced:
+            continue  # kopf needs it only when it serves named namespaces
+        for resource in resources:
+            for verb in re.findall(r"`([a-z]+)`", cells[2]):
+                triples.add((group, resource, verb))
+    return triples
+
+
+@pytest.mark.parametrize("namespaced", [False, True], ids=["cluster-wide", "namespaced"])
+def test_rbac_grants_exactly_what_docs_rbac_lists(helm: Path, namespaced: bool) -> None:
+    docs = render(helm, *(NAMESPACED if namespaced else []))
+    granted: set[tuple[str, str, str]] = set()
+    for doc in by_kind(docs, "ClusterRole") + by_kind(docs, "Role"):
+        if "aggregate-to" in str(doc["metadata"].get("labels")):
+            continue  # the view/edit roles for people, not the operator's
+        if doc["metadata"]["name"] == "kvtune-runtime-reporter":
+            continue  # the runtime pods', not the operator's
+        for rule in doc["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        granted.add((group, resource, verb))
+    expected = _rbac_doc_rules(namespaced)
+    assert len(expected) > 20, "docs/rbac.md's table was not parsed"
+    assert granted == expected, (
+        f"chart grants more: {sorted(granted - expected)}; less: {sorted(expected - granted)}")
+
+
+def test_packaged_chart_carries_what_it_renders_and_no_tooling(helm: Path, tmp_path: Path) -> None:
+    import tarfile
+
+    run_helm(helm, "package", str(CHART), "-d", str(tmp_path))
+    (archive,) = tmp_path.glob("kvtune-*.tgz")
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    for needed in ("kvtune/values.schema.json", "kvtune/crds/kopf-peering.yaml",
+                   "kvtune/files/argocd/health.lua", "kvtune/README.md"):
+        assert needed in names
+    assert {f"kvtune/files/crds/{p.name}" for p in (CHART / "files/crds").glob("*.yaml")} <= names
+    assert {f"kvtune/dashboards/{p.name}" for p in (CHART / "dashboards").glob("*.json")} <= names
+    assert not [n for n in names if n.startswith("kvtune/hack/")]
+
+
+@pytest.mark.parametrize(("args", "namespaces"), [
+    ([], set()),  # cluster mode: nowhere unless listed
+    (["--set", "runtime.namespaces={llm}"], {"llm"}),
+    (NAMESPACED, {"llm", "batch"}),  # namespaced mode: every watched namespace
+    ([*NAMESPACED, "--set", "runtime.namespaces={llm}"], {"llm"}),
+], ids=["cluster", "cluster-listed", "namespaced", "namespaced-listed"])
+def test_runtime_access_objects_are_the_operators_own(
+        helm: Path, args: list[str], namespaces: set[str]) -> None:
+    """The chart creates exactly what operator/runtime_access.py describes (the operator
+    renders those names into the runtime pods), in the runtime namespaces only."""
+    from kvtune.operator import runtime_access
+
+    docs = render(helm, *args)
+    ours = {(o["kind"], o["metadata"]["name"]) for o in runtime_access.namespace_objects("x")}
+    rendered = [d for d in docs if (d["kind"], d["metadata"]["name"]) in ours]
+    assert {d["metadata"]["namespace"] for d in rendered} == namespaces
+    for ns in namespaces:
+        expected = runtime_access.namespace_objects(ns)
+        got = [d for d in rendered if d["metadata"]["namespace"] == ns]
+        for doc in got:
+            doc["metadata"]["labels"] = {}
+        assert got == expected
+
+
+def test_admission_policy_guards_the_operators_own_writes(helm: Path) -> None:
+    docs = render(helm, "--set", "podPolicy.allowedServiceAccounts={weights-reader}")
+    policies = by_kind(docs, "ValidatingAdmissionPolicy")
+    assert sorted(p["metadata"]["name"] for p in policies) == [
+        "kvtune-operator-pods", "kvtune-operator-writes"]
+    assert sorted(b["spec"]["policyName"] for b in by_kind(
+        docs, "ValidatingAdmissionPolicyBinding")) == ["kvtune-operator-pods",
+                                                       "kvtune-operator-writes"]
+    assert {b["spec"]["validationActions"][0] for b in by_kind(
+        docs, "ValidatingAdmissionPolicyBinding")} == {"Deny"}
+    for policy in policies:
+        (condition,) = policy["spec"]["matchConditions"]
+        assert condition["expression"] == (
+            "request.userInfo.username == 'system:serviceaccount:kvtune-system:kvtune'")
+    text = " ".join(v["expression"] for p in policies for v in p["spec"]["validations"])
+    assert "['kube-system','kube-public','kube-node-lease','kvtune-system']" in text
+    assert "['default','kvtune-runtime','weights-reader']" in text
+    (deploy,) = by_kind(docs, "Deployment")
+    assert "--allowed-service-account=weights-reader" in (
+        deploy["spec"]["template"]["spec"]["containers"][0]["args"])
+    off = render(helm, "--set", "admissionPolicy.enabled=false")
+    assert by_kind(off, "ValidatingAdmissionPolicy") == []

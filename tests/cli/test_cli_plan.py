@@ -1,0 +1,93 @@
+"""`kvtune plan` end to end through click (the real command, no mocks)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from kvtune.cli.main import cli
+from kvtune.e2e.traces import TRACES_DIR
+
+ARTICLE = ["plan", "--model", "meta-llama/Llama-3.3-70B-Instruct", "--gpu", "H200",
+           "--weights-dtype", "fp8", "--context-tokens", "4096"]
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_json_is_stable_for_scripts() -> None:
+    code, out, _ = run(*ARTICLE, "-o", "json")
+    assert code == 0
+    doc = json.loads(out)
+    for key in ("kv_bytes_per_token", "kv_cache_tokens", "concurrent_sequences", "plan",
+                "vllm_args", "reasons", "warnings", "kv_dtype_comparison"):
+        assert key in doc
+    assert doc["kv_bytes_per_token"] == 163_840
+    assert doc["plan"]["kv_cache_dtype"] == "fp8"
+    assert all(r["message"] for r in doc["reasons"])
+    by_dtype = {r["kv_cache_dtype"]: r for r in doc["kv_dtype_comparison"]}
+    assert by_dtype["auto"]["kv_bytes_per_token"] == 327_680
+    assert by_dtype["int8_per_token_head"]["scale_overhead"] == pytest.approx(0.03125)
+
+
+def test_yaml_matches_json() -> None:
+    _, out_json, _ = run(*ARTICLE, "-o", "json")
+    _, out_yaml, _ = run(*ARTICLE, "-o", "yaml")
+    assert yaml.safe_load(out_yaml) == json.loads(out_json)
+
+
+def test_args_are_the_exact_vllm_flags() -> None:
+    code, out, _ = run("plan", "-m", "deepseek-ai/DeepSeek-V3", "-g", "H200", "--tp", "8",
+                       "--block-size", "64", "-o", "args")
+    assert code == 0
+    assert out.startswith("vllm serve deepseek-ai/DeepSeek-V3")
+    assert "--tensor-parallel-size=8" in out
+    assert "--block-size=64" in out and "--kv-cache-dtype=" in out
+
+
+def test_table_shows_the_plan_and_the_dtype_comparison() -> None:
+    code, out, _ = run(*ARTICLE, "--lowest-kv-precision", "int4")
+    assert code == 0
+    for text in ("kv-cache-dtype", "gpu-memory-utilization", "KV bytes per token", "163,840",
+                 "int4_per_token_head", "scale overhead", "vllm serve flags"):
+        assert text in out
+
+
+@pytest.mark.parametrize(
+    ("trace", "expect"),
+    [("synthetic_trace.jsonl", "prefix hit rate"), ("AzureLLMInferenceTrace_conv.csv", "unknown")],
+)
+def test_trace_profiles(trace: str, expect: str) -> None:
+    path = TRACES_DIR / trace
+    code, out, _ = run("plan", "-m", "Qwen/Qwen3-32B", "-g", "H100", "--trace", str(path),
+                       "-o", "json")
+    assert code == 0, out
+    doc = json.loads(out)
+    assert doc["profile"]["source"] == "trace"
+    reason = next(r for r in doc["reasons"] if r["knob"] == "enable-prefix-caching")
+    assert expect in reason["message"]
+
+
+def test_unknown_names_list_close_matches() -> None:
+    # A bad name is bad input: exit 1 (usage errors exit 2).
+    code, _, err = run("plan", "-m", "Qwen3-32", "-g", "H200")
+    assert code == 1 and "Qwen/Qwen3-32B" in err
+    code, _, err = run("plan", "-m", "Qwen/Qwen3-32B", "-g", "H2000")
+    assert code == 1 and "H200" in err
+
+
+def test_no_fit_quotes_bytes_and_fixes() -> None:
+    code, _, err = run("plan", "-m", "Qwen/Qwen3-235B-A22B", "-g", "H100", "--weights-dtype",
+                       "bf16")
+    assert code == 1
+    assert "GiB" in err and "tensor parallel" in err
+
+
+def test_list() -> None:
+    code, out, _ = run("plan", "--list")
+    assert code == 0 and "google/gemma-3-27b-it" in out and "B200" in out

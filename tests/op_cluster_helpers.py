@@ -1,0 +1,143 @@
+"""Helpers of the operator's integration tests: the operator as a real subprocess
+(`kvtune operator`), CRD installation, and waiting for a condition (never a fixed sleep)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from waiting import wait_for
+
+from kvtune.e2e.prometheus import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+CRD_PATH = REPO / "crds" / "inferencedeployments.kvtune.io.yaml"
+GROUP, VERSION, PLURAL = "kvtune.io", "v1alpha1", "inferencedeployments"
+
+
+def install_crd(api_client: Any, path: Path = CRD_PATH) -> None:
+    """Create (or replace) the CRD in ``path`` and wait until it is established."""
+    ext = client.ApiextensionsV1Api(api_client)
+    crd = yaml.safe_load(path.read_text())
+    try:
+        ext.create_custom_resource_definition(crd)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        current = ext.read_custom_resource_definition(crd["metadata"]["name"])
+        crd["metadata"]["resourceVersion"] = current.metadata.resource_version
+        ext.replace_custom_resource_definition(crd["metadata"]["name"], crd)
+
+    def established() -> bool:
+        got = ext.read_custom_resource_definition(crd["metadata"]["name"])
+        return any(c.type == "Established" and c.status == "True"
+                   for c in got.status.conditions or [])
+
+    wait_for(established, f"the CRD {crd['metadata']['name']} to be established", 30)
+
+
+def ensure_namespace(api_client: Any, name: str) -> None:
+    core = client.CoreV1Api(api_client)
+    try:
+        core.create_namespace({"metadata": {"name": name}})
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+class OperatorProcess:
+    """`kvtune operator` in a subprocess, serving only the given namespaces (other tests may
+    run their own operator on the same cluster)."""
+
+    def __init__(self, kubeconfig: Path, namespaces: list[str], log: Path) -> None:
+        self.kubeconfig, self.namespaces, self.log = kubeconfig, namespaces, log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self.metrics_port = free_port()
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def start(self) -> None:
+        self.starts += 1
+        argv = [str(Path(sys.executable).parent / "kvtune"), "operator",
+                "--kubeconfig", str(self.kubeconfig), "--standalone",
+                "--metrics-port", str(self.metrics_port)]
+        for ns in self.namespaces:
+            argv += ["--namespace", ns]
+        with self.log.open("a") as out:
+            out.write(f"\n=== start #{self.starts} ===\n")
+        self.proc = subprocess.Popen(argv, stdout=self.log.open("a"), stderr=subprocess.STDOUT,
+                                     cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                                    "KVTUNE_CONFIGMAP_RESYNC_SECONDS": "2"})
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def log_text(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+    def current_log(self) -> str:
+        """The log since the last start."""
+        return self.log_text().rsplit(f"=== start #{self.starts} ===", 1)[-1]
+
+
+def get_infd(api_client: Any, namespace: str, name: str) -> dict[str, Any]:
+    got: dict[str, Any] = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, name)
+    return got
+
+
+def create_infd(api_client: Any, namespace: str, name: str, spec: dict[str, Any]) -> None:
+    client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL,
+        {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceDeployment",
+         "metadata": {"name": name, "namespace": namespace}, "spec": spec})
+
+
+def patch_spec(api_client: Any, namespace: str, name: str, spec: dict[str, Any]) -> None:
+    client.CustomObjectsApi(api_client).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, name, {"spec": spec},
+        _content_type="application/merge-patch+json")
+
+
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    for cond in (obj.get("status") or {}).get("conditions", []):
+        if cond["type"] == type_:
+            return dict(cond)
+    return None
+
+
+def create_runtime_access(api_client: Any, namespace: str) -> None:
+    """What the chart creates in a runtime namespace (spec.runtime.entrypoint: kvtune): the
+    ServiceAccount kvtune-runtime, the reports ConfigMap, its Role and RoleBinding
+    (operator/runtime_access.py); the runtime pods cannot start without them."""
+    from kvtune.operator import runtime_access
+
+    core, rbac = client.CoreV1Api(api_client), client.RbacAuthorizationV1Api(api_client)
+    create = {"ServiceAccount": core.create_namespaced_service_account,
+              "ConfigMap": core.create_namespaced_config_map,
+              "Role": rbac.create_namespaced_role,
+              "RoleBinding": rbac.create_namespaced_role_binding}
+    for obj in runtime_access.namespace_objects(namespace):
+        try:
+            create[obj["kind"]](namespace, obj)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise

@@ -1,0 +1,169 @@
+"""The KV-quality calibration Job and its report cache, as pure objects: the Job is the
+pool's pod (affinity, GPU request, volumes, secrets, service account) running
+`python3 -m kvtune.quality` on the runtime's model; results from the Job's status and pod."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from op_samples import make_pool_plan
+
+from kvtune.operator import calibration
+from kvtune.operator.render import RenderInput, render_pool
+from kvtune.tuner.kv_quality import KVDtypeMeasurement, KVQualityEvidence
+from kvtune.tuner.plan import CandidateVerdict, Reason
+
+AFFINITY = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+    {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In",
+                           "values": ["NVIDIA-H200"]}]}]}}
+TEMPLATE = """\
+metadata: {labels: {{ pod_labels | tojson }}}
+spec:
+  affinity: {{ {"nodeAffinity": affinity} | tojson }}
+  tolerations: {{ tolerations | tojson }}
+  containers:
+    - name: vllm
+      image: ghcr.io/kvtune/kvtune-vllm-h200:0.1.0
+      command: ["python3", "-m", "kvtune.runtime"]
+      args: {{ args | tojson }}
+      env:
+        - {name: KVTUNE_PLAN, value: {{ plan_json | tojson }}}
+        - name: HF_TOKEN
+          valueFrom: {secretKeyRef: {name: hf-token, key: token}}
+      resources:
+        limits: {{ {"nvidia.com/gpu": gpus | string} | tojson }}
+      readinessProbe: {httpGet: {path: /health, port: 8000}}
+      volumeMounts: [{name: models, mountPath: /models}]
+    - {name: log-shipper, image: busybox}
+  volumes: [{name: models, persistentVolumeClaim: {claimName: llama-weights}}]
+"""
+
+
+def _deployment(entrypoint: str = "kvtune", template: str | None = TEMPLATE) -> dict[str, Any]:
+    objects = render_pool(RenderInput(
+        name="chat", namespace="llm", pool="h200", pool_plan=make_pool_plan(),
+        model_name="/models/llama-3.1-8b",
+        image="vllm/vllm-openai:v0.33.0", replicas=2, revision=1, affinity=AFFINITY,
+        pod_template=template, entrypoint=entrypoint,
+        tolerations=[{"key": "dedicated", "operator": "Equal", "value": "llm",
+                      "effect": "NoSchedule"}]))
+    return next(o for o in objects if o["kind"] == "Deployment")
+
+
+def _job(deployment: dict[str, Any]) -> dict[str, Any]:
+    return calibration.render_job(
+        deployment=deployment, name="chat-kvq-1", namespace="llm",
+        model="/models/llama-3.1-8b", revision="abc123", dtypes=["fp8", "int8_per_token_head"],
+        image=calibration.job_image(deployment, None) or "", timeout_seconds=1800,
+        max_prompt_tokens=1024, labels={"kvtune.io/deployment": "chat"})
+
+
+def test_the_job_is_the_pools_pod_running_the_measurement() -> None:
+    deployment = _deployment()
+    job = _job(deployment)
+    pod, source = job["spec"]["template"]["spec"], deployment["spec"]["template"]["spec"]
+    assert pod["affinity"] == source["affinity"] == {"nodeAffinity": AFFINITY}
+    assert pod["tolerations"] == source["tolerations"]
+    assert pod["volumes"] == source["volumes"]
+    assert pod["serviceAccountName"] == source["serviceAccountName"] == "chat-runtime"
+    assert pod["restartPolicy"] == "Never"
+    [container] = pod["containers"]  # the log shipper would keep the Job from ending
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert container["volumeMounts"] == [{"name": "models", "mountPath": "/models"}]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf-token",
+                                                             "key": "token"}}
+    assert "POD_NAME" in env and "KVTUNE_PLAN" not in env
+    assert container["image"] == "ghcr.io/kvtune/kvtune-vllm-h200:0.1.0"
+    assert container["command"] == ["python3", "-m", "kvtune.quality"]
+    args = container["args"]
+    assert args[args.index("--model") + 1] == "/models/llama-3.1-8b"
+    assert args[args.index("--dtypes") + 1] == "fp8,int8_per_token_head"
+    assert args[args.index("--report-annotation") + 1] == calibration.REPORT_ANNOTATION
+    assert "readinessProbe" not in container and "ports" not in container
+    assert job["spec"]["backoffLimit"] == 0 and job["spec"]["activeDeadlineSeconds"] == 1800
+    assert job["metadata"]["annotations"][calibration.ANNOTATION_REVISION] == "abc123"
+
+
+def test_a_plain_vllm_image_needs_a_calibration_image() -> None:
+    plain = _deployment(entrypoint="vllm", template=None)
+    assert calibration.job_image(plain, None) is None
+    assert calibration.job_image(plain, "ghcr.io/me/kvq:1") == "ghcr.io/me/kvq:1"
+
+
+def test_names_are_per_model_revision_and_dtypes() -> None:
+    a = calibration.job_name("chat", "m", "r1", ["fp8"])
+    assert a == calibration.job_name("chat", "m", "r1", ["fp8"])
+    assert a != calibration.job_name("chat", "m", "r2", ["fp8"])
+    assert a != calibration.job_name("chat", "m", "r1", ["fp8", "int8_per_token_head"])
+    long = calibration.job_name("x" * 80, "m", "r1", ["fp8"])
+    assert len(long) <= 63 and long.endswith(a[a.index("-kvq-"):])
+    assert calibration.cache_name("m", "r1") != calibration.cache_name("m", "r2")
+
+
+def test_dtypes_to_measure_are_the_unmeasured_narrow_candidates() -> None:
+    plan = make_pool_plan().model_copy(update={"reasons": (Reason(
+        knob="kv-cache-dtype", choice="fp8", code="WidestThatMeetsConcurrency", message="",
+        candidates=(CandidateVerdict(value="auto", ok=False, check="TooFewSequences",
+                                     detail=""),
+                    CandidateVerdict(value="fp8", ok=True, check="Chosen", detail=""),
+                    CandidateVerdict(value="int8_per_token_head", ok=True,
+                                     check="WiderDTypeMeetsTarget", detail=""),
+                    CandidateVerdict(value="nvfp4", ok=False, check="UnsupportedByBackend",
+                                     detail=""),
+                    CandidateVerdict(value="int4_per_token_head", ok=False,
+                                     check="BelowQualityFloor", detail=""))),)})
+    assert calibration.dtypes_to_measure(plan, None) == ["fp8", "int8_per_token_head"]
+    measured = KVQualityEvidence(source="x", measurements=(
+        KVDtypeMeasurement(dtype="fp8", kl_mean=1e-4, top1_agreement=0.99),))
+    assert calibration.dtypes_to_measure(plan, measured) == ["int8_per_token_head"]
+    random = measured.model_copy(update={"random_weights": True})
+    assert calibration.dtypes_to_measure(plan, random) == ["fp8", "int8_per_token_head"]
+
+
+REPORT = {"schema": "kvtune.io/kv-quality/v1", "weights": "checkpoint",
+          "checkpoint": {"layers": 32, "layers_with_scales": 0},
+          "measurements": [{"dtype": "fp8", "kl_mean": 3e-4, "top1_agreement": 0.993,
+                            "attention_error_max": 0.04, "attention_error_worst_layer": 1}]}
+
+
+def _pod(annotation: str | None = None, message: str | None = None) -> dict[str, Any]:
+    return {"metadata": {"annotations": {calibration.REPORT_ANNOTATION: annotation}
+                         if annotation else {}},
+            "status": {"containerStatuses": [{"state": {"terminated": {"message": message}}}]
+                       if message else []}}
+
+
+def test_job_results() -> None:
+    done = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+    timed_out = {"status": {"conditions": [{"type": "Failed", "status": "True",
+                                            "reason": "DeadlineExceeded",
+                                            "message": "Job was active longer than specified "
+                                                       "deadline"}]}}
+    assert calibration.job_result(None, []).phase == "absent"
+    assert calibration.job_result({"status": {}}, []).phase == "running"
+    ok = calibration.job_result(done, [_pod(annotation=json.dumps(REPORT))])
+    assert ok.phase == "succeeded" and ok.report == REPORT
+    by_message = calibration.job_result(done, [_pod(message=json.dumps(REPORT))])
+    assert by_message.report == REPORT
+    empty = calibration.job_result(done, [_pod(message="Completed")])
+    assert empty.phase == "failed" and "left no report" in empty.message
+    pod = {"metadata": {"name": "chat-kvq-1-abcde"}, "status": {}}
+    channel = {"data": {"chat-kvq-1-abcde": json.dumps(REPORT), "other-pod": "{}"}}
+    assert calibration.job_result(done, [pod], channel).report == REPORT
+    late = calibration.job_result(timed_out, [])
+    assert late.phase == "failed" and late.message.startswith("DeadlineExceeded")
+
+
+def test_the_cache_keeps_every_dtype_measured_for_the_revision() -> None:
+    newer = {**REPORT, "measurements": [{"dtype": "int8_per_token_head", "kl_mean": 1e-4,
+                                         "top1_agreement": 0.997}]}
+    merged = calibration.merge_reports(REPORT, newer)
+    assert [m["dtype"] for m in merged["measurements"]] == ["fp8", "int8_per_token_head"]
+    cm = calibration.report_config_map(name="kvtune-kvq-x", namespace="llm", model="m",
+                                       revision="r", report=merged, labels={})
+    assert calibration.report_from_config_map(cm) == merged
+    status = calibration.status(model="m", revision="r", phase="Measured", report=merged)
+    assert [d.allowed for d in status.dtypes] == [True, True]
+    assert status.checkpoint_kv_scales == "no calibrated KV scales: vLLM uses 1.0 for fp8"

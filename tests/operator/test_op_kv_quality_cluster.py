@@ -1,0 +1,228 @@
+"""The KV-quality guardrail against the real control plane (issue 15), end to end on the CPU.
+
+kwok runs no container, so the test plays the kubelet's part for the calibration Job: it runs
+the Job's own command (`python3 -m kvtune.quality` with the rendered args) as a process on a
+small Llama-shaped checkpoint initialised with random weights (saved like a real one: this
+proves the mechanics, not a model's quality), authenticated as the pod's ServiceAccount (a
+TokenRequest token), so the report lands on the Job's pod through the API server as it would
+in a cluster. The scheduler places the Job's pod: on a node of the pool's GPU class, with
+the pool's GPU request, or nowhere.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from op_cluster_helpers import (
+    create_infd,
+    create_runtime_access,
+    ensure_namespace,
+    get_infd,
+    install_crd,
+    patch_spec,
+)
+from op_samples import SAMPLE_SPEC
+from waiting import wait_for
+
+from kvtune.operator import apply as kapply
+from kvtune.operator import calibration
+from kvtune.operator.reconcile import reconcile
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+NS, NAME = "op-kv-quality", "chat"
+REVISION = "rev-1"
+TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+        "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 512,
+        "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "torch_dtype": "bfloat16", "tie_word_embeddings": False}
+
+
+@pytest.fixture(scope="module")
+def api(local_cluster: Any) -> Any:
+    api_client = local_cluster.api_client()
+    install_crd(api_client)
+    ensure_namespace(api_client, NS)
+    create_runtime_access(api_client, NS)  # the chart's, for entrypoint kvtune's pods
+    return api_client
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama checkpoint on disk (random weights, seeded), as a model volume holds."""
+    import torch
+    import transformers
+
+    path = Path(tmp_path_factory.mktemp("tiny-llama"))
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(**TINY), dtype=torch.bfloat16)
+    model.save_pretrained(path)
+    return path
+
+
+def _reconcile(api: Any) -> dict[str, Any]:
+    kube = kapply.Kube(api)
+    reconcile(get_infd(api, NS, NAME), kube=kube)
+    return get_infd(api, NS, NAME)
+
+
+def _kv_reason(obj: dict[str, Any]) -> str:
+    pool = obj["status"]["pools"][0]
+    return next(r for r in pool["reasons"] if r.startswith("kv-cache-dtype"))
+
+
+def _run_the_jobs_command(job: dict[str, Any], pod: Any, checkpoint: Path, local_cluster: Any,
+                          api: Any, tmp: Path) -> subprocess.CompletedProcess[str]:
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    args = list(container["args"])
+    # The kubelet's part: the model volume is this checkpoint, the device the CPU, the
+    # termination log a file.
+    args[args.index("--model") + 1] = str(checkpoint)
+    args[args.index("--device") + 1] = "cpu"
+    args[args.index("--termination-log") + 1] = str(tmp / "termination-log")
+    token = client.CoreV1Api(api).create_namespaced_service_account_token(
+        pod.spec.service_account_name, NS, {"spec": {"expirationSeconds": 3600}}).status.token
+    sa_dir = tmp / "serviceaccount"
+    sa_dir.mkdir()
+    (sa_dir / "token").write_text(token)
+    (sa_dir / "namespace").write_text(NS)
+    kubeconfig = yaml.safe_load(Path(local_cluster.kubeconfig_path).read_text())
+    (sa_dir / "ca.crt").write_bytes(base64.b64decode(
+        kubeconfig["clusters"][0]["cluster"]["certificate-authority-data"]))
+    host, port = local_cluster.server.removeprefix("https://").rsplit(":", 1)
+    env = {**os.environ, "POD_NAME": pod.metadata.name, "POD_NAMESPACE": NS,
+           "KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port,
+           "KVTUNE_SERVICEACCOUNT_DIR": str(sa_dir),
+           "KVTUNE_STATUS_FILE": str(tmp / "status.json")}
+    assert container["command"] == ["python3", "-m", "kvtune.quality"]
+    return subprocess.run([sys.executable, "-m", "kvtune.quality", *args], env=env,
+                          capture_output=True, text=True, timeout=900, check=False)
+
+
+def test_calibration_job_then_gating_on_its_report(
+    local_cluster: Any, api: Any, checkpoint: Path, tmp_path: Path,
+) -> None:
+    spec = copy.deepcopy(SAMPLE_SPEC)
+    spec["model"]["revision"] = REVISION
+    spec["pools"] = [{"gpuClass": "H200", "replicas": 1, "tensorParallel": 1}]
+    spec.pop("rollout")
+    spec["workload"]["concurrentSequences"] = 200  # 16-bit KV holds too few: fp8 is planned
+    spec["runtime"] = {"entrypoint": "kvtune",
+                       "image": "ghcr.io/kvtune/kvtune-vllm-h200:0.1.0-vllm0.33.0"}
+    spec["quality"] = {"lowestKVPrecision": "fp8",
+                       "calibration": {"timeout": "20m", "maxPromptTokens": 24}}
+    create_infd(api, NS, NAME, spec)
+
+    # 1. fp8 is planned but unmeasured: the Job starts, the pool keeps 16-bit KV meanwhile.
+    obj = _reconcile(api)
+    kvq = obj["status"]["kvQuality"]
+    assert kvq["phase"] == "Calibrating" and kvq["revision"] == REVISION, kvq
+    assert obj["status"]["pools"][0]["plan"]["kvCacheDtype"] == "auto"
+    assert "fp8, fp8_per_token_head, int8_per_token_head" in _kv_reason(obj)
+    assert f"the calibration Job {kvq['job']} (running) keeps it out" in _kv_reason(obj)
+    batch = client.BatchV1Api(api)
+    job = api.sanitize_for_serialization(batch.read_namespaced_job(kvq["job"], NS))
+    deployment = kapply.read_deployment(kapply.Kube(api), NS, f"{NAME}-h200")
+    assert deployment is not None
+    job_pod, dep_pod = job["spec"]["template"]["spec"], deployment["spec"]["template"]["spec"]
+    assert job_pod["affinity"] == dep_pod["affinity"]
+    assert job_pod["containers"][0]["resources"] == dep_pod["containers"][0]["resources"]
+    assert job_pod["serviceAccountName"] == dep_pod["serviceAccountName"]
+    args = job_pod["containers"][0]["args"]
+    assert args[args.index("--model") + 1] == SAMPLE_SPEC["model"]["name"]
+    assert args[args.index("--dtypes") + 1].split(",")[0] == "fp8"
+    assert [o["uid"] for o in job["metadata"]["ownerReferences"]] == [obj["metadata"]["uid"]]
+
+    # 2. The scheduler puts the Job's pod on an H200 node (affinity + GPU request).
+    core = client.CoreV1Api(api)
+    pod = wait_for(lambda: next((p for p in core.list_namespaced_pod(
+        NS, label_selector=f"batch.kubernetes.io/job-name={kvq['job']}").items
+        if p.spec.node_name), None), "the calibration pod scheduled", 60)
+    node = core.read_node(pod.spec.node_name)
+    assert node.metadata.labels["nvidia.com/gpu.product"] == "NVIDIA-H200"
+    assert pod.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
+
+    # 3. The Job's own command, run as the pod's ServiceAccount: the report lands on the pod.
+    ran = _run_the_jobs_command(job, pod, checkpoint, local_cluster, api, tmp_path)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "report published:" in ran.stderr and "failed" not in ran.stderr.split(
+        "report published:")[1].splitlines()[0], ran.stderr[-2000:]
+    # On the pod (annotation channel) or in the runtime reports ConfigMap under its name.
+    annotations = core.read_namespaced_pod(pod.metadata.name, NS).metadata.annotations or {}
+    text = annotations.get(calibration.REPORT_ANNOTATION)
+    if text is None:
+        text = core.read_namespaced_config_map(calibration.RUNTIME_REPORTS_CONFIG_MAP,
+                                               NS).data[pod.metadata.name]
+    assert json.loads(text)["weights"] == "checkpoint"
+
+    # 4. The operator keeps the report (ConfigMap per model revision) and gates on it.
+    wait_for(lambda: batch.read_namespaced_job(kvq["job"], NS).status.succeeded,
+             "the Job Complete (kwok ends its pod)", 60)
+    obj = _reconcile(api)
+    kvq = obj["status"]["kvQuality"]
+    assert kvq["phase"] == "Measured", kvq
+    cm = core.read_namespaced_config_map(kvq["configMap"], NS)
+    assert cm.metadata.annotations[calibration.ANNOTATION_REVISION] == REVISION
+    stored = json.loads(cm.data[calibration.REPORT_KEY])
+    measured = {m["dtype"]: m for m in stored["measurements"]}
+    assert {"fp8", "fp8_per_token_head", "int8_per_token_head"} <= set(measured)
+    assert obj["status"]["pools"][0]["plan"]["kvCacheDtype"] == "fp8"
+    assert "quality: measured KL" in _kv_reason(obj)
+    assert f"configmap/{kvq['configMap']}" in _kv_reason(obj)
+
+    # 5. A limit below fp8's measured KL excludes it, quoting the figure; a wider-scaled
+    #    8-bit dtype measured within the limit is chosen instead.
+    fp8_kl = measured["fp8"]["kl_mean"]
+    assert measured["int8_per_token_head"]["kl_mean"] < fp8_kl
+    patch_spec(api, NS, NAME, {"quality": {"maxKVQuantizationKL": fp8_kl * 0.99}})
+    obj = _reconcile(api)
+    pool = obj["status"]["pools"][0]
+    assert pool["plan"]["kvCacheDtype"] != "fp8"
+    assert f"fp8 ruled out: measured KL {fp8_kl:.2e} nats" in _kv_reason(obj)
+    assert "exceeds quality.maxKVQuantizationKL" in _kv_reason(obj)
+    assert [d["allowed"] for d in obj["status"]["kvQuality"]["dtypes"]
+            if d["dtype"] == "fp8"] == [False]
+
+
+def test_a_calibration_that_leaves_no_report_keeps_the_wider_dtype(api: Any) -> None:
+    """kwok ends the Job's pod at once and nothing runs in it: the Job is Complete without a
+    report, which is a failed calibration: the pool keeps 16-bit KV and says why."""
+    name = "silent"
+    spec = copy.deepcopy(SAMPLE_SPEC)
+    spec["model"]["revision"] = "rev-silent"
+    spec["pools"] = [{"gpuClass": "H200", "replicas": 1, "tensorParallel": 1}]
+    spec.pop("rollout")
+    spec["workload"]["concurrentSequences"] = 200
+    spec["runtime"] = {"entrypoint": "kvtune",
+                       "image": "ghcr.io/kvtune/kvtune-vllm-h200:0.1.0-vllm0.33.0"}
+    create_infd(api, NS, name, spec)
+    kube = kapply.Kube(api)
+    reconcile(get_infd(api, NS, name), kube=kube)
+    job = get_infd(api, NS, name)["status"]["kvQuality"]["job"]
+    batch = client.BatchV1Api(api)
+    wait_for(lambda: batch.read_namespaced_job(job, NS).status.succeeded,
+             "the Job Complete (kwok ends its pod)", 60)
+    reconcile(get_infd(api, NS, name), kube=kube)
+    obj = get_infd(api, NS, name)
+    kvq = obj["status"]["kvQuality"]
+    assert kvq["phase"] == "Failed" and "left no report" in kvq["message"], kvq
+    assert "the wider dtype stays" in kvq["message"]
+    pool = obj["status"]["pools"][0]
+    assert pool["plan"]["kvCacheDtype"] == "auto"
+    reason = next(r for r in pool["reasons"] if r.startswith("kv-cache-dtype"))
+    assert f"the failed calibration Job {job} keeps it out" in reason
+    # No second Job while the failed one is kept (a day): the wider dtype simply stays.
+    reconcile(get_infd(api, NS, name), kube=kube)
+    jobs = batch.list_namespaced_job(NS, label_selector=f"kvtune.io/deployment={name}").items
+    assert [j.metadata.name for j in jobs] == [job]

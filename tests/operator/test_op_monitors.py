@@ -1,0 +1,153 @@
+"""Monitoring as kube-prometheus-stack runs it (issue 14 items 8, 9): a PodMonitor (or
+ServiceMonitor) per pool that selects exactly the pods/Service the renderer makes, and the
+per-deployment PrometheusRule with labels for a ruleSelector; both switchable, applied to and
+deleted from a real kube-apiserver."""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import pytest
+from op_samples import SAMPLE_SPEC, make_pool_plan
+
+from kvtune.operator import monitors
+from kvtune.operator.render import RenderInput, render_pool
+
+NS, NAME = "llm", "bot"
+
+
+def _body(monitoring: dict[str, Any] | None = None) -> dict[str, Any]:
+    spec = copy.deepcopy(SAMPLE_SPEC)
+    if monitoring is not None:
+        spec["monitoring"] = monitoring
+    return {"apiVersion": "kvtune.io/v1alpha1", "kind": "InferenceDeployment",
+            "metadata": {"name": NAME, "namespace": NS, "uid": "u-1"}, "spec": spec}
+
+
+def _rendered(pool: str) -> dict[str, dict[str, Any]]:
+    objs = render_pool(RenderInput(name=NAME, namespace=NS, pool=pool,
+                                   model_name="meta-llama/Llama-3.1-8B-Instruct",
+                                   pool_plan=make_pool_plan(), image="vllm/vllm-openai:v0.33.0",
+                                   replicas=1, revision=1))
+    return {o["kind"]: o for o in objs}
+
+
+def _matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def test_a_pod_monitor_per_pool_selects_the_pools_pods_by_their_port() -> None:
+    pods = monitors.scrape_monitors(_body())
+    assert [m["kind"] for m in pods] == ["PodMonitor", "PodMonitor"]
+    for monitor, pool in zip(pods, ("h200", "h100"), strict=True):
+        deployment = _rendered(pool)["Deployment"]
+        template = deployment["spec"]["template"]
+        assert _matches(monitor["spec"]["selector"]["matchLabels"],
+                        template["metadata"]["labels"])
+        (other,) = [m for m in pods if m is not monitor]
+        assert not _matches(other["spec"]["selector"]["matchLabels"],
+                            template["metadata"]["labels"])
+        port_names = {p["name"] for c in template["spec"]["containers"]
+                      for p in c.get("ports", [])}
+        (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+        assert endpoint["port"] in port_names and endpoint["path"] == "/metrics"
+        # The profiler's poolSelector "labels" reads these pod labels off the series.
+        assert monitor["spec"]["podTargetLabels"] == ["kvtune.io/deployment", "kvtune.io/pool"]
+        assert monitor["metadata"]["namespace"] == NS
+
+
+def test_service_monitor_kind_selects_the_pool_service() -> None:
+    body = _body({"scrape": {"kind": "ServiceMonitor", "interval": "15s",
+                             "labels": {"release": "kps"}}})
+    monitor = monitors.scrape_monitors(body)[0]
+    service = _rendered("h200")["Service"]
+    assert monitor["kind"] == "ServiceMonitor"
+    assert _matches(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+    assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert monitor["spec"]["endpoints"][0]["interval"] == "15s"
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+
+
+def test_rule_labels_for_the_rule_selector_and_switches() -> None:
+    body = _body({"prometheusRule": {"labels": {"release": "kps"}}})
+    rule = monitors.prometheus_rule(body)
+    assert rule is not None and rule["metadata"]["labels"]["release"] == "kps"
+    assert rule["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "kvtune"
+    wanted, unwanted = monitors.monitoring_objects(body)
+    assert {o["kind"] for o in wanted} == {"PodMonitor", "PrometheusRule"}
+    assert ("PrometheusRule", f"{NAME}-kvtune") not in unwanted
+    off = _body({"scrape": {"enabled": False}, "prometheusRule": {"enabled": False}})
+    wanted, unwanted = monitors.monitoring_objects(off)
+    assert wanted == []
+    assert ("PrometheusRule", f"{NAME}-kvtune") in unwanted
+    assert ("PodMonitor", "bot-h200") in unwanted
+
+
+# --- on the real kube-apiserver -----------------------------------------------------------
+
+def _crd(kind: str, plural: str) -> dict[str, Any]:
+    """The Prometheus operator's kind, reduced to what the API server needs to store it."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+        "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+                 "names": {"kind": kind, "plural": plural, "singular": kind.lower(),
+                           "listKind": f"{kind}List"},
+                 "versions": [{"name": "v1", "served": True, "storage": True, "schema": {
+                     "openAPIV3Schema": {"type": "object",
+                                         "x-kubernetes-preserve-unknown-fields": True}}}]},
+    }
+
+
+@pytest.mark.cluster
+def test_objects_are_applied_and_switched_off_on_the_apiserver(local_cluster: Any) -> None:
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from kvtune.operator import apply as kapply
+    from kvtune.operator.retune_handlers import sync_alert_rules
+
+    api = local_cluster.api_client()
+    ext = client.ApiextensionsV1Api(api)
+    for kind, plural in (("PodMonitor", "podmonitors"), ("PrometheusRule", "prometheusrules")):
+        try:
+            ext.create_custom_resource_definition(_crd(kind, plural))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    core = client.CoreV1Api(api)
+    try:
+        core.create_namespace({"metadata": {"name": NS}})
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    kube = kapply.Kube(api)
+    custom = client.CustomObjectsApi(api)
+
+    def names(plural: str) -> set[str]:
+        items = custom.list_namespaced_custom_object("monitoring.coreos.com", "v1", NS,
+                                                     plural)["items"]
+        return {i["metadata"]["name"] for i in items}
+
+    body = _body({"prometheusRule": {"labels": {"release": "kps"}}})
+    deadline = time.monotonic() + 60
+    while True:  # the CRDs become served a moment after they are created
+        memo: dict[str, Any] = {}
+        sync_alert_rules(kube, body, memo)
+        if "alert_rules_digest" in memo and names("podmonitors") == {"bot-h200", "bot-h100"}:
+            break
+        assert time.monotonic() < deadline, "PodMonitors never applied"
+        time.sleep(0.5)
+    rule = custom.get_namespaced_custom_object("monitoring.coreos.com", "v1", NS,
+                                               "prometheusrules", f"{NAME}-kvtune")
+    assert rule["metadata"]["labels"]["release"] == "kps"
+    # Switched off: kvtune deletes its own objects, and only those.
+    custom.create_namespaced_custom_object("monitoring.coreos.com", "v1", NS, "podmonitors", {
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
+        "metadata": {"name": "someone-elses", "namespace": NS}, "spec": {}})
+    sync_alert_rules(kube, _body({"scrape": {"enabled": False},
+                                  "prometheusRule": {"enabled": False}}), memo)
+    assert names("podmonitors") == {"someone-elses"}
+    assert names("prometheusrules") == set()

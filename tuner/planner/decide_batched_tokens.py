@@ -1,0 +1,79 @@
+"""``--max-num-batched-tokens``: how many tokens one scheduler step carries.
+
+Decided twice. First (``runtime_default``), before anything else: vLLM's default for the
+GPU's memory, since activations and so every memory figure depend on it. Last (``tune``),
+once dtype, block size, max-num-seqs and max-model-len are known: ``prefill.step_token_budget``
+keeps the default and grows it (2x, 4x) only when the TTFT SLO needs it and pre-flight still
+passes. A pin wins both times.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvtune.tuner.facts.weights import weight_bits
+from kvtune.tuner.plan import Reason
+from kvtune.tuner.planner import decode, prefill
+
+if TYPE_CHECKING:
+    from kvtune.tuner.planner.planrun import PlanRun
+
+
+def runtime_default(run: PlanRun) -> int:
+    """The step budget memory is figured with (the pin, else vLLM's default)."""
+    default_tokens, _ = run.runtime.defaults_for_memory(
+        run.gpu.cuda_total_bytes, run.gpu.name
+    )
+    if run.pins.max_num_batched_tokens is not None:
+        run.pinned("max-num-batched-tokens", str(run.pins.max_num_batched_tokens))
+        return run.pins.max_num_batched_tokens
+    return default_tokens
+
+
+def chunked_step_seconds(
+    run: PlanRun, dtype: str, bs: int, num_seqs: int, chunk_tokens: int, max_model_len: int,
+    batched: int,
+) -> float:
+    """A step that decodes ``num_seqs`` median sessions and prefills ``chunk_tokens``:
+    the bandwidth-bound decode plus the compute-bound chunk (conservatively additive)."""
+    per_seq = run.request_bytes(
+        dtype, bs, min(run.p50_session, max_model_len), batched, max_model_len)
+    decode_s = decode.decode_step_seconds(
+        run.model, run.gpu, run.tp, run.weights_bytes, num_seqs, per_seq)
+    bits = weight_bits(run.model, run.req.weights_dtype)
+    return decode_s + chunk_tokens * decode.prefill_seconds_per_token(
+        run.model, run.gpu, run.tp, bits)
+
+
+def tune(
+    run: PlanRun, default: int, dtype: str, bs: int, num_seqs: int, utilization: float,
+    max_model_len: int,
+) -> int:
+    """``prefill.step_token_budget`` for this pool (pinned: left alone)."""
+    if run.pins.max_num_batched_tokens is not None:
+        return default
+    bits = weight_bits(run.model, run.req.weights_dtype)
+
+    def fits(tokens: int) -> bool:
+        mem = run.memory(dtype, bs, num_seqs, tokens, utilization)
+        return run.preflight_ok(mem, dtype, bs, tokens, max_model_len)
+
+    result = prefill.step_token_budget(
+        default_tokens=default,
+        num_seqs=num_seqs,
+        prompt_tokens=run.req.profile.context_tokens.p95,
+        decode_seconds=chunked_step_seconds(
+            run, dtype, bs, num_seqs, 0, max_model_len, default),
+        prefill_seconds_per_token=decode.prefill_seconds_per_token(
+            run.model, run.gpu, run.tp, bits),
+        ttft_slo_seconds=run.req.policy.slo.ttft_p95_seconds,
+        fits=fits,
+        default_label=f"vLLM {run.runtime.vllm_version}'s default for a "
+        f"{run.gib(run.gpu.cuda_total_bytes)} GPU",
+    )
+    run.warnings.extend(result.warnings)
+    run.reasons.append(Reason(
+        knob="max-num-batched-tokens", choice=str(result.tokens), code=result.code,
+        message=result.message,
+    ))
+    return result.tokens

@@ -1,0 +1,236 @@
+"""``--kv-cache-dtype``: the precision of the KV cache.
+
+Inputs: the concurrency target (the policy's ``target_concurrent_sequences``, else the
+decode bandwidth model at 16-bit KV), the p95 session, max-model-len, the quality floor
+(``policy.lowest_kv_precision``) and the dtypes vLLM runs for this attention on this GPU.
+Rule: in ``kv_dtype_options.DTYPE_PREFERENCE`` order (widest first), the first dtype that
+passes pre-flight and holds the target at the p95 session; if none does, the one that holds
+the most. Each candidate gets a verdict (``checks``). If none passes pre-flight, max-model-len
+is shrunk for the narrowest allowed dtype and the choice made again. A pin wins (max-model-len
+may still shrink to fit it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvtune.tuner import kv_quality
+from kvtune.tuner.errors import NoFeasiblePlan
+from kvtune.tuner.facts.capabilities import KVCacheDType
+from kvtune.tuner.plan import CandidateVerdict, Reason
+from kvtune.tuner.planner import decide_max_model_len, decide_max_num_seqs, infeasible
+from kvtune.tuner.planner.checks import (
+    BELOW_QUALITY_FLOOR,
+    CHOSEN,
+    FITS,
+    MAX_MODEL_LEN_DOES_NOT_FIT,
+    NOT_MODELED,
+    PINNED,
+    TOO_FEW_SEQUENCES,
+    UNSUPPORTED_BY_BACKEND,
+    WIDER_MEETS_TARGET,
+)
+
+# The candidate dtypes live below the decision (``infeasible`` asks them too).
+from kvtune.tuner.planner.kv_dtype_options import (
+    ALIASES,
+    PRECISION_FLOOR_BITS,
+    allowed,
+    narrowest,
+    options,
+)
+
+if TYPE_CHECKING:
+    from kvtune.tuner.planner.planrun import PlanRun
+
+
+def quality_gate(run: PlanRun, name: str) -> kv_quality.DtypeGate:
+    return kv_quality.gate_one(name, run.req.kv_quality_evidence, run.req.policy.kv_quality)
+
+
+def quality_note(run: PlanRun, name: str) -> str:
+    """What the evidence says of a chosen dtype, for its reason ("" for 16-bit); an
+    unverified narrow dtype is also a warning."""
+    verdict = quality_gate(run, name)
+    if verdict.code == kv_quality.REFERENCE:
+        return ""
+    if verdict.code == kv_quality.UNVERIFIED:
+        run.warnings.append(f"kv-cache-dtype {name} is {verdict.detail}: run `kvtune quality` "
+                            "or let the operator's calibration Job measure it")
+    return f"; quality: {verdict.detail}"
+
+
+def decide(
+    run: PlanRun, batched: int, utilization: float, max_model_len: int, len_code: str,
+    len_message: str, tpot: float, tpot_why: str,
+) -> tuple[str, tuple[int, str, str]]:
+    """The dtype, and max-model-len with its (code, message) after pre-flight."""
+    seqs_for_memory = run.seqs_for_memory
+    base_dtype = "auto" if run.backends.dtype_unusable(run.runtime.dtype("auto")) is None else (
+        run.pins.kv_cache_dtype or "auto"
+    )
+    bs_probe = run.pins.block_size or run.backends.smallest_block(base_dtype)
+    if run.req.policy.target_concurrent_sequences is not None:
+        target = run.req.policy.target_concurrent_sequences
+        target_why = "the policy's target_concurrent_sequences"
+    else:
+        target = max(1, min(seqs_for_memory, decide_max_num_seqs.bandwidth_seqs(
+            run, base_dtype, bs_probe, batched, max_model_len, tpot)))
+        target_why = (
+            f"the decode bandwidth model: {target} sequences of the median session "
+            f"({run.p50_session} tokens) at 16-bit KV keep a decode step within {tpot_why}"
+        )
+
+    # Pre-flight may shrink an unpinned max-model-len to what the narrowest allowed
+    # dtype fits, but never below the policy's floor or the p95 session.
+    if run.pins.kv_cache_dtype is not None:
+        dtype = run.pins.kv_cache_dtype
+        bs0 = run.pins.block_size or run.backends.smallest_block(dtype)
+        mem = run.memory(dtype, bs0, seqs_for_memory, batched, utilization)
+        if not run.preflight_ok(mem, dtype, bs0, batched, max_model_len):
+            max_model_len, len_code, len_message = decide_max_model_len.shrink(
+                run, mem, dtype, bs0, batched, max_model_len, len_code, len_message,
+                utilization)
+        sessions = run.sessions(mem, dtype, bs0, run.p95_session, batched, max_model_len)
+        run.reasons.append(Reason(
+            knob="kv-cache-dtype", choice=dtype, code=PINNED,
+            message=f"pinned by the policy; {sessions} sequences of {run.p95_session} "
+            f"tokens (p95) fit{quality_note(run, dtype)}",
+        ))
+        return dtype, (max_model_len, len_code, len_message)
+    return _choose_with_preflight(
+        run, bs_probe, batched, seqs_for_memory, utilization, max_model_len, target,
+        target_why, len_code, len_message)
+
+
+def _choose_with_preflight(
+    run: PlanRun, bs: int, batched: int, seqs: int, utilization: float, max_model_len: int,
+    target: int, target_why: str, len_code: str, len_message: str,
+) -> tuple[str, tuple[int, str, str]]:
+    """The dtype, and max-model-len with its (code, message), lowered to what fits when
+    no allowed dtype passes pre-flight at the target length (and it is not pinned)."""
+    try:
+        dtype = choose(run, bs, batched, seqs, utilization, max_model_len, target, target_why)
+        return dtype, (max_model_len, len_code, len_message)
+    except NoFeasiblePlan:
+        if run.pins.max_model_len is not None:
+            raise
+    # Shrink for the allowed dtype with the fewest bytes per token, then choose again.
+    names = allowed(run)
+    if not names:
+        raise infeasible.no_fit(run, max_model_len, batched, utilization, ())
+    thinnest = narrowest(run, names)
+    nbs = run.backends.smallest_block(thinnest)
+    mem = run.memory(thinnest, nbs, seqs, batched, utilization)
+    length = decide_max_model_len.shrink(
+        run, mem, thinnest, nbs, batched, max_model_len, len_code, len_message, utilization)
+    dtype = choose(run, bs, batched, seqs, utilization, length[0], target, target_why)
+    return dtype, length
+
+
+def choose(
+    run: PlanRun, block_size: int, batched_tokens: int, seqs_for_memory: int,
+    utilization: float, max_model_len: int, target: int, target_why: str,
+) -> str:
+    """The widest dtype meeting ``target`` at the p95 session (``NoFeasiblePlan``: none
+    passes pre-flight at ``max_model_len``)."""
+    floor_name = run.req.policy.lowest_kv_precision
+    floor_bits = PRECISION_FLOOR_BITS[floor_name]
+    verdicts: list[CandidateVerdict] = []
+    feasible: list[tuple[KVCacheDType, int]] = []
+    for dtype in options(run):
+        if dtype.name in ALIASES:
+            continue
+        unusable = run.backends.dtype_unusable(dtype)
+        if unusable is not None:
+            check = NOT_MODELED if dtype.layout == "not_modeled" else UNSUPPORTED_BY_BACKEND
+            verdicts.append(CandidateVerdict(
+                value=dtype.name, ok=False, check=check, detail=unusable))
+            continue
+        if dtype.bits < floor_bits:
+            verdicts.append(CandidateVerdict(
+                value=dtype.name, ok=False, check=BELOW_QUALITY_FLOOR,
+                detail=f"{dtype.bits}-bit is below the policy's lowest precision "
+                f"{floor_name} ({floor_bits}-bit)",
+            ))
+            continue
+        gate = quality_gate(run, dtype.name)
+        if not gate.allowed:
+            verdicts.append(CandidateVerdict(
+                value=dtype.name, ok=False, check=gate.code, detail=gate.detail))
+            continue
+        bs = block_size if run.backends.block_size_ok(dtype.name, block_size) else (
+            run.backends.smallest_block(dtype.name)
+        )
+        mem = run.memory(dtype.name, bs, seqs_for_memory, batched_tokens, utilization)
+        if not run.preflight_ok(mem, dtype.name, bs, batched_tokens, max_model_len):
+            need = run.request_bytes(dtype.name, bs, max_model_len, batched_tokens, max_model_len)
+            verdicts.append(CandidateVerdict(
+                value=dtype.name, ok=False, check=MAX_MODEL_LEN_DOES_NOT_FIT,
+                detail=f"one {max_model_len}-token request needs {run.gib(need)}"
+                f", the KV cache has {run.gib(max(0, mem.kv_budget_bytes))}",
+            ))
+            continue
+        sessions = run.sessions(
+            mem, dtype.name, bs, run.p95_session, batched_tokens, max_model_len
+        )
+        feasible.append((dtype, sessions))
+        verdicts.append(CandidateVerdict(
+            value=dtype.name, ok=sessions >= target,
+            check=FITS if sessions >= target else TOO_FEW_SEQUENCES,
+            detail=f"{sessions} sequences of {run.p95_session} tokens (p95) fit; "
+            f"target {target}",
+        ))
+    if not feasible:
+        raise infeasible.no_fit(run, max_model_len, batched_tokens, utilization, verdicts)
+    meeting = [(d, s) for d, s in feasible if s >= target]
+    if meeting:
+        chosen, sessions = meeting[0]  # the widest (preference order)
+        code = "WidestThatMeetsConcurrency"
+        message = (
+            f"{chosen.name} ({chosen.bits}-bit) is the widest dtype that holds the target "
+            f"{target} sequences at the p95 session of {run.p95_session} tokens "
+            f"({sessions} fit); target from {target_why}"
+        )
+    else:
+        chosen, sessions = max(feasible, key=lambda ds: ds[1])
+        code = "MostSequencesAllowed"
+        message = (
+            f"no allowed dtype holds the target {target} sequences at {run.p95_session} "
+            f"tokens; {chosen.name} holds the most ({sessions}) without going below "
+            f"{floor_name}"
+        )
+        run.warnings.append(
+            f"KV capacity limits concurrency: {sessions} sequences at the p95 session, "
+            f"below the target {target}; a larger tensor parallel, a lower quality floor "
+            "or a larger GPU would hold more"
+        )
+    verdicts = [
+        v.model_copy(update={"check": CHOSEN}) if v.value == chosen.name
+        else v.model_copy(update={"check": WIDER_MEETS_TARGET})
+        if v.ok and _narrower(run, v.value, chosen) else v
+        for v in verdicts
+    ]
+    run.reasons.append(Reason(
+        knob="kv-cache-dtype", choice=chosen.name, code=code,
+        message=message + quality_note(run, chosen.name) + gated_out(verdicts),
+        candidates=tuple(verdicts),
+    ))
+    return chosen.name
+
+
+def gated_out(verdicts: list[CandidateVerdict]) -> str:
+    """The dtypes the KV-quality gate ruled out, for the chosen dtype's reason: measured ones
+    with their figure, unverified ones by name."""
+    exceeded = [v for v in verdicts if v.check == kv_quality.EXCEEDS_KL]
+    required = [v for v in verdicts if v.check == kv_quality.UNVERIFIED_REQUIRED]
+    parts = [f"{v.value} ruled out: {v.detail}" for v in exceeded]
+    if required:
+        parts.append(f"{', '.join(v.value for v in required)} ruled out: "
+                     f"{required[0].detail.removeprefix('unverified: ')}")
+    return "".join(f"; {p}" for p in parts)
+
+
+def _narrower(run: PlanRun, name: str, chosen: KVCacheDType) -> bool:
+    order = [d.name for d in options(run)]
+    return name in order and order.index(name) > order.index(chosen.name)

@@ -1,0 +1,78 @@
+"""``--max-num-seqs``: how many sequences decode together.
+
+Inputs: the chosen KV dtype and probe block size, max-model-len, the TPOT target (the
+policy's TPOT p95 SLO, else ``DEFAULT_TPOT_SECONDS``) and the median session. Rule: the most
+median sessions whose decode step (weights + their KV read once per step, ``decode.py``)
+stays within the TPOT target, capped by the median sessions that fit in the KV cache, by
+``MAX_NUM_SEQS_CEILING`` and by max-num-batched-tokens; rounded down to a multiple of 8 from
+16 up. A pin wins. With a scorer, ``decide_block_size.scored`` may move it (its own reason).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvtune.tuner.plan import Reason
+from kvtune.tuner.planner import decode
+from kvtune.tuner.planner.planrun import MAX_NUM_SEQS_CEILING
+
+if TYPE_CHECKING:
+    from kvtune.tuner.planner.planrun import PlanRun
+
+# When the policy sets no TPOT target, size the batch for this one (interactive serving).
+DEFAULT_TPOT_SECONDS = 0.05
+
+
+def tpot_target(run: PlanRun) -> tuple[float, str]:
+    """(seconds, where the target comes from)."""
+    tpot = run.req.policy.slo.tpot_p95_seconds
+    if tpot is not None:
+        return tpot, f"the TPOT p95 SLO of {tpot * 1000:.0f} ms"
+    return DEFAULT_TPOT_SECONDS, (
+        f"a default TPOT target of {DEFAULT_TPOT_SECONDS * 1000:.0f} ms (no SLO set)"
+    )
+
+
+def bandwidth_seqs(
+    run: PlanRun, dtype: str, block_size: int, batched_tokens: int, max_model_len: int,
+    tpot: float,
+) -> int:
+    """Median sessions whose decode step stays within ``tpot`` (0: not even one)."""
+    per_seq = run.request_bytes(
+        dtype, block_size, min(run.p50_session, max_model_len), batched_tokens,
+        max_model_len,
+    )
+    return decode.max_seqs_within(
+        run.model, run.gpu, run.tp, run.weights_bytes, per_seq, tpot
+    )
+
+
+def decide(
+    run: PlanRun, dtype: str, bs: int, batched: int, max_model_len: int, tpot: float,
+    tpot_why: str, fit_p50: int,
+) -> int:
+    """max-num-seqs; ``fit_p50`` is how many median sessions the KV cache holds."""
+    if run.pins.max_num_seqs is not None:
+        run.pinned("max-num-seqs", str(run.pins.max_num_seqs))
+        return run.pins.max_num_seqs
+    bw = bandwidth_seqs(run, dtype, bs, batched, max_model_len, tpot)
+    if bw == 0:
+        run.warnings.append(
+            f"even one sequence misses {tpot_why}: reading "
+            f"{run.gib(run.weights_bytes)} of weights per step takes longer; more "
+            "tensor parallel or lower-precision weights would help"
+        )
+    seqs = max(1, min(bw, fit_p50, MAX_NUM_SEQS_CEILING, batched))
+    if seqs >= 16:
+        seqs = seqs // 8 * 8  # CUDA-graph capture sizes are multiples of 8
+    limit = "bandwidth" if bw <= fit_p50 else "KV capacity"
+    run.reasons.append(Reason(
+        knob="max-num-seqs", choice=str(seqs), code=(
+            "DecodeBandwidth" if limit == "bandwidth" else "KVCapacity"),
+        message=(
+            f"{bw} sequences of the median session keep a decode step within "
+            f"{tpot_why}; {fit_p50} median sessions fit in the KV cache; the "
+            f"{limit} limit binds"
+        ),
+    ))
+    return seqs

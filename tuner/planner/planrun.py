@@ -1,0 +1,146 @@
+"""One planning run's shared state: the request's derived facts, the reasons and warnings
+the decisions append, and the memory arithmetic every decision asks (bytes per choice,
+sessions that fit, vLLM's pre-flight).
+
+A ``PlanRun`` is built once per ``plan_pool`` call and passed to the ``decide_*`` modules;
+building it validates the request (``validation``), so an impossible pin fails before any
+decision is made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvtune.tuner.facts.capabilities import AttentionFamily, RuntimeCapabilities, get_runtime
+from kvtune.tuner.facts.kvmemory import block_bytes, request_kv_bytes
+from kvtune.tuner.facts.weights import WeightsLoad, weights_bytes_per_gpu, weights_load
+from kvtune.tuner.plan import Reason
+from kvtune.tuner.planner import budget, validation
+from kvtune.tuner.planner.backend_choice import BackendChooser
+from kvtune.tuner.planner.checks import PINNED
+from kvtune.tuner.planner.request import PlanRequest, session_tokens
+
+GiB = 1 << 30
+# vLLM's scheduler cap on running sequences by default (decide_max_num_seqs caps its choice
+# here; memory is figured for at most this many before the choice). It lives here, below the
+# decisions, so the run imports no decision module (that was an import cycle).
+MAX_NUM_SEQS_CEILING = 1024
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """The memory arithmetic of one (dtype, block size, max-num-seqs) choice."""
+
+    non_kv: budget.NonKVBytes
+    kv_budget_bytes: int
+    page_bytes: int
+    num_gpu_blocks: int
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.num_gpu_blocks * self.page_bytes
+
+
+class PlanRun:
+    """One planning run. Holds the request's derived facts and what the decisions found."""
+
+    def __init__(self, request: PlanRequest) -> None:
+        self.req = request
+        self.model = request.model
+        self.gpu = request.gpu
+        self.tp = request.tensor_parallel
+        self.pins = request.policy.pins
+        self.runtime: RuntimeCapabilities = get_runtime(request.vllm_version)
+        self.attention: AttentionFamily = "mla" if self.model.is_mla else "standard"
+        self.cc = self.gpu.compute_capability
+        # How vLLM loads the weights (and the flags it needs); refuses what it cannot do.
+        self.weights: WeightsLoad = weights_load(self.model, request.weights_dtype)
+        # The dtype vLLM serves at (float32 checkpoints at bfloat16): KV "auto" is this.
+        self.model_dtype = self.weights.served_dtype
+        self.reasons: list[Reason] = []
+        self.warnings: list[str] = []
+        self.backends = BackendChooser(
+            self.runtime, self.attention, self.cc, self.pins.attention_backend,
+            self.gpu.name, self.model_dtype)
+        self.warnings += validation.validate(
+            request, self.runtime, self.backends, self.attention, self.weights)
+        self.weights_bytes = weights_bytes_per_gpu(
+            self.model, request.weights_dtype, self.tp
+        )
+        self.p95_session = session_tokens(request.profile, "p95")
+        # vLLM's profiling run sizes the sampler for max-num-seqs sequences: until that is
+        # chosen, memory is figured for the pin or the runtime default.
+        _, default_seqs = self.runtime.defaults_for_memory(
+            self.gpu.cuda_total_bytes, self.gpu.name)
+        self.seqs_for_memory = self.pins.max_num_seqs or min(default_seqs, MAX_NUM_SEQS_CEILING)
+        self.p50_session = session_tokens(request.profile, "p50")
+        # The max-model-len target before pre-flight (set by planning once decided).
+        self.len_target = 0
+
+    @staticmethod
+    def gib(n: float) -> str:
+        """Bytes as the messages quote them."""
+        return f"{n / GiB:.2f} GiB"
+
+    def pinned(self, knob: str, value: str) -> None:
+        self.reasons.append(Reason(
+            knob=knob, choice=value, code=PINNED, message=f"pinned by the policy to {value}"
+        ))
+
+    # --- memory -----------------------------------------------------------------------------
+
+    def memory(
+        self, dtype: str, block_size: int, max_num_seqs: int, batched_tokens: int,
+        utilization: float,
+    ) -> Memory:
+        non_kv = budget.non_kv_bytes(
+            self.model, self.weights_bytes, self.tp, batched_tokens, max_num_seqs,
+            vllm_version=self.req.vllm_version, gpu=self.gpu, model_dtype=self.model_dtype,
+        )
+        if self.pins.kv_cache_memory_bytes is not None:
+            kv_budget = self.pins.kv_cache_memory_bytes
+        else:
+            kv_budget = budget.kv_budget_bytes(self.gpu, utilization, non_kv)
+        page = block_bytes(
+            self.model, dtype, self.tp, block_size, model_dtype=self.model_dtype
+        )
+        blocks = max(0, kv_budget) // page
+        return Memory(non_kv, kv_budget, page, blocks)
+
+    def request_bytes(
+        self, dtype: str, block_size: int, tokens: int, batched_tokens: int, max_model_len: int
+    ) -> int:
+        return request_kv_bytes(
+            self.model, dtype, self.tp, block_size, tokens, batched_tokens, max_model_len,
+            model_dtype=self.model_dtype,
+        )
+
+    def sessions(
+        self, mem: Memory, dtype: str, block_size: int, tokens: int, batched_tokens: int,
+        max_model_len: int,
+    ) -> int:
+        """Sequences of ``tokens`` that fit at once (one block is vLLM's null block)."""
+        per_request = self.request_bytes(
+            dtype, block_size, min(tokens, max_model_len), batched_tokens, max_model_len
+        )
+        usable = (mem.num_gpu_blocks - 1) * mem.page_bytes
+        return max(0, usable // per_request)
+
+    def preflight_ok(
+        self, mem: Memory, dtype: str, block_size: int, batched_tokens: int, max_model_len: int
+    ) -> bool:
+        """vLLM refuses to start unless one ``max_model_len`` request fits in the KV cache."""
+        need = self.request_bytes(dtype, block_size, max_model_len, batched_tokens, max_model_len)
+        return mem.num_gpu_blocks >= 2 and need <= (mem.num_gpu_blocks - 1) * mem.page_bytes
+
+    def largest_fitting_len(
+        self, mem: Memory, dtype: str, block_size: int, batched_tokens: int, ceiling: int
+    ) -> int:
+        """The largest max-model-len (a multiple of the block size) one request of which fits."""
+        lo, hi = 0, ceiling
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.preflight_ok(mem, dtype, block_size, batched_tokens, mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo

@@ -1,0 +1,52 @@
+"""What one pool's plan is asked for: ``PlanRequest`` (pure data), the ``CandidateScorer``
+hook the simulator implements, and ``session_tokens``, the session length at a quantile that
+several decisions read. ``planning`` re-exports all three."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kvtune.tuner.facts.capabilities import PINNED_VLLM_VERSION
+from kvtune.tuner.facts.gpus import GPUClass
+from kvtune.tuner.facts.models import ModelArchitecture
+from kvtune.tuner.kv_quality import KVQualityEvidence
+from kvtune.tuner.plan import CandidateScore, KVPlan
+from kvtune.tuner.planner.policy import PlanPolicy
+from kvtune.tuner.workload import WorkloadProfile
+
+
+class PlanRequest(BaseModel):
+    """Everything one pool's plan depends on (pure data)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: ModelArchitecture
+    gpu: GPUClass
+    tensor_parallel: int = Field(default=1, gt=0)
+    # "auto": the checkpoint's own (DeepSeek-V3: fp8), else the model's 16-bit dtype.
+    weights_dtype: str = "auto"
+    profile: WorkloadProfile
+    policy: PlanPolicy = PlanPolicy()
+    # A KV-quality measurement of this model revision (kvtune quality / the calibration Job);
+    # None: none exists, narrower dtypes are "unverified".
+    kv_quality_evidence: KVQualityEvidence | None = None
+    vllm_version: str = PINNED_VLLM_VERSION
+
+
+class CandidateScorer(Protocol):
+    """Scores candidate plans on the request's workload (the simulator implements it).
+    Must return one score per candidate, in the same order."""
+
+    def __call__(
+        self, request: PlanRequest, candidates: Sequence[KVPlan]
+    ) -> Sequence[CandidateScore]: ...
+
+
+def session_tokens(profile: WorkloadProfile, quantile: str) -> int:
+    """Prompt + output at one quantile (``p50``, ``p95``, ``p99``, ``max``)."""
+    ctx = getattr(profile.context_tokens, quantile)
+    out = getattr(profile.output_tokens, quantile)
+    return max(1, int(ctx) + int(out))

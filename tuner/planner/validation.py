@@ -1,0 +1,109 @@
+"""Inputs and pins that can never work, refused before any decision is made.
+
+Each check raises ``InvalidInput`` naming the field, the value and what vLLM would accept:
+tensor parallel must divide the attention heads; a pinned KV dtype, attention backend or
+block size must be one some backend of the pinned vLLM runs on this GPU; max-model-len (the
+pin or the policy's floor) must not exceed the model's ``max_position_embeddings``.
+FP8 weights on a GPU without native FP8 only warn (vLLM serves them, slower).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvtune.tuner.errors import InvalidInput
+from kvtune.tuner.facts.models import ModelArchitecture
+
+if TYPE_CHECKING:
+    from kvtune.tuner.facts.capabilities import AttentionFamily, RuntimeCapabilities
+    from kvtune.tuner.facts.weights import WeightsLoad
+    from kvtune.tuner.planner.backend_choice import BackendChooser
+    from kvtune.tuner.planner.request import PlanRequest
+
+
+def tensor_parallel_ok(model: ModelArchitecture, tp: int) -> bool:
+    """Whether vLLM 0.33 shards this model over ``tp`` GPUs: the attention heads must divide
+    evenly (ModelConfig.verify_with_parallel_config), and outside MLA the KV heads too, or be
+    replicated a whole number of times when fewer than the ranks (QKVParallelLinear:
+    ``divide(kv_heads, tp)`` or ``divide(tp, kv_heads)``, an assertion at load)."""
+    if model.num_attention_heads % tp:
+        return False
+    if model.is_mla:
+        return True
+    kv = model.num_kv_heads
+    return (kv % tp == 0) if tp < kv else (tp % kv == 0)
+
+
+def validate(
+    req: PlanRequest, runtime: RuntimeCapabilities, backends: BackendChooser,
+    attention: AttentionFamily, weights: WeightsLoad,
+) -> list[str]:
+    """Raises ``InvalidInput`` for what can never work; returns the warnings. Takes the run's
+    parts, not the ``PlanRun`` that calls it (that was an import cycle)."""
+    model, tp, gpu, pins = req.model, req.tensor_parallel, req.gpu, req.policy.pins
+    cc = gpu.compute_capability
+    warnings: list[str] = []
+    if not tensor_parallel_ok(model, tp):
+        what = (f"{model.num_attention_heads} attention heads"
+                + ("" if model.is_mla else f" and {model.num_kv_heads} KV heads"))
+        raise InvalidInput(
+            "tensor_parallel", tp,
+            f"{model.hf_id} has {what}; tensor parallel must divide them (or, for KV "
+            "heads fewer than the ranks, be a multiple of them): vLLM refuses otherwise. "
+            "Try " + (", ".join(str(t) for t in (1, 2, 4, 8) if tensor_parallel_ok(model, t))
+                      or "a checkpoint with other head counts"),
+        )
+    bits = weights.bits
+    if bits == 8 and not gpu.supports_fp8 and weights.weights_dtype == "fp8":
+        warnings.append(
+            f"{gpu.name} has no native FP8: vLLM serves FP8 weights there with "
+            "weight-only Marlin kernels (slower prefill)"
+        )
+    if pins.kv_cache_dtype is not None:
+        if pins.kv_cache_dtype not in runtime.kv_cache_dtype_names:
+            raise InvalidInput(
+                "pins.kv_cache_dtype", pins.kv_cache_dtype,
+                f"vLLM {runtime.vllm_version} accepts "
+                f"{', '.join(runtime.kv_cache_dtype_names)}",
+            )
+        dtype = runtime.dtype(pins.kv_cache_dtype)
+        reason = backends.dtype_unusable(dtype)
+        if reason is not None:
+            raise InvalidInput("pins.kv_cache_dtype", pins.kv_cache_dtype, reason)
+    if pins.attention_backend is not None:
+        backend = runtime.backend(pins.attention_backend)
+        if backend.attention != attention or not backend.runs_on(cc):
+            raise InvalidInput(
+                "pins.attention_backend", pins.attention_backend,
+                f"does not serve {attention} attention on compute capability "
+                f"{cc[0]}.{cc[1]} ({gpu.name}); allowed: "
+                + ", ".join(
+                    b.name for b in runtime.backends
+                    if b.attention == attention and b.runs_on(cc)
+                ),
+            )
+    if pins.block_size is not None:
+        allowed = backends.allowed_block_sizes(pins.kv_cache_dtype or "auto")
+        if not backends.block_size_ok(pins.kv_cache_dtype or "auto", pins.block_size):
+            raise InvalidInput(
+                "pins.block_size", pins.block_size,
+                f"no {attention}-attention backend of vLLM "
+                f"{runtime.vllm_version} on {gpu.name} accepts it for "
+                f"kv_cache_dtype={pins.kv_cache_dtype or 'auto'}; allowed: "
+                f"{allowed}",
+            )
+    floor = req.policy.min_max_model_len_tokens
+    if floor is not None and floor > model.max_position_embeddings:
+        raise InvalidInput(
+            "policy.min_max_model_len_tokens", floor,
+            f"above {model.hf_id}'s max_position_embeddings="
+            f"{model.max_position_embeddings}; lower it",
+        )
+    if pins.max_model_len is not None and pins.max_model_len > model.max_position_embeddings:
+        raise InvalidInput(
+            "pins.max_model_len", pins.max_model_len,
+            f"above {model.hf_id}'s max_position_embeddings="
+            f"{model.max_position_embeddings}; vLLM refuses it without "
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN",
+        )
+    return warnings
