@@ -14,11 +14,12 @@ import yaml
 @click.option("-f", "--file", "path", required=True, type=click.Path(exists=True, dir_okay=False),
               help="InferenceDeployment YAML (status, if present, adds the plan's expected "
                    "KV capacity).")
-@click.option("--format", "fmt", type=click.Choice(["prometheusrule", "rules"]),
+# -o is the output format in every kvtune command; --format: the former spelling.
+@click.option("-o", "--output", "--format", "fmt", type=click.Choice(["prometheusrule", "rules"]),
               default="prometheusrule", show_default=True,
               help="prometheusrule: a monitoring.coreos.com/v1 PrometheusRule; rules: a plain "
                    "rule file for Prometheus' rule_files.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+@click.option("--out-file", "output", type=click.Path(dir_okay=False), default=None,
               help="Write here instead of stdout.")
 @click.option("--namespace", default=None, help="Namespace when the file has none.")
 def alerts(path: str, fmt: str, output: str | None, namespace: str | None) -> None:
@@ -29,7 +30,7 @@ def alerts(path: str, fmt: str, output: str | None, namespace: str | None) -> No
     from kvtune.operator import alerts as render
 
     if output:
-        writable_file(output, "--output")
+        writable_file(output, "--out-file")
     try:
         docs = [d for d in yaml.safe_load_all(Path(path).read_text(encoding="utf-8")) if d]
     except (yaml.YAMLError, UnicodeDecodeError) as exc:

@@ -48,6 +48,12 @@ NEEDED = [
     ("patch", "", "services", "", WATCHED_NS),
     ("patch", "policy", "poddisruptionbudgets", "", WATCHED_NS),
     ("get", "", "configmaps", "", WATCHED_NS),
+    # The KV-quality calibration Job and its report ConfigMap (docs/quality.md).
+    ("create", "batch", "jobs", "", WATCHED_NS),
+    ("patch", "batch", "jobs", "", WATCHED_NS),
+    ("list", "batch", "jobs", "", WATCHED_NS),
+    ("create", "", "configmaps", "", WATCHED_NS),
+    ("patch", "", "configmaps", "", WATCHED_NS),
     ("patch", "monitoring.coreos.com", "prometheusrules", "", WATCHED_NS),
     ("delete", "monitoring.coreos.com", "prometheusrules", "", WATCHED_NS),
     ("patch", "monitoring.coreos.com", "podmonitors", "", WATCHED_NS),
@@ -68,6 +74,8 @@ FORBIDDEN = [
     ("patch", "", "nodes", "", ""),
     ("create", "", "pods", "", WATCHED_NS),
     ("list", "", "configmaps", "", WATCHED_NS),
+    ("delete", "batch", "jobs", "", WATCHED_NS),
+    ("delete", "", "configmaps", "", WATCHED_NS),
     ("update", "kvtune.io", "inferencedeployments", "status", WATCHED_NS),
     ("watch", "apps", "deployments", "", WATCHED_NS),
     ("watch", "", "pods", "", WATCHED_NS),
@@ -87,7 +95,6 @@ FORBIDDEN = [
     ("create", "rbac.authorization.k8s.io", "rolebindings", "", WATCHED_NS),
     ("patch", "rbac.authorization.k8s.io", "rolebindings", "", "kube-system"),
     ("create", "rbac.authorization.k8s.io", "clusterrolebindings", "", ""),
-    ("patch", "", "configmaps", "", WATCHED_NS),
     ("create", "rbac.authorization.k8s.io", "clusterroles", "", ""),
     ("create", "apiextensions.k8s.io", "customresourcedefinitions", "", ""),
 ]
@@ -446,7 +453,7 @@ def _deployment(namespace: str, *, privileged: bool = True, service_account: str
         spec["hostNetwork"] = True
     if service_account:
         spec["serviceAccountName"] = service_account
-    labels = {"app": name, "app.kubernetes.io/managed-by": "kvtune"}
+    labels = {"app": name, "kvtune.io/deployment": "chat"}
     return {"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": name, "namespace": namespace, "labels": labels},
             "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
@@ -513,6 +520,21 @@ def _attacks(api: Any, release: str) -> dict[str, Callable[[], Any]]:
                 RELEASE_NS, privileged=False)),
         "delete a Deployment kvtune did not create":
             lambda: apps.delete_namespaced_deployment("bystander", WATCHED_NS),
+        "take over a Deployment kvtune did not create by labelling it":
+            lambda: apps.patch_namespaced_deployment("bystander", WATCHED_NS, {
+                "metadata": {"labels": {"kvtune.io/deployment": "chat"}},
+                "spec": {"template": {"spec": {"containers": [
+                    {"name": "c", "image": "evil/image:latest"}]}}}}),
+        "rewrite a tenant's pod-template ConfigMap":
+            lambda: core.patch_namespaced_config_map("pod-template", WATCHED_NS, {
+                "data": {"pod.yaml.j2": "evil"}}),
+        "create a privileged hostPath / Job in a watched namespace":
+            lambda: client.BatchV1Api(api).create_namespaced_job(WATCHED_NS, {
+                "metadata": {"name": "pwn", "labels": {"kvtune.io/deployment": "chat"}},
+                "spec": {"template": {
+                    "metadata": {"labels": {"kvtune.io/deployment": "chat"}},
+                    "spec": {**_deployment(WATCHED_NS)["spec"]["template"]["spec"],
+                             "restartPolicy": "Never"}}}}),
     }
 
 
@@ -543,6 +565,9 @@ def victims(releases: dict[str, str], admin: Any) -> None:
         with contextlib.suppress(ApiException):
             core.create_namespaced_pod(ns, {"metadata": {"name": "victim"}, "spec": {
                 "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}})
+    with contextlib.suppress(ApiException):
+        core.create_namespaced_config_map(WATCHED_NS, {
+            "metadata": {"name": "pod-template"}, "data": {"pod.yaml.j2": "x"}})
     bystander = _deployment(WATCHED_NS, privileged=False, name="bystander")
     bystander["metadata"]["labels"] = {"app": "bystander"}
     bystander["spec"]["template"]["metadata"]["labels"] = {"app": "bystander"}

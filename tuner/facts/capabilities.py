@@ -56,7 +56,13 @@ class BackendCapability(BaseModel):
     quantized_kv_compute_capability_majors: tuple[int, ...] | None = None
     # Per-dtype major restrictions (NVFP4 on Blackwell).
     dtype_compute_capability_majors: dict[str, tuple[int, ...]] = {}
+    # Attention sinks (gpt-oss) only on these majors (``supports_sink``); None: on every one.
+    sink_compute_capability_majors: tuple[int, ...] | None = None
     notes: str = ""
+
+    def serves_sinks(self, compute_capability: tuple[int, int]) -> bool:
+        majors = self.sink_compute_capability_majors
+        return majors is None or compute_capability[0] in majors
 
     def runs_on(self, compute_capability: tuple[int, int]) -> bool:
         if self.compute_capability_min and compute_capability < self.compute_capability_min:
@@ -150,12 +156,15 @@ class RuntimeCapabilities(BaseModel):
         attention: AttentionFamily,
         compute_capability: tuple[int, int],
         block_size: int | None = None,
+        sinks: bool = False,
     ) -> BackendCapability | None:
         """The backend vLLM would pick for this dtype (and block size) on this GPU: the first
-        in its priority order that supports them, or None."""
+        in its priority order that supports them (and the model's attention sinks), or None."""
         dtype = self.dtype(dtype_name)
         for backend in self.backends_in_priority(attention, compute_capability):
             if not backend.supports_dtype(dtype, compute_capability):
+                continue
+            if sinks and not backend.serves_sinks(compute_capability):
                 continue
             if block_size is not None and not backend.accepts_block_size(
                 block_size, compute_capability

@@ -129,6 +129,9 @@ class ModelArchitecture(BaseModel):
     mla: MLAFacts | None = None
     moe: MoEFacts | None = None
     quantization: CheckpointQuantization | None = None
+    # Learned attention sinks per head (gpt-oss): no KV of their own, but only some vLLM
+    # attention backends serve them (``supports_sink``).
+    attention_sinks: bool = False
     # Parameters of a vision tower and its projector (multimodal checkpoints); part of
     # parameter_count, and never quantized by the language model's weight dtype.
     vision_parameter_count: int = Field(default=0, ge=0)
@@ -654,6 +657,8 @@ def _parse_hf_config(
             moe=moe,
             quantization=_quantization(cfg, num_layers),
             vision_parameter_count=vision,
+            # vLLM's GptOssForCausalLM always builds sinks (config.json has no flag for them).
+            attention_sinks=model_type == "gpt_oss",
             source=source,
         )
     except ValueError as exc:  # pydantic's ValidationError is a ValueError

@@ -27,8 +27,11 @@ class BackendChooser:
     def __init__(
         self, runtime: RuntimeCapabilities, attention: AttentionFamily,
         cc: tuple[int, int], pinned_backend: str | None, gpu_name: str, model_dtype: str,
+        sinks: bool = False,
     ) -> None:
         self.runtime = runtime
+        # The model has attention sinks (gpt-oss): only backends that serve them qualify.
+        self.sinks = sinks
         self.gpu_name = gpu_name
         self.model_dtype = model_dtype
         self.attention = attention
@@ -53,8 +56,11 @@ class BackendChooser:
                 return None
             if block_size is not None and not backend.accepts_block_size(block_size, self.cc):
                 return None
+            if self.sinks and not backend.serves_sinks(self.cc):
+                return None
             return backend
-        return self.runtime.select_backend(dtype_name, self.attention, self.cc, block_size)
+        return self.runtime.select_backend(dtype_name, self.attention, self.cc, block_size,
+                                           sinks=self.sinks)
 
     def dtype_unusable(self, dtype: KVCacheDType) -> str | None:
         """Why vLLM cannot run this dtype for this model on this GPU (None: it can)."""

@@ -60,7 +60,7 @@ class PlanRun:
         self.warnings: list[str] = []
         self.backends = BackendChooser(
             self.runtime, self.attention, self.cc, self.pins.attention_backend,
-            self.gpu.name, self.model_dtype)
+            self.gpu.name, self.model_dtype, sinks=self.model.attention_sinks)
         self.warnings += validation.validate(
             request, self.runtime, self.backends, self.attention, self.weights)
         self.weights_bytes = weights_bytes_per_gpu(

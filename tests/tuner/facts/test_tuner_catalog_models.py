@@ -57,3 +57,23 @@ def test_attention_layouts() -> None:
     # Per-GPU KV: 8 KV heads split at TP 8, replicated (one each) at TP 16 in vLLM.
     assert kv_bytes_per_token(get_model("meta-llama/Llama-3.1-405B-Instruct"), "auto", 8) == (
         126 * 2 * 1 * 128 * 2)
+
+
+@pytest.mark.parametrize(("gpu", "backend"), [
+    ("A100-80GB", "TRITON_ATTN"), ("L4", "TRITON_ATTN"), ("H100", "FLASH_ATTN"),
+    ("B200", "FLASHINFER")])
+def test_gpt_oss_attention_sinks_pick_a_backend_that_serves_them(gpu: str, backend: str) -> None:
+    # vLLM's supports_sink(): FlashAttention only as FA3/FA4 (SM 9.x/10.x), FlashInfer only
+    # through its TRT-LLM kernels (SM 10.x), Triton always. On Ampere/Ada gpt-oss runs on
+    # Triton, whose dtypes and block sizes the plan must then respect.
+    from kvtune.tuner.facts.gpus import get_gpu_class
+    from kvtune.tuner.planner.planning import PlanRequest, plan_pool
+    from kvtune.tuner.planner.presets import preset_profile
+
+    model = get_model("openai/gpt-oss-20b")
+    assert model.attention_sinks
+    assert not get_model("meta-llama/Llama-3.1-8B-Instruct").attention_sinks
+    pool = plan_pool(PlanRequest(model=model, gpu=get_gpu_class(gpu),
+                                 profile=preset_profile("chat")))
+    (reason,) = [r for r in pool.reasons if r.knob == "attention-backend"]
+    assert reason.choice == f"auto ({backend})"
