@@ -53,7 +53,7 @@ served; get + delete to remove kvtune's own when spec.monitoring switches them o
 {{/* The KV-quality calibration (docs/quality.md): the Job that measures a narrower KV dtype
 on the pool's nodes (server-side apply; list by label to find this InferenceDeployment's Jobs
 and read their status) and the report ConfigMap per model revision (server-side apply; read
-with the "reads" concern's get). The Job's pods are listed with the "runtime" concern's list. */}}
+with the "reads" concern's get). The Job's pods are listed with the "pods" concern's list. */}}
 {{- define "kvtune.rules.calibration" -}}
 - apiGroups: [batch]
   resources: [jobs]
