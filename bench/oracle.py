@@ -66,7 +66,7 @@ SETTINGS = (
     Setting("long-context: 70B fp8, B200, Mooncake at 0.25x", "mooncake",
             "meta-llama/Llama-3.3-70B-Instruct", "B200", "fp8", 0.25, 10.0, 0.1),
 )
-REQUESTS = 1200
+REQUESTS = 800
 
 
 def _window(trace: Trace, n: int, speed: float) -> Trace:
