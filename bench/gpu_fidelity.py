@@ -10,7 +10,8 @@ What it measures, each beside what kvtune assumes for that GPU class:
    Llama 3.1 8B, bf16, SDPA attention) runs one forward pass over the planned batched-token
    budget, then the sampler's work over max-num-seqs logits as vLLM 0.33's PyTorch path does
    it (fp32 logits, sort, top-k/top-p masks, softmax, exponential noise); the allocator's peak
-   increase of each phase against the planner's activation estimate and its terms. vLLM itself
+   increase of each phase against the planner's activation estimate and its two branches
+   (the forward-pass term, the sampler term). vLLM itself
    is not run: on CUDA it samples with a Triton kernel that needs less than the sort, so the
    sampler phase here is an upper bound of vLLM's;
 3. decode-attention bandwidth: SDPA with one query token per sequence over a bf16 KV cache
@@ -107,6 +108,7 @@ def kvtune_inputs(model_id: str, gpu_name: str, batched_tokens: int | None = Non
                 version_memory(PINNED_VLLM_VERSION).sampler] * terms.logits),
             "hidden_bytes": round(coefs.hidden_state_copies * terms.hidden_bytes),
             "moe_workspace_bytes": round(coefs.moe_workspace_factor * terms.moe_workspace_bytes),
+            "forward_bytes": terms.forward_bytes,
             "base_bytes": round(coefs.activation_base_gib * GiB),
         },
     }
@@ -427,7 +429,9 @@ def summary(result: dict[str, Any]) -> str:
         f"measured {act['measured_peak_bytes'] / GiB:.2f} GiB (forward "
         f"{act['forward_peak_bytes'] / GiB:.2f}, sampler {act['sampler_peak_bytes'] / GiB:.2f}),"
         f" planner {act['planner_activation_bytes'] / GiB:.2f} GiB "
-        f"(x{act['planner_over_measured']:.2f})")
+        f"(x{act['planner_over_measured']:.2f}; its forward term "
+        f"{act['planner_terms']['forward_bytes'] / GiB:.2f}, sampler term "
+        f"{act['planner_terms']['sampler_bytes'] / GiB:.2f})")
     lines.append(
         f"  decode attention {bw['decode_attention']['bytes_per_second'] / 1e12:.2f} TB/s = "
         f"{bw['decode_fraction_of_datasheet']:.2f} of datasheet, copy "

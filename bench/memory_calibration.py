@@ -7,7 +7,8 @@ Leave-one-out: for each row kvtune can predict, the coefficients are refitted wi
 (and without the rows that repeat it), then the row's KV tokens ("GPU KV cache size") and its
 non-KV GiB (weights + activation + non-torch [+ CUDA graphs where deducted]) are predicted the
 way ``kvtune plan`` figures them: the planner's weights, vLLM's page layout. A second column
-uses the logged weights instead, to separate the non-KV model from the weights model.
+uses the logged weights instead, to separate the non-KV model from the weights model (rows
+whose model is not in the catalog, but whose config facts the table carries, always use them).
 
     .venv/bin/python bench/memory_calibration.py [--rows] [--write]
 
@@ -57,7 +58,7 @@ def baseline_tokens(row: StartupLog, *, logged_weights: bool = False) -> tuple[i
     total = memory_fit.cuda_total_bytes(row)
     assert model is not None and total is not None and row.gpu_memory_utilization is not None
     assert row.max_model_len is not None
-    if logged_weights and row.logged.weights_gib is not None:
+    if (logged_weights or row.shape_of is None) and row.logged.weights_gib is not None:
         weights = round(row.logged.weights_gib * GiB)
     else:
         weights = weights_bytes_per_gpu(model, row.weights_dtype, row.tensor_parallel)

@@ -14,11 +14,12 @@ import yaml
 @click.option("-f", "--file", "path", required=True, type=click.Path(exists=True, dir_okay=False),
               help="InferenceDeployment YAML (status, if present, adds the plan's expected "
                    "KV capacity).")
-@click.option("--format", "fmt", type=click.Choice(["prometheusrule", "rules"]),
+# -o is the output format in every kvtune command; --format: the former spelling.
+@click.option("-o", "--output", "--format", "fmt", type=click.Choice(["prometheusrule", "rules"]),
               default="prometheusrule", show_default=True,
               help="prometheusrule: a monitoring.coreos.com/v1 PrometheusRule; rules: a plain "
                    "rule file for Prometheus' rule_files.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+@click.option("--out-file", "output", type=click.Path(dir_okay=False), default=None,
               help="Write here instead of stdout.")
 @click.option("--namespace", default=None, help="Namespace when the file has none.")
 def alerts(path: str, fmt: str, output: str | None, namespace: str | None) -> None:
@@ -27,9 +28,10 @@ def alerts(path: str, fmt: str, output: str | None, namespace: str | None) -> No
 
     from kvtune.cli.outputs import writable_file
     from kvtune.operator import alerts as render
+    from kvtune.operator.api import InferenceDeploymentSpec
 
     if output:
-        writable_file(output, "--output")
+        writable_file(output, "--out-file")
     try:
         docs = [d for d in yaml.safe_load_all(Path(path).read_text(encoding="utf-8")) if d]
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
@@ -55,8 +57,15 @@ def alerts(path: str, fmt: str, output: str | None, namespace: str | None) -> No
                 f"(got {first.get('input')!r})") from exc
         except ValueError as exc:
             raise click.ClickException(f"{path}: {doc['metadata'].get('name')}: {exc}") from exc
-        out.append(render.prometheus_rule(inputs) if fmt == "prometheusrule"
-                   else render.rule_file(inputs))
+        if fmt == "prometheusrule":
+            # The same object the operator applies, with spec.monitoring.prometheusRule.labels
+            # for the Prometheus ruleSelector.
+            rule = render.prometheus_rule(inputs)
+            spec = InferenceDeploymentSpec.model_validate(doc.get("spec") or {})
+            rule["metadata"]["labels"].update(spec.monitoring.prometheus_rule.labels or {})
+            out.append(rule)
+        else:
+            out.append(render.rule_file(inputs))
     if not out:
         raise click.ClickException(f"--file={path!r}: no InferenceDeployment in the file")
     if fmt == "rules":  # one rule file: all groups together

@@ -42,3 +42,37 @@ def pin_options(command: F) -> F:
 
 def pins_from(opts: dict[str, Any]) -> Pins:
     return Pins(**{k.name: opts[k.name] for k in PINNABLE})
+
+
+# --- one spelling per concept across subcommands (issue 14 item 12) ---------------------------
+
+
+def model_option(dest: str = "model", required: bool = False, help_: str = "") -> Callable[[F], F]:
+    return click.option("-m", "--model", dest, required=required,
+                        help=help_ or "Catalog id (Hugging Face id, or its last part) or a path "
+                        "to a config.json.")
+
+
+def gpu_option(dest: str = "gpu", required: bool = False, help_: str = "") -> Callable[[F], F]:
+    from kvtune.tuner.facts.gpus import list_gpu_classes
+
+    return click.option("-g", "--gpu", dest, required=required,
+                        help=(help_ + " " if help_ else "") + "GPU class: "
+                        + ", ".join(list_gpu_classes()) + " (or a node label value, or a "
+                        "custom class 'NAME:memory=...,bandwidth=...,bf16=...,cc=M.m').")
+
+
+def tp_option(dest: str = "tp") -> Callable[[F], F]:
+    # --tensor-parallel: replay's former spelling, kept as a second name.
+    return click.option("--tp", "--tensor-parallel", dest, type=click.IntRange(min=1),
+                        default=1, show_default=True,
+                        help="Tensor-parallel degree (GPUs per replica).")
+
+
+def weights_dtype_option() -> Callable[[F], F]:
+    from kvtune.tuner.facts.weights import WEIGHTS_DTYPES
+
+    return click.option("--weights-dtype", type=click.Choice(WEIGHTS_DTYPES,
+                        case_sensitive=False), default="auto", show_default=True,
+                        help="auto: the checkpoint's own; others quantize or widen as vLLM "
+                        "loads them.")

@@ -16,7 +16,14 @@ from typing import Any
 
 import click
 
-from kvtune.cli.options import pin_options, pins_from
+from kvtune.cli.options import (
+    gpu_option,
+    model_option,
+    pin_options,
+    pins_from,
+    tp_option,
+    weights_dtype_option,
+)
 from kvtune.tuner.errors import KVTuneError
 from kvtune.tuner.facts import catalog, gpus
 from kvtune.tuner.facts.capabilities import PINNED_VLLM_VERSION, get_runtime
@@ -27,6 +34,7 @@ from kvtune.tuner.kv_quality import (
     KVQualityEvidence,
     KVQualityPolicy,
     evidence_from_report,
+    gate_one,
 )
 from kvtune.tuner.plan import PoolPlan
 from kvtune.tuner.planner.planning import PlanRequest, kv_capacity_by_dtype, plan_pool
@@ -123,6 +131,10 @@ def dtype_comparison(request: PlanRequest) -> list[dict[str, Any]]:
             "scale_overhead": round(per_token / pure - 1.0, 6) if pure else 0.0,
             "concurrent_sequences": count,
             "vs_16bit": round(count / base_sessions, 2) if base_sessions else None,
+            # The KV-quality gate's verdict on this dtype (docs/quality.md).
+            "quality": gate_one(name, request.kv_quality_evidence,
+                                request.policy.kv_quality).model_dump(
+                                    include={"allowed", "code", "detail"}),
         })
     return rows
 
@@ -252,12 +264,10 @@ def _models_help() -> str:
     epilog="MODEL is a catalog id (Hugging Face id, or its last part) or a path to a "
     "config.json. Run `kvtune plan --list` to see the catalog and GPU classes.",
 )
-@click.option("--model", "-m", help="Catalog id or path to a config.json.")
-@click.option("--gpu", "-g", help="GPU class (H100, H100-NVL, H200, B200, ...) or a label value.")
-@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Tensor-parallel degree.")
-@click.option("--weights-dtype", default="auto", show_default=True,
-              help="auto (the checkpoint's own), bf16, fp16, fp8, int8, int4, awq, gptq.")
+@model_option()
+@gpu_option()
+@tp_option()
+@weights_dtype_option()
 @click.option("--context-tokens", type=click.IntRange(min=2),
               help="Session length (prompt+output). With --workload: rescales its p95.")
 @click.option("--workload", type=click.Choice(PRESET_KINDS), help="Workload preset.")

@@ -26,7 +26,7 @@ from kvtune.tuner.kv_quality import DEFAULT_MAX_KV_QUANTIZATION_KL
 @click.option("--max-kl", type=float, default=DEFAULT_MAX_KV_QUANTIZATION_KL,
               show_default=True, help="The verdict's limit on mean next-token KL (nats), "
               "as quality.maxKVQuantizationKL.")
-@click.option("--output", "-o", type=click.Path(path_type=Path), default=None,
+@click.option("--out-file", "output", type=click.Path(path_type=Path), default=None,
               help="Write the full report (JSON) here.")
 def quality(model: Path, dtypes: str, device: str, max_prompt_tokens: int,
             prompts: Path | None, revision: str | None, max_kl: float,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from kvtune.cli.options import gpu_option, model_option, tp_option
 from kvtune.replay.exporter import ENGINES, Replay, ReplayServer, parse_config_overrides
 from kvtune.replay.instance import InstanceConfig
 from kvtune.replay.sim import Hardware
@@ -35,11 +36,11 @@ from kvtune.tuner.errors import KVTuneError
 @click.option("--engine", type=click.Choice(ENGINES), default="simulator", show_default=True,
               help="simulator: kvtune's simulator (the planner's block pool, scheduler and "
                    "step times); simple: a small fixed-step instance model.")
-@click.option("--model", "catalog_model", default=None,
-              help="Simulator engine: a catalog model; with --gpu, num_gpu_blocks comes from "
-                   "the planner's KV math unless --config num_gpu_blocks=N pins it.")
-@click.option("--gpu", "gpu_name", default=None, help="Simulator engine: GPU class (H100...).")
-@click.option("--tensor-parallel", default=1, show_default=True, type=int)
+@model_option("catalog_model", help_="Simulator engine: a catalog model; with --gpu, "
+              "num_gpu_blocks comes from the planner's KV math unless --config "
+              "num_gpu_blocks=N pins it.")
+@gpu_option("gpu_name", help_="Simulator engine:")
+@tp_option("tensor_parallel")
 @click.option("--follow-deployment", default=None, metavar="NAMESPACE/NAME",
               help="Poll this Deployment's vllm container args and restart the instance "
                    "with them when they change (a rollout).")

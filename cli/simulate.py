@@ -23,6 +23,7 @@ from typing import Any
 
 import click
 
+from kvtune.cli.options import gpu_option, model_option, tp_option, weights_dtype_option
 from kvtune.cli.outputs import plot_file, writable_file
 from kvtune.tuner.errors import InvalidInput, KVTuneError
 from kvtune.tuner.facts import catalog, gpus
@@ -34,7 +35,7 @@ from kvtune.tuner.simulator import compare
 from kvtune.tuner.simulator.engine import SimulatedPlan
 from kvtune.tuner.simulator.metrics import SimResult, SLOTargets
 from kvtune.tuner.simulator.scoring import DEFAULT_SAMPLE_REQUESTS, SimulatorScorer
-from kvtune.tuner.simulator.workload import requests_from_trace
+from kvtune.tuner.simulator.workload import SimRequest, requests_from_trace
 from kvtune.tuner.traces import load_trace
 
 _COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -110,11 +111,10 @@ def _row(config: SimulatedPlan, result: SimResult | None, slo: SLOTargets | None
 @click.command("simulate")
 @click.option("--trace", "trace_path", type=click.Path(exists=True, dir_okay=False,
               path_type=Path), required=True, help="Azure CSV or Mooncake JSONL trace.")
-@click.option("--model", required=True, help="Model id from the catalog (kvtune plan --help).")
-@click.option("--gpu", "gpu_name", required=True, help="GPU class: H100, H200, B200.")
-@click.option("--tp", "tensor_parallel", type=int, default=1, show_default=True,
-              help="Tensor-parallel GPUs per replica.")
-@click.option("--weights-dtype", default="auto", show_default=True)
+@model_option(required=True)
+@gpu_option("gpu_name", required=True)
+@tp_option("tensor_parallel")
+@weights_dtype_option()
 @click.option("--vllm-version", default=PINNED_VLLM_VERSION, show_default=True,
               help="vLLM version whose memory accounting and defaults to model "
               "(the versions kvtune is calibrated for).")
@@ -140,6 +140,11 @@ def _row(config: SimulatedPlan, result: SimResult | None, slo: SLOTargets | None
               path_type=Path), default=None,
               help="Write one JSON line per configuration and request: arrival, TTFT, TPOT, "
               "whether it met the SLO.")
+@click.option("--engine", type=click.Choice(["simulator", "vllm"]), default="simulator",
+              show_default=True,
+              help="Who schedules: kvtune's simulator, or vLLM 0.33.0's own scheduler (the "
+              "exact reference, ~50-80x slower; needs pip install 'kvtune[vllm]'). Both use "
+              "kvtune's step-time model and vLLM's default async scheduling.")
 @click.option("-o", "--output", "output_format", type=click.Choice(["table", "json"]),
               default="table", show_default=True)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -148,7 +153,7 @@ def simulate(
     trace_path: Path, model: str, gpu_name: str, tensor_parallel: int, weights_dtype: str,
     vllm_version: str, speed: float, limit: int | None, config_pairs: tuple[str, ...],
     compare_names: str, score_sample: int, ttft_slo: float | None, tpot_slo: float | None,
-    per_request_path: Path | None, output_format: str, plot_path: Path | None,
+    per_request_path: Path | None, engine: str, output_format: str, plot_path: Path | None,
 ) -> None:
     """Replay a trace through the KV-cache simulator and compare configurations."""
     # Outputs are checked before the replay, which can take a while on a long trace.
@@ -175,13 +180,16 @@ def simulate(
         )
         scorer = (SimulatorScorer.from_trace(trace, limit=score_sample, speed=speed)
                   if score_sample > 0 else None)
+        if engine == "vllm" and "contiguous" in names:
+            raise InvalidInput("--compare", "contiguous", "vLLM only allocates paged blocks: "
+                               "drop 'contiguous' with --engine vllm")
         configs = compare.configurations(request, names, overrides, scorer)
         requests = requests_from_trace(trace, speed=speed, limit=limit)
         rows = []
         results: list[SimResult] = []
         for config in configs:
             t0 = time.perf_counter()
-            result = compare.run(requests, [config])[0] if config.starts else None
+            result = _replay(engine, requests, config) if config.starts else None
             row = _row(config, result, slo)
             row["wall_seconds"] = round(time.perf_counter() - t0, 3)
             rows.append(row)
@@ -242,6 +250,15 @@ def _write_per_request(path: Path, results: list[SimResult], slo: SLOTargets | N
         raise click.ClickException(
             f"--per-request={str(path)!r}: cannot write ({exc.strerror}); pass a writable "
             "file path") from exc
+
+
+def _replay(engine: str, requests: list[SimRequest], config: SimulatedPlan) -> SimResult:
+    if engine == "vllm":
+        # Lazy: vLLM and torch are an optional extra, and take ~10-20 s to import.
+        from kvtune.oracle.vllm_engine import simulate_vllm
+
+        return simulate_vllm(requests, config.engine, config.cost, name=config.name)
+    return compare.run(requests, [config])[0]
 
 
 def _finite(value: Any) -> Any:

@@ -52,6 +52,9 @@ COMPONENTS: dict[str, Component] = {
     ),
     "kwok": Component("kwok", "kwok", "sigs.k8s.io/kwok", ("kwok",)),
     "helm": Component("helm", "helm", "helm.sh/helm/v3", ("helm",), "k8s.io/client-go"),
+    # The Gateway API Inference Extension's endpoint picker: the routing tests run it on the
+    # configuration kvtune renders.
+    "epp": Component("epp", "gie", "sigs.k8s.io/gateway-api-inference-extension", ("epp",)),
 }
 
 

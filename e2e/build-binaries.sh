@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Builds the real control-plane binaries (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kwok, helm) from the Go module proxy, pinned by the go.mod/go.sum files under
+# kube-scheduler, kwok, helm, and the Gateway API Inference Extension's endpoint picker) from the Go module proxy, pinned by the go.mod/go.sum files under
 # e2e/gomod/, and caches them by version under ${KVTUNE_CACHE:-~/.cache/kvtune}/bin/<name>-<version>/.
 # A cached binary is never rebuilt; a cold build takes 15-40 minutes on 2 cores.
 #
 #   e2e/build-binaries.sh                 all components
-#   e2e/build-binaries.sh etcd kwok       only these (etcd kube kwok helm)
+#   e2e/build-binaries.sh etcd kwok       only these (etcd kube kwok helm epp)
 #
 # Each component's `go build -v` output goes to $cache/logs/build-<name>-<version>.log; on failure
 # the last lines and that path are printed and the exit status is 1. Concurrent callers (the
@@ -65,7 +65,7 @@ build() {
   exec {lock}>&-
 }
 
-want=${*:-etcd kube kwok helm}
+want=${*:-etcd kube kwok helm epp}
 for w in $want; do
   case $w in
     etcd) v=$(required etcd go.etcd.io/etcd/server/v3) || exit 1
@@ -97,6 +97,9 @@ for w in $want; do
         helm_ld="$helm_ld -X helm.sh/helm/v3/$pkg.k8sVersionMajor=$kube_major -X helm.sh/helm/v3/$pkg.k8sVersionMinor=$kube_minor"
       done
       build helm "$helm_version-kube$kube_major.$kube_minor" "$gomod/helm" "$helm_ld" helm.sh/helm/v3/cmd/helm ;;
-    *) log "FAILED: unknown component '$w' (choose from: etcd kube kwok helm)"; exit 2 ;;
+    epp) v=$(required gie sigs.k8s.io/gateway-api-inference-extension) || exit 1
+      # The endpoint picker that reads the routing configuration kvtune renders (tests run it).
+      build epp "$v" "$gomod/gie" "-s -w" sigs.k8s.io/gateway-api-inference-extension/cmd/epp ;;
+    *) log "FAILED: unknown component '$w' (choose from: etcd kube kwok helm epp)"; exit 2 ;;
   esac
 done

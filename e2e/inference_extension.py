@@ -1,29 +1,30 @@
 """The Gateway API Inference Extension's CRDs, from the Go module proxy, for the local cluster.
 
-The version is the one ``e2e/gomod/gie/go.mod`` pins. ``go mod download -json MODULE@VERSION``
-fetches the module into Go's module cache (once) and says where it is; the CRDs are the
-release's own ``config/crd/bases/*.yaml``. Nothing is copied into the repository.
+The version is the one ``e2e/gomod/gie/go.mod`` pins (the ``epp`` component of e2e/binaries).
+``go mod download -json MODULE@VERSION`` fetches the module into Go's module cache (once) and
+says where it is; the CRDs are the release's own ``config/crd/bases/*.yaml``. Nothing is
+copied into the repository.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 from pathlib import Path
 
-from kvtune.e2e.binaries import gomod_dir
+from kvtune.e2e.binaries import COMPONENTS, ensure_built, required_version
 from kvtune.e2e.errors import ClusterError
 
 MODULE = "sigs.k8s.io/gateway-api-inference-extension"
 
 
 def pinned_version() -> str:
-    text = (gomod_dir() / "gie" / "go.mod").read_text()
-    match = re.search(rf"^\s*require\s+{re.escape(MODULE)}\s+(v\S+)", text, re.M)
-    if match is None:
-        raise ClusterError(f"e2e/gomod/gie/go.mod does not require {MODULE}")
-    return match.group(1)
+    return required_version(COMPONENTS["epp"])
+
+
+def endpoint_picker() -> Path:
+    """The endpoint picker binary (``cmd/epp``), built by e2e/build-binaries.sh on first use."""
+    return ensure_built(["epp"])["epp"]
 
 
 def module_dir(version: str | None = None) -> Path:
@@ -33,15 +34,17 @@ def module_dir(version: str | None = None) -> Path:
         out = subprocess.run(["go", "mod", "download", "-json", ref], capture_output=True,
                              text=True, timeout=600, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ClusterError(f"go mod download {ref}: {exc}") from exc
+        raise ClusterError("gateway-api-inference-extension",
+                           f"go mod download {ref}: {exc}") from exc
     try:
         info = json.loads(out.stdout)
     except json.JSONDecodeError:
         info = {}
     if out.returncode != 0 or "Dir" not in info:
         detail = info.get("Error") or out.stderr.strip()[-300:]
-        raise ClusterError(f"go mod download {ref} failed: {detail} (the Go module proxy must "
-                           f"be reachable, or GOFLAGS=-mod=mod with a warm module cache)")
+        raise ClusterError("gateway-api-inference-extension",
+                           f"go mod download {ref} failed: {detail} (the Go module proxy must "
+                           f"be reachable, or the module already in Go's module cache)")
     return Path(info["Dir"])
 
 
@@ -49,5 +52,6 @@ def crd_paths(version: str | None = None) -> list[Path]:
     """The release's CRD manifests (InferencePool v1, and the x-k8s.io alpha kinds)."""
     paths = sorted((module_dir(version) / "config" / "crd" / "bases").glob("*.yaml"))
     if not paths:
-        raise ClusterError(f"{MODULE}: no CRDs under config/crd/bases")
+        raise ClusterError("gateway-api-inference-extension", f"{MODULE}: no CRDs under "
+                           f"config/crd/bases")
     return paths

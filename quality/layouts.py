@@ -198,8 +198,9 @@ def nvfp4_store(x: F32, global_scale: float = 1.0) -> NVFP4:
     sf = np.where(amax > 0, (amax / (_F(6.0) * g)).astype(np.float32), _F(0.0))
     sf_bits = E4M3.encode(sf.astype(np.float32))
     sf_rounded = E4M3.decode(sf_bits).astype(np.float32)
-    out_scale = np.where((amax > 0) & (sf_rounded > 0),
-                         (_F(1.0) / (sf_rounded * g).astype(np.float32)), _F(0.0))
+    with np.errstate(divide="ignore"):  # the zero-scale lanes are masked out
+        out_scale = np.where((amax > 0) & (sf_rounded > 0),
+                             (_F(1.0) / (sf_rounded * g).astype(np.float32)), _F(0.0))
     scaled = (blocks * out_scale[..., None].astype(np.float32)).astype(np.float32)
     codes = E2M1.encode(scaled).reshape(x32.shape)
     packed = (codes[..., 0::2] & 0xF) | ((codes[..., 1::2] & 0xF) << 4)

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from kvtune.quality import checkpoint, layouts
+from kvtune.quality import checkpoint, layouts, layouts_torch
 from kvtune.quality.report import (
     ATTENTION_ERROR_FLAG,
     RANDOM_INIT_NOTE,
@@ -219,25 +219,22 @@ class _Hook:
 
     def _quantize(self, dtype: str, layer: int, query: Any, key: Any, value: Any
                   ) -> tuple[Any, Any, Any]:
-        import torch
-
+        """On the model's device through ``layouts_torch`` (bit-identical to the numpy
+        reference ``layouts``; tests/quality/test_quality_layouts_torch.py)."""
         lay = layouts.layout(dtype)
         k_scale, v_scale, q_scale = layer_scales(self.loaded, layer)
         act = self.loaded.activation_dtype
 
         def side(x: Any, scale: Any) -> Any:
-            # [batch, heads, tokens, dim] -> [tokens, heads, dim] per sequence, and back.
-            outs = []
-            for b in range(x.shape[0]):
-                arr = x[b].transpose(0, 1).float().cpu().numpy()
-                outs.append(torch.from_numpy(lay.roundtrip(arr, scale, act)).transpose(0, 1))
-            return torch.stack(outs).to(x.device)
+            # [batch, heads, tokens, dim]: the layouts work per (token, head) over dim, so
+            # [batch * tokens, heads, dim] is the same computation.
+            flat = x.transpose(1, 2).reshape(-1, x.shape[1], x.shape[3])
+            out = layouts_torch.roundtrip(dtype, flat, scale, act)
+            return out.reshape(x.shape[0], x.shape[2], x.shape[1], x.shape[3]).transpose(1, 2)
 
         q = query
         if lay.quantizes_query:  # FlashAttention 3 / FlashInfer read Q in fp8 too
-            q = torch.stack([torch.from_numpy(layouts.quantize_query(
-                query[b].transpose(0, 1).float().cpu().numpy(), float(np.max(q_scale))))
-                .transpose(0, 1) for b in range(query.shape[0])]).to(query.device)
+            q = layouts_torch.fp8_per_tensor(query, float(np.max(q_scale)))
         return q, side(key, k_scale), side(value, v_scale)
 
     def attention(self, module: Any, query: Any, key: Any, value: Any, attention_mask: Any,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything kvtune's demo and tests need, idempotently: Debian packages
-# (prometheus + promtool, lua5.1 for the Argo CD health check), a virtualenv with kvtune and its
-# dev tools, the pinned vLLM wheel's source files (for the contract tests), and the Go-built
+# (prometheus + promtool, lua5.1 for the Argo CD health check), a virtualenv with kvtune, its
+# dev tools and vLLM 0.33.0 itself (the kvtune[vllm] extra, for the differential tests), the
+# pinned vLLM wheel's source files (for the contract tests), and the Go-built
 # control-plane binaries (cached under ~/.cache/kvtune; a cold build takes a long time).
 #   scripts/setup.sh            everything
 #   scripts/setup.sh python     only the virtualenv
@@ -72,12 +73,19 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.kvtune-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  # [quality]: torch + transformers for tests/quality (the vllm extra brings them too); a
-  # local wheel folder (~/.cache/kvtune/wheels-vllm) saves downloading torch again.
+  # kvtune[vllm] brings vLLM 0.33.0 and torch (~9 GB installed): the differential tests drive
+  # vLLM's own scheduler ([quality]'s torch and transformers come with it). uv unpacks each
+  # wheel once into a shared cache and hardlinks it into every venv, so a second checkout
+  # costs seconds and ~0.5 GB, not another 9 GB. A local wheel folder
+  # (~/.cache/kvtune/wheels-vllm, from `pip download vllm==0.33.0`) is used first when
+  # present; PyPI otherwise.
+  log "installing kvtune[dev,quality,vllm] (cold: ~4 GB of wheels to download; warm: seconds)"
+  .venv/bin/pip install -q 'uv>=0.9,<1'
+  export UV_CACHE_DIR=${UV_CACHE_DIR:-$HOME/.cache/kvtune/uv}
+  wheels=$HOME/.cache/kvtune/wheels-vllm
   links=()
-  [ -d "$HOME/.cache/kvtune/wheels-vllm" ] && links=(--find-links "$HOME/.cache/kvtune/wheels-vllm")
-  log "pip install -e .[dev,quality]"
-  .venv/bin/pip install -q "${links[@]}" -e '.[dev,quality]'
+  [ -d "$wheels" ] && links=(--find-links "$wheels")
+  .venv/bin/uv pip install -q --python .venv/bin/python "${links[@]}" -e '.[dev,quality,vllm]'
   touch "$stamp"
 fi
 [ "$what" = python ] && exit 0

@@ -88,3 +88,11 @@ def test_prepare_writes_what_a_machine_without_kvtune_needs(tmp_path: Path) -> N
     assert inputs["config"]["hidden_size"] == 4096
     assert 1.5 * (1 << 30) < inputs["planner_activation_bytes"] < 2.5 * (1 << 30)
     assert json.loads(json.dumps(inputs)) == inputs
+
+
+def test_the_planner_terms_name_both_branches_of_the_peak() -> None:
+    inputs = GF.kvtune_inputs("meta-llama/Llama-3.1-8B-Instruct", "H200")
+    terms = inputs["planner_terms"]
+    # 8,192 tokens x (3 x 14,336 + 3 x 4,096) x 2 B: what the GPU run's forward pass is held to.
+    assert terms["forward_bytes"] == 8192 * (3 * 14336 + 3 * 4096) * 2
+    assert terms["sampler_bytes"] > terms["forward_bytes"]

@@ -77,8 +77,8 @@ def test_alerts_with_bad_yaml_or_an_unwritable_output(tmp_path: Path) -> None:
     _one_line_error(result, "--file", "not valid YAML", "line 2")
     target = tmp_path / "nope" / "rules.yaml"
     result = CliRunner().invoke(cli, ["alerts", "-f", str(REPO / "examples/support-bot.yaml"),
-                                      "-o", str(target)])
-    _one_line_error(result, "--output", "does not exist")
+                                      "--out-file", str(target)])
+    _one_line_error(result, "--out-file", "does not exist")
     assert not target.exists()
 
 

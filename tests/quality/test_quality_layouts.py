@@ -3,12 +3,13 @@ the interpreter), torch's own float8 types, and cases computed by hand."""
 
 from __future__ import annotations
 
-# vllm_kernels sets TRITON_INTERPRET before triton is imported; it must come first.
-import vllm_kernels  # isort: skip
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
+import vllm_kernels
 
 from kvtune.quality import hadamard, layouts
 from kvtune.quality.minifloat import E2M1, E4M3, E5M2, Minifloat
@@ -26,6 +27,32 @@ def _kv(seed: int, tokens: int = 9, heads: int = 2, dim: int = 128, outlier: flo
     key[0, 0] = 0.0  # an all-zero head: the 1e-6 scale floor
     value = torch.randn(tokens, heads, dim, generator=gen) * 0.05
     return key.to(torch.bfloat16), value.to(torch.bfloat16)
+
+
+PER_TENSOR_SCALES = [(1.0, 1.0), (0.37, 0.011)]
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.float().numpy()
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """vLLM's kernels on every case of this module, in one interpreter child process."""
+    cases: dict[str, vllm_kernels.Case] = {}
+    k, v = _kv(1, outlier=600.0)  # beyond 448 at scale 1.0: saturation
+    for ks, vs in PER_TENSOR_SCALES:
+        cases[f"per_tensor-{ks}"] = ("per_tensor_fp8_prestore", {
+            "key": _np(k), "value": _np(v), "k_scale": ks, "v_scale": vs})
+    k, v = _kv(2, outlier=40.0)
+    cases["int8"] = ("per_token_head", {"key": _np(k), "value": _np(v), "kind": "int8"})
+    k, v = _kv(3, outlier=40.0)
+    cases["fp8_pth"] = ("per_token_head", {"key": _np(k), "value": _np(v), "kind": "fp8"})
+    k, v = _kv(4, outlier=25.0)
+    cases["int4"] = ("int4", {"key": _np(k), "value": _np(v)})
+    results = vllm_kernels.run_cases(cases, Path(tmp_path_factory.mktemp("vllm-kernels")))
+    results["inputs"] = {name: args for name, (_, args) in cases.items()}
+    return results
 
 
 # --- fp8 / fp4 formats vs torch -------------------------------------------------------------
@@ -83,13 +110,15 @@ def test_e2m1_rounds_as_flashinfer_thresholds() -> None:
 # --- per-tensor fp8 ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("k_scale", "v_scale"), [(1.0, 1.0), (0.37, 0.011)])
-def test_per_tensor_fp8_matches_vllm_kernel_and_torch(k_scale: float, v_scale: float) -> None:
-    key, value = _kv(1, outlier=600.0)  # beyond 448 at scale 1.0: saturation
-    k_pre, v_pre = vllm_kernels.per_tensor_fp8_prestore(key, value, k_scale, v_scale)
-    assert np.array_equal(layouts.fp8_per_tensor_codes(key.float().numpy(), k_scale),
+@pytest.mark.parametrize(("k_scale", "v_scale"), PER_TENSOR_SCALES)
+def test_per_tensor_fp8_matches_vllm_kernel_and_torch(
+    kernels: dict[str, Any], k_scale: float, v_scale: float,
+) -> None:
+    args = kernels["inputs"][f"per_tensor-{k_scale}"]
+    k_pre, v_pre = kernels[f"per_tensor-{k_scale}"]
+    assert np.array_equal(layouts.fp8_per_tensor_codes(args["key"], k_scale),
                           vllm_kernels.torch_fp8_store(k_pre))
-    assert np.array_equal(layouts.fp8_per_tensor_codes(value.float().numpy(), v_scale),
+    assert np.array_equal(layouts.fp8_per_tensor_codes(args["value"], v_scale),
                           vllm_kernels.torch_fp8_store(v_pre))
 
 
@@ -103,20 +132,21 @@ def test_per_tensor_fp8_with_scale_one_loses_small_values() -> None:
 # --- per-token-head ---------------------------------------------------------------------------
 
 
-def test_int8_per_token_head_matches_vllm_kernel() -> None:
-    key, value = _kv(2, outlier=40.0)
-    k_codes, k_scales, v_codes, v_scales = vllm_kernels.per_token_head(key, value, "int8")
-    for x, codes, scales in ((key, k_codes, k_scales), (value, v_codes, v_scales)):
-        stored = layouts.per_token_head_store(x.float().numpy(), "int8")
+def test_int8_per_token_head_matches_vllm_kernel(kernels: dict[str, Any]) -> None:
+    args = kernels["inputs"]["int8"]
+    k_codes, k_scales, v_codes, v_scales = kernels["int8"]
+    for x, codes, scales in ((args["key"], k_codes, k_scales),
+                             (args["value"], v_codes, v_scales)):
+        stored = layouts.per_token_head_store(x, "int8")
         assert np.array_equal(stored.codes, codes)
         assert np.array_equal(stored.scales.view(np.uint32), scales.view(np.uint32))
 
 
-def test_fp8_per_token_head_matches_vllm_kernel_and_torch() -> None:
-    key, value = _kv(3, outlier=40.0)
-    k_pre, k_scales, v_pre, v_scales = vllm_kernels.per_token_head(key, value, "fp8")
-    for x, pre, scales in ((key, k_pre, k_scales), (value, v_pre, v_scales)):
-        stored = layouts.per_token_head_store(x.float().numpy(), "fp8")
+def test_fp8_per_token_head_matches_vllm_kernel_and_torch(kernels: dict[str, Any]) -> None:
+    args = kernels["inputs"]["fp8_pth"]
+    k_pre, k_scales, v_pre, v_scales = kernels["fp8_pth"]
+    for x, pre, scales in ((args["key"], k_pre, k_scales), (args["value"], v_pre, v_scales)):
+        stored = layouts.per_token_head_store(x, "fp8")
         assert np.array_equal(stored.scales.view(np.uint32), scales.view(np.uint32))
         assert np.array_equal(stored.codes, vllm_kernels.torch_fp8_store(pre))
 
@@ -142,11 +172,12 @@ def test_hadamard_rotation_is_vllms(dim: int) -> None:
                               vllm_kernels.single_rht(x, inverse).numpy())
 
 
-def test_int4_per_token_head_matches_vllm_kernel() -> None:
-    key, value = _kv(4, outlier=25.0)
-    k_packed, k_scales, v_packed, v_scales = vllm_kernels.int4(key, value)
-    for x, packed, scales in ((key, k_packed, k_scales), (value, v_packed, v_scales)):
-        stored = layouts.int4_store(x.float().numpy(), "bfloat16")
+def test_int4_per_token_head_matches_vllm_kernel(kernels: dict[str, Any]) -> None:
+    args = kernels["inputs"]["int4"]
+    k_packed, k_scales, v_packed, v_scales = kernels["int4"]
+    for x, packed, scales in ((args["key"], k_packed, k_scales),
+                              (args["value"], v_packed, v_scales)):
+        stored = layouts.int4_store(x, "bfloat16")
         assert np.array_equal(stored.packed, packed)
         assert np.array_equal(stored.scales.view(np.uint32), scales.view(np.uint32))
 

@@ -2,8 +2,9 @@
 
 The Triton functions are taken from the pinned wheel's source (``~/.cache/kvtune/vllm-src-
 0.33.0``) with ``ast`` and executed as written; nothing of vLLM is imported (it needs a GPU
-platform). ``TRITON_INTERPRET=1`` must be set before triton is imported, so this module sets
-it and must be imported before anything that imports triton.
+platform). Triton's interpreter is chosen when triton is first imported
+(``TRITON_INTERPRET=1``), so the kernels run in a child process (``run_cases``): the test
+session's own triton, and anything else that uses it, is left alone.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
+import pickle
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
-
-os.environ["TRITON_INTERPRET"] = "1"
 
 import numpy as np
 import torch
@@ -51,7 +53,7 @@ def _load(relpath: str, names: set[str], extra: dict[str, Any] | None = None) ->
     return ns
 
 
-def per_token_head(key: torch.Tensor, value: torch.Tensor, kind: str
+def _per_token_head(key: torch.Tensor, value: torch.Tensor, kind: str
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``_reshape_cache_per_token_head`` into one block: (k, k scales, v, v scales).
 
@@ -81,7 +83,7 @@ def per_token_head(key: torch.Tensor, value: torch.Tensor, kind: str
     return kc[0].numpy(), ks[0].numpy(), vc[0].numpy(), vs[0].numpy()
 
 
-def per_tensor_fp8_prestore(key: torch.Tensor, value: torch.Tensor, k_scale: float,
+def _per_tensor_fp8_prestore(key: torch.Tensor, value: torch.Tensor, k_scale: float,
                             v_scale: float) -> tuple[np.ndarray, np.ndarray]:
     """``reshape_and_cache_kernel_flash`` (NHD layout, FP8_KV_CACHE) run into a float32
     cache: the values it hands to the fp8 store (``key / k_scale``), see ``per_token_head``."""
@@ -121,7 +123,7 @@ def single_rht(x: torch.Tensor, inverse: bool = False) -> torch.Tensor:
     return out
 
 
-def int4(key: torch.Tensor, value: torch.Tensor
+def _int4(key: torch.Tensor, value: torch.Tensor
          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``reshape_and_cache_int4``: vLLM's RHT then ``_reshape_cache_int4_kernel`` into one
     block: (k packed, k packed scales, v packed, v packed scales)."""
@@ -142,3 +144,47 @@ def int4(key: torch.Tensor, value: torch.Tensor
         block_size=tokens, head_size=dim, head_size_v=dim,
         PACKED_HEAD_PADDED=triton.next_power_of_2(dim // 2))
     return kc[0].numpy(), ks[0].numpy(), vc[0].numpy(), vs[0].numpy()
+
+
+# --- the child process -------------------------------------------------------------------------
+
+Case = tuple[str, dict[str, Any]]  # (operation, arguments: numpy arrays and numbers)
+
+
+def _bf16(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(torch.bfloat16)
+
+
+def _run(op: str, a: dict[str, Any]) -> Any:
+    if op == "per_token_head":
+        return _per_token_head(_bf16(a["key"]), _bf16(a["value"]), a["kind"])
+    if op == "per_tensor_fp8_prestore":
+        return _per_tensor_fp8_prestore(_bf16(a["key"]), _bf16(a["value"]), a["k_scale"],
+                                        a["v_scale"])
+    if op == "single_rht":
+        return single_rht(torch.from_numpy(a["x"]), a["inverse"]).numpy()
+    if op == "int4":
+        return _int4(_bf16(a["key"]), _bf16(a["value"]))
+    raise ValueError(op)
+
+
+def run_cases(cases: dict[str, Case], tmp: Path) -> dict[str, Any]:
+    """Run vLLM's kernels on ``cases`` in a child Python with ``TRITON_INTERPRET=1``."""
+    src, dst = tmp / "cases.pkl", tmp / "results.pkl"
+    src.write_bytes(pickle.dumps(cases))
+    here = str(Path(__file__).resolve().parent)
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+         "import vllm_kernels; vllm_kernels.child(sys.argv[2], sys.argv[3])", here,
+         str(src), str(dst)],
+        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
+        timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results: dict[str, Any] = pickle.loads(dst.read_bytes())
+    return results
+
+
+def child(src: str, dst: str) -> None:
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    cases: dict[str, Case] = pickle.loads(Path(src).read_bytes())
+    Path(dst).write_bytes(pickle.dumps({k: _run(op, a) for k, (op, a) in cases.items()}))

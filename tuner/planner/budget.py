@@ -11,8 +11,10 @@ measures, its coefficients fitted to published start-up logs (``vllm_memory``: t
 version differences and the provenance; ``bench/memory_calibration.py``: the leave-one-out
 error):
 
-- activation peak = base + sampler bytes per logit x min(max-num-seqs, batched tokens) x
-  vocab + copies x batched tokens x hidden x element bytes + factor x the fused-MoE
+- activation peak = base + the larger of the sampler run (sampler bytes per logit x
+  min(max-num-seqs, batched tokens) x vocab + copies x batched tokens x hidden x element
+  bytes) and a dense forward pass (batched tokens x (3 I / TP + 3 hidden) x element bytes,
+  which wins at large batched-token budgets) + factor x the fused-MoE
   workspace (batched tokens x top-k x (max(2 I / TP, hidden) + I / TP) x 2 bytes). The
   sampler's dummy run over max-num-seqs logits is the peak for dense models; tensor
   parallelism does not shrink it (the logits are gathered on every rank).
@@ -22,11 +24,12 @@ error):
   pools for 0.33's V2 runner, which measures them; counted only for the versions that
   subtract it.
 
-Worked example, Llama 3.3 70B, FP8 weights, H200, TP 1, 8,192 batched tokens, 1,024 seqs,
-vLLM 0.33.0: sampler 15.8 B x 1,024 x 128,256 = 1.93 GiB, hidden 1.31 x 8,192 x 8,192 x 2 B =
-0.16 GiB, base -0.14 GiB: activation 1.96 GiB (logged 1.96 on H100 at TP 2 in 0.19);
-non-torch 0.13 GiB; CUDA graphs (0.33's V2 runner measures the pool) 0.48 + 0.000147 x 80 layers
-x 100 further graphs = 1.65 GiB.
+Worked example, Llama 3.3 70B, FP8 weights, H200, TP 1, 8,192 batched tokens, vLLM 0.33.0:
+at 1,024 sequences the sampler run sets the peak: 15.8 B x 1,024 x 128,256 = 1.93 GiB + 1.31
+x 8,192 x 8,192 x 2 B = 0.16 GiB, base -0.14 GiB: 1.96 GiB (logged 1.96 on H100 at TP 2 in
+0.19); at 96 sequences the forward pass does: 8,192 x (3 x 28,672 + 3 x 8,192) x 2 B =
+1.69 GiB - 0.14 = 1.55 GiB. Non-torch 0.13 GiB; CUDA graphs (0.33's V2 runner measures the
+pool) 0.48 + 0.000147 x 80 layers x 100 further graphs = 1.65 GiB at 1,024 sequences.
 """
 
 from __future__ import annotations
@@ -55,6 +58,12 @@ CUDA_CONTEXT_BYTES = 512 * MiB
 MAX_GPU_MEMORY_UTILIZATION = 0.97
 # Activations are kept in the model's dtype; the MoE workspace in 16 bits.
 _MOE_ELEMENT_BYTES = 2
+# Widths alive at the peak of a dense SwiGLU MLP: gate+up output (2 x I) and its activation
+# (I); the residual stream, its normed copy and the MLP output (3 x hidden). Llama 3.1 8B in
+# vLLM 0.6's profiling run at 20,000 / 29,000 tokens: 2.06 / 2.99 GiB predicted, 2.07 / 2.99
+# logged (vllm-project/vllm#10517; its sampler over 256 sequences is smaller there).
+_FORWARD_INTERMEDIATE_COPIES = 3
+_FORWARD_HIDDEN_COPIES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +89,9 @@ class ActivationTerms:
     logits: int  # min(max_num_seqs, batched tokens) x vocab
     hidden_bytes: int  # batched tokens x hidden x element bytes
     moe_workspace_bytes: int
+    # The forward pass's own peak inside a dense MLP: gate/up output, its activation and the
+    # residual stream, batched tokens x (3 x intermediate / TP + 3 x hidden) x element bytes.
+    forward_bytes: int = 0
 
 
 def activation_terms(
@@ -91,6 +103,7 @@ def activation_terms(
     element_bytes: int = 2,
     moe_intermediate_per_rank: int = 0,
     experts_per_token: int = 0,
+    dense_intermediate_per_rank: int = 0,
 ) -> ActivationTerms:
     moe = max_num_batched_tokens * experts_per_token * (
         max(2 * moe_intermediate_per_rank, hidden_size) + moe_intermediate_per_rank
@@ -99,6 +112,9 @@ def activation_terms(
         logits=min(max_num_seqs, max_num_batched_tokens) * vocab_size,
         hidden_bytes=max_num_batched_tokens * hidden_size * element_bytes,
         moe_workspace_bytes=moe,
+        forward_bytes=max_num_batched_tokens * (
+            _FORWARD_INTERMEDIATE_COPIES * dense_intermediate_per_rank
+            + _FORWARD_HIDDEN_COPIES * hidden_size) * element_bytes,
     )
 
 
@@ -118,6 +134,8 @@ def model_activation_terms(
         moe_intermediate_per_rank=-(-moe.expert_intermediate_size // tensor_parallel)
         if moe else 0,
         experts_per_token=moe.experts_per_token if moe else 0,
+        dense_intermediate_per_rank=0 if model.moe else -(
+            -model.intermediate_size // tensor_parallel),
     )
 
 
@@ -143,9 +161,11 @@ def activation_bytes_of(
 ) -> int:
     c = coefs or coefficients()
     sampler = c.sampler_bytes_per_logit[version_memory(vllm_version).sampler]
+    # The forward pass and the sampler run one after the other: the peak is the larger of
+    # the two (the hidden states stay alive into the sampler run).
+    sampling = sampler * terms.logits + c.hidden_state_copies * terms.hidden_bytes
     peak = (
-        c.activation_base_gib * GiB + sampler * terms.logits
-        + c.hidden_state_copies * terms.hidden_bytes
+        c.activation_base_gib * GiB + max(sampling, terms.forward_bytes)
         + c.moe_workspace_factor * terms.moe_workspace_bytes
     )
     return max(0, round(peak))

@@ -7,7 +7,9 @@ coefficient only:
 
 - activation peak: least squares of the logged torch peak increase on
   [1, logits of each sampler generation, hidden bytes, MoE workspace bytes]
-  (``budget.activation_terms``), over rows of a calibrated version whose model shape is known;
+  (``budget.activation_terms``), over rows of a calibrated version whose model shape is known
+  and whose peak is the sampler run's (the dense forward-pass term, 3 I + 3 hidden widths per
+  token, is derived, not fitted: it reproduces vLLM 0.6's forward-bound profiles, #10517);
 - non-torch: the median of the logged non-torch increase at TP = 1 per generation, and the
   median extra at TP > 1;
 - CUDA graphs: least squares of vLLM's logged estimate (and, for the versions that measure the
@@ -109,10 +111,21 @@ class StartupLog(BaseModel):
         return self.max_num_seqs or DEFAULT_MAX_NUM_SEQS
 
     def model_arch(self) -> ModelArchitecture | None:
-        return get_model(self.shape_of) if self.shape_of else None
+        """The catalog model this row's checkpoint shares a config with, or the config facts
+        the row itself carries (``shape.config``), or None."""
+        if self.shape_of:
+            return get_model(self.shape_of)
+        if self.shape is not None and "config" in self.shape:
+            return _shape_model(self.model, json.dumps(self.shape["config"], sort_keys=True))
+        return None
 
     def model_dtype(self, model: ModelArchitecture) -> str:
         return self.dtype if self.dtype in ("float16", "float32") else model.torch_dtype
+
+
+@cache
+def _shape_model(hf_id: str, config_json: str) -> ModelArchitecture:
+    return ModelArchitecture.from_hf_config(json.loads(config_json), hf_id)
 
 
 @cache
@@ -128,21 +141,15 @@ def _calibrated(row: StartupLog) -> bool:
 
 def _terms(row: StartupLog) -> budget.ActivationTerms | None:
     model = row.model_arch()
-    if model is not None:
-        return budget.model_activation_terms(
-            model, row.tensor_parallel, row.batched_tokens, row.seqs, row.model_dtype(model))
-    if row.shape is not None:
-        return budget.activation_terms(
-            int(row.shape["vocab_size"]), int(row.shape["hidden_size"]), row.batched_tokens,
-            row.seqs, element_bytes=4 if row.dtype == "float32" else 2)
-    return None
+    if model is None:
+        return None
+    return budget.model_activation_terms(
+        model, row.tensor_parallel, row.batched_tokens, row.seqs, row.model_dtype(model))
 
 
 def _layers(row: StartupLog) -> int | None:
     model = row.model_arch()
-    if model is not None:
-        return model.num_hidden_layers
-    return int(row.shape["num_hidden_layers"]) if row.shape else None
+    return model.num_hidden_layers if model is not None else None
 
 
 def _further_graphs(row: StartupLog) -> int:
@@ -164,6 +171,8 @@ def fit(rows: tuple[StartupLog, ...] | list[StartupLog]) -> MemoryCoefficients:
         terms = _terms(r)
         if terms is None or r.logged.activation_gib is None or r.dtype == "float32":
             continue
+        if terms.forward_bytes >= 0.9 * r.logged.activation_gib * GiB:
+            continue  # the forward pass, not the sampler run, set this row's peak
         sampler = versions[str(r.vllm_version)].sampler
         x_act.append([
             1.0, *(terms.logits / GiB if s == sampler else 0.0 for s in samplers),
@@ -256,8 +265,10 @@ def predictable(row: StartupLog) -> str | None:
         return f"repeats {row.repeat_of}"
     if not _calibrated(row):
         return f"vLLM {row.vllm_version or 'version not stated'} is not calibrated"
-    if row.shape_of is None:
+    if row.model_arch() is None:
         return "model not in kvtune's catalog"
+    if row.shape_of is None and row.logged.weights_gib is None:
+        return "model not in kvtune's catalog, and no logged weights to predict with"
     if row.pipeline_parallel != 1:
         return "pipeline parallel (kvtune plans tensor parallel only)"
     if row.dtype == "float32":
@@ -269,6 +280,8 @@ def predictable(row: StartupLog) -> str | None:
         return "the GPU's CUDA total is neither logged nor in kvtune's GPU catalog"
     model = row.model_arch()
     assert model is not None
+    if row.shape_of is None:
+        return None  # predicted with its logged weights (no catalog parameter count)
     try:
         weights_bytes_per_gpu(model, row.weights_dtype, row.tensor_parallel)
     except KVTuneError:
@@ -310,7 +323,7 @@ def predict(
     total = cuda_total_bytes(row)
     assert model is not None and total is not None and row.gpu_memory_utilization is not None
     assert row.max_model_len is not None
-    if logged_weights and row.logged.weights_gib is not None:
+    if (logged_weights or row.shape_of is None) and row.logged.weights_gib is not None:
         weights = round(row.logged.weights_gib * GiB)
     else:
         weights = weights_bytes_per_gpu(model, row.weights_dtype, row.tensor_parallel)

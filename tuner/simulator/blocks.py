@@ -180,11 +180,12 @@ class FreeKVCacheBlockQueue:
 class BlockPool:
     """Owns every block's state, the free queue and the prefix-cache map (hash -> block id).
 
-    The map holds one block per hash. vLLM also remembers duplicates (two requests that
-    computed the same block in the same step, neither a hit for the other) and can return
-    the second once the first is evicted; the simulator forgets the duplicate. Requests
-    admitted one after another in a step hit each other's just-cached blocks, as in vLLM,
-    so duplicates are rare.
+    The map keeps every cached copy of a hash, as vLLM's ``BlockHashToBlockMap``: a lookup
+    returns the earliest-cached copy still there; evicting it exposes the next. Duplicates
+    come from the hit cap (a prompt that ends on a block boundary recomputes its last full
+    block even when it is cached: the same prompt sent twice makes two copies) and from a
+    request computing a block that another request cached since its admission. The first
+    copy is the ``key_block`` entry, later ones (rare) wait in ``duplicate_blocks``.
     """
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool) -> None:
@@ -202,6 +203,8 @@ class BlockPool:
         self.null_block = 0
         # hash -> block id (0: none). Lazy: live only while block_hash[block] == hash.
         self.key_block = np.zeros(1024, dtype=np.int64)
+        # hash -> later copies of its live entry, in the order they were cached (class doc).
+        self.duplicate_blocks: dict[int, list[int]] = {}
         # Blocks holding a hash (in the map or UNSHARED_HASH), whether in use or free.
         self.num_hashed_blocks = 0
         # Counters for the report (vLLM's prefix-cache stats count tokens, not blocks).
@@ -272,6 +275,8 @@ class BlockPool:
                 if h != NO_HASH:
                     if h >= 0:
                         self.num_evicted_cached_blocks += 1
+                        if self.duplicate_blocks:
+                            self._evict_copy(int(h), int(b))
                     self.num_hashed_blocks -= 1
                     bh[b] = NO_HASH
                 ref[b] = 1
@@ -279,12 +284,29 @@ class BlockPool:
         hashes = self.block_hash[taken]
         hashed = hashes != NO_HASH
         num_hashed = int(np.count_nonzero(hashed))
+        if num_hashed and self.duplicate_blocks:
+            for b, h in zip(taken[hashed].tolist(), hashes[hashed].tolist(), strict=True):
+                if h >= 0:
+                    self._evict_copy(h, b)
         if num_hashed:
             self.num_evicted_cached_blocks += int(np.count_nonzero(hashes >= 0))
             self.num_hashed_blocks -= num_hashed
             self.block_hash[taken] = NO_HASH  # the map entries go stale with it
         self.ref_cnt[taken] = 1
         return taken
+
+    def _evict_copy(self, h: int, b: int) -> None:
+        """Block ``b`` loses hash ``h``: if it was the live entry, the next copy takes over;
+        if it was a later copy, it leaves the list."""
+        copies = self.duplicate_blocks.get(h)
+        if not copies:
+            return
+        if int(self.key_block[h]) == b:
+            self.key_block[h] = copies.pop(0)
+        else:
+            copies.remove(b)
+        if not copies:
+            del self.duplicate_blocks[h]
 
     def touch(self, blocks: Ids) -> None:
         """A prefix hit takes a reference; a free cached block leaves the free queue."""
@@ -319,13 +341,14 @@ class BlockPool:
                 return
         bh[ids] = keys
         self.num_hashed_blocks += len(ids)
-        # One live entry per hash: a duplicate (two requests computed the same block in one
-        # step) is not entered; see the class doc.
+        # One live entry per hash; a second copy of a cached block waits behind it (class doc).
         self._room_for(keys)
         kb = self.key_block
         held = kb[keys]
         live = (bh[held] == keys) & (held != ids)
         if live.any():
+            for b, h in zip(ids[live].tolist(), keys[live].tolist(), strict=True):
+                self.duplicate_blocks.setdefault(h, []).append(b)
             ids, keys = ids[~live], keys[~live]
         kb[keys] = ids
 
@@ -412,3 +435,8 @@ class BlockPool:
         assert free_cached + free_empty == q.num_free_blocks
         assert int(np.count_nonzero(hashed)) == self.num_hashed_blocks
         assert ((self.key_block >= 0) & (self.key_block < self.num_gpu_blocks)).all()
+        for h, copies in self.duplicate_blocks.items():
+            head = int(self.key_block[h])
+            assert copies and self.block_hash[head] == h, f"hash {h}: no live entry"
+            for b in copies:
+                assert b != head and self.block_hash[b] == h, f"hash {h}: stale copy {b}"

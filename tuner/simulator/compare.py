@@ -7,9 +7,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kvtune.tuner import knobs
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.plan import KVPlan
 from kvtune.tuner.planner.planning import PlanRequest, plan_pool
+from kvtune.tuner.planner.planrun import PlanRun
+from kvtune.tuner.planner.policy import Pins
 from kvtune.tuner.simulator.engine import SimulatedPlan, simulated_plan, vllm_default_plan
 from kvtune.tuner.simulator.metrics import SimResult
 from kvtune.tuner.simulator.scheduler import simulate
@@ -18,11 +21,11 @@ from kvtune.tuner.simulator.workload import SimRequest
 
 CONFIGURATION_NAMES = ("defaults", "planned", "contiguous", "no-prefix-cache", "custom")
 
-_KNOB_TYPES: dict[str, type] = {
-    "block_size": int, "kv_cache_dtype": str, "gpu_memory_utilization": float,
-    "kv_cache_memory_bytes": int, "max_model_len": int, "max_num_seqs": int,
-    "max_num_batched_tokens": int, "enable_prefix_caching": bool,
-}
+# The knobs the simulator models, typed from the knob table (kvtune.tuner.knobs).
+SIMULATED_KNOBS = ("block_size", "kv_cache_dtype", "gpu_memory_utilization",
+                   "kv_cache_memory_bytes", "max_model_len", "max_num_seqs",
+                   "max_num_batched_tokens", "enable_prefix_caching")
+_KNOB_TYPES: dict[str, type] = {name: knobs.BY_NAME[name].type for name in SIMULATED_KNOBS}
 
 
 def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
@@ -47,6 +50,22 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
         except ValueError as exc:
             raise InvalidInput("--config", pair, f"{field} takes a {kind.__name__}") from exc
     return out
+
+
+def check_overrides(request: PlanRequest, overrides: Mapping[str, Any]) -> None:
+    """Refuse what ``kvtune plan`` refuses as a pin (a block size or KV dtype no backend of the
+    pinned vLLM runs here, a max-model-len beyond the model, ...): the same checks, with the
+    ``--config`` key named."""
+    pins = Pins(**{k: v for k, v in overrides.items() if k in Pins.model_fields})
+    try:
+        PlanRun(request.model_copy(update={
+            "policy": request.policy.model_copy(update={"pins": pins})}))
+    except InvalidInput as exc:
+        if not exc.field.startswith("pins."):
+            raise
+        key = exc.field.removeprefix("pins.")
+        raise InvalidInput("--config", f"{key}={exc.value}",
+                           str(exc).split(": ", 1)[1]) from exc
 
 
 def configurations(
@@ -80,6 +99,7 @@ def configurations(
             out.append(simulated_plan(
                 request, base.model_copy(update={"enable_prefix_caching": False}), name))
         else:
+            check_overrides(request, overrides or {})
             plan = KVPlan.model_validate({**defaults.model_dump(), **(overrides or {})})
             out.append(simulated_plan(request, plan, name))
     return out

@@ -103,6 +103,8 @@ def simulated_plan(
         max_model_len=plan.max_model_len,
         enable_prefix_caching=plan.enable_prefix_caching and allocation == "paged",
         allocation=allocation,
+        # vLLM 0.33 schedules asynchronously by default (no KV flag turns it off).
+        async_scheduling=True,
     )
     return SimulatedPlan(
         name=name, plan=plan, engine=engine,

@@ -33,6 +33,15 @@ fragmentation: capacity is ``floor(KV tokens / max_model_len)`` requests. It is 
 as a paged pool whose one block is a whole reservation (block size = max_model_len, no
 caching): every request needs exactly one such block, which is that allocator exactly.
 
+Async scheduling (``EngineConfig.async_scheduling``, vLLM 0.33's default): the engine core
+keeps two batches in flight (``step_with_batch_queue``): it schedules batch N+1 before it
+processes batch N's output. So a request that samples its last token in step N is still
+running while step N+1 is scheduled: vLLM's ``AsyncScheduler`` skips it (it knows the
+in-flight step reaches max_tokens) but it keeps its blocks and its running slot through that
+schedule, and is freed right after it. Everything else (chunks, decode tokens, admissions,
+preemptions) is scheduled as in the synchronous loop. The step time overlaps the overhead
+with the GPU work (``timing``).
+
 The core is pure: no clock, no I/O, no randomness; the caller passes the requests.
 """
 
@@ -66,6 +75,9 @@ class EngineConfig:
     max_model_len: int
     enable_prefix_caching: bool = True
     allocation: Allocation = "paged"
+    # vLLM 0.33's default engine loop: batch N+1 is scheduled before batch N's output is
+    # processed (see the module doc); False is the synchronous loop.
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_gpu_blocks", "block_size", "max_num_seqs",
@@ -106,6 +118,7 @@ class RequestState:
         "first_token_seconds",
         "generated",
         "hashes",
+        "last_sample_step",
         "num_cached_blocks",
         "num_computed",
         "num_tokens",
@@ -113,6 +126,7 @@ class RequestState:
         "preemptions",
         "req",
         "scheduled_seconds",
+        "tail_unprocessed",
     )
 
     def __init__(self, req: SimRequest, output_tokens: int, hashes: np.ndarray) -> None:
@@ -129,6 +143,11 @@ class RequestState:
         self.finish_seconds = float("nan")
         self.preemptions = 0
         self.admitted = False
+        # Async scheduling: the last step that sampled a token for it, and whether the last
+        # token it computed was sampled in the step just before (vLLM had not processed
+        # that sample when it scheduled the step, so it could not hash that token's block).
+        self.last_sample_step = -2
+        self.tail_unprocessed = False
         # At first admission: when (step start) and how many prompt tokens were prefix hits.
         self.scheduled_seconds = float("nan")
         self.cached_tokens = 0
@@ -190,6 +209,11 @@ class Scheduler:
         self.events = 0  # loop iterations (exact steps + decode runs)
         # Step-wise use (``stepwise.py``): a decode run stops within one step of this time.
         self.horizon_seconds: float | None = None
+        # The last exact step, for step-by-step comparisons (kvtune.oracle): what it
+        # scheduled, whom it preempted (in order), blocks in use once it was scheduled.
+        self.last_scheduled: list[tuple[RequestState, int]] = []
+        self.last_preempted: list[RequestState] = []
+        self.last_blocks_in_use = 0
 
     def _new_state(self, r: SimRequest) -> RequestState:
         # vLLM rejects a prompt that leaves no room for one output token and stops a
@@ -233,6 +257,23 @@ class Scheduler:
         st.num_cached_blocks = 0
 
     def _preempt(self, st: RequestState) -> None:
+        self.last_preempted.append(st)
+        if st.generated >= st.output_tokens:
+            # Async: it finished in the step before, whose output is still in flight. vLLM
+            # preempts it like any other (counted), frees its blocks, and the output then
+            # finishes it instead of requeueing it.
+            st.preemptions += 1
+            self.preemptions += 1
+            self._retire(st)
+            return
+        if (self.config.async_scheduling and st.tail_unprocessed
+                and st.last_sample_step == self.steps):
+            # Its last step's output is in flight, and that step computed a token sampled
+            # in the step before: vLLM hashes that token's block only when it processes the
+            # step's output, after this schedule; preempted now, the block is freed unhashed
+            # (front of the free queue, and not found when the request resumes).
+            st.num_cached_blocks = min(st.num_cached_blocks,
+                                       (st.num_computed - 1) // self.block_size)
         if self.pool.enable_caching and len(st.hashes) < st.num_cached_blocks:
             # The request itself will look its blocks up when it resumes (vLLM keeps them
             # cached), so its own full blocks need real keys, not UNSHARED_HASH.
@@ -309,13 +350,17 @@ class Scheduler:
         self._frag_integral += fragmented_slots * dt
         self._alloc_integral += allocated_slots * dt
 
+    def _retire(self, st: RequestState) -> None:
+        """A finished request leaves (already out of ``running`` or about to be)."""
+        st.finish_seconds = self.now
+        self._free(st)
+
     def _finish_done(self) -> None:
         done = [st for st in self.running if st.generated >= st.output_tokens]
         if not done:
             return
         for st in done:
-            st.finish_seconds = self.now
-            self._free(st)
+            self._retire(st)
         keep = {id(st) for st in done}
         self.running = [st for st in self.running if id(st) not in keep]
 
@@ -324,6 +369,7 @@ class Scheduler:
         cfg = self.config
         budget = cfg.max_num_batched_tokens
         scheduled: list[tuple[RequestState, int]] = []
+        self.last_preempted = []
         preempted = False
         running = self.running
         i = 0
@@ -331,6 +377,10 @@ class Scheduler:
         pool = self.pool
         while i < len(running) and budget > 0:
             st = running[i]
+            if st.generated >= st.output_tokens:
+                # Async: it finished in the step before; freed once this step is scheduled.
+                i += 1
+                continue
             num_new = st.num_tokens - st.num_computed
             if num_new == 1 and (st.num_tokens - 1) % bs and st.num_tokens % bs:
                 # A decode token inside its last block that does not fill it: no new block,
@@ -385,7 +435,18 @@ class Scheduler:
                 scheduled.append((st, num_new))
                 budget -= num_new
 
+        self.last_scheduled = scheduled
+        self.last_blocks_in_use = self._usable_blocks - pool.get_num_free_blocks()
+        finishing = cfg.async_scheduling and any(
+            st.generated >= st.output_tokens for st in running)
+        if finishing:
+            # Async: the previous step's output is processed now; its finished requests
+            # leave (finish time: the end of that step, which is ``now``).
+            self._finish_done()
+            running = self.running  # _finish_done made a new list
         if not scheduled:
+            if finishing:
+                return  # an empty batch: the finished requests left, schedule again
             # Nothing fits and nothing runs: wait for the next arrival (cannot happen with
             # the rejections in __init__, but never spin).
             assert next_arrival is not None, "simulator deadlock: nothing scheduled, no arrivals"
@@ -399,13 +460,16 @@ class Scheduler:
             num_tokens += num_new
             kv_read += st.num_computed + num_new
             pairs += num_new * st.num_computed + num_new * (num_new + 1) / 2.0
-        dt = self.cost.step_seconds(num_tokens, kv_read, pairs)
+        dt = self.cost.step_seconds(num_tokens, kv_read, pairs, cfg.async_scheduling)
         self.now += dt
         self.steps += 1
+        step = self.steps
         any_done = False
         for st, num_new in scheduled:
             st.num_computed += num_new
             if st.num_computed >= st.num_tokens:
+                st.tail_unprocessed = st.generated > 0 and st.last_sample_step == step - 1
+                st.last_sample_step = step
                 st.generated += 1
                 st.num_tokens += 1
                 if st.generated == 1 and st.first_token_seconds != st.first_token_seconds:
@@ -418,7 +482,7 @@ class Scheduler:
             alloc += len(st.blocks)
             used += st.num_computed
         self._sample(dt, alloc * bs - used, alloc * bs)
-        if any_done:
+        if any_done and not cfg.async_scheduling:
             self._finish_done()
 
     def _decode_run(self, next_arrival: float | None) -> bool:
@@ -443,8 +507,10 @@ class Scheduler:
         if k <= 1 or (self.waiting and self._head_admissible()):
             return False
         n = len(running)
+        overlapped = self.config.async_scheduling
         if next_arrival is not None and not self.waiting and n < self.config.max_num_seqs:
-            k = min(k, self.cost.decode_steps_to_reach(n, context, next_arrival - self.now, k))
+            k = min(k, self.cost.decode_steps_to_reach(
+                n, context, next_arrival - self.now, k, overlapped))
         free = self.pool.get_num_free_blocks()
         # Cheap bound first: k steps add at most ceil(k / bs) blocks to each sequence.
         if n * -(-k // self.block_size) > free and self._new_blocks_for(k) > free:
@@ -458,10 +524,10 @@ class Scheduler:
             k = lo
         if self.horizon_seconds is not None:
             k = min(k, self.cost.decode_steps_to_reach(
-                n, context, self.horizon_seconds - self.now, k))
+                n, context, self.horizon_seconds - self.now, k, overlapped))
         if k <= 1:
             return False  # the exact step handles it (and any preemption)
-        dt = self.cost.decode_run_seconds(n, context, k)
+        dt = self.cost.decode_run_seconds(n, context, k, overlapped)
         pool = self.pool
         bs = self.block_size
         any_done = False
@@ -474,6 +540,7 @@ class Scheduler:
         # call per request, because caching would be the only thing in between.
         fresh = pool.get_new_blocks(total) if total and not caching else _NO_BLOCKS
         taken = 0
+        steps_after = self.steps + k
         for st, need in zip(running, needs, strict=True):
             nt = st.num_tokens
             slots = nt + k - 1
@@ -488,6 +555,8 @@ class Scheduler:
             st.num_computed = slots
             generated = st.generated + k
             st.generated = generated
+            st.tail_unprocessed = True
+            st.last_sample_step = steps_after
             if generated >= st.output_tokens:
                 any_done = True
             full = slots // bs
@@ -500,8 +569,8 @@ class Scheduler:
         self.now += dt
         self.steps += k
         self._sample(dt, alloc * bs - used, alloc * bs)
-        if any_done:
-            self._finish_done()
+        if any_done and not overlapped:
+            self._finish_done()  # async: they leave once the next step is scheduled
         return True
 
     def _new_blocks_for(self, k: int) -> int:

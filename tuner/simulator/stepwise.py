@@ -172,9 +172,9 @@ class StepwiseScheduler(Scheduler):
             ))
         self._finished_now = []
 
-    def _finish_done(self) -> None:
-        self._finished_now.extend(st for st in self.running if st.generated >= st.output_tokens)
-        super()._finish_done()
+    def _retire(self, st: RequestState) -> None:
+        self._finished_now.append(st)
+        super()._retire(st)
 
     def _sample(self, dt: float, fragmented_slots: int, allocated_slots: int) -> None:
         # The batch run's integrals, without the per-step series (a replay runs for hours).

@@ -10,6 +10,12 @@ chunks compute-bound; mixed steps fall where their bytes and FLOPs put them.
 The efficiencies (what fraction of datasheet bandwidth and FLOPs vLLM reaches) and the
 overhead are data (``efficiency.json``), looked up per GPU class.
 
+Async scheduling (vLLM 0.33's default): the engine schedules batch N+1 and prepares its inputs
+while the GPU runs batch N (a two-deep batch queue), so the fixed per-step overhead, CPU work,
+overlaps the GPU's: a step takes ``max(overhead, roofline)`` instead of ``overhead +
+roofline`` (``overlapped=True``). All of the overhead is taken as CPU-side (scheduling, input
+preparation, output processing); what part of it is GPU-side is not calibrated yet.
+
 Worked example (Llama-3.1-8B in BF16 on one H100: 16.06e9 weight bytes, 131,072 KV bytes
 per token, 3.35e12 B/s at 0.8): a decode step of 64 sequences of 2,000 tokens reads
 16.06e9 + 64 x 2000 x 131072 = 32.8e9 bytes -> 12.2 ms, plus 4 ms overhead = 16.2 ms.
@@ -18,6 +24,7 @@ per token, 3.35e12 B/s at 0.8): a decode step of 64 sequences of 2,000 tokens re
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -72,15 +79,20 @@ class StepCostModel:
         return self.matrix_flops_per_second * self.efficiency.compute_efficiency
 
     def step_seconds(
-        self, num_tokens: int, kv_tokens_read: int, attention_token_pairs: float
+        self, num_tokens: int, kv_tokens_read: int, attention_token_pairs: float,
+        overlapped: bool = False,
     ) -> float:
         """One step over ``num_tokens`` scheduled tokens (prefill chunks + one per decode),
         reading the KV of ``kv_tokens_read`` tokens, with ``attention_token_pairs``
-        (query, key) pairs in attention."""
+        (query, key) pairs in attention; ``overlapped``: the overhead hides behind the GPU
+        work (async scheduling)."""
         mem = (self.weights_bytes + self.kv_bytes_per_token * kv_tokens_read) / self._bytes_rate
         flops = (self.flops_per_token * num_tokens
                  + self.attention_flops_per_token_pair * attention_token_pairs)
-        return self.efficiency.step_overhead_seconds + max(mem, flops / self._flops_rate)
+        gpu = max(mem, flops / self._flops_rate)
+        if overlapped:
+            return max(self.efficiency.step_overhead_seconds, gpu)
+        return self.efficiency.step_overhead_seconds + gpu
 
     def _decode_lines(
         self, num_seqs: int, context_tokens: int
@@ -94,31 +106,50 @@ class StepCostModel:
         b_cmp = self.attention_flops_per_token_pair * num_seqs / fr
         return a_mem, b_mem, a_cmp, b_cmp
 
-    def decode_run_seconds(self, num_seqs: int, context_tokens: int, num_steps: int) -> float:
+    def decode_run_seconds(
+        self, num_seqs: int, context_tokens: int, num_steps: int, overlapped: bool = False,
+    ) -> float:
         """Total time of ``num_steps`` decode-only steps of ``num_seqs`` sequences that
         attend to ``context_tokens`` tokens at the first step (closed form, no loop)."""
         if num_steps <= 0:
             return 0.0
         a1, b1, a2, b2 = self._decode_lines(num_seqs, context_tokens)
-        return (self.efficiency.step_overhead_seconds * num_steps
-                + _sum_max_of_lines(a1, b1, a2, b2, num_steps))
+        overhead = self.efficiency.step_overhead_seconds
+        if not overlapped:
+            return overhead * num_steps + _sum_max_of_lines(a1, b1, a2, b2, num_steps)
+        # max(overhead, gpu_j) with gpu_j non-decreasing in j: the overhead up to the first
+        # step whose GPU time reaches it, the GPU time from there on.
+        m = min(_first_at_least(a1, b1, overhead, num_steps),
+                _first_at_least(a2, b2, overhead, num_steps))
+        return (overhead * m + _sum_max_of_lines(a1, b1, a2, b2, num_steps)
+                - _sum_max_of_lines(a1, b1, a2, b2, m))
 
     def decode_steps_to_reach(
-        self, num_seqs: int, context_tokens: int, seconds: float, max_steps: int
+        self, num_seqs: int, context_tokens: int, seconds: float, max_steps: int,
+        overlapped: bool = False,
     ) -> int:
         """The fewest decode steps (at most ``max_steps``) whose total time is >= ``seconds``."""
         if seconds <= 0:
             return 0
-        if self.decode_run_seconds(num_seqs, context_tokens, max_steps) < seconds:
+        if self.decode_run_seconds(num_seqs, context_tokens, max_steps, overlapped) < seconds:
             return max_steps
         lo, hi = 0, max_steps  # run(lo) < seconds <= run(hi)
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if self.decode_run_seconds(num_seqs, context_tokens, mid) >= seconds:
+            if self.decode_run_seconds(num_seqs, context_tokens, mid, overlapped) >= seconds:
                 hi = mid
             else:
                 lo = mid
         return hi
+
+
+def _first_at_least(a: float, b: float, c: float, k: int) -> int:
+    """The first j in [0, k] with a + b j >= c (k if none below k); b >= 0."""
+    if a >= c:
+        return 0
+    if b <= 0:
+        return k
+    return min(k, max(0, math.ceil((c - a) / b)))
 
 
 def _sum_linear(a: float, b: float, lo: int, hi: int) -> float:

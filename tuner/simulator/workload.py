@@ -120,7 +120,8 @@ class LengthDistribution:
         mu = math.log(self.p50_tokens)
         sigma = max(0.0, (math.log(self.p95_tokens) - mu) / 1.6449)
         x = np.exp(rng.normal(mu, sigma, size=n))
-        return np.clip(np.rint(x), self.min_tokens, self.max_tokens).astype(np.int64)
+        out: np.ndarray = np.clip(np.rint(x), self.min_tokens, self.max_tokens).astype(np.int64)
+        return out
 
 
 @dataclass(frozen=True, slots=True)

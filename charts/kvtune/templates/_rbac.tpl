@@ -57,6 +57,19 @@ served; get + delete to remove kvtune's own when spec.monitoring switches them o
   verbs: [create, patch, get, delete]
 {{- end -}}
 
+{{/* The KV-quality calibration (docs/quality.md): the Job that measures a narrower KV dtype
+on the pool's nodes (server-side apply; list by label to find this InferenceDeployment's Jobs
+and read their status) and the report ConfigMap per model revision (server-side apply; read
+with the "reads" concern's get). The Job's pods are listed with the "runtime" concern's list. */}}
+{{- define "kvtune.rules.calibration" -}}
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [list, create, patch]
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [create, patch]
+{{- end -}}
+
 {{/* Model configs (config.json) and pod templates that the spec references by name. */}}
 {{- define "kvtune.rules.reads" -}}
 - apiGroups: [""]

@@ -119,7 +119,7 @@ def test_cli_renders_both_formats(tmp_path: Path) -> None:
     src = tmp_path / "idep.yaml"
     src.write_text(yaml.safe_dump(BODY))
     out = tmp_path / "rules.yaml"
-    result = CliRunner().invoke(cmd, ["-f", str(src), "--format", "rules", "-o", str(out)])
+    result = CliRunner().invoke(cmd, ["-f", str(src), "-o", "rules", "--out-file", str(out)])
     assert result.exit_code == 0, result.output
     _check(out)
     result = CliRunner().invoke(cmd, ["-f", str(src)])

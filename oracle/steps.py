@@ -1,0 +1,123 @@
+"""What one engine step did, recorded the same way from kvtune's simulator and from vLLM.
+
+A run is the list of its non-empty steps (a step that schedules no token takes no GPU time
+and is not counted: vLLM takes one such step after the last finish, and after an idle gap,
+to flush finished ids). Per step:
+
+- ``scheduled``: (request id, tokens scheduled), in the scheduler's order (running requests
+  first, in admission order, then the requests admitted this step);
+- ``admitted``: (request id, tokens already computed when admitted): the prefix-cache hit
+  of a new or resumed request;
+- ``preempted``: request ids preempted in this step, in order;
+- ``finished``: request ids whose last token this step sampled, in scheduling order;
+- ``blocks_in_use``: blocks not free once the step was scheduled (its peak);
+- ``end_seconds``: the model time at the end of the step (kvtune's step-time model).
+
+Pure: ``kvtune_steps`` drives kvtune's own simulator; ``kvtune.oracle.vllm_engine`` records
+vLLM's scheduler into the same shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvtune.tuner.simulator.scheduler import EngineConfig, RequestState, Scheduler
+from kvtune.tuner.simulator.timing import StepCostModel
+from kvtune.tuner.simulator.workload import SimRequest
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    scheduled: tuple[tuple[int, int], ...]
+    admitted: tuple[tuple[int, int], ...]
+    preempted: tuple[int, ...]
+    finished: tuple[int, ...]
+    blocks_in_use: int
+    end_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """A whole run: its steps, and per request the index of the step that finished it."""
+
+    steps: tuple[StepRecord, ...]
+    finish_step: dict[int, int]  # request id -> step index (0-based)
+    rejected: tuple[int, ...]  # never admitted: larger than the cache or max-model-len
+
+    @property
+    def finish_order(self) -> list[int]:
+        return [rid for s in self.steps for rid in s.finished]
+
+    @property
+    def prefix_hit_tokens(self) -> int:
+        return sum(hit for s in self.steps for _, hit in s.admitted)
+
+    @property
+    def preemptions(self) -> int:
+        return sum(len(s.preempted) for s in self.steps)
+
+
+def step_cost(
+    cost: StepCostModel, config: EngineConfig,
+    scheduled: Sequence[tuple[int, int]], computed_before: Sequence[int],
+) -> float:
+    """Seconds of one step, as kvtune's scheduler charges it: ``scheduled`` (id, tokens)
+    with the tokens each request had computed before the step."""
+    num_tokens = 0
+    kv_read = 0
+    pairs = 0.0
+    for (_, num_new), computed in zip(scheduled, computed_before, strict=True):
+        num_tokens += num_new
+        kv_read += computed + num_new
+        pairs += num_new * computed + num_new * (num_new + 1) / 2.0
+    return cost.step_seconds(num_tokens, kv_read, pairs, config.async_scheduling)
+
+
+class _Recording(Scheduler):
+    """kvtune's scheduler, stepped exactly (no decode runs), recording every step."""
+
+    def __init__(self, requests: Sequence[SimRequest], config: EngineConfig,
+                 cost: StepCostModel) -> None:
+        super().__init__(requests, config, cost, name="kvtune", decode_runs=False)
+        self.records: list[StepRecord] = []
+        self.finish_step: dict[int, int] = {}
+        self._before: set[int] = set()
+        self.on_step = _Recording._record
+
+    def _record(self) -> None:
+        scheduled = self.last_scheduled
+        steps_before = len(self.records)
+        if scheduled and self.steps > steps_before:
+            finished: list[int] = []
+            admitted: list[tuple[int, int]] = []
+            for st, num_new in scheduled:
+                rid = st.req.request_id
+                if rid not in self._before:
+                    admitted.append((rid, st.num_computed - num_new))
+                if st.generated >= st.output_tokens:
+                    finished.append(rid)
+                    self.finish_step[rid] = steps_before
+            self.records.append(StepRecord(
+                scheduled=tuple((st.req.request_id, n) for st, n in scheduled),
+                admitted=tuple(admitted),
+                preempted=tuple(st.req.request_id for st in self.last_preempted),
+                finished=tuple(finished), blocks_in_use=self.last_blocks_in_use,
+                end_seconds=self.now,
+            ))
+        self._before = {st.req.request_id for st in self.running}
+        self.last_scheduled = []
+
+
+def kvtune_steps(
+    requests: Sequence[SimRequest], config: EngineConfig, cost: StepCostModel,
+) -> RunRecord:
+    """kvtune's simulator over ``requests``, one record per engine step."""
+    sim = _Recording(requests, config, cost)
+    sim.run()
+    rejected = tuple(st.req.request_id for st in sim.states if st.output_tokens == 0)
+    return RunRecord(steps=tuple(sim.records), finish_step=sim.finish_step, rejected=rejected)
+
+
+def computed_before(states: Sequence[RequestState], scheduled: Sequence[int]) -> list[int]:
+    return [st.num_computed - n for st, n in zip(states, scheduled, strict=True)]
