@@ -236,6 +236,7 @@ def _reconcile_locked(
     else:
         used_profile = profile_from_status(previous.profile, declared)
         used_profile_status = previous.profile if used_profile.source == "prometheus" \
+            and previous.profile is not None \
             else profile_status(used_profile)
     deployment_wide = status_writer.without_timer_part(
         used_profile_status.model_copy(update={"scope": "deployment"}))
