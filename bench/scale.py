@@ -57,8 +57,8 @@ def _rss_bytes(pid: int) -> int:
 
 def _request_counts(api: Any) -> Counter[str]:
     """apiserver_request_total summed by verb, from the apiserver's /metrics."""
-    response = api.call_api("/metrics", "GET", auth_settings=["BearerToken"],
-                            _preload_content=False, _return_http_data_only=True)
+    response = api.call_api("GET", f"{api.configuration.host}/metrics")
+    response.read()
     counts: Counter[str] = Counter()
     for line in response.data.decode().splitlines():
         if not line.startswith("apiserver_request_total{"):
