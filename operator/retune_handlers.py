@@ -25,7 +25,7 @@ from typing import Any, Literal
 import kopf
 from prometheus_client import Counter, Gauge
 
-from kvtune.operator import alert_rules, api, conditions, metrics, retune, selectors
+from kvtune.operator import alert_rules, api, conditions, metrics, periodic, retune, selectors
 from kvtune.operator import apply as kapply
 from kvtune.operator import reconcile as rec
 from kvtune.operator.api import ProfileScope
@@ -418,8 +418,8 @@ class _Backoff:
     next_attempt: float = 0.0
 
 
-@kopf.timer(api.GROUP, api.VERSION, api.PLURAL, id="retune", interval=INTERVAL_SECONDS,
-            initial_delay=INTERVAL_SECONDS, sharp=False)
+# A periodic (not kopf) timer: kopf's would put a finalizer on every object (periodic.py).
+@periodic.timer(id="retune", interval=INTERVAL_SECONDS, initial_delay=INTERVAL_SECONDS)
 def retune_timer(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     backoff: _Backoff = memo.setdefault("retune_backoff", _Backoff())
     now = time.time()
@@ -441,6 +441,6 @@ def retune_timer(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
     else:
         backoff.failures, backoff.next_attempt = 0, 0.0
     for event in outcome.events:
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+        kapply.post_event(kube, body, event.type, event.reason, event.message)
     sync_alert_rules(kube, body, memo)
     logger.info("retune: %s: %s", outcome.reason, outcome.message)
