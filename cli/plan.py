@@ -350,7 +350,8 @@ def plan(**opts: Any) -> None:
     """Plan the vLLM KV-cache configuration for one GPU pool, offline."""
     if opts.pop("list_catalog"):
         click.echo("models:\n  " + "\n  ".join(catalog.list_models()))
-        click.echo("gpu classes:\n  " + "\n  ".join(gpus.list_gpu_classes()))
+        click.echo("gpu classes:\n  " + "\n  ".join(gpus.list_gpu_classes())
+                   + f"\n  (any other GPU: --gpu '{gpus.CUSTOM_GPU_SPEC}')")
         return
     from kvtune.cli.plan_from_cluster import handle_plan_options
 

@@ -25,7 +25,7 @@ from typing import Any, Literal
 import kopf
 from prometheus_client import Counter, Gauge
 
-from kvtune.operator import alert_rules, api, conditions, metrics, retune, selectors
+from kvtune.operator import alert_rules, api, conditions, metrics, periodic, retune, selectors
 from kvtune.operator import apply as kapply
 from kvtune.operator import reconcile as rec
 from kvtune.operator.api import ProfileScope
@@ -207,6 +207,7 @@ def _write(kube: kapply.Kube, namespace: str, name: str, *, stale: bool, stale_r
     (the reconcile seam owns the rest, and may just have written it)."""
     fresh = kube.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace,
                                                      api.PLURAL, name)
+    assert isinstance(fresh, dict), type(fresh)
     status = rec.status_of(fresh)
     conds = conditions.set_condition(status.conditions, conditions.PROFILE_STALE, stale,
                                      stale_reason, stale_message,
@@ -246,8 +247,10 @@ def retune_once(
         # A rollout this timer started is checked here: no spec change will re-trigger the
         # handlers. The plan comes from the stored profile, so nothing new is applied.
         rec.reconcile(body, kube=kube)
-        body = kube.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace,
-                                                        api.PLURAL, name)
+        fresh_body = kube.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace,
+                                                              api.PLURAL, name)
+        assert isinstance(fresh_body, dict), type(fresh_body)
+        body = fresh_body
     export_plan_gauges(namespace, name, rec.status_of(body))
     window_seconds = parse_duration(prom.window, field="spec.tuning.prometheus.window")
     retune_spec = spec.tuning.retune or api.RetuneSpec()
@@ -418,8 +421,8 @@ class _Backoff:
     next_attempt: float = 0.0
 
 
-@kopf.timer(api.GROUP, api.VERSION, api.PLURAL, id="retune", interval=INTERVAL_SECONDS,
-            initial_delay=INTERVAL_SECONDS, sharp=False)
+# A periodic (not kopf) timer: kopf's would put a finalizer on every object (periodic.py).
+@periodic.timer(id="retune", interval=INTERVAL_SECONDS, initial_delay=INTERVAL_SECONDS)
 def retune_timer(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     backoff: _Backoff = memo.setdefault("retune_backoff", _Backoff())
     now = time.time()
@@ -441,6 +444,6 @@ def retune_timer(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
     else:
         backoff.failures, backoff.next_attempt = 0, 0.0
     for event in outcome.events:
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+        kapply.post_event(kube, body, event.type, event.reason, event.message)
     sync_alert_rules(kube, body, memo)
     logger.info("retune: %s: %s", outcome.reason, outcome.message)

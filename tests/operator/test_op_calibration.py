@@ -66,7 +66,7 @@ def test_the_job_is_the_pools_pod_running_the_measurement() -> None:
     assert pod["affinity"] == source["affinity"] == {"nodeAffinity": AFFINITY}
     assert pod["tolerations"] == source["tolerations"]
     assert pod["volumes"] == source["volumes"]
-    assert pod["serviceAccountName"] == source["serviceAccountName"] == "chat-runtime"
+    assert pod["serviceAccountName"] == source["serviceAccountName"] == "kvtune-runtime"
     assert pod["restartPolicy"] == "Never"
     [container] = pod["containers"]  # the log shipper would keep the Job from ending
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}

@@ -379,7 +379,7 @@ def test_model_outside_the_catalog_from_a_config_map(
     cluster_api: Any, operator: OperatorProcess
 ) -> None:
     ns = "op-configmap"
-    doc = json.loads((REPO / "tuner" / "data" / "models" /
+    doc = json.loads((REPO / "tuner" / "facts" / "data" / "models" /
                       "meta-llama--Llama-3.1-8B-Instruct.json").read_text())
     client.CoreV1Api(cluster_api).create_namespaced_config_map(
         ns, {"metadata": {"name": "acme-8b"}, "data": {"config.json": json.dumps(doc["config"])}})
