@@ -72,13 +72,13 @@ def set_condition(
         found = True
         moved = cond.status != text
         out.append(Condition(
-            type=type_, status=text, reason=reason, message=message,  # type: ignore[arg-type]
+            type=type_, status=text, reason=reason, message=message,
             last_transition_time=(now or now_rfc3339()) if moved else cond.last_transition_time,
             observed_generation=generation,
         ))
     if not found:
         out.append(Condition(
-            type=type_, status=text, reason=reason, message=message,  # type: ignore[arg-type]
+            type=type_, status=text, reason=reason, message=message,
             last_transition_time=now or now_rfc3339(), observed_generation=generation,
         ))
     order = {t: i for i, t in enumerate(CONDITION_TYPES)}

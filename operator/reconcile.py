@@ -370,7 +370,7 @@ def _reconcile_locked(
     else:
         used_profile = profile_from_status(previous.profile, declared)
         used_profile_status = previous.profile if used_profile.source == "prometheus" \
-            else profile_status(used_profile)
+            and previous.profile is not None else profile_status(used_profile)
     deployment_wide = used_profile_status.model_copy(update={"scope": "deployment"})
     prev_pools = {p.name: p for p in previous.pools}
 

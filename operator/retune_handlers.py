@@ -207,6 +207,7 @@ def _write(kube: kapply.Kube, namespace: str, name: str, *, stale: bool, stale_r
     (the reconcile seam owns the rest, and may just have written it)."""
     fresh = kube.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace,
                                                      api.PLURAL, name)
+    assert isinstance(fresh, dict), type(fresh)
     status = rec.status_of(fresh)
     conds = conditions.set_condition(status.conditions, conditions.PROFILE_STALE, stale,
                                      stale_reason, stale_message,
@@ -246,8 +247,10 @@ def retune_once(
         # A rollout this timer started is checked here: no spec change will re-trigger the
         # handlers. The plan comes from the stored profile, so nothing new is applied.
         rec.reconcile(body, kube=kube)
-        body = kube.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace,
-                                                        api.PLURAL, name)
+        fresh_body = kube.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace,
+                                                              api.PLURAL, name)
+        assert isinstance(fresh_body, dict), type(fresh_body)
+        body = fresh_body
     export_plan_gauges(namespace, name, rec.status_of(body))
     window_seconds = parse_duration(prom.window, field="spec.tuning.prometheus.window")
     retune_spec = spec.tuning.retune or api.RetuneSpec()

@@ -160,8 +160,9 @@ def refresh(body: Mapping[str, Any], *, kube: kapply.Kube,
 def read_reports(kube: kapply.Kube, namespace: str) -> dict[str, str] | None:
     """The reports ConfigMap's data (pod name -> JSON report); None when it does not exist."""
     try:
-        cm = kube.core.read_namespaced_config_map(REPORTS_CONFIG_MAP, namespace,
-                                                  _preload_content=False)
+        # Unparsed (_preload_content=False): the HTTP response, whose .data is the JSON bytes.
+        cm: Any = kube.core.read_namespaced_config_map(REPORTS_CONFIG_MAP, namespace,
+                                                       _preload_content=False)
     except ApiException as exc:
         if exc.status == 404:
             return None
