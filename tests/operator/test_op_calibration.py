@@ -170,9 +170,10 @@ def test_the_cache_keeps_every_dtype_measured_for_the_revision() -> None:
 
 
 def test_the_retune_timer_sees_the_gate_from_status() -> None:
+    from op_samples import SAMPLE_SPEC
+
     from kvtune.operator.api import InferenceDeploymentSpec
     from kvtune.operator.calibration_flow import from_status
-    from op_samples import SAMPLE_SPEC
 
     spec = InferenceDeploymentSpec.model_validate(
         {**SAMPLE_SPEC, "model": {**SAMPLE_SPEC["model"], "revision": "r"}})
