@@ -25,7 +25,16 @@ from typing import Any, Literal
 import kopf
 from prometheus_client import Counter, Gauge
 
-from kvtune.operator import alert_rules, api, conditions, metrics, periodic, retune, selectors
+from kvtune.operator import (
+    alert_rules,
+    api,
+    calibration_flow,
+    conditions,
+    metrics,
+    periodic,
+    retune,
+    selectors,
+)
 from kvtune.operator import apply as kapply
 from kvtune.operator import reconcile as rec
 from kvtune.operator.api import ProfileScope
@@ -332,11 +341,15 @@ def retune_once(
     replan = [t for t in ticks if t.decision.action == "replan" and t.observed is not None]
     if replan:
         model = rec.resolve_model(spec, namespace, kube)
-        policy = rec.policy_for(spec)
+        # Gated as the last reconcile was (issue 15): a dtype held back for its calibration
+        # is no material change.
+        kv_policy, kv_evidence = calibration_flow.from_status(spec, previous.kv_quality)
+        policy = rec.policy_for(spec).model_copy(update={"kv_quality": kv_policy})
         by_name = {p.pool_name: p for p in spec.pools}
         for t in replan:
             assert t.observed is not None
-            new_plan = rec.plan_one_pool(spec, by_name[t.name], model, t.observed, policy).plan
+            new_plan = rec.plan_one_pool(spec, by_name[t.name], model, t.observed, policy,
+                                         kv_evidence).plan
             t.material, why = retune.plan_change_matters(plans.get(t.name), new_plan)
             if t.material:
                 t.reason = retune.PLAN_CHANGED
