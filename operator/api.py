@@ -19,7 +19,7 @@ from kvtune.operator.durations import DURATION_PATTERN, parse_duration
 from kvtune.tuner.facts.capabilities import PINNED_VLLM_VERSION, get_runtime
 from kvtune.tuner.facts.vllm_memory import supported_versions
 from kvtune.tuner.facts.weights import WEIGHTS_DTYPES
-from kvtune.tuner.knobs import PINNABLE
+from kvtune.tuner.knobs import KNOBS, PINNABLE, camel_name
 from kvtune.tuner.kv_quality import DEFAULT_MAX_KV_QUANTIZATION_KL
 from kvtune.tuner.planner.kv_dtype_options import PRECISION_FLOOR_BITS
 from kvtune.tuner.planner.policy import KVPrecision, Pins
@@ -59,6 +59,20 @@ _CEL = "x-kubernetes-validations"
 
 def _rules(*rules: tuple[str, str]) -> dict[str, Any]:
     return {_CEL: [{"rule": rule, "message": message} for rule, message in rules]}
+
+
+def _knob_docs(extra: dict[str, Any]) -> Any:
+    """A json_schema_extra that also describes each knob property from the knob table
+    (``kvtune.tuner.knobs``: its doc line, unit and vLLM flag)."""
+
+    def apply(schema: dict[str, Any]) -> None:
+        schema.update(extra)
+        for knob in KNOBS:
+            prop = schema.get("properties", {}).get(camel_name(knob))
+            if prop is not None and "description" not in prop:
+                unit = f" ({knob.unit})" if knob.unit and knob.unit != "fraction" else ""
+                prop["description"] = f"{knob.doc}{unit}; vLLM --{knob.flag}"
+    return apply
 
 
 class _Model(BaseModel):
@@ -379,14 +393,14 @@ class PinSpec(_Model):
     """Knobs a human wants fixed (vLLM's flags, camelCase)."""
 
     model_config = ConfigDict(
-        json_schema_extra=_rules(
+        json_schema_extra=_knob_docs(_rules(
             ("!has(self.blockSize) || self.blockSize % 16 == 0",
              "blockSize must be a multiple of 16 (vLLM's attention backends need it); "
              "use 16, 32, 64 or 128"),
             ("!(has(self.gpuMemoryUtilization) && has(self.kvCacheMemoryBytes))",
              "pin gpuMemoryUtilization or kvCacheMemoryBytes, not both: vLLM ignores the "
              "fraction when the bytes are set"),
-        )
+        ))
     )
 
     block_size: int | None = Field(default=None, ge=16, le=1024)
@@ -612,6 +626,8 @@ class Condition(_Status):
 
 class PlanStatus(_Status):
     """The knobs of a pool's plan, named as vLLM's flags (camelCase)."""
+
+    model_config = ConfigDict(json_schema_extra=_knob_docs({}))
 
     block_size: int
     kv_cache_dtype: str

@@ -27,6 +27,7 @@ from prometheus_client import Counter, Gauge
 from kvtune.operator import (
     alert_rules,
     api,
+    calibration_flow,
     conditions,
     metrics,
     periodic,
@@ -286,12 +287,15 @@ def retune_once(
     replan = [t for t in ticks if t.decision.action == "replan" and t.observed is not None]
     if replan:
         model = plan_stage.resolve_model(spec, namespace, kube)
-        policy = plan_stage.policy_for(spec)
+        # Gated as the last reconcile was (issue 15): a dtype held back for its calibration
+        # is no material change.
+        kv_policy, kv_evidence = calibration_flow.from_status(spec, previous.kv_quality)
+        policy = plan_stage.policy_for(spec).model_copy(update={"kv_quality": kv_policy})
         by_name = {p.pool_name: p for p in spec.pools}
         for t in replan:
             assert t.observed is not None
             t.new_plan = plan_stage.plan_one_pool(spec, by_name[t.name], model, t.observed,
-                                                  policy)
+                                                  policy, kv_evidence)
             t.material, why = retune.plan_change_matters(plans.get(t.name), t.new_plan.plan)
             if t.material:
                 t.reason = retune.PLAN_CHANGED
