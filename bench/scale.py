@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -57,8 +58,8 @@ def _rss_bytes(pid: int) -> int:
 
 def _request_counts(api: Any) -> Counter[str]:
     """apiserver_request_total summed by verb, from the apiserver's /metrics."""
-    response = api.call_api("/metrics", "GET", auth_settings=["BearerToken"],
-                            _preload_content=False, _return_http_data_only=True)
+    response = api.call_api("GET", f"{api.configuration.host}/metrics")
+    response.read()
     counts: Counter[str] = Counter()
     for line in response.data.decode().splitlines():
         if not line.startswith("apiserver_request_total{"):
@@ -187,6 +188,8 @@ def run(n: int, timeout_s: float, workers: int) -> int:
 
 
 def main() -> int:
+    # SIGTERM (timeout, kill): unwind, so the operator and the control plane are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-n", type=int, default=1000, help="InferenceDeployments (1000)")
     parser.add_argument("--timeout", type=float, default=900.0,

@@ -8,8 +8,8 @@ import copy
 
 from op_samples import SAMPLE_SPEC
 
-from kvtune.operator import reconcile as rec
 from kvtune.operator.api import InferenceDeploymentSpec
+from kvtune.operator.rollout import plan as rec
 from kvtune.tuner.planner.policy import SLO
 from kvtune.tuner.planner.presets import preset_profile
 
@@ -31,10 +31,10 @@ def test_an_observed_profile_is_planned_by_goodput_and_status_shows_the_predicti
     assert by_rules.search is None  # a declared profile is planned by the rules
     searched = rec.plan_one_pool(spec, pool, model, observed, policy, running=by_rules.plan)
     assert searched.search is not None and searched.search.changed_from == "running plan"
-    _, expected, _ = rec._plan_status(searched)
+    _, expected, _ = rec.plan_status(searched)
     assert expected.goodput_requests_per_second == searched.search.goodput_requests_per_second
     assert expected.slo_attainment is not None and 0.0 <= expected.slo_attainment <= 1.0
-    assert rec._slo_at_risk(searched) is None or not searched.search.slo_met
+    assert rec.slo_at_risk(searched) is None or not searched.search.slo_met
 
 
 def test_an_slo_no_configuration_meets_is_at_risk_with_numbers() -> None:
@@ -46,6 +46,6 @@ def test_an_slo_no_configuration_meets_is_at_risk_with_numbers() -> None:
     observed = preset_profile("rag").model_copy(update={
         "source": "prometheus", "request_rate_per_second": 5.0})
     plan = rec.plan_one_pool(spec, pool, model, observed, policy)
-    message = rec._slo_at_risk(plan)
+    message = rec.slo_at_risk(plan)
     assert message is not None and message.startswith("SLO at risk")
     assert "req/s" in message and "%" in message

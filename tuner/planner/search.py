@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from kvtune.tuner import kv_quality
 from kvtune.tuner.plan import (
     ExpectedFigures,
     KVPlan,
@@ -411,7 +412,8 @@ def _pool_plan(run: PlanRun, base_pool: PoolPlan, best: _Scored, summary: Search
             knob=knob, choice=str(value).lower() if isinstance(value, bool) else str(value),
             code="BestGoodput",
             message=(f"the goodput search chose {value} over the rules' {was} among "
-                     f"{summary.candidates} candidates: {figures}"),
+                     f"{summary.candidates} candidates: {figures}"
+                     + (_quality_quote(run, str(value)) if knob == "kv-cache-dtype" else "")),
         ))
     # The rules' warnings about their own concurrency target or about a dtype the search
     # replaced no longer describe the plan.
@@ -435,6 +437,13 @@ def _pool_plan(run: PlanRun, base_pool: PoolPlan, best: _Scored, summary: Search
         "plan": plan, "expected": exp, "reasons": tuple(reasons),
         "warnings": tuple(warnings), "search": summary,
     })
+
+
+def _quality_quote(run: PlanRun, dtype: str) -> str:
+    """The KV-quality evidence on a dtype the search chose (its candidates came through the
+    same gate, ``kv_dtype_options.allowed``)."""
+    verdict = kv_quality.gate_one(dtype, run.req.kv_quality_evidence, run.req.policy.kv_quality)
+    return "" if verdict.code == kv_quality.REFERENCE else f"; quality: {verdict.detail}"
 
 
 def slo_at_risk_message(summary: SearchSummary) -> str:
