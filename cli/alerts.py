@@ -28,6 +28,7 @@ def alerts(path: str, fmt: str, output: str | None, namespace: str | None) -> No
 
     from kvtune.cli.outputs import writable_file
     from kvtune.operator import alerts as render
+    from kvtune.operator.api import InferenceDeploymentSpec
 
     if output:
         writable_file(output, "--out-file")
@@ -56,8 +57,15 @@ def alerts(path: str, fmt: str, output: str | None, namespace: str | None) -> No
                 f"(got {first.get('input')!r})") from exc
         except ValueError as exc:
             raise click.ClickException(f"{path}: {doc['metadata'].get('name')}: {exc}") from exc
-        out.append(render.prometheus_rule(inputs) if fmt == "prometheusrule"
-                   else render.rule_file(inputs))
+        if fmt == "prometheusrule":
+            # The same object the operator applies, with spec.monitoring.prometheusRule.labels
+            # for the Prometheus ruleSelector.
+            rule = render.prometheus_rule(inputs)
+            spec = InferenceDeploymentSpec.model_validate(doc.get("spec") or {})
+            rule["metadata"]["labels"].update(spec.monitoring.prometheus_rule.labels or {})
+            out.append(rule)
+        else:
+            out.append(render.rule_file(inputs))
     if not out:
         raise click.ClickException(f"--file={path!r}: no InferenceDeployment in the file")
     if fmt == "rules":  # one rule file: all groups together

@@ -44,14 +44,22 @@ def load_handlers() -> list[str]:
 @click.option("--priority", type=int, default=None,
               help="Peering priority (highest is active). Default with --peering: derived from "
               "$POD_NAME (or host and pid), so replicas differ; equal priorities pause all.")
+@click.option("--pod-security", type=click.Choice(["baseline", "restricted"]),
+              default="baseline", show_default=True,
+              help="Pod Security Standard every rendered vLLM pod must meet (the chart's "
+              "podPolicy.level), besides kvtune's own pod rules (operator/pod_policy.py).")
+@click.option("--allowed-service-account", "service_accounts", multiple=True,
+              help="A ServiceAccount a tenant's pod template may name, besides default and "
+              "kvtune-runtime (repeatable; the chart's podPolicy.allowedServiceAccounts).")
 @click.option("--verbose", "-v", is_flag=True)
 def operator(kubeconfig: str | None, namespaces: tuple[str, ...], metrics_port: int,
              metrics_address: str, standalone: bool, peering_name: str | None,
-             liveness_endpoint: str | None, priority: int | None, verbose: bool) -> None:
+             liveness_endpoint: str | None, priority: int | None, pod_security: str,
+             service_accounts: tuple[str, ...], verbose: bool) -> None:
     """Run the kvtune operator until interrupted."""
     import kopf
 
-    from kvtune.operator import handlers, metrics
+    from kvtune.operator import handlers, metrics, pod_policy
 
     if standalone and peering_name:
         raise click.UsageError("--standalone and --peering exclude each other; pick one")
@@ -68,6 +76,8 @@ def operator(kubeconfig: str | None, namespaces: tuple[str, ...], metrics_port: 
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     handlers.CONFIG.kubeconfig = kubeconfig
     handlers.CONFIG.namespaces = namespaces
+    pod_policy.CONFIG.level = "restricted" if pod_security == "restricted" else "baseline"
+    pod_policy.CONFIG.service_accounts = service_accounts
     loaded = load_handlers()
     click.echo(f"kvtune operator: handlers {', '.join(loaded)}; namespaces "
                f"{', '.join(namespaces) or 'all'}; metrics on {metrics_address}:{metrics_port}",

@@ -21,7 +21,7 @@ def _option(knob: Knob) -> Callable[[F], F]:
     if knob.type is bool:
         return click.option(f"{knob.option}/--no-{knob.flag}", knob.name, default=None,
                             help=help_)
-    kind: click.ParamType | type[str]
+    kind: click.ParamType[Any] | type[str]
     if knob.type is int:
         kind = click.IntRange(min=1)
     elif knob.type is float and knob.unit == "fraction":

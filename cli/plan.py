@@ -45,6 +45,7 @@ from kvtune.tuner.planner.presets import (
     preset_profile,
     profile_from_trace,
 )
+from kvtune.tuner.simulator.goodput_search import plan_by_goodput
 from kvtune.tuner.traces import load_trace
 from kvtune.tuner.units import GiB
 from kvtune.tuner.workload import WorkloadProfile
@@ -157,6 +158,7 @@ def plan_document(pool: PoolPlan, request: PlanRequest) -> dict[str, Any]:
         "reasons": [r.model_dump(mode="json") for r in pool.reasons],
         "warnings": list(pool.warnings),
         "kv_dtype_comparison": dtype_comparison(request),
+        "search": pool.search.model_dump(mode="json") if pool.search is not None else None,
         "profile": request.profile.model_dump(mode="json"),
     }
 
@@ -234,10 +236,43 @@ def render_table(pool: PoolPlan, request: PlanRequest) -> str:
                 f"{row['vs_16bit']}x" if row["vs_16bit"] is not None else "-",
             )
         console.print(cmp)
+    if pool.search is not None:
+        _print_search(console, pool)
     for w in pool.warnings:
         console.print(f"[yellow]warning:[/] {w}")
     console.print("[dim]vllm serve flags:[/] " + " ".join(pool.vllm_args()))
     return console.export_text()
+
+
+def _print_search(console: Any, pool: PoolPlan) -> None:
+    """The goodput search: the chosen plan's predicted figures, then the runners-up."""
+    from rich.table import Table
+
+    s = pool.search
+    assert s is not None
+    line = (f"goodput search: {s.candidates} configurations passed pre-flight, "
+            f"{s.simulated_requests:,} requests simulated; traffic at "
+            f"{s.observed_rate_per_second:.2f} req/s needs ~{s.littles_law_sequences} "
+            f"sequences in flight (Little's law)")
+    console.print(line)
+    table = Table(title="Predicted on the traffic (SLO-goodput: requests/s meeting both "
+                  "targets)")
+    for col in ("configuration", "goodput req/s", "SLO met", "TTFT p95 s", "TPOT p95 ms",
+                "why not chosen"):
+        table.add_column(col, justify="left" if col in ("configuration", "why not chosen")
+                         else "right")
+    chosen = set(pool.plan.vllm_args())
+    table.add_row("chosen", f"{s.goodput_requests_per_second:.2f}", f"{s.slo_attainment:.1%}",
+                  f"{s.ttft_p95_seconds:.3f}", f"{s.tpot_p95_seconds * 1000:.1f}", "")
+    for alt in s.alternatives:
+        diff = " ".join(a for a in alt.vllm_args if a not in chosen) or "(same flags)"
+        table.add_row(diff, f"{alt.goodput_requests_per_second:.2f}",
+                      f"{alt.slo_attainment:.1%}", f"{alt.ttft_p95_seconds:.3f}",
+                      f"{alt.tpot_p95_seconds * 1000:.1f}", alt.why_lost)
+    console.print(table)
+    if s.slo_met:
+        console.print(f"SLO met: {s.slo_attainment:.1%} of requests meet both targets at the "
+                      "observed rate")
 
 
 Renderer = Callable[[PoolPlan, PlanRequest], str]
@@ -272,7 +307,14 @@ def _models_help() -> str:
               help="Session length (prompt+output). With --workload: rescales its p95.")
 @click.option("--workload", type=click.Choice(PRESET_KINDS), help="Workload preset.")
 @click.option("--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Azure CSV or Mooncake JSONL trace to profile.")
+              help="Azure CSV or Mooncake JSONL trace to profile (and to replay in the "
+              "goodput search).")
+@click.option("--request-rate", type=click.FloatRange(min=0, min_open=True),
+              help="Arrival rate, requests/s: with --workload or --context-tokens the goodput "
+              "search replays traffic made from the profile at this rate.")
+@click.option("--search/--no-search", default=True, show_default=True,
+              help="Choose the knobs by simulated SLO-goodput when the traffic's rate is "
+              "known (--trace, --request-rate); --no-search: the rules alone.")
 @pin_options
 @click.option("--lowest-kv-precision", type=click.Choice(["bf16", "fp8", "int8", "fp4", "int4"]),
               default="fp8", show_default=True, help="Never quantize the KV cache below this.")
@@ -308,7 +350,8 @@ def plan(**opts: Any) -> None:
     """Plan the vLLM KV-cache configuration for one GPU pool, offline."""
     if opts.pop("list_catalog"):
         click.echo("models:\n  " + "\n  ".join(catalog.list_models()))
-        click.echo("gpu classes:\n  " + "\n  ".join(gpus.list_gpu_classes()))
+        click.echo("gpu classes:\n  " + "\n  ".join(gpus.list_gpu_classes())
+                   + f"\n  (any other GPU: --gpu '{gpus.CUSTOM_GPU_SPEC}')")
         return
     from kvtune.cli.plan_from_cluster import handle_plan_options
 
@@ -319,7 +362,14 @@ def plan(**opts: Any) -> None:
             raise click.UsageError(f"--{required} is required. {_models_help()}")
     try:
         request = build_request(opts)
-        pool = plan_pool(request)
+        if opts["request_rate"] is not None:
+            request = request.model_copy(update={"profile": request.profile.model_copy(
+                update={"request_rate_per_second": opts["request_rate"]})})
+        if opts["search"] and (opts["trace"] is not None or opts["request_rate"] is not None):
+            trace = load_trace(opts["trace"]) if opts["trace"] is not None else None
+            pool = plan_by_goodput(request, trace=trace)
+        else:
+            pool = plan_pool(request)
         text = render(pool, request, opts["output"])
     except KVTuneError as exc:
         # Bad input (a model, GPU or pin that cannot work) exits 1; click's usage errors 2.

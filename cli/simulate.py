@@ -143,7 +143,7 @@ def _row(config: SimulatedPlan, result: SimResult | None, slo: SLOTargets | None
 @click.option("--engine", type=click.Choice(["simulator", "vllm"]), default="simulator",
               show_default=True,
               help="Who schedules: kvtune's simulator, or vLLM 0.33.0's own scheduler (the "
-              "exact reference, ~50-80x slower; needs pip install 'kvtune[vllm]'). Both use "
+              "exact reference, 20-230x slower; needs pip install 'kvtune[vllm]'). Both use "
               "kvtune's step-time model and vLLM's default async scheduling.")
 @click.option("-o", "--output", "output_format", type=click.Choice(["table", "json"]),
               default="table", show_default=True)

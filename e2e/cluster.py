@@ -145,7 +145,9 @@ class LocalCluster:
         """A new ``kubernetes.client.ApiClient`` for the admin user (system:masters)."""
         from kubernetes import config as kube_config
 
-        return kube_config.new_client_from_config(config_file=str(self.kubeconfig_path))
+        # kubernetes' config loaders carry no annotations.
+        return kube_config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=str(self.kubeconfig_path))
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -250,8 +252,9 @@ class LocalCluster:
             nodes = client.CoreV1Api(api).list_node(label_selector=gpu_nodes.POOL_LABEL).items
         counts: dict[str, list[int]] = {}
         for node in nodes:
-            pool = node.metadata.labels[gpu_nodes.POOL_LABEL]
-            conditions = node.status.conditions or []
+            labels = (node.metadata.labels if node.metadata else None) or {}
+            pool = labels[gpu_nodes.POOL_LABEL]
+            conditions = (node.status.conditions if node.status else None) or []
             ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
             entry = counts.setdefault(pool, [0, 0])
             entry[0] += int(ready)
@@ -396,7 +399,7 @@ class LocalCluster:
         with self.api_client() as api:
             core = client.CoreV1Api(api)
             for manifest in manifests:
-                core.create_node(body=manifest)
+                core.create_node(body=manifest)  # type: ignore[arg-type]  # a dict is sent as is
         total = len(manifests)
 
         def all_ready() -> bool:

@@ -101,8 +101,8 @@ class Demo:
         timings["cluster_up"] = time.monotonic() - start
         self.echo(f"      up in {timings['cluster_up']:.1f}s; "
                   f"export KUBECONFIG={self.cluster.kubeconfig_path}")
-        for pool, ready in self.cluster.nodes_ready_by_pool().items():
-            self.echo(f"      pool {pool:<5} {ready} nodes Ready")
+        for pool, nodes_ready in self.cluster.nodes_ready_by_pool().items():
+            self.echo(f"      pool {pool:<5} {nodes_ready} nodes Ready")
         api = self.cluster.api_client()
 
         self.echo(f"[2/6] CRDs from {CRD_DIR} ...")
@@ -174,7 +174,7 @@ class Demo:
         def established() -> bool:
             for name in names:
                 got = ext.read_custom_resource_definition(name)
-                conditions = got.status.conditions or []
+                conditions = (got.status.conditions if got.status else None) or []
                 if not any(c.type == "Established" and c.status == "True" for c in conditions):
                     return False
             return True
@@ -236,7 +236,8 @@ class Demo:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            client.CoreV1Api(api).create_namespace({"metadata": {"name": self.namespace}})
+            client.CoreV1Api(api).create_namespace(
+                {"metadata": {"name": self.namespace}})  # type: ignore[arg-type]  # sent as is
         except ApiException as error:
             if error.status != 409:
                 raise
@@ -247,9 +248,10 @@ class Demo:
     def _get(self, api: Any) -> dict[str, Any]:
         from kubernetes import client
 
-        obj: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        obj = client.CustomObjectsApi(api).get_namespaced_custom_object(
             GROUP, VERSION, self.namespace, PLURAL, self.name
         )
+        assert isinstance(obj, dict), type(obj)
         return obj
 
     def _wait_ready(self, api: Any) -> dict[str, Any]:
@@ -289,25 +291,27 @@ class Demo:
 
         core = client.CoreV1Api(api)
         products = {
-            n.metadata.name: n.metadata.labels.get("nvidia.com/gpu.product", "-")
-            for n in core.list_node().items
+            n.metadata.name: (n.metadata.labels or {}).get("nvidia.com/gpu.product", "-")
+            for n in core.list_node().items if n.metadata is not None
         }
         wanted = sum(int(p.get("replicas", 1)) for p in self.manifest["spec"]["pools"])
 
         def running() -> list[PodRow] | None:
             rows = []
             for pod in core.list_namespaced_pod(self.namespace).items:
-                if pod.metadata.deletion_timestamp is not None:
+                meta, spec, status = pod.metadata, pod.spec, pod.status
+                if meta is None or spec is None or status is None \
+                        or meta.deletion_timestamp is not None:
                     continue
-                conditions = pod.status.conditions or []
+                conditions = status.conditions or []
                 limits = [
                     (c.resources.limits or {}).get("nvidia.com/gpu", "0")
-                    for c in pod.spec.containers if c.resources is not None
+                    for c in spec.containers if c.resources is not None
                 ]
                 rows.append(PodRow(
-                    name=pod.metadata.name, node=pod.spec.node_name or "-",
-                    gpu_product=products.get(pod.spec.node_name or "", "-"),
-                    gpus="+".join(limits) or "0", phase=pod.status.phase or "-",
+                    name=meta.name or "-", node=spec.node_name or "-",
+                    gpu_product=products.get(spec.node_name or "", "-"),
+                    gpus="+".join(limits) or "0", phase=status.phase or "-",
                     ready=any(c.type == "Ready" and c.status == "True" for c in conditions),
                 ))
             # Exactly the replicas asked for: more means a rollout is still replacing pods.

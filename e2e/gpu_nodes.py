@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvtune.tuner.facts import gpus as tuner_gpus
+from kvtune.tuner.units import MiB
+
 # The annotation kwok selects its nodes by (``--manage-nodes-with-annotation-selector``).
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_ANNOTATION_VALUE = "fake"
@@ -30,10 +33,19 @@ class GPUClass:
     compute_minor: int
 
 
+def _gfd_family(major: int, minor: int) -> str:
+    """GFD's ``nvidia.com/gpu.family`` value for a compute capability."""
+    if major == 8:
+        return "ada-lovelace" if minor == 9 else "ampere"
+    return {9: "hopper", 10: "blackwell"}.get(major, "unknown")
+
+
+# Every GPU class of the tuner's one table (tuner/facts/data/gpus.json), as GFD labels it: the
+# first product label, nvidia-smi's total MiB (NVML's bytes), the family and capability.
 GPU_CLASSES: dict[str, GPUClass] = {
-    "H100": GPUClass("H100", "NVIDIA-H100-80GB-HBM3", 81559, "hopper", 9, 0),
-    "H200": GPUClass("H200", "NVIDIA-H200", 143771, "hopper", 9, 0),
-    "B200": GPUClass("B200", "NVIDIA-B200", 183359, "blackwell", 10, 0),
+    g.name: GPUClass(g.name, g.gpu_product_labels[0], g.nvml_total_bytes // MiB,
+                     _gfd_family(*g.compute_capability), *g.compute_capability)
+    for g in tuner_gpus.GPU_CLASSES if g.gpu_product_labels
 }
 
 

@@ -53,7 +53,8 @@ class VllmCli:
                 value = node.value
                 assert isinstance(value, ast.Subscript), f"{name} is not Literal[...]"
                 elts = value.slice.elts if isinstance(value.slice, ast.Tuple) else [value.slice]
-                return {e.value for e in elts if isinstance(e, ast.Constant)}
+                return {e.value for e in elts
+                        if isinstance(e, ast.Constant) and isinstance(e.value, str)}
         raise LookupError(f"{name} not found in {rel}")
 
     @cached_property
@@ -71,10 +72,10 @@ class VllmCli:
                     if re.search(r"\bbool\b", ast.unparse(node.annotation)):
                         flags.add("--no-" + flag[2:])
         for rel in ("engine/arg_utils.py", "entrypoints/common/cli_args.py"):
-            for node in ast.walk(self._tree(rel)):
-                if isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                        and re.fullmatch(r"--[a-z0-9-]+", node.value):
-                    flags.add(node.value)
+            for found in ast.walk(self._tree(rel)):
+                if isinstance(found, ast.Constant) and isinstance(found.value, str) \
+                        and re.fullmatch(r"--[a-z0-9-]+", found.value):
+                    flags.add(found.value)
         return flags
 
     @cached_property

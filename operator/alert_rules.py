@@ -62,6 +62,7 @@ def delete_object(kube: kapply.Kube, namespace: str, kind: str, name: str) -> bo
     try:
         current = kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural,
                                                            name)
+        assert isinstance(current, dict), type(current)
         labels = (current.get("metadata") or {}).get("labels") or {}
         if labels.get("app.kubernetes.io/managed-by") != "kvtune":
             return False

@@ -16,10 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from kvtune.operator.durations import DURATION_PATTERN, parse_duration
+from kvtune.tuner.facts.capabilities import PINNED_VLLM_VERSION, get_runtime
 from kvtune.tuner.facts.vllm_memory import supported_versions
 from kvtune.tuner.facts.weights import WEIGHTS_DTYPES
-from kvtune.tuner.knobs import PINNABLE
+from kvtune.tuner.knobs import KNOBS, PINNABLE, camel_name
 from kvtune.tuner.kv_quality import DEFAULT_MAX_KV_QUANTIZATION_KL
+from kvtune.tuner.planner.kv_dtype_options import PRECISION_FLOOR_BITS
 from kvtune.tuner.planner.policy import KVPrecision, Pins
 
 GROUP = "kvtune.io"
@@ -31,30 +33,13 @@ SHORT_NAMES = ["infd"]
 
 # vLLM 0.33.0's ``CacheDType`` literal (vllm/config/cache.py). A contract test
 # (tests/operator/test_op_vllm_contract.py) fails if the pinned wheel's literal differs.
-VLLM_KV_CACHE_DTYPES: tuple[str, ...] = (
-    "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
-    "nvfp4_ds_mla", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
-    "turboquant_3bit_nc", "octave_k3v4", "octave_k3v3", "octave_k3v3_compact",
-    "ultraquant_4bit", "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head",
-    "nvfp4", "nvfp4_4over6",
-)
-# Attention backends a human may pin on NVIDIA GPUs (members of vLLM's AttentionBackendEnum).
-VLLM_ATTENTION_BACKENDS: tuple[str, ...] = (
-    "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA",
-    "TRITON_MLA",
-)
-
+# What the pinned vLLM accepts, from the tuner's one copy of those facts
+# (tuner/facts/data/vllm-<v>.json, checked against the wheel's source).
+_RUNTIME = get_runtime(PINNED_VLLM_VERSION)
+VLLM_KV_CACHE_DTYPES: tuple[str, ...] = tuple(_RUNTIME.kv_cache_dtype_names)
+VLLM_ATTENTION_BACKENDS: tuple[str, ...] = tuple(b.name for b in _RUNTIME.backends)
 # Bits per element of the narrowest part of each KV dtype ("auto" is the model's 16 bits).
-KV_DTYPE_BITS: dict[str, int] = {
-    "auto": 16, "float16": 16, "bfloat16": 16,
-    "fp8": 8, "fp8_e4m3": 8, "fp8_e5m2": 8, "fp8_inc": 8, "fp8_ds_mla": 8,
-    "int8_per_token_head": 8, "fp8_per_token_head": 8,
-    "nvfp4_ds_mla": 4, "turboquant_k8v4": 4, "turboquant_4bit_nc": 4, "ultraquant_4bit": 4,
-    "int4_per_token_head": 4, "nvfp4": 4, "nvfp4_4over6": 4,
-    "turboquant_k3v4_nc": 3, "turboquant_3bit_nc": 3, "octave_k3v4": 3, "octave_k3v3": 3,
-    "octave_k3v3_compact": 3,
-}
-PRECISION_FLOOR_BITS: dict[str, int] = {"bf16": 16, "fp8": 8, "int8": 8, "fp4": 4, "int4": 4}
+KV_DTYPE_BITS: dict[str, int] = {n: _RUNTIME.dtype(n).bits for n in VLLM_KV_CACHE_DTYPES}
 
 Mode = Literal["auto", "recommend", "off"]
 WorkloadPreset = Literal["chat", "rag", "agent", "multi-tenant", "long-context"]
@@ -74,6 +59,20 @@ _CEL = "x-kubernetes-validations"
 
 def _rules(*rules: tuple[str, str]) -> dict[str, Any]:
     return {_CEL: [{"rule": rule, "message": message} for rule, message in rules]}
+
+
+def _knob_docs(extra: dict[str, Any]) -> Any:
+    """A json_schema_extra that also describes each knob property from the knob table
+    (``kvtune.tuner.knobs``: its doc line, unit and vLLM flag)."""
+
+    def apply(schema: dict[str, Any]) -> None:
+        schema.update(extra)
+        for knob in KNOBS:
+            prop = schema.get("properties", {}).get(camel_name(knob))
+            if prop is not None and "description" not in prop:
+                unit = f" ({knob.unit})" if knob.unit and knob.unit != "fraction" else ""
+                prop["description"] = f"{knob.doc}{unit}; vLLM --{knob.flag}"
+    return apply
 
 
 class _Model(BaseModel):
@@ -394,14 +393,14 @@ class PinSpec(_Model):
     """Knobs a human wants fixed (vLLM's flags, camelCase)."""
 
     model_config = ConfigDict(
-        json_schema_extra=_rules(
+        json_schema_extra=_knob_docs(_rules(
             ("!has(self.blockSize) || self.blockSize % 16 == 0",
              "blockSize must be a multiple of 16 (vLLM's attention backends need it); "
              "use 16, 32, 64 or 128"),
             ("!(has(self.gpuMemoryUtilization) && has(self.kvCacheMemoryBytes))",
              "pin gpuMemoryUtilization or kvCacheMemoryBytes, not both: vLLM ignores the "
              "fraction when the bytes are set"),
-        )
+        ))
     )
 
     block_size: int | None = Field(default=None, ge=16, le=1024)
@@ -653,6 +652,8 @@ class Condition(_Status):
 class PlanStatus(_Status):
     """The knobs of a pool's plan, named as vLLM's flags (camelCase)."""
 
+    model_config = ConfigDict(json_schema_extra=_knob_docs({}))
+
     block_size: int
     kv_cache_dtype: str
     gpu_memory_utilization: float
@@ -679,6 +680,12 @@ class ExpectedStatus(_Status):
     concurrent_sequences_context_tokens: int
     decode_step_seconds: float | None = None
     prefix_hit_rate: float | None = None
+    # Predicted by the goodput search on the pool's observed traffic (tuner/planner/search):
+    # requests/s meeting both SLO targets, the fraction that do, the p95 latencies.
+    goodput_requests_per_second: float | None = None
+    slo_attainment: float | None = None
+    ttft_p95_seconds: float | None = None
+    tpot_p95_seconds: float | None = None
 
 
 PoolPhase = Literal["Applied", "Canary", "Recommended", "Unmanaged", "NoNodes", "Failed"]
@@ -767,6 +774,9 @@ class PoolStatus(_Status):
     rejected_plan_hash: str | None = None
     runtime: RuntimeStatus | None = None
     profile: ProfileStatus | None = None  # what this pool's plan was made for
+    # Set when the goodput search finds no configuration meeting the SLO at the observed
+    # rate: the attainment, the rate one replica sustains and the replicas needed.
+    slo_at_risk: str | None = None
 
 
 class TokenQuantilesStatus(_Status):

@@ -50,12 +50,16 @@ class Kube:
     def connect(cls, kubeconfig: str | None = None) -> Kube:
         cfg = client.Configuration()
         if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+            # kubernetes' config loaders carry no annotations.
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, client_configuration=cfg)
         else:
             try:
-                config.load_incluster_config(client_configuration=cfg)
+                config.load_incluster_config(  # type: ignore[no-untyped-call]
+                    client_configuration=cfg)
             except config.ConfigException:
-                config.load_kube_config(client_configuration=cfg)
+                config.load_kube_config(  # type: ignore[no-untyped-call]
+                    client_configuration=cfg)
         return cls(client.ApiClient(cfg))
 
     @property
@@ -390,7 +394,7 @@ def post_event(kube: Kube, owner: Mapping[str, Any], type_: str, reason: str,
 
     meta = owner["metadata"]
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    kube.core.create_namespaced_event(meta["namespace"], {
+    kube.core.create_namespaced_event(meta["namespace"], {  # type: ignore[arg-type]
         "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
         "involvedObject": {"apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.KIND,
                            "name": meta["name"], "namespace": meta["namespace"],

@@ -278,6 +278,6 @@ def status(*, model: str, revision: str, phase: str, message: str = "",
         scales = (f"k/v scales for {with_scales} of {layers} layers" if with_scales
                   else "no calibrated KV scales: vLLM uses 1.0 for fp8")
     return KVQualityStatus(
-        model=model, revision=revision, phase=phase, message=message, job=job,  # type: ignore[arg-type]
+        model=model, revision=revision, phase=phase, message=message, job=job,
         config_map=config_map, measured_at=measured_at,
         weights=(report or {}).get("weights"), checkpoint_kv_scales=scales, dtypes=rows)

@@ -95,6 +95,32 @@ class Gate:
             policy=self.policy())
 
 
+def from_status(spec: InferenceDeploymentSpec, status: KVQualityStatus | None
+                ) -> tuple[kv_quality.KVQualityPolicy, kv_quality.KVQualityEvidence | None]:
+    """The gate as the last reconcile left it in ``status.kvQuality``, without API calls (the
+    retune timer's view): the figures it measured for the served revision, and a hold while
+    its Job runs or after it failed."""
+    quality = spec.quality or QualitySpec()
+    revision = spec.model.revision or calibration.UNPINNED
+    usable = status is not None and (status.model, status.revision) == (spec.model.name,
+                                                                         revision)
+    hold = usable and status is not None and status.phase in ("Calibrating", "Failed")
+    policy = kv_quality.KVQualityPolicy(
+        max_kv_quantization_kl=quality.max_kv_quantization_kl,
+        require_measurement=quality.require_measurement or hold,
+        required_by=(f"the calibration Job {status.job}" if hold and status is not None
+                     else "quality.requireMeasurement"))
+    if not usable or status is None or not status.dtypes:
+        return policy, None
+    return policy, kv_quality.KVQualityEvidence(
+        source=f"calibration report configmap/{status.config_map}, revision {revision}",
+        random_weights=status.weights == "random-init",
+        measurements=tuple(kv_quality.KVDtypeMeasurement(
+            dtype=d.dtype, kl_mean=d.kl_mean, top1_agreement=d.top1_agreement,
+            attention_error_max=d.attention_error_max,
+            attention_error_worst_layer=d.worst_layer) for d in status.dtypes))
+
+
 def with_gate(policy: PlanPolicy, gate: Gate) -> PlanPolicy:
     """The planner's policy with this reconcile's KV-quality policy."""
     return policy.model_copy(update={"kv_quality": gate.policy()})

@@ -20,7 +20,12 @@ PROFILE_STALE = "ProfileStale"
 # Set from the runtime entrypoint's reports (spec.runtime.entrypoint: kvtune): whether the
 # pods run the plan as planned (operator/runtime_reports.py).
 RUNTIME_AS_PLANNED = "RuntimeAsPlanned"
-CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, PROFILE_STALE, RUNTIME_AS_PLANNED)
+# True when the goodput search predicts that no configuration meets the SLO at the observed
+# rate (the message has the numbers); set only once a pool's plan comes from the search.
+SLO_AT_RISK = "SLOAtRisk"
+SLO_PREDICTED_MET = "SLOPredictedMet"  # SLOAtRisk=False
+CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, PROFILE_STALE, RUNTIME_AS_PLANNED,
+                   SLO_AT_RISK)
 
 # Reasons.
 ALL_POOLS_APPLIED = "AllPoolsApplied"  # Ready=True: every pool's runtime carries its plan
@@ -76,13 +81,13 @@ def set_condition(
         found = True
         moved = cond.status != text
         out.append(Condition(
-            type=type_, status=text, reason=reason, message=message,  # type: ignore[arg-type]
+            type=type_, status=text, reason=reason, message=message,
             last_transition_time=(now or now_rfc3339()) if moved else cond.last_transition_time,
             observed_generation=generation,
         ))
     if not found:
         out.append(Condition(
-            type=type_, status=text, reason=reason, message=message,  # type: ignore[arg-type]
+            type=type_, status=text, reason=reason, message=message,
             last_transition_time=now or now_rfc3339(), observed_generation=generation,
         ))
     order = {t: i for i, t in enumerate(CONDITION_TYPES)}

@@ -10,7 +10,9 @@
   retry of a pool that had no nodes).
 - A timer follows rollouts into Progressing/Ready while Progressing is True; another
   re-reads the ConfigMaps a spec references (pod template, config.json) every minute; with
-  ``spec.runtime.entrypoint: kvtune`` a third reads the runtime's reports from the pods.
+  ``spec.runtime.entrypoint: kvtune`` a third reads the runtime's reports. These are
+  ``operator/periodic.py`` timers, not kopf's: kopf puts a finalizer on every object a kopf
+  timer matches, which would make deletions hang while the operator is down.
 
 kopf keeps its bookkeeping in annotations under ``kvtune.io`` (not in status, whose schema
 kvtune owns and the API server prunes).
@@ -18,6 +20,7 @@ kvtune owns and the API server prunes).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -26,7 +29,7 @@ from typing import Any
 
 import kopf
 
-from kvtune.operator import api, metrics, runtime_reports
+from kvtune.operator import api, metrics, periodic, runtime_reports
 from kvtune.operator import apply as kapply
 from kvtune.operator import pools as gpu_pools
 from kvtune.operator import reconcile as rec
@@ -39,6 +42,11 @@ ROLLOUT_POLL_SECONDS = 2.0
 CONFIGMAP_RESYNC_SECONDS = float(os.environ.get("KVTUNE_CONFIGMAP_RESYNC_SECONDS", "60"))
 # How often the pods' runtime reports are read (a pod reports once, when it starts).
 RUNTIME_REPORT_SECONDS = float(os.environ.get("KVTUNE_RUNTIME_REPORT_SECONDS", "15"))
+# A replica that dies without a word (kill -9, a lost node) holds its peering entry this
+# long; the standby takes over when it expires. kopf's default is 60 s; keep-alives are sent
+# every lifetime - 10 s, so 20 s means one every 10 s.
+PEERING_LIFETIME_SECONDS = 20
+HANDLER_THREADS = 16
 LOG = logging.getLogger("kvtune.operator")
 
 
@@ -67,7 +75,14 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kvtune.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="kvtune.io", key="last-handled-configuration")
+    # No handler needs a finalizer (the delete handler is optional, the timers are not
+    # kopf's); naming kvtune's former one lets kopf remove it from objects that still carry it.
     settings.persistence.finalizer = "kvtune.io/finalizer"
+    settings.peering.lifetime = PEERING_LIFETIME_SECONDS
+    # Handlers are sync (threads). Python's default pool (cores + 4) would let a handful of
+    # objects waiting on slow work (a tenant's template in its sandbox, a slow API call) hold
+    # every thread while other objects wait; the waits hold no GIL, so more threads are cheap.
+    settings.execution.max_workers = HANDLER_THREADS
     # kvtune posts its own Events (plan changes, rollouts); kopf's log lines stay in the log.
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
@@ -81,9 +96,29 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
                      name="kvtune-gpu-inventory", daemon=True).start()
 
 
+@kopf.on.startup()
+async def start_periodic(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    scheduler = periodic.Scheduler(memo)
+    memo.scheduler = scheduler
+    if settings.peering.standalone:
+        scheduler.set_active(True)
+    else:
+        peering_log = logging.getLogger(periodic.KOPF_PEERING_LOGGER)
+        if peering_log.getEffectiveLevel() > logging.INFO:
+            peering_log.setLevel(logging.INFO)
+        peering_log.addHandler(periodic.PeeringDecisions(scheduler))
+    memo.scheduler_task = asyncio.get_running_loop().create_task(scheduler.run())
+
+
+@kopf.on.event(*RESOURCE, id="periodic-index")
+async def index_for_periodic(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    memo.scheduler.observe(event.get("type"), event["object"])
+
+
 @kopf.on.cleanup()
 def stop_inventory(memo: kopf.Memo, **_: Any) -> None:
     memo.inventory_stop.set()
+    memo.scheduler.stop()
 
 
 class _QuietWatchSuccess(logging.Filter):
@@ -165,7 +200,7 @@ def _progressing(status: kopf.Status, **_: Any) -> bool:
                for c in status.get("conditions", []))
 
 
-@kopf.timer(*RESOURCE, id="rollout", interval=ROLLOUT_POLL_SECONDS, when=_progressing)
+@periodic.timer(id="rollout", interval=ROLLOUT_POLL_SECONDS, when=_progressing)
 def follow_rollout(body: kopf.Body, status: kopf.Status, memo: kopf.Memo,
                    logger: kopf.Logger, **_: Any) -> None:
     """While a rollout is in progress, follow the Deployments into Progressing/Ready (a
@@ -183,8 +218,8 @@ def _references_config_maps(spec: kopf.Spec, **_: Any) -> bool:
                 or (spec.get("model") or {}).get("config"))
 
 
-@kopf.timer(*RESOURCE, id="referenced-configmaps", interval=CONFIGMAP_RESYNC_SECONDS,
-            initial_delay=CONFIGMAP_RESYNC_SECONDS, when=_references_config_maps)
+@periodic.timer(id="referenced-configmaps", interval=CONFIGMAP_RESYNC_SECONDS,
+                initial_delay=CONFIGMAP_RESYNC_SECONDS, when=_references_config_maps)
 def resync_config_maps(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
                        **_: Any) -> None:
     """Reconcile again: an edited template or config.json changes the rendered objects (a
@@ -196,8 +231,8 @@ def _uses_kvtune_entrypoint(spec: kopf.Spec, **_: Any) -> bool:
     return (spec.get("runtime") or {}).get("entrypoint") == "kvtune"
 
 
-@kopf.timer(*RESOURCE, id="runtime-reports", interval=RUNTIME_REPORT_SECONDS,
-            when=_uses_kvtune_entrypoint)
+@periodic.timer(id="runtime-reports", interval=RUNTIME_REPORT_SECONDS,
+                when=_uses_kvtune_entrypoint)
 def read_runtime_reports(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """The runtime entrypoint's reports (pod annotations) into status.pools[].runtime: a
     timer listing the pools' pods by label, not a pod watch, so the operator needs no watch

@@ -143,7 +143,7 @@ def _memory_bytes(node: Mapping[str, Any]) -> int:
             try:
                 from kubernetes.utils import parse_quantity
 
-                return int(parse_quantity(str(source["memory"])))
+                return int(parse_quantity(str(source["memory"])))  # type: ignore[no-untyped-call]
             except ValueError:
                 pass
     return 0

@@ -1,10 +1,14 @@
 """Render the Kubernetes objects of one pool: Deployment, Service, PodDisruptionBudget.
 
-Pure: a ``RenderInput`` in, plain dicts out. Templates are Jinja2 in a sandbox with
+A ``RenderInput`` in, plain dicts out. Templates are Jinja2 in a sandbox with
 ``StrictUndefined`` (a misspelt variable is an error, not an empty string), so a user's pod
-template (from a ConfigMap) can read the plan but cannot reach Python. A template that yields
-something that is not a pod template raises ``RenderError`` naming what is wrong; the caller
-reports it in status and applies nothing.
+template (from a ConfigMap) can read the plan but cannot reach Python. kvtune's own templates
+render in this process; a user's renders in a child process with bounded CPU, memory, time
+and output (``operator/template_sandbox.py``). Every pod, kvtune's or the user's, must then
+meet the pod policy the chart chose (``operator/pod_policy.py``). A template that fails,
+breaks a limit, yields something that is not a pod template, or asks for what the policy
+refuses raises ``RenderError`` naming what is wrong; the caller reports it in status (that
+object alone is Degraded) and applies nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import jinja2
 import yaml
 from jinja2.sandbox import SandboxedEnvironment
 
-from kvtune.operator import runtime_access
+from kvtune.operator import pod_policy, runtime_access, template_sandbox
 from kvtune.tuner.plan import PoolPlan
 
 FIELD_MANAGER = "kvtune"
@@ -55,8 +59,9 @@ class RenderInput:
     command: tuple[str, ...] = DEFAULT_COMMAND
     pod_template: str | None = None  # the user's Jinja2 pod template, if any
     progress_deadline_seconds: int = 1800
-    # "kvtune": the container runs kvtune's runtime entrypoint (which execs vllm) as a
-    # ServiceAccount that may annotate its pod; ``command`` is then ignored.
+    # "kvtune": the container runs kvtune's runtime entrypoint (which execs vllm) as the
+    # ServiceAccount that may write the namespace's reports ConfigMap; ``command`` is then
+    # ignored.
     entrypoint: str = "vllm"
 
 
@@ -67,11 +72,6 @@ def object_name(name: str, pool: str) -> str:
         return full
     digest = hashlib.sha256(full.encode()).hexdigest()[:8]
     return f"{full[: _MAX_NAME - 9].rstrip('-')}-{digest}"
-
-
-def runtime_service_account(name: str) -> str:
-    """The runtime pods' ServiceAccount (and Role, RoleBinding): ``<name>-runtime``."""
-    return object_name(name, "runtime")
 
 
 def plan_hash(pool_plan: PoolPlan, image: str) -> str:
@@ -152,9 +152,7 @@ def _check_pod_template(obj: Any, where: str) -> dict[str, Any]:
 
 
 def render_pool(inp: RenderInput) -> list[dict[str, Any]]:
-    """Deployment, Service and PodDisruptionBudget of one pool, in apply order; with
-    ``entrypoint="kvtune"`` the runtime's ServiceAccount, Role and RoleBinding first (the
-    same for every pool of the InferenceDeployment: applying them twice is a no-op)."""
+    """Deployment, Service and PodDisruptionBudget of one pool, in apply order."""
     kvtune_entrypoint = inp.entrypoint == "kvtune"
     name = object_name(inp.name, inp.pool)
     hash_ = plan_hash(inp.pool_plan, inp.image)
@@ -204,10 +202,16 @@ def render_pool(inp: RenderInput) -> list[dict[str, Any]]:
         "node_selector": dict(inp.node_selector),
         "affinity": inp.affinity,
         "tolerations": tolerations,
+        # The chart's podPolicy.level: kvtune's own pod template meets it.
+        "pod_security": pod_policy.CONFIG.level,
     }
     if inp.pod_template is not None:
         pod_where = "spec.runtime.podTemplate (ConfigMap template)"
-        pod = _check_pod_template(_render_yaml(inp.pod_template, pod_where, context), pod_where)
+        try:
+            rendered = template_sandbox.render_yaml(inp.pod_template, context)
+        except template_sandbox.SandboxError as exc:
+            raise RenderError(f"{pod_where}: {exc}") from exc
+        pod = _check_pod_template(rendered, pod_where)
         # The selector's labels must be on the pods whatever the user's template says,
         # or the Deployment is refused; the plan hash too, so a plan change rolls out.
         meta = pod.setdefault("metadata", {}) or {}
@@ -216,18 +220,19 @@ def render_pool(inp: RenderInput) -> list[dict[str, Any]]:
                           LABEL_PLAN_REVISION: str(inp.revision)}
         meta["annotations"] = {**(meta.get("annotations") or {}), ANNOTATION_PLAN_HASH: hash_}
     else:
+        pod_where = "pod.yaml.j2"
         pod = _check_pod_template(
             _render_yaml(_template_text("pod.yaml.j2"), "pod.yaml.j2", context), "pod.yaml.j2")
-    access: list[dict[str, Any]] = []
+    try:
+        pod_policy.check(pod)
+    except pod_policy.PolicyViolation as exc:
+        raise RenderError(f"{pod_where}: {exc}") from exc
     if kvtune_entrypoint:
-        account = runtime_service_account(inp.name)
-        runtime_access.use_runtime_access(pod, account)
-        access = runtime_access.runtime_access_objects(account, inp.namespace, {
-            k: v for k, v in labels.items() if k.startswith("app.kubernetes.io/")
-            or k == LABEL_DEPLOYMENT})
+        # The ServiceAccount, its Role and the reports ConfigMap are the chart's, per
+        # namespace (operator/runtime_access.py): the operator creates no RBAC objects.
+        runtime_access.use_runtime_access(pod)
     context["pod_template"] = pod
-    objects = [
+    return [
         _render_yaml(_template_text(t), t, context)
         for t in ("deployment.yaml.j2", "service.yaml.j2", "pdb.yaml.j2")
     ]
-    return access + objects

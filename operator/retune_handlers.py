@@ -24,7 +24,17 @@ from typing import Any, Literal
 import kopf
 from prometheus_client import Counter, Gauge
 
-from kvtune.operator import alert_rules, api, conditions, metrics, retune, retune_state, selectors
+from kvtune.operator import (
+    alert_rules,
+    api,
+    calibration_flow,
+    conditions,
+    metrics,
+    periodic,
+    retune,
+    retune_state,
+    selectors,
+)
 from kvtune.operator import apply as kapply
 from kvtune.operator import reconcile as rec
 from kvtune.operator import status as status_writer
@@ -277,12 +287,16 @@ def retune_once(
     replan = [t for t in ticks if t.decision.action == "replan" and t.observed is not None]
     if replan:
         model = plan_stage.resolve_model(spec, namespace, kube)
-        policy = plan_stage.policy_for(spec)
+        # Gated as the last reconcile was (issue 15): a dtype held back for its calibration
+        # is no material change.
+        kv_policy, kv_evidence = calibration_flow.from_status(spec, previous.kv_quality)
+        policy = plan_stage.policy_for(spec).model_copy(update={"kv_quality": kv_policy})
         by_name = {p.pool_name: p for p in spec.pools}
         for t in replan:
             assert t.observed is not None
             t.new_plan = plan_stage.plan_one_pool(spec, by_name[t.name], model, t.observed,
-                                                  policy)
+                                                  policy, kv_evidence,
+                                                  running=plans.get(t.name))
             t.material, why = retune.plan_change_matters(plans.get(t.name), t.new_plan.plan)
             if t.material:
                 t.reason = retune.PLAN_CHANGED
@@ -368,8 +382,8 @@ class _Backoff:
     next_attempt: float = 0.0
 
 
-@kopf.timer(api.GROUP, api.VERSION, api.PLURAL, id="retune", interval=INTERVAL_SECONDS,
-            initial_delay=INTERVAL_SECONDS, sharp=False)
+# A periodic (not kopf) timer: kopf's would put a finalizer on every object (periodic.py).
+@periodic.timer(id="retune", interval=INTERVAL_SECONDS, initial_delay=INTERVAL_SECONDS)
 def retune_timer(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     backoff: _Backoff = memo.setdefault("retune_backoff", _Backoff())
     now = time.time()
@@ -391,6 +405,6 @@ def retune_timer(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
     else:
         backoff.failures, backoff.next_attempt = 0, 0.0
     for event in outcome.events:
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+        kapply.post_event(kube, body, event.type, event.reason, event.message)
     sync_alert_rules(kube, body, memo)
     logger.info("retune: %s: %s", outcome.reason, outcome.message)

@@ -1,10 +1,18 @@
-"""What the runtime entrypoint may do on the API server: its ServiceAccount, Role, RoleBinding.
+"""What the runtime entrypoint may do on the API server, and how its pods are set up for it.
 
-With ``spec.runtime.entrypoint: kvtune`` the vLLM pods run kvtune's entrypoint, which patches
-its decisions into its own pod's ``kvtune.io/runtime-report`` annotation
-(``kvtune.runtime.report``). These three objects, one set per InferenceDeployment, give the
-pods exactly that: ``get`` and ``patch`` on pods in the InferenceDeployment's namespace. Pure
-builders; the reconcile applies them with the pool's objects (owner reference included).
+With ``spec.runtime.entrypoint: kvtune`` the vLLM pods run kvtune's entrypoint, which writes
+its decisions under its pod's name into the ConfigMap ``kvtune-runtime-reports`` of its
+namespace (``kvtune.runtime.report``); the operator reads them back
+(``operator/runtime_reports.py``).
+
+The pods run as the ServiceAccount ``kvtune-runtime``, whose only right is ``get`` and
+``patch`` on that one ConfigMap (``resourceNames``): no pod can be patched, nothing in any
+other namespace touched. The Helm chart creates these four objects in every namespace listed
+in ``runtime.namespaces`` (namespaced mode: every watched namespace), so the operator itself
+creates no ServiceAccount, Role or RoleBinding and needs no right on pods beyond ``list``
+(docs/rbac.md). ``namespace_objects`` is the one description of them: the chart's template
+is checked against it (tests/packaging/test_pkg_chart.py) and the operator's tests create
+them from it where no chart is installed.
 """
 
 from __future__ import annotations
@@ -12,42 +20,48 @@ from __future__ import annotations
 from typing import Any
 
 ENTRYPOINT_COMMAND = ("python3", "-m", "kvtune.runtime")
-# The downward-API variables kvtune.runtime.report.publish reads (POD_NAMESPACE: else the
-# mounted service account's namespace file).
+SERVICE_ACCOUNT = "kvtune-runtime"
+REPORTS_CONFIG_MAP = "kvtune-runtime-reports"
+ROLE = "kvtune-runtime-reporter"
+# What kvtune.runtime.report.publish reads: the pod's name and namespace (downward API) and
+# where to write (POD_NAMESPACE: else the mounted service account's namespace file).
 POD_ENV = (
     {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    {"name": "KVTUNE_REPORT_CONFIGMAP", "value": REPORTS_CONFIG_MAP},
 )
 _RBAC = "rbac.authorization.k8s.io"
 
 
-def runtime_access_objects(service_account: str, namespace: str,
-                           labels: dict[str, str]) -> list[dict[str, Any]]:
-    """ServiceAccount, Role and RoleBinding (all named ``service_account``) of one
-    InferenceDeployment's runtime pods."""
-    sa = service_account
-    meta = {"name": sa, "namespace": namespace, "labels": dict(labels)}
+def namespace_objects(namespace: str, labels: dict[str, str] | None = None
+                      ) -> list[dict[str, Any]]:
+    """ServiceAccount, ConfigMap, Role and RoleBinding that let the runtime pods of one
+    namespace report (created by the chart, in this order)."""
+    def meta(name: str) -> dict[str, Any]:
+        return {"name": name, "namespace": namespace, "labels": dict(labels or {})}
+
     return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(meta),
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(SERVICE_ACCOUNT),
          "automountServiceAccountToken": True},
-        {"apiVersion": f"{_RBAC}/v1", "kind": "Role", "metadata": dict(meta),
-         # resourceNames cannot narrow this to the pool's pods: a Deployment's pods get
-         # generated names (<replicaset>-<random>) that are unknown when the Role is written,
-         # and RBAC matches names exactly (no prefixes, no label selectors). So the pods may
-         # patch any pod of this namespace, and nothing in any other namespace.
-         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}]},
-        {"apiVersion": f"{_RBAC}/v1", "kind": "RoleBinding", "metadata": dict(meta),
-         "roleRef": {"apiGroup": _RBAC, "kind": "Role", "name": sa},
-         "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}]},
+        # No data: each pod adds its own key; the chart must not own (and reset) the keys.
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(REPORTS_CONFIG_MAP)},
+        {"apiVersion": f"{_RBAC}/v1", "kind": "Role", "metadata": meta(ROLE),
+         # By name: the one ConfigMap; no pod, no other ConfigMap, no Secret.
+         "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                    "resourceNames": [REPORTS_CONFIG_MAP], "verbs": ["get", "patch"]}]},
+        {"apiVersion": f"{_RBAC}/v1", "kind": "RoleBinding", "metadata": meta(ROLE),
+         "roleRef": {"apiGroup": _RBAC, "kind": "Role", "name": ROLE},
+         "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT,
+                       "namespace": namespace}]},
     ]
 
 
-def use_runtime_access(pod: dict[str, Any], service_account: str,
-                       container: str = "vllm") -> None:
-    """Run ``pod`` (a pod template, changed in place) as ``service_account``, with the pod's
-    name and namespace in the env of the vLLM container (else the first)."""
+def use_runtime_access(pod: dict[str, Any], container: str = "vllm") -> None:
+    """Run ``pod`` (a pod template, changed in place) as ``kvtune-runtime``, with the pod's
+    name, namespace and the reports ConfigMap in the env of the vLLM container (else the
+    first)."""
     spec = pod["spec"]
-    spec["serviceAccountName"] = service_account
+    spec["serviceAccountName"] = SERVICE_ACCOUNT
     spec["automountServiceAccountToken"] = True
     containers = spec["containers"]
     target = next((c for c in containers if c.get("name") == container), containers[0])

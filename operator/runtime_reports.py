@@ -1,14 +1,16 @@
 """Expected vs actual: what kvtune's runtime entrypoint reported from each pool's pods.
 
 With ``spec.runtime.entrypoint: kvtune`` every vLLM pod's entrypoint checks the GPU through
-NVML, sizes the memory fraction to the memory really free, and patches its decisions into
-its own pod's ``kvtune.io/runtime-report`` annotation (``kvtune.runtime.report``). The
-runtime-reports timer (``operator/handlers.py``) reads them back here into
-``status.pools[].runtime`` and the ``RuntimeAsPlanned`` condition, and posts an Event when a
-pool's runtime refused to start or lowered the fraction materially.
+NVML, sizes the memory fraction to the memory really free, and writes its decisions under
+its pod's name into the namespace's ConfigMap ``kvtune-runtime-reports``
+(``kvtune.runtime.report``; the chart creates it with the runtime's ServiceAccount, see
+``operator/runtime_access.py``). The runtime-reports timer (``operator/handlers.py``) reads
+them back here into ``status.pools[].runtime`` and the ``RuntimeAsPlanned`` condition, and
+posts an Event when a pool's runtime refused to start or lowered the fraction materially.
+Only the reports of the pools' current pods count (a key of a gone pod is ignored).
 
-``summarize`` and ``finding`` are pure; ``refresh`` reads pods and patches status (only when
-it changed, with a resourceVersion precondition, like the rollout timer).
+``summarize`` and ``finding`` are pure; ``refresh`` reads pods and the ConfigMap and patches
+status (only when it changed, with a resourceVersion precondition, like the rollout timer).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from kvtune.operator import apply as kapply
 from kvtune.operator import conditions as cond
 from kvtune.operator import status as status_writer
@@ -24,19 +28,20 @@ from kvtune.operator.api import PoolStatus, RuntimeStatus, TokensStatus, Utiliza
 from kvtune.operator.locks import object_lock
 from kvtune.operator.render import ANNOTATION_PLAN_HASH, LABEL_DEPLOYMENT, LABEL_POOL
 from kvtune.operator.rollout.outcome import Event
+from kvtune.operator.runtime_access import REPORTS_CONFIG_MAP
 from kvtune.tuner.units import GiB
 
-# The entrypoint's own constant (kvtune.runtime.report.REPORT_ANNOTATION); not imported, so
-# the operator does not depend on the runtime package.
-REPORT_ANNOTATION = "kvtune.io/runtime-report"
+# RuntimeAsPlanned=False: the namespace has no reports ConfigMap (the chart did not set up
+# the runtime's access there), so the runtime pods cannot run as kvtune-runtime.
+RUNTIME_ACCESS_MISSING = "RuntimeAccessMissing"
 # A fraction lowered by more than this (5 points of GPU memory), or a KV cache smaller than
 # planned by more than this share, is worth an Event: the pool serves fewer sequences.
 MATERIAL_UTILIZATION_DROP = 0.05
 MATERIAL_TOKEN_SHORTFALL = 0.05
 
 
-def _report(pod: Mapping[str, Any]) -> dict[str, Any] | None:
-    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(REPORT_ANNOTATION)
+def _report(pod: Mapping[str, Any], reports: Mapping[str, str]) -> dict[str, Any] | None:
+    raw = reports.get(str((pod.get("metadata") or {}).get("name")))
     if not raw:
         return None
     try:
@@ -50,9 +55,11 @@ def _tokens(n: int) -> str:
     return f"{n / 1e6:.2f}M" if n >= 1_000_000 else f"{n}"
 
 
-def summarize(pods: Sequence[Mapping[str, Any]], plan_hash: str | None) -> RuntimeStatus | None:
-    """The reports of the pods running ``plan_hash`` (others are old or canary pods of
-    another plan); None when no such pod exists. Figures are the worst pod's."""
+def summarize(pods: Sequence[Mapping[str, Any]], plan_hash: str | None,
+              reports_by_pod: Mapping[str, str]) -> RuntimeStatus | None:
+    """The reports (``reports_by_pod``: the ConfigMap's data) of the pods running
+    ``plan_hash`` (others are old or canary pods of another plan); None when no such pod
+    exists. Figures are the worst pod's."""
     current = sorted(
         (p for p in pods
          if not (p.get("metadata") or {}).get("deletionTimestamp")
@@ -61,7 +68,8 @@ def summarize(pods: Sequence[Mapping[str, Any]], plan_hash: str | None) -> Runti
         key=lambda p: str(p["metadata"].get("name")))
     if not current:
         return None
-    reports = [(p["metadata"]["name"], r) for p in current if (r := _report(p)) is not None]
+    reports = [(p["metadata"]["name"], r) for p in current
+               if (r := _report(p, reports_by_pod)) is not None]
     started = [r for _, r in reports if r.get("started") is True]
     refused = [(n, r) for n, r in reports if r.get("started") is False]
     gpus = [g for r in started for g in r.get("gpus") or [] if isinstance(g, dict)]
@@ -151,6 +159,28 @@ def refresh(body: Mapping[str, Any], *, kube: kapply.Kube,
         return _refresh_locked(fresh, kube=kube, now=now)
 
 
+def read_reports(kube: kapply.Kube, namespace: str) -> dict[str, str] | None:
+    """The reports ConfigMap's data (pod name -> JSON report); None when it does not exist."""
+    try:
+        # Unparsed (_preload_content=False): the HTTP response, whose .data is the JSON bytes.
+        cm: Any = kube.core.read_namespaced_config_map(REPORTS_CONFIG_MAP, namespace,
+                                                       _preload_content=False)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    data = json.loads(cm.data).get("data") or {}
+    return {str(k): str(v) for k, v in data.items()}
+
+
+def access_missing_message(namespace: str) -> str:
+    return (f"namespace {namespace} has no ConfigMap {REPORTS_CONFIG_MAP}, so the runtime "
+            f"pods (spec.runtime.entrypoint=kvtune) have no ServiceAccount kvtune-runtime to "
+            f"run as and nowhere to report. Fix: add {namespace} to the Helm chart's "
+            f"runtime.namespaces (namespaced mode: to operator.watchNamespaces), or set "
+            f"spec.runtime.entrypoint to vllm")
+
+
 def _refresh_locked(body: Mapping[str, Any], *, kube: kapply.Kube,
                     now: str | None) -> list[Event]:
     meta = body["metadata"]
@@ -159,18 +189,26 @@ def _refresh_locked(body: Mapping[str, Any], *, kube: kapply.Kube,
     previous = status_writer.read(body)
     if previous.mode != "auto" or not previous.pools:
         return []
+    reports = read_reports(kube, meta["namespace"])
     pools, events = [], []
     for pool in previous.pools:
         runtime = pool.runtime
-        if pool.phase in ("Applied", "Canary") and pool.plan_hash:
+        if reports is not None and pool.phase in ("Applied", "Canary") and pool.plan_hash:
             pods = kapply.list_pods(kube, meta["namespace"],
                                     f"{LABEL_DEPLOYMENT}={meta['name']},{LABEL_POOL}={pool.name}")
-            runtime = summarize(pods, pool.plan_hash)
+            runtime = summarize(pods, pool.plan_hash, reports)
         before, after = finding(pool.name, pool.runtime), finding(pool.name, runtime)
         if after is not None and after != before:
             events.append(Event("Warning", after[0], after[1]))
         pools.append(pool.model_copy(update={"runtime": runtime}))
-    status_, reason, message = runtime_condition(pools)
+    if reports is None:
+        status_, reason, message = ("False", RUNTIME_ACCESS_MISSING,
+                                    access_missing_message(meta["namespace"]))
+        before_cond = cond.get_condition(previous.conditions, cond.RUNTIME_AS_PLANNED)
+        if before_cond is None or before_cond.reason != RUNTIME_ACCESS_MISSING:
+            events.append(Event("Warning", RUNTIME_ACCESS_MISSING, message))
+    else:
+        status_, reason, message = runtime_condition(pools)
     conditions = cond.set_condition(previous.conditions, cond.RUNTIME_AS_PLANNED, status_,
                                     reason, message, generation=previous.observed_generation,
                                     now=now)

@@ -89,15 +89,13 @@ def run(options: RunOptions) -> KVQualityReport:
 
 def publish(report: KVQualityReport, annotation: str) -> str:
     """Through the runtime entrypoint's report channel (``kvtune.runtime.report``), as the
-    pool's pods report: under ``annotation`` on this pod where that channel annotates pods,
-    else wherever it writes (its ConfigMap, under this pod's name)."""
-    import inspect
-
+    pool's pods report: into the namespace's ConfigMap ``kvtune-runtime-reports`` under this
+    pod's name (the pod runs as ``kvtune-runtime``, which may write only that ConfigMap: no
+    pod annotation, so ``annotation`` is not used), else the status file."""
     from kvtune.runtime import report as channel
 
+    del annotation  # the report is keyed by the pod's name, not an annotation
     data = json.loads(termination_message(report))
-    if "annotation" in inspect.signature(channel.publish).parameters:
-        return str(channel.publish(data, annotation=annotation))
     return str(channel.publish(data))
 
 

@@ -135,3 +135,22 @@ def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
         if cond["type"] == type_:
             return dict(cond)
     return None
+
+
+def create_runtime_access(api_client: Any, namespace: str) -> None:
+    """What the chart creates in a runtime namespace (spec.runtime.entrypoint: kvtune): the
+    ServiceAccount kvtune-runtime, the reports ConfigMap, its Role and RoleBinding
+    (operator/runtime_access.py); the runtime pods cannot start without them."""
+    from kvtune.operator import runtime_access
+
+    core, rbac = client.CoreV1Api(api_client), client.RbacAuthorizationV1Api(api_client)
+    create = {"ServiceAccount": core.create_namespaced_service_account,
+              "ConfigMap": core.create_namespaced_config_map,
+              "Role": rbac.create_namespaced_role,
+              "RoleBinding": rbac.create_namespaced_role_binding}
+    for obj in runtime_access.namespace_objects(namespace):
+        try:
+            create[obj["kind"]](namespace, obj)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise

@@ -79,6 +79,50 @@ class ExpectedFigures(BaseModel):
     concurrent_sequences_context_tokens: int  # the context length that figure assumes
     decode_step_seconds: float | None = None  # at max_num_seqs, from the bandwidth model
     prefix_hit_rate: float | None = None  # from the simulator, when it scored the plan
+    # From the goodput search (the simulator on the pool's traffic), when it ran:
+    # requests/s meeting both SLO targets, the fraction that do, and the p95 latencies.
+    goodput_requests_per_second: float | None = None
+    slo_attainment: float | None = None
+    ttft_p95_seconds: float | None = None
+    tpot_p95_seconds: float | None = None
+
+
+class SearchAlternative(BaseModel):
+    """A configuration the goodput search ranked below the chosen one, and why."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    vllm_args: tuple[str, ...]
+    goodput_requests_per_second: float
+    slo_attainment: float
+    ttft_p95_seconds: float
+    tpot_p95_seconds: float
+    why_lost: str
+
+
+class SearchSummary(BaseModel):
+    """What the goodput search found (``tuner/planner/search.py``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    observed_rate_per_second: float
+    # The concurrency the traffic needs (arrival rate x time in the engine at the SLO).
+    littles_law_sequences: int
+    goodput_requests_per_second: float
+    slo_attainment: float
+    ttft_p95_seconds: float
+    tpot_p95_seconds: float
+    slo_met: bool  # at least 95% of requests meet both targets at the observed rate
+    slo_set: bool  # False: the default targets were used
+    # When the SLO is missed: the rate one replica sustains within it, and replicas needed.
+    max_rate_within_slo_per_second: float | None = None
+    replicas_needed: int | None = None
+    candidates: int  # configurations that passed pre-flight and were scored
+    simulated_requests: int
+    requests_per_candidate: int  # the finalists' stream length
+    changed_from: str  # "running plan" or "rules' plan"
+    changed_knobs: tuple[str, ...] = ()
+    alternatives: tuple[SearchAlternative, ...] = ()
 
 
 class PoolPlan(BaseModel):
@@ -94,6 +138,7 @@ class PoolPlan(BaseModel):
     expected: ExpectedFigures
     reasons: tuple[Reason, ...]
     warnings: tuple[str, ...] = ()
+    search: SearchSummary | None = None  # set when the goodput search chose the plan
 
     def vllm_args(self) -> list[str]:
         """Everything after ``vllm serve MODEL`` this pool's plan sets: the TP flag, then the

@@ -64,6 +64,9 @@ class WorkloadProfile(BaseModel):
     # Requests continue a conversation whose history is re-sent (multi-turn chat, agents).
     multi_turn: bool = False
     request_rate_per_second: float | None = Field(default=None, ge=0.0)
+    # Burstiness: the coefficient of variation of the gaps between arrivals (1: Poisson;
+    # above 1: bursty); None: unknown (traffic made from the profile takes 1).
+    arrival_cv: float | None = Field(default=None, ge=0.0)
     # How many requests the figures are based on, and over what window (observed profiles).
     requests: int | None = Field(default=None, ge=0)
     window_seconds: float | None = Field(default=None, gt=0.0)

@@ -23,8 +23,8 @@ from kvtune.tuner.workload import WorkloadProfile
 
 
 def _pin_field(name: str) -> str:
-    return "spec.tuning.pin." + PinSpec.model_fields[name].alias if \
-        PinSpec.model_fields[name].alias else "spec.tuning.pin." + to_camel(name)
+    alias = PinSpec.model_fields[name].alias
+    return "spec.tuning.pin." + (alias or to_camel(name))
 
 
 def check(spec: InferenceDeploymentSpec, pool_plan: PoolPlan,

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvtune.tuner.knobs import BY_NAME, FLAG_TO_NAME, TENSOR_PARALLEL_FLAG
+from kvtune.tuner.units import GiB as GIB
 
-from .gpus import GIB, GPU_CLASSES, GpuInfo, class_of
+from .gpus import GPU_CLASSES, GpuInfo, class_of
 from .runtime_plan import RuntimePlan
 
 # vLLM takes its free-memory snapshot after CUDA and torch have initialised, which costs

@@ -80,7 +80,7 @@ def test_default_render(helm: Path) -> None:
     (container,) = pod["containers"]
     assert container["args"] == [
         "operator", "--peering=kvtune", "--liveness=http://0.0.0.0:8081/healthz",
-        "--metrics-port=8080", "--metrics-address=0.0.0.0"]
+        "--metrics-port=8080", "--metrics-address=0.0.0.0", "--pod-security=baseline"]
     assert pod["serviceAccountName"] == "kvtune"
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     # Peering: kopf's CRDs (crds/ folder) and this release's cluster-wide peering object.
@@ -119,6 +119,8 @@ def test_namespaced_mode_uses_roles(helm: Path) -> None:
     roles = by_kind(docs, "Role")
     assert {r["metadata"]["namespace"] for r in roles} == {"llm", "batch"}
     for binding in by_kind(docs, "RoleBinding"):
+        if binding["metadata"]["name"] == "kvtune-runtime-reporter":
+            continue  # the runtime's (test_runtime_access_objects_are_the_operators_own)
         assert binding["subjects"][0]["namespace"] == "kvtune-system"
     # Only cluster-scoped reads stay cluster-wide (the aggregated view/edit roles aside).
     cluster_rules = [r for d in by_kind(docs, "ClusterRole")
@@ -264,6 +266,8 @@ def test_rbac_grants_exactly_what_docs_rbac_lists(helm: Path, namespaced: bool) 
     for doc in by_kind(docs, "ClusterRole") + by_kind(docs, "Role"):
         if "aggregate-to" in str(doc["metadata"].get("labels")):
             continue  # the view/edit roles for people, not the operator's
+        if doc["metadata"]["name"] == "kvtune-runtime-reporter":
+            continue  # the runtime pods', not the operator's
         for rule in doc["rules"]:
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
@@ -288,3 +292,51 @@ def test_packaged_chart_carries_what_it_renders_and_no_tooling(helm: Path, tmp_p
     assert {f"kvtune/files/crds/{p.name}" for p in (CHART / "files/crds").glob("*.yaml")} <= names
     assert {f"kvtune/dashboards/{p.name}" for p in (CHART / "dashboards").glob("*.json")} <= names
     assert not [n for n in names if n.startswith("kvtune/hack/")]
+
+
+@pytest.mark.parametrize(("args", "namespaces"), [
+    ([], set()),  # cluster mode: nowhere unless listed
+    (["--set", "runtime.namespaces={llm}"], {"llm"}),
+    (NAMESPACED, {"llm", "batch"}),  # namespaced mode: every watched namespace
+    ([*NAMESPACED, "--set", "runtime.namespaces={llm}"], {"llm"}),
+], ids=["cluster", "cluster-listed", "namespaced", "namespaced-listed"])
+def test_runtime_access_objects_are_the_operators_own(
+        helm: Path, args: list[str], namespaces: set[str]) -> None:
+    """The chart creates exactly what operator/runtime_access.py describes (the operator
+    renders those names into the runtime pods), in the runtime namespaces only."""
+    from kvtune.operator import runtime_access
+
+    docs = render(helm, *args)
+    ours = {(o["kind"], o["metadata"]["name"]) for o in runtime_access.namespace_objects("x")}
+    rendered = [d for d in docs if (d["kind"], d["metadata"]["name"]) in ours]
+    assert {d["metadata"]["namespace"] for d in rendered} == namespaces
+    for ns in namespaces:
+        expected = runtime_access.namespace_objects(ns)
+        got = [d for d in rendered if d["metadata"]["namespace"] == ns]
+        for doc in got:
+            doc["metadata"]["labels"] = {}
+        assert got == expected
+
+
+def test_admission_policy_guards_the_operators_own_writes(helm: Path) -> None:
+    docs = render(helm, "--set", "podPolicy.allowedServiceAccounts={weights-reader}")
+    policies = by_kind(docs, "ValidatingAdmissionPolicy")
+    assert sorted(p["metadata"]["name"] for p in policies) == [
+        "kvtune-operator-pods", "kvtune-operator-writes"]
+    assert sorted(b["spec"]["policyName"] for b in by_kind(
+        docs, "ValidatingAdmissionPolicyBinding")) == ["kvtune-operator-pods",
+                                                       "kvtune-operator-writes"]
+    assert {b["spec"]["validationActions"][0] for b in by_kind(
+        docs, "ValidatingAdmissionPolicyBinding")} == {"Deny"}
+    for policy in policies:
+        (condition,) = policy["spec"]["matchConditions"]
+        assert condition["expression"] == (
+            "request.userInfo.username == 'system:serviceaccount:kvtune-system:kvtune'")
+    text = " ".join(v["expression"] for p in policies for v in p["spec"]["validations"])
+    assert "['kube-system','kube-public','kube-node-lease','kvtune-system']" in text
+    assert "['default','kvtune-runtime','weights-reader']" in text
+    (deploy,) = by_kind(docs, "Deployment")
+    assert "--allowed-service-account=weights-reader" in (
+        deploy["spec"]["template"]["spec"]["containers"][0]["args"])
+    off = render(helm, "--set", "admissionPolicy.enabled=false")
+    assert by_kind(off, "ValidatingAdmissionPolicy") == []

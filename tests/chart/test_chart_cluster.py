@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts/kvtune"
 RELEASE_NS = "kvtune-system"
 WATCHED_NS = "kvtune-pkg-e2e"
+RUNTIME_NS = "kvtune-pkg-runtime"  # the cluster-mode release's runtime.namespaces
 GROUP, VERSION, PLURAL = "kvtune.io", "v1alpha1", "inferencedeployments"
 
 pytestmark = pytest.mark.cluster
@@ -49,9 +50,6 @@ NEEDED = [
     # get: the ownership check before an apply (never take over someone else's object).
     ("get", "", "services", "", WATCHED_NS),
     ("get", "policy", "poddisruptionbudgets", "", WATCHED_NS),
-    ("get", "", "serviceaccounts", "", WATCHED_NS),
-    ("get", "rbac.authorization.k8s.io", "roles", "", WATCHED_NS),
-    ("get", "rbac.authorization.k8s.io", "rolebindings", "", WATCHED_NS),
     ("get", "", "configmaps", "", WATCHED_NS),
     # The KV-quality calibration Job and its report ConfigMap (docs/quality.md).
     ("create", "batch", "jobs", "", WATCHED_NS),
@@ -65,16 +63,7 @@ NEEDED = [
     ("delete", "monitoring.coreos.com", "podmonitors", "", WATCHED_NS),
     ("patch", "monitoring.coreos.com", "servicemonitors", "", WATCHED_NS),
     ("create", "", "events", "", WATCHED_NS),
-    # spec.runtime.entrypoint: kvtune: the runtime's ServiceAccount/Role/RoleBinding; get and
-    # patch on pods only because the Role grants them (Kubernetes' escalation rule).
-    ("create", "", "serviceaccounts", "", WATCHED_NS),
-    ("patch", "", "serviceaccounts", "", WATCHED_NS),
-    ("create", "rbac.authorization.k8s.io", "roles", "", WATCHED_NS),
-    ("patch", "rbac.authorization.k8s.io", "roles", "", WATCHED_NS),
-    ("create", "rbac.authorization.k8s.io", "rolebindings", "", WATCHED_NS),
-    ("patch", "rbac.authorization.k8s.io", "rolebindings", "", WATCHED_NS),
-    ("get", "", "pods", "", WATCHED_NS),
-    ("patch", "", "pods", "", WATCHED_NS),
+    # spec.runtime.entrypoint: kvtune: the pools' pods, to match the runtime's reports.
     ("list", "", "pods", "", WATCHED_NS),
     ("list", "", "nodes", "", ""),
     ("watch", "", "nodes", "", ""),
@@ -96,6 +85,19 @@ FORBIDDEN = [
     ("delete", "", "pods", "", WATCHED_NS),
     ("escalate", "rbac.authorization.k8s.io", "roles", "", WATCHED_NS),
     ("bind", "rbac.authorization.k8s.io", "roles", "", WATCHED_NS),
+    ("bind", "rbac.authorization.k8s.io", "clusterroles", "", ""),
+    # No pod writes, no RBAC writes, no ServiceAccount writes (issue 11).
+    ("get", "", "pods", "", WATCHED_NS),
+    ("patch", "", "pods", "", WATCHED_NS),
+    ("patch", "", "pods", "", "kube-system"),
+    ("create", "", "serviceaccounts", "", WATCHED_NS),
+    ("patch", "", "serviceaccounts", "", "kube-system"),
+    ("create", "", "serviceaccounts", "token", "kube-system"),
+    ("create", "rbac.authorization.k8s.io", "roles", "", WATCHED_NS),
+    ("patch", "rbac.authorization.k8s.io", "roles", "", WATCHED_NS),
+    ("create", "rbac.authorization.k8s.io", "rolebindings", "", WATCHED_NS),
+    ("patch", "rbac.authorization.k8s.io", "rolebindings", "", "kube-system"),
+    ("create", "rbac.authorization.k8s.io", "clusterrolebindings", "", ""),
     ("create", "rbac.authorization.k8s.io", "clusterroles", "", ""),
     ("create", "apiextensions.k8s.io", "customresourcedefinitions", "", ""),
 ]
@@ -128,15 +130,17 @@ def releases(helm: Path, local_cluster: Any, admin: Any) -> Iterator[dict[str, s
     from kubernetes.client.exceptions import ApiException
 
     core = client.CoreV1Api(admin)
-    try:
-        core.create_namespace({"metadata": {"name": WATCHED_NS}})
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
+    for ns in (WATCHED_NS, RUNTIME_NS):
+        try:
+            core.create_namespace({"metadata": {"name": ns}})
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
     kubeconfig = local_cluster.kubeconfig_path
     # --take-ownership: other tests in this session may have created the CRD directly.
     out = run_helm(helm, kubeconfig, "install", "kvtune", str(CHART), "-n", RELEASE_NS,
-                   "--create-namespace", "--take-ownership")
+                   "--create-namespace", "--take-ownership",
+                   "--set", f"runtime.namespaces={{{RUNTIME_NS}}}")
     # NOTES.txt: what was installed and the next step.
     assert "kvtune 0.1.0 is installed in namespace kvtune-system" in out
     assert "Next step:" in out and "kvtune plan --from-cluster chat -n default -o patch" in out
@@ -202,38 +206,6 @@ def test_service_account_can_do_exactly_what_the_operator_needs(
         # Nothing namespaced outside the watched namespace.
         assert not access_allowed(admin, sa, ("patch", "apps", "deployments", "", "default"))
         assert not access_allowed(admin, sa, ("list", "kvtune.io", PLURAL, "", "default"))
-
-
-@pytest.mark.parametrize("mode", ["cluster", "namespaced"])
-def test_service_account_may_grant_the_runtime_its_role(
-    releases: dict[str, str], admin: Any, local_cluster: Any, tmp_path: Path, mode: str
-) -> None:
-    """Kubernetes' escalation rule, for real: as the chart's ServiceAccount, the operator's
-    rendered ServiceAccount/Role/RoleBinding for entrypoint kvtune are applied, in the order
-    and the way the reconcile does (each dry-run, then applied)."""
-    from kubernetes import client
-    from kubernetes import config as kube_config
-    from kubernetes.client.exceptions import ApiException
-
-    from kvtune.operator import apply as kapply
-    from kvtune.operator.render import runtime_service_account
-    from kvtune.operator.runtime_access import runtime_access_objects
-
-    sa = releases[mode]
-    kubeconfig = service_account_kubeconfig(admin, local_cluster, sa, tmp_path / "sa.kubeconfig")
-    kube = kapply.Kube(kube_config.new_client_from_config(config_file=str(kubeconfig)))
-    account = runtime_service_account("chat")
-    objects = runtime_access_objects(account, WATCHED_NS, {"kvtune.io/deployment": "chat"})
-    try:
-        for obj in objects:
-            kapply.apply_object(kube, obj, dry_run=True)
-            kapply.apply_object(kube, obj)
-    finally:
-        rbac, core = client.RbacAuthorizationV1Api(admin), client.CoreV1Api(admin)
-        for delete in (rbac.delete_namespaced_role_binding, rbac.delete_namespaced_role,
-                       core.delete_namespaced_service_account):
-            with contextlib.suppress(ApiException):
-                delete(account, WATCHED_NS)
 
 
 def service_account_kubeconfig(admin: Any, local_cluster: Any, sa: str, path: Path) -> Path:
@@ -446,3 +418,252 @@ def _run_example(custom: Any, admin: Any, local_cluster: Any, example: dict[str,
         return argocd_health_of(live)[0] == "Suspended"
 
     wait_for(suspended, "Argo CD health Suspended with spec.tuning.mode off", 60, standby.log)
+
+
+# --- issue 11: every account the chart creates, attacking with its own token -----------------
+
+MALLORY = "mallory@example.com"
+
+
+def _token_client(admin: Any, local_cluster: Any, namespace: str, sa: str) -> Any:
+    """An ApiClient authenticated as ``namespace/sa`` by a TokenRequest token, as the pod
+    would be."""
+    from kubernetes import client
+    from kubernetes import config as kube_config
+
+    token = client.CoreV1Api(admin).create_namespaced_service_account_token(
+        sa, namespace, client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))
+    ).status.token
+    cluster = yaml.safe_load(local_cluster.kubeconfig_path.read_text())["clusters"][0]
+    return kube_config.new_client_from_config_dict({
+        "apiVersion": "v1", "kind": "Config", "clusters": [cluster],
+        "users": [{"name": sa, "user": {"token": token}}],
+        "contexts": [{"name": sa, "context": {"cluster": cluster["name"], "user": sa}}],
+        "current-context": sa})
+
+
+def _deployment(namespace: str, *, privileged: bool = True, service_account: str | None = None,
+                name: str = "pwn") -> dict[str, Any]:
+    """A Deployment an attacker would want: privileged, the node's / mounted, on the host's
+    network; labelled as kvtune's so only the content gives it away."""
+    container: dict[str, Any] = {"name": "c", "image": "busybox",
+                                 "volumeMounts": [{"name": "root", "mountPath": "/host"}]}
+    spec: dict[str, Any] = {"containers": [container],
+                            "volumes": [{"name": "root", "hostPath": {"path": "/"}}]}
+    if privileged:
+        container["securityContext"] = {"privileged": True}
+        spec["hostNetwork"] = True
+    if service_account:
+        spec["serviceAccountName"] = service_account
+    labels = {"app": name, "kvtune.io/deployment": "chat"}
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": labels}, "spec": spec}}}
+
+
+def _binding(kind: str, namespace: str | None, role_kind: str, role: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "pwn"}
+    if namespace:
+        meta["namespace"] = namespace
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": meta,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind,
+                        "name": role},
+            "subjects": [{"kind": "User", "name": MALLORY,
+                          "apiGroup": "rbac.authorization.k8s.io"}]}
+
+
+def _attacks(api: Any, release: str) -> dict[str, Callable[[], Any]]:
+    """What a thief of this token would try, each a real request."""
+    from kubernetes import client
+
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    rbac = client.RbacAuthorizationV1Api(api)
+    swap_image = {"spec": {"containers": [{"name": "c", "image": "evil/image:latest"}]}}
+    kvtune_role = f"{release}-rendered"
+    return {
+        "swap the image of a pod in kube-system":
+            lambda: core.patch_namespaced_pod("victim", "kube-system", swap_image),
+        "patch a pod in a watched namespace":
+            lambda: core.patch_namespaced_pod("victim", WATCHED_NS, swap_image),
+        "read a Secret in kube-system":
+            lambda: core.list_namespaced_secret("kube-system"),
+        "create a pod directly":
+            lambda: core.create_namespaced_pod(WATCHED_NS, {
+                "metadata": {"name": "pwn"}, "spec": {"containers": [
+                    {"name": "c", "image": "busybox"}]}}),
+        "bind kvtune's ClusterRole to mallory cluster-wide":
+            lambda: rbac.create_cluster_role_binding(
+                _binding("ClusterRoleBinding", None, "ClusterRole", kvtune_role)),
+        "bind kvtune's ClusterRole to mallory in a watched namespace":
+            lambda: rbac.create_namespaced_role_binding(
+                WATCHED_NS, _binding("RoleBinding", WATCHED_NS, "ClusterRole", kvtune_role)),
+        "bind kvtune's ClusterRole to mallory in kube-system":
+            lambda: rbac.create_namespaced_role_binding(
+                "kube-system", _binding("RoleBinding", "kube-system", "ClusterRole",
+                                        kvtune_role)),
+        "create a Role in a watched namespace":
+            lambda: rbac.create_namespaced_role(WATCHED_NS, {
+                "metadata": {"name": "pwn"}, "rules": [
+                    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]}),
+        "annotate a ServiceAccount in kube-system":
+            lambda: core.patch_namespaced_service_account("default", "kube-system", {
+                "metadata": {"annotations": {"eks.amazonaws.com/role-arn": "arn:evil"}}}),
+        "create a privileged hostPath / Deployment in kube-system":
+            lambda: apps.create_namespaced_deployment("kube-system",
+                                                      _deployment("kube-system")),
+        "create a privileged hostPath / Deployment in a watched namespace":
+            lambda: apps.create_namespaced_deployment(WATCHED_NS, _deployment(WATCHED_NS)),
+        "run a Deployment as the operator's own ServiceAccount":
+            lambda: apps.create_namespaced_deployment(WATCHED_NS, _deployment(
+                WATCHED_NS, privileged=False, service_account=release)),
+        "create a Deployment in the operator's namespace":
+            lambda: apps.create_namespaced_deployment(RELEASE_NS, _deployment(
+                RELEASE_NS, privileged=False)),
+        "delete a Deployment kvtune did not create":
+            lambda: apps.delete_namespaced_deployment("bystander", WATCHED_NS),
+        "take over a Deployment kvtune did not create by labelling it":
+            lambda: apps.patch_namespaced_deployment("bystander", WATCHED_NS, {
+                "metadata": {"labels": {"kvtune.io/deployment": "chat"}},
+                "spec": {"template": {"spec": {"containers": [
+                    {"name": "c", "image": "evil/image:latest"}]}}}}),
+        "rewrite a tenant's pod-template ConfigMap":
+            lambda: core.patch_namespaced_config_map("pod-template", WATCHED_NS, {
+                "data": {"pod.yaml.j2": "evil"}}),
+        "create a privileged hostPath / Job in a watched namespace":
+            lambda: client.BatchV1Api(api).create_namespaced_job(WATCHED_NS, {
+                "metadata": {"name": "pwn", "labels": {"kvtune.io/deployment": "chat"}},
+                "spec": {"template": {
+                    "metadata": {"labels": {"kvtune.io/deployment": "chat"}},
+                    "spec": {**_deployment(WATCHED_NS)["spec"]["template"]["spec"],
+                             "restartPolicy": "Never"}}}}),
+    }
+
+
+def _refused(attacks: dict[str, Callable[[], Any]]) -> list[str]:
+    """The attacks that were NOT refused with 403 (each also reports its answer)."""
+    from kubernetes.client.exceptions import ApiException
+
+    allowed = []
+    for what, attack in attacks.items():
+        try:
+            attack()
+        except ApiException as exc:
+            if exc.status != 403:
+                allowed.append(f"{what}: answered {exc.status} {exc.reason}, not 403")
+            continue
+        allowed.append(f"{what}: ALLOWED")
+    return allowed
+
+
+@pytest.fixture(scope="module")
+def victims(releases: dict[str, str], admin: Any) -> None:
+    """A pod in kube-system and in the watched namespace, and a Deployment not kvtune's."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    core, apps = client.CoreV1Api(admin), client.AppsV1Api(admin)
+    for ns in ("kube-system", WATCHED_NS):
+        with contextlib.suppress(ApiException):
+            core.create_namespaced_pod(ns, {"metadata": {"name": "victim"}, "spec": {
+                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}})
+    with contextlib.suppress(ApiException):
+        core.create_namespaced_config_map(WATCHED_NS, {
+            "metadata": {"name": "pod-template"}, "data": {"pod.yaml.j2": "x"}})
+    bystander = _deployment(WATCHED_NS, privileged=False, name="bystander")
+    bystander["metadata"]["labels"] = {"app": "bystander"}
+    bystander["spec"]["template"]["metadata"]["labels"] = {"app": "bystander"}
+    bystander["spec"]["template"]["spec"].pop("volumes")
+    bystander["spec"]["template"]["spec"]["containers"][0].pop("volumeMounts")
+    with contextlib.suppress(ApiException):
+        apps.create_namespaced_deployment(WATCHED_NS, bystander)
+
+
+def _wait_for_admission_policy(api: Any, release: str) -> None:
+    """A ValidatingAdmissionPolicy takes effect a moment after it is created: poll with a
+    dry run (authorized and admitted like the real call, never stored) until it refuses."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    def refused() -> bool:
+        try:
+            client.AppsV1Api(api).create_namespaced_deployment(
+                WATCHED_NS, _deployment(WATCHED_NS, name="probe"), dry_run="All")
+        except ApiException as exc:
+            return exc.status == 403
+        return False
+
+    wait_for(refused, f"{release}'s ValidatingAdmissionPolicy to take effect", 60)
+
+
+@pytest.mark.parametrize("mode", ["cluster", "namespaced"])
+def test_the_operators_token_is_refused_every_escalation(
+        releases: dict[str, str], admin: Any, local_cluster: Any, victims: None,
+        mode: str) -> None:
+    from kubernetes import client
+
+    sa = releases[mode]
+    api = _token_client(admin, local_cluster, RELEASE_NS, sa)
+    for suffix in ("operator-writes", "operator-pods"):
+        def checked(name: str = f"{sa}-{suffix}") -> Any:
+            policy = client.AdmissionregistrationV1Api(admin).read_validating_admission_policy(
+                name)
+            return policy if policy.status and policy.status.observed_generation else None
+
+        policy = wait_for(checked, f"{sa}-{suffix} type-checked", 60)
+        # The API server type-checked every CEL expression of the chart's policies.
+        assert not (policy.status.type_checking
+                    and policy.status.type_checking.expression_warnings), policy.status
+    # In the watched namespace RBAC lets both accounts create Deployments: only the policy
+    # refuses a privileged one.
+    _wait_for_admission_policy(api, sa)
+    assert _refused(_attacks(api, sa)) == []
+    # Not a token that can do nothing: what the operator does is still allowed (a dry run
+    # of a kvtune Deployment as the renderer makes them, and reading pods).
+    harmless = _deployment(WATCHED_NS, privileged=False, name="chat-h200")
+    spec = harmless["spec"]["template"]["spec"]
+    spec.pop("volumes")
+    spec["containers"][0].pop("volumeMounts")
+    client.AppsV1Api(api).create_namespaced_deployment(WATCHED_NS, harmless, dry_run="All")
+    client.CoreV1Api(api).list_namespaced_pod(WATCHED_NS)
+
+
+@pytest.mark.parametrize("mode", ["cluster", "namespaced"])
+def test_the_runtimes_token_may_write_its_reports_and_nothing_else(
+        releases: dict[str, str], admin: Any, local_cluster: Any, victims: None,
+        mode: str) -> None:
+    from kubernetes import client
+
+    ns = RUNTIME_NS if mode == "cluster" else WATCHED_NS
+    api = _token_client(admin, local_cluster, ns, "kvtune-runtime")
+    core = client.CoreV1Api(api)
+    # What it is for: a report under its pod's name in the reports ConfigMap.
+    core.patch_namespaced_config_map("kvtune-runtime-reports", ns,
+                                     {"data": {"chat-h200-abc": '{"started": true}'}})
+    core.read_namespaced_config_map("kvtune-runtime-reports", ns)
+    swap_image = {"spec": {"containers": [{"name": "c", "image": "evil/image:latest"}]}}
+    with contextlib.suppress(Exception):
+        client.CoreV1Api(admin).create_namespaced_config_map(ns, {
+            "metadata": {"name": "pod-template"}, "data": {"pod.yaml.j2": "x"}})
+    attacks = {
+        "patch a pod in its own namespace":
+            lambda: core.patch_namespaced_pod("victim", WATCHED_NS, swap_image),
+        "patch a pod in kube-system":
+            lambda: core.patch_namespaced_pod("victim", "kube-system", swap_image),
+        "list pods": lambda: core.list_namespaced_pod(ns),
+        "rewrite a tenant's pod template ConfigMap":
+            lambda: core.patch_namespaced_config_map("pod-template", ns,
+                                                     {"data": {"pod.yaml.j2": "evil"}}),
+        "read another ConfigMap": lambda: core.read_namespaced_config_map("pod-template", ns),
+        "create a ConfigMap": lambda: core.create_namespaced_config_map(ns, {
+            "metadata": {"name": "pwn"}}),
+        "read Secrets": lambda: core.list_namespaced_secret(ns),
+        "write the reports of another namespace":
+            lambda: core.patch_namespaced_config_map(
+                "kvtune-runtime-reports", WATCHED_NS if ns == RUNTIME_NS else RUNTIME_NS,
+                {"data": {"x": "{}"}}),
+        "create a Deployment": lambda: client.AppsV1Api(api).create_namespaced_deployment(
+            ns, _deployment(ns, privileged=False)),
+    }
+    assert _refused(attacks) == []

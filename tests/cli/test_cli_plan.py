@@ -64,11 +64,13 @@ def test_table_shows_the_plan_and_the_dtype_comparison() -> None:
 )
 def test_trace_profiles(trace: str, expect: str) -> None:
     path = TRACES_DIR / trace
+    # The profile alone (--no-search: the goodput search has its own tests below).
     code, out, _ = run("plan", "-m", "Qwen/Qwen3-32B", "-g", "H100", "--trace", str(path),
-                       "-o", "json")
+                       "-o", "json", "--no-search")
     assert code == 0, out
     doc = json.loads(out)
     assert doc["profile"]["source"] == "trace"
+    assert doc["search"] is None
     reason = next(r for r in doc["reasons"] if r["knob"] == "enable-prefix-caching")
     assert expect in reason["message"]
 
@@ -91,3 +93,34 @@ def test_no_fit_quotes_bytes_and_fixes() -> None:
 def test_list() -> None:
     code, out, _ = run("plan", "--list")
     assert code == 0 and "google/gemma-3-27b-it" in out and "B200" in out
+
+
+def test_trace_plans_by_goodput_and_shows_the_alternatives() -> None:
+    # The Azure trace at its recorded rate on an H200: the search replays the trace under
+    # the candidates; 16-bit and fp8 KV both serve every request within the SLO, so the
+    # wider precision is kept and fp8 is listed as a tie lost on precision.
+    path = TRACES_DIR / "AzureLLMInferenceTrace_conv.csv"
+    args = ("plan", "-m", "meta-llama/Llama-3.1-8B-Instruct", "-g", "H200", "--trace",
+            str(path), "--ttft-p95", "2", "--tpot-p95", "0.05")
+    code, out, _ = run(*args, "-o", "json")
+    assert code == 0, out
+    doc = json.loads(out)
+    search = doc["search"]
+    assert search["slo_met"] and search["slo_attainment"] >= 0.95
+    assert doc["plan"]["kv_cache_dtype"] == "auto"
+    assert 0 < search["goodput_requests_per_second"] <= search["observed_rate_per_second"]
+    assert doc["expected"]["goodput_requests_per_second"] == search["goodput_requests_per_second"]
+    assert search["alternatives"] and all(a["why_lost"] for a in search["alternatives"])
+    code, table, _ = run(*args)
+    assert code == 0
+    assert "goodput search:" in table and "Little's law" in table and "why not chosen" in table
+
+
+def test_an_unreachable_slo_is_a_line_in_plan() -> None:
+    # A 50 ms TTFT for RAG prompts: no rate meets it; plan says so instead of picking the
+    # least bad silently.
+    code, out, _ = run("plan", "-m", "meta-llama/Llama-3.1-8B-Instruct", "-g", "H100",
+                       "--workload", "rag", "--request-rate", "5", "--ttft-p95", "0.05",
+                       "--tpot-p95", "0.03")
+    assert code == 0, out
+    assert "SLO at risk" in out and "no request rate meets the SLO" in out

@@ -66,7 +66,7 @@ def test_the_job_is_the_pools_pod_running_the_measurement() -> None:
     assert pod["affinity"] == source["affinity"] == {"nodeAffinity": AFFINITY}
     assert pod["tolerations"] == source["tolerations"]
     assert pod["volumes"] == source["volumes"]
-    assert pod["serviceAccountName"] == source["serviceAccountName"] == "chat-runtime"
+    assert pod["serviceAccountName"] == source["serviceAccountName"] == "kvtune-runtime"
     assert pod["restartPolicy"] == "Never"
     [container] = pod["containers"]  # the log shipper would keep the Job from ending
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
@@ -167,3 +167,25 @@ def test_the_cache_keeps_every_dtype_measured_for_the_revision() -> None:
     status = calibration.status(model="m", revision="r", phase="Measured", report=merged)
     assert [d.allowed for d in status.dtypes] == [True, True]
     assert status.checkpoint_kv_scales == "no calibrated KV scales: vLLM uses 1.0 for fp8"
+
+
+def test_the_retune_timer_sees_the_gate_from_status() -> None:
+    from op_samples import SAMPLE_SPEC
+
+    from kvtune.operator.api import InferenceDeploymentSpec
+    from kvtune.operator.calibration_flow import from_status
+
+    spec = InferenceDeploymentSpec.model_validate(
+        {**SAMPLE_SPEC, "model": {**SAMPLE_SPEC["model"], "revision": "r"}})
+    model = spec.model.name
+    running = calibration.status(model=model, revision="r", phase="Calibrating", job="j1")
+    policy, evidence = from_status(spec, running)
+    assert policy.require_measurement and "j1" in policy.required_by and evidence is None
+    measured = calibration.status(model=model, revision="r", phase="Measured", report=REPORT,
+                                  config_map="kvtune-kvq-x")
+    policy, evidence = from_status(spec, measured)
+    assert not policy.require_measurement
+    assert evidence is not None and evidence.find("fp8") is not None
+    other = calibration.status(model=model, revision="old", phase="Failed", job="j0")
+    policy, evidence = from_status(spec, other)
+    assert not policy.require_measurement and evidence is None

@@ -52,3 +52,10 @@ def test_every_pin_and_the_cpu_offload_budget_reach_the_planner() -> None:
     for knob in PINNABLE:
         if knob.name != "kv_cache_memory_bytes":  # pinned with the fraction: one or the other
             assert pins[knob.name] is not None, knob.name
+
+
+def test_the_crd_describes_each_pin_from_the_table() -> None:
+    schema = PinSpec.model_json_schema(by_alias=True)
+    for knob in PINNABLE:
+        description = schema["properties"][camel_name(knob)]["description"]
+        assert knob.doc in description and f"--{knob.flag}" in description, description

@@ -23,7 +23,14 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from op_cluster_helpers import create_infd, ensure_namespace, get_infd, install_crd, patch_spec
+from op_cluster_helpers import (
+    create_infd,
+    create_runtime_access,
+    ensure_namespace,
+    get_infd,
+    install_crd,
+    patch_spec,
+)
 from op_samples import SAMPLE_SPEC
 from waiting import wait_for
 
@@ -46,6 +53,7 @@ def api(local_cluster: Any) -> Any:
     api_client = local_cluster.api_client()
     install_crd(api_client)
     ensure_namespace(api_client, NS)
+    create_runtime_access(api_client, NS)  # the chart's, for entrypoint kvtune's pods
     return api_client
 
 

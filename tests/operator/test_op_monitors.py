@@ -85,6 +85,20 @@ def test_rule_labels_for_the_rule_selector_and_switches() -> None:
     assert ("PodMonitor", "bot-h200") in unwanted
 
 
+def test_kvtune_alerts_prints_the_rule_the_operator_applies(tmp_path: Any) -> None:
+    import yaml
+    from click.testing import CliRunner
+
+    from kvtune.cli.main import cli
+
+    body = _body({"prometheusRule": {"labels": {"release": "kps"}}})
+    path = tmp_path / "infd.yaml"
+    path.write_text(yaml.safe_dump(body))
+    result = CliRunner().invoke(cli, ["alerts", "-f", str(path)])
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load(result.output) == monitors.prometheus_rule(body)
+
+
 # --- on the real kube-apiserver -----------------------------------------------------------
 
 def _crd(kind: str, plural: str) -> dict[str, Any]:

@@ -154,7 +154,12 @@ spec:
 """
 
 
-def test_user_pod_template_keeps_selector_labels_and_hash(pool_plan: PoolPlan) -> None:
+def test_user_pod_template_keeps_selector_labels_and_hash(
+        pool_plan: PoolPlan, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvtune.operator import pod_policy
+
+    # The chart's podPolicy.allowedServiceAccounts lets this namespace's "vllm" account in.
+    monkeypatch.setattr(pod_policy.CONFIG, "service_accounts", ("vllm",))
     dep = _by_kind(render_pool(_input(pool_plan, pod_template=GOOD_TEMPLATE)))["Deployment"]
     pod = dep["spec"]["template"]
     assert pod["spec"]["serviceAccountName"] == "vllm"

@@ -1,5 +1,6 @@
-"""spec.runtime.entrypoint: kvtune: the runtime's ServiceAccount/Role/RoleBinding, the pod that
-runs the entrypoint as it, and the entrypoint's reports read back into status."""
+"""spec.runtime.entrypoint: kvtune: the pod that runs the entrypoint as the chart's
+ServiceAccount kvtune-runtime, what that account may do, and the entrypoint's reports (the
+reports ConfigMap's data) read back into status."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from op_samples import SAMPLE_SPEC, make_pool_plan
 
 from kvtune.operator import conditions as cond
-from kvtune.operator import runtime_reports
+from kvtune.operator import runtime_access, runtime_reports
 from kvtune.operator.api import InferenceDeploymentSpec
 from kvtune.operator.render import ANNOTATION_PLAN_HASH, RenderInput, plan_env_json, render_pool
 from kvtune.runtime import decisions, gpus
@@ -38,17 +39,16 @@ def _render(pool_plan: PoolPlan, **kw: Any) -> dict[str, dict[str, Any]]:
     return {o["kind"]: o for o in render_pool(inp)}
 
 
-@pytest.mark.parametrize(("entrypoint", "template", "kinds", "command"), [
-    ("vllm", None, ["Deployment", "PodDisruptionBudget", "Service"], ["vllm", "serve"]),
-    ("kvtune", None, ["Deployment", "PodDisruptionBudget", "Role", "RoleBinding", "Service",
-                      "ServiceAccount"], ["python3", "-m", "kvtune.runtime"]),
-    ("kvtune", USER_TEMPLATE, ["Deployment", "PodDisruptionBudget", "Role", "RoleBinding",
-                               "Service", "ServiceAccount"], ["python3", "-m", "kvtune.runtime"]),
+@pytest.mark.parametrize(("entrypoint", "template", "command"), [
+    ("vllm", None, ["vllm", "serve"]),
+    ("kvtune", None, ["python3", "-m", "kvtune.runtime"]),
+    ("kvtune", USER_TEMPLATE, ["python3", "-m", "kvtune.runtime"]),
 ], ids=["vllm", "kvtune", "kvtune-user-template"])
 def test_rendering_per_entrypoint(pool_plan: PoolPlan, entrypoint: str, template: str | None,
-                                  kinds: list[str], command: list[str]) -> None:
+                                  command: list[str]) -> None:
     objects = _render(pool_plan, entrypoint=entrypoint, pod_template=template)
-    assert sorted(objects) == kinds
+    # No ServiceAccount, Role or RoleBinding: the chart creates the runtime's, per namespace.
+    assert sorted(objects) == ["Deployment", "PodDisruptionBudget", "Service"]
     pod = objects["Deployment"]["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["command"] == command
@@ -58,22 +58,28 @@ def test_rendering_per_entrypoint(pool_plan: PoolPlan, entrypoint: str, template
         assert "serviceAccountName" not in pod
         assert set(env) == {"KVTUNE_PLAN"}
         return
-    assert pod["serviceAccountName"] == "support-bot-runtime"
+    assert pod["serviceAccountName"] == "kvtune-runtime"
     assert pod["automountServiceAccountToken"] is True
     # What kvtune.runtime.report.publish reads.
     assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["KVTUNE_REPORT_CONFIGMAP"]["value"] == "kvtune-runtime-reports"
     assert json.loads(env["KVTUNE_PLAN"]["value"])["plan"]["block_size"] == 32
-    sa, role, binding = objects["ServiceAccount"], objects["Role"], objects["RoleBinding"]
-    for obj in (sa, role, binding):
-        assert obj["metadata"]["name"] == "support-bot-runtime"
-        assert obj["metadata"]["namespace"] == "llm"
-        assert obj["metadata"]["labels"]["kvtune.io/deployment"] == "support-bot"
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"],
+
+
+def test_the_runtime_account_may_write_one_config_map_and_nothing_else() -> None:
+    sa, cm, role, binding = runtime_access.namespace_objects("llm", {"team": "a"})
+    assert [o["kind"] for o in (sa, cm, role, binding)] == [
+        "ServiceAccount", "ConfigMap", "Role", "RoleBinding"]
+    assert (sa["metadata"]["name"], cm["metadata"]["name"]) == (
+        "kvtune-runtime", "kvtune-runtime-reports")
+    assert "data" not in cm  # each pod adds its own key; nobody resets them
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
+                              "resourceNames": ["kvtune-runtime-reports"],
                               "verbs": ["get", "patch"]}]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                  "name": "support-bot-runtime"}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "support-bot-runtime",
+                                  "name": "kvtune-runtime-reporter"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kvtune-runtime",
                                     "namespace": "llm"}]
 
 
@@ -94,7 +100,7 @@ def test_spec_entrypoint(runtime: dict[str, Any], valid: bool) -> None:
 # --- reports back: produced by the entrypoint's own decision code ---------------------------
 
 def _report_for(pool_plan: PoolPlan, free_bytes: int | None) -> dict[str, Any]:
-    """What kvtune.runtime writes into the annotation, from its own decide()."""
+    """What kvtune.runtime writes into the reports ConfigMap, from its own decide()."""
     plan = parse_plan(plan_env_json(pool_plan, plan_hash_="h1", revision=1))
     total = 143771 * 1024**2
     gpu = gpus.GpuInfo(index=0, name="NVIDIA H200", total_bytes=total,
@@ -108,11 +114,14 @@ def _report_for(pool_plan: PoolPlan, free_bytes: int | None) -> dict[str, Any]:
     return {"time": "2026-11-30T03:00:00+00:00", "started": True, **decision.to_report()}
 
 
+REPORTS: dict[str, str] = {}  # the reports ConfigMap's data, filled by _pod
+
+
 def _pod(name: str, report: dict[str, Any] | None, plan_hash: str = "h1") -> dict[str, Any]:
-    annotations = {ANNOTATION_PLAN_HASH: plan_hash}
+    REPORTS.pop(name, None)
     if report is not None:
-        annotations[runtime_reports.REPORT_ANNOTATION] = json.dumps(report)
-    return {"metadata": {"name": name, "annotations": annotations}}
+        REPORTS[name] = json.dumps(report)
+    return {"metadata": {"name": name, "annotations": {ANNOTATION_PLAN_HASH: plan_hash}}}
 
 
 @pytest.mark.parametrize(("free_gib", "finding", "utilization"), [
@@ -128,7 +137,7 @@ def test_reports_become_expected_vs_actual(
     free = None if free_gib is None else free_gib * GIB
     pods = [_pod("a", _report_for(pool_plan, free)), _pod("b", None),
             _pod("old", _report_for(pool_plan, 1 * GIB), plan_hash="h0")]
-    runtime = runtime_reports.summarize(pods, "h1")
+    runtime = runtime_reports.summarize(pods, "h1", {**REPORTS, "gone-pod": "{}"})
     assert runtime is not None
     assert (runtime.pods, runtime.reported_pods) == (2, 1)  # the old plan's pod is left out
     found = runtime_reports.finding("h200", runtime)
@@ -152,9 +161,10 @@ def test_condition_over_pools() -> None:
     from kvtune.operator.api import PoolStatus
 
     pool_plan = make_pool_plan()
-    ok = runtime_reports.summarize([_pod("a", _report_for(pool_plan, None))], "h1")
-    low = runtime_reports.summarize([_pod("a", _report_for(pool_plan, 110 * GIB))], "h1")
-    none = runtime_reports.summarize([_pod("a", None)], "h1")
+    ok = runtime_reports.summarize([_pod("a", _report_for(pool_plan, None))], "h1", REPORTS)
+    low = runtime_reports.summarize([_pod("a", _report_for(pool_plan, 110 * GIB))], "h1",
+                                    REPORTS)
+    none = runtime_reports.summarize([_pod("a", None)], "h1", REPORTS)
 
     def pool(name: str, runtime: Any) -> PoolStatus:
         return PoolStatus(name=name, gpu_class="H200", tensor_parallel=1, replicas=1,

@@ -1,7 +1,8 @@
-"""spec.runtime.entrypoint: kvtune against the real control plane: the operator renders the
-runtime's ServiceAccount/Role/RoleBinding, and the runtime entrypoint's own code, authenticated
-as that ServiceAccount (a TokenRequest token), reports into its pod; the operator shows
-expected vs actual in status and posts an Event.
+"""spec.runtime.entrypoint: kvtune against the real control plane: the runtime pods run as
+``kvtune-runtime`` (created here from operator/runtime_access.py, as the chart creates it),
+and the runtime entrypoint's own code, authenticated as that ServiceAccount (a TokenRequest
+token), writes its report into the namespace's ``kvtune-runtime-reports`` ConfigMap; the
+operator shows expected vs actual in status and posts an Event. The token may patch no pod.
 
 kwok makes the pods Running but no container runs, so the test plays the runtime's part: it
 calls ``kvtune.runtime.__main__.run`` (the entrypoint without the NVML read and the exec) with
@@ -29,6 +30,7 @@ from op_cluster_helpers import (
     OperatorProcess,
     condition,
     create_infd,
+    create_runtime_access,
     ensure_namespace,
     get_infd,
     install_crd,
@@ -40,7 +42,7 @@ from kvtune.runtime import __main__ as entrypoint_main
 from kvtune.runtime import gpus, report
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-NS, OTHER_NS = "op-runtime", "op-runtime-other"
+NS, OTHER_NS = "op-runtime", "op-runtime-other"  # OTHER_NS: no runtime access objects
 NAME = "chat"
 MIB, GIB = 1024**2, 1024**3
 H200_TOTAL = 143771 * MIB
@@ -64,6 +66,7 @@ def cluster_api(local_cluster: Any) -> Any:
     install_crd(api)
     for ns in (NS, OTHER_NS):
         ensure_namespace(api, ns)
+    create_runtime_access(api, NS)  # what the chart creates; none in OTHER_NS
     return api
 
 
@@ -73,7 +76,7 @@ def operator(local_cluster: Any, cluster_api: Any,
     log = Path(tmp_path_factory.mktemp("operator-runtime")) / "operator.log"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KVTUNE_RUNTIME_REPORT_SECONDS", "1")
-        proc = OperatorProcess(Path(local_cluster.kubeconfig_path), [NS], log)
+        proc = OperatorProcess(Path(local_cluster.kubeconfig_path), [NS, OTHER_NS], log)
         proc.start()
     yield proc
     proc.stop()
@@ -152,23 +155,36 @@ def _events(api: Any, reason: str) -> list[Any]:
             if e.involved_object.name == NAME and e.reason == reason]
 
 
-def test_runtime_access_objects_are_rendered_and_owned(cluster_api: Any,
+def test_runtime_pods_run_as_the_charts_runtime_account(cluster_api: Any,
                                                        running: dict[str, Any]) -> None:
-    sa_name = f"{NAME}-runtime"
-    owner_uid = running["infd"]["metadata"]["uid"]
     core, rbac = client.CoreV1Api(cluster_api), client.RbacAuthorizationV1Api(cluster_api)
-    for obj in (core.read_namespaced_service_account(sa_name, NS),
-                rbac.read_namespaced_role(sa_name, NS),
-                rbac.read_namespaced_role_binding(sa_name, NS)):
-        assert [o.uid for o in obj.metadata.owner_references] == [owner_uid]
-    role = rbac.read_namespaced_role(sa_name, NS)
-    assert [(r.api_groups, r.resources, r.verbs) for r in role.rules] == [
-        ([""], ["pods"], ["get", "patch"])]
+    # The operator created no ServiceAccount, Role or RoleBinding of its own.
+    assert [a.metadata.name for a in core.list_namespaced_service_account(NS).items
+            if a.metadata.name != "default"] == ["kvtune-runtime"]
+    assert [r.metadata.name for r in rbac.list_namespaced_role(NS).items] == [
+        "kvtune-runtime-reporter"]
     pod = running["pod"]
-    assert pod.spec.service_account_name == sa_name
+    assert pod.spec.service_account_name == "kvtune-runtime"
     assert pod.spec.containers[0].command == ["python3", "-m", "kvtune.runtime"]
-    assert {e.name for e in pod.spec.containers[0].env} >= {"KVTUNE_PLAN", "POD_NAME",
-                                                            "POD_NAMESPACE"}
+    assert {e.name for e in pod.spec.containers[0].env} >= {
+        "KVTUNE_PLAN", "POD_NAME", "POD_NAMESPACE", "KVTUNE_REPORT_CONFIGMAP"}
+
+
+def test_a_namespace_without_the_runtime_account_says_how_to_fix_it(
+        cluster_api: Any, operator: OperatorProcess) -> None:
+    spec = copy.deepcopy(SAMPLE_SPEC)
+    spec["pools"] = [{"gpuClass": "H200", "replicas": 1, "tensorParallel": 1}]
+    spec.pop("rollout")
+    spec["runtime"] = {"entrypoint": "kvtune"}
+    create_infd(cluster_api, OTHER_NS, NAME, spec)
+
+    def missing() -> dict[str, Any] | None:
+        c = condition(get_infd(cluster_api, OTHER_NS, NAME), "RuntimeAsPlanned")
+        return c if c and c["reason"] == "RuntimeAccessMissing" else None
+
+    c = wait_for(missing, "RuntimeAsPlanned=False/RuntimeAccessMissing", 120, operator.log)
+    assert c["status"] == "False"
+    assert f"add {OTHER_NS} to the Helm chart's runtime.namespaces" in c["message"]
 
 
 def test_the_runtimes_report_shows_as_expected_vs_actual(
@@ -181,16 +197,16 @@ def test_the_runtimes_report_shows_as_expected_vs_actual(
     pod = running["pod"]
     planned = running["infd"]["status"]["pools"][0]
     util = planned["plan"]["gpuMemoryUtilization"]
-    token = _token(cluster_api, NS, f"{NAME}-runtime")
+    token = _token(cluster_api, NS, "kvtune-runtime")
     sa_dir = _service_account_dir(tmp_path, local_cluster, token, NS)
 
     # 1. Another process holds GPU memory: 10 points less free than the plan asks for.
     free = int(H200_TOTAL * (util - 0.10)) + GIB
     assert _run_entrypoint(pod, sa_dir, local_cluster.server, tmp_path, free) == 0
     assert not (tmp_path / "runtime-report.json").exists(), "fell back to the status file"
-    annotations = client.CoreV1Api(cluster_api).read_namespaced_pod(
-        pod.metadata.name, NS).metadata.annotations
-    assert json.loads(annotations[report.REPORT_ANNOTATION])["started"] is True
+    reports = client.CoreV1Api(cluster_api).read_namespaced_config_map(
+        "kvtune-runtime-reports", NS).data
+    assert json.loads(reports[pod.metadata.name])["started"] is True
 
     runtime = wait_for(lambda: (r := _runtime(cluster_api)) and r.get("reportedPods") == 1
                        and r, "status.pools[0].runtime", 30, operator.log)
@@ -226,7 +242,7 @@ def test_the_runtimes_report_shows_as_expected_vs_actual(
     assert len(_events(cluster_api, "GpuMemoryLowered")) == 1
 
 
-def test_the_runtimes_token_cannot_patch_pods_elsewhere(
+def test_the_runtimes_token_cannot_patch_any_pod(
     local_cluster: Any, cluster_api: Any, running: dict[str, Any],
 ) -> None:
     core = client.CoreV1Api(cluster_api)
@@ -237,16 +253,19 @@ def test_the_runtimes_token_cannot_patch_pods_elsewhere(
     except ApiException as exc:
         if exc.status != 409:
             raise
-    token = _token(cluster_api, NS, f"{NAME}-runtime")
+    token = _token(cluster_api, NS, "kvtune-runtime")
     ca = Path(local_cluster.kubeconfig_path).parent / "runtime-sa-ca.crt"
     ca.write_bytes(_ca_pem(Path(local_cluster.kubeconfig_path)))
-    for namespace, pod, allowed in ((NS, running["pod"].metadata.name, True),
-                                    (OTHER_NS, "bystander", False)):
-        call = dict(report={"started": True}, api_base_url=local_cluster.server,
-                    namespace=namespace, pod_name=pod, token=token, ca_file=str(ca))
-        if allowed:
-            report.patch_pod_annotation(**call)  # type: ignore[arg-type]
-            continue
+    body = json.dumps({"metadata": {"annotations": {"pwn": "1"}}}).encode()
+    # Its own pod included: the report goes to the ConfigMap, never into a pod.
+    for namespace, pod in ((NS, running["pod"].metadata.name), (OTHER_NS, "bystander")):
+        url = f"{local_cluster.server}/api/v1/namespaces/{namespace}/pods/{pod}"
         with pytest.raises(urllib.error.HTTPError) as err:
-            report.patch_pod_annotation(**call)  # type: ignore[arg-type]
+            report._request(url, method="PATCH", token=token, ca_file=str(ca),
+                            timeout_seconds=10, body=body)
         assert err.value.code == 403
+    # Its one right, by name: the reports ConfigMap of its namespace.
+    report.patch_report_config_map({"started": True}, api_base_url=local_cluster.server,
+                                   namespace=NS, pod_name="some-pod",
+                                   config_map="kvtune-runtime-reports", token=token,
+                                   ca_file=str(ca))

@@ -296,11 +296,21 @@ def test_entrypoint_refuses_without_exec(
     assert run([], {}, [gpu(H100)]) == EXIT_BAD_PLAN
 
 
-def test_report_patches_the_pod_annotation(tmp_path: Path) -> None:
-    seen: dict[str, Any] = {}
+def test_report_goes_under_the_pods_name_into_the_reports_config_map(tmp_path: Path) -> None:
+    seen: dict[str, Any] = {"methods": []}
+    # 200 reports already there (MAX_REPORTS): the oldest one is dropped to make room.
+    old = {f"pod-{i:03d}": json.dumps({"time": f"2026-11-30T01:{i // 60:02d}:{i % 60:02d}"})
+           for i in range(report.MAX_REPORTS)}
 
     class Api(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen["methods"].append("GET")
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(json.dumps({"data": old}).encode())
+
         def do_PATCH(self) -> None:
+            seen["methods"].append("PATCH")
             seen["path"] = self.path
             seen["auth"] = self.headers["Authorization"]
             seen["type"] = self.headers["Content-Type"]
@@ -326,11 +336,13 @@ def test_report_patches_the_pod_annotation(tmp_path: Path) -> None:
         where = report.publish({"started": True}, env)
     finally:
         server.shutdown()
-    assert where == "annotation kvtune.io/runtime-report on pod llm/bot-0"
-    assert seen["path"] == "/api/v1/namespaces/llm/pods/bot-0"
+    assert where == "ConfigMap llm/kvtune-runtime-reports key bot-0"
+    assert seen["methods"] == ["GET", "PATCH"]
+    assert seen["path"] == "/api/v1/namespaces/llm/configmaps/kvtune-runtime-reports"
     assert seen["auth"] == "Bearer tok" and seen["type"] == "application/merge-patch+json"
-    assert json.loads(seen["body"]["metadata"]["annotations"][report.REPORT_ANNOTATION]) == {
-        "started": True}
+    data = seen["body"]["data"]
+    assert json.loads(data["bot-0"]) == {"started": True}
+    assert {k for k, v in data.items() if v is None} == {"pod-000"}  # the oldest
     assert not (tmp_path / "r.json").exists()
     # API unreachable: falls back to the file and says why.
     env["KVTUNE_API_URL"] = "http://127.0.0.1:1"

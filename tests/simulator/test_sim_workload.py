@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -98,14 +99,28 @@ COST = StepCostModel(
 )
 
 
+@pytest.mark.parametrize("overlapped", [False, True], ids=["sync", "async"])
 @given(st.integers(1, 512), st.integers(0, 2_000_000), st.integers(0, 300))
 def test_decode_run_closed_form_equals_the_sum_of_its_steps(
-    num_seqs: int, context_tokens: int, k: int
+    overlapped: bool, num_seqs: int, context_tokens: int, k: int
 ) -> None:
     steps = sum(COST.step_seconds(num_seqs, context_tokens + j * num_seqs,
-                                  float(context_tokens + j * num_seqs)) for j in range(k))
-    assert math.isclose(COST.decode_run_seconds(num_seqs, context_tokens, k), steps,
+                                  float(context_tokens + j * num_seqs), overlapped)
+                for j in range(k))
+    assert math.isclose(COST.decode_run_seconds(num_seqs, context_tokens, k, overlapped), steps,
                         rel_tol=1e-9, abs_tol=1e-12)
+
+
+def test_async_scheduling_overlaps_the_overhead_with_the_gpu_work() -> None:
+    # A 1B model's small decode batch: GPU time under the 4 ms overhead -> the overhead
+    # alone; the 8B model's decode step: GPU time over it -> the GPU time alone; never the sum.
+    tiny = dataclasses.replace(COST, weights_bytes=2_000_000_000)
+    step = (8, 8000, 8000.0)
+    gpu_tiny = tiny.step_seconds(*step) - 0.004
+    gpu_8b = COST.step_seconds(*step) - 0.004
+    assert gpu_tiny < 0.004 < gpu_8b
+    assert tiny.step_seconds(*step, overlapped=True) == pytest.approx(0.004)
+    assert COST.step_seconds(*step, overlapped=True) == pytest.approx(gpu_8b)
 
 
 def test_decode_steps_to_reach_is_the_first_step_past_the_time() -> None:

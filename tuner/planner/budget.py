@@ -46,9 +46,7 @@ from kvtune.tuner.facts.vllm_memory import (
     graph_capture_sizes,
     version_memory,
 )
-
-GiB = 1 << 30
-MiB = 1 << 20
+from kvtune.tuner.units import GiB, MiB
 
 # Memory outside vLLM's fraction: the CUDA context (~0.5 GiB, counted in the total but never
 # free), allocator fragmentation and any sidecar. Larger GPUs can give a larger fraction.

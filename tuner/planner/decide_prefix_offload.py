@@ -13,11 +13,11 @@ import math
 from typing import TYPE_CHECKING
 
 from kvtune.tuner.plan import Reason
+from kvtune.tuner.units import GiB
 
 if TYPE_CHECKING:
     from kvtune.tuner.planner.planrun import PlanRun
 
-GiB = 1 << 30
 # The prefix hit rate from which offloaded blocks are read back often enough to keep.
 REUSE_HIT_RATE = 0.3
 

@@ -19,8 +19,8 @@ from kvtune.tuner.planner import budget, validation
 from kvtune.tuner.planner.backend_choice import BackendChooser
 from kvtune.tuner.planner.checks import PINNED
 from kvtune.tuner.planner.request import PlanRequest, session_tokens
+from kvtune.tuner.units import GiB
 
-GiB = 1 << 30
 # vLLM's scheduler cap on running sequences by default (decide_max_num_seqs caps its choice
 # here; memory is figured for at most this many before the choice). It lives here, below the
 # decisions, so the run imports no decision module (that was an import cycle).

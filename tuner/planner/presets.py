@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+from itertools import pairwise
 
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.traces import Trace
@@ -152,6 +153,19 @@ def _prefix_sharing(trace: Trace) -> tuple[float, int]:
     return hit_rate, shared_tokens
 
 
+def _arrival_cv(arrivals: Sequence[float]) -> float | None:
+    """Coefficient of variation of the gaps between arrivals (1 for a Poisson process)."""
+    times = sorted(arrivals)
+    gaps = [b - a for a, b in pairwise(times)]
+    if len(gaps) < 2:
+        return None
+    mean = sum(gaps) / len(gaps)
+    if mean <= 0:
+        return None
+    var = sum((g - mean) ** 2 for g in gaps) / (len(gaps) - 1)
+    return round(math.sqrt(var) / mean, 4)
+
+
 def profile_from_trace(trace: Trace, kind: WorkloadKind = "custom") -> WorkloadProfile:
     """Quantiles of prompt and output lengths from a trace; prefix sharing from Mooncake
     hash ids (Azure traces carry none: hit rate unknown)."""
@@ -161,6 +175,7 @@ def profile_from_trace(trace: Trace, kind: WorkloadKind = "custom") -> WorkloadP
     outputs = [r.output_tokens for r in trace.requests]
     duration = trace.duration_seconds
     rate = len(trace.requests) / duration if duration > 0 else None
+    cv = _arrival_cv([r.arrival_seconds for r in trace.requests])
     notes = [f"{len(trace.requests)} requests from {trace.name} ({trace.format})"]
     hit_rate: float | None = None
     shared = 0
@@ -178,6 +193,6 @@ def profile_from_trace(trace: Trace, kind: WorkloadKind = "custom") -> WorkloadP
         source="trace", kind=kind,
         context_tokens=_quantiles_of(prompts), output_tokens=_quantiles_of(outputs),
         shared_prefix_tokens=shared, prefix_hit_rate=hit_rate, multi_turn=multi_turn,
-        request_rate_per_second=rate, requests=len(trace.requests),
+        request_rate_per_second=rate, arrival_cv=cv, requests=len(trace.requests),
         window_seconds=duration if duration > 0 else None, notes=tuple(notes),
     )

@@ -80,3 +80,13 @@ app.kubernetes.io/component: operator
 {{- default (list .Release.Namespace) .Values.operator.watchNamespaces | join "," -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The namespaces where the runtime entrypoint may report (templates/runtime-access.yaml):
+runtime.namespaces, else the watched namespaces in namespaced mode, else none. */}}
+{{- define "kvtune.runtimeNamespaces" -}}
+{{- if .Values.runtime.namespaces -}}
+{{- .Values.runtime.namespaces | join "," -}}
+{{- else -}}
+{{- include "kvtune.watchNamespaces" . -}}
+{{- end -}}
+{{- end -}}

@@ -31,21 +31,15 @@ before applying, the operator checks an object of that name is absent or its own
   verbs: [get, list, create, patch, delete]
 {{- end -}}
 
-{{/* spec.runtime.entrypoint: kvtune. The operator applies a ServiceAccount, Role and
-RoleBinding per InferenceDeployment so the runtime entrypoint can annotate its own pod with
-its report. Kubernetes lets a subject create (and bind) a Role only with permissions it holds
-itself, hence get/patch on pods, which the operator never calls; list on pods is the
-runtime-reports timer reading those annotations back. */}}
-{{- define "kvtune.rules.runtime" -}}
-- apiGroups: [""]
-  resources: [serviceaccounts]
-  verbs: [get, create, patch]
-- apiGroups: [rbac.authorization.k8s.io]
-  resources: [roles, rolebindings]
-  verbs: [get, create, patch]
+{{/* spec.runtime.entrypoint: kvtune. The runtime-reports timer lists the pools' pods (by
+label) to match the reports in each namespace's ConfigMap kvtune-runtime-reports (read with
+the "reads" concern's get on configmaps) to the pods that run the current plan. Nothing else
+on pods: the runtime's ServiceAccount, Role and RoleBinding are the chart's
+(templates/runtime-access.yaml), so the operator creates no RBAC object and patches no pod. */}}
+{{- define "kvtune.rules.pods" -}}
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, patch]
+  verbs: [list]
 {{- end -}}
 
 {{/* Each InferenceDeployment's alert rules (SLO, KV cache) and its pools' PodMonitors or
@@ -60,7 +54,7 @@ served; get + delete to remove kvtune's own when spec.monitoring switches them o
 {{/* The KV-quality calibration (docs/quality.md): the Job that measures a narrower KV dtype
 on the pool's nodes (server-side apply; list by label to find this InferenceDeployment's Jobs
 and read their status) and the report ConfigMap per model revision (server-side apply; read
-with the "reads" concern's get). The Job's pods are listed with the "runtime" concern's list. */}}
+with the "reads" concern's get). The Job's pods are listed with the "pods" concern's list. */}}
 {{- define "kvtune.rules.calibration" -}}
 - apiGroups: [batch]
   resources: [jobs]

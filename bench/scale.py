@@ -1,0 +1,203 @@
+"""Scale benchmark (issue 11): N InferenceDeployments on the real local control plane.
+
+Starts the local control plane (e2e's LocalCluster) with enough fake H200 GPUs for one pod
+per object, runs `kvtune operator` (standalone) as a subprocess, creates one
+InferenceDeployment and times it to Ready (the baseline, same run), then creates N more at
+once and prints:
+
+- the time until all N are Ready (goal: < 60 s at N = 1,000), and the ratio to the baseline;
+- the operator's peak resident memory (goal: < 250 MB), sampled from /proc every second;
+- API requests per second, from the apiserver's own counter ``apiserver_request_total``
+  (every client: operator, controllers, scheduler, kwok, this script), by verb;
+- the machine's load average before and after (a shared machine skews every figure).
+
+    .venv/bin/python bench/scale.py            # N = 1000
+    .venv/bin/python bench/scale.py -n 100     # smaller
+
+A benchmark, not a test: it asserts nothing, it prints figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+GROUP, VERSION, PLURAL = "kvtune.io", "v1alpha1", "inferencedeployments"
+NAMESPACE = "bench-scale"
+GOAL_SECONDS = 60.0
+GOAL_RSS_BYTES = 250 * 1000**2
+SPEC: dict[str, Any] = {
+    "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+    "workload": {"profile": "chat"},
+    "pools": [{"gpuClass": "H200", "replicas": 1, "tensorParallel": 1}],
+    "tuning": {"mode": "auto"},
+}
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _request_counts(api: Any) -> Counter[str]:
+    """apiserver_request_total summed by verb, from the apiserver's /metrics."""
+    response = api.call_api("GET", f"{api.configuration.host}/metrics")
+    response.read()
+    counts: Counter[str] = Counter()
+    for line in response.data.decode().splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels, value = line.rsplit(" ", 1)
+        verb = labels.split('verb="', 1)[1].split('"', 1)[0] if 'verb="' in labels else "?"
+        counts[verb] += int(float(value))
+    return counts
+
+
+def _ready_names(custom: Any) -> set[str]:
+    items = custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]
+    ready = set()
+    for obj in items:
+        for c in (obj.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "Ready" and c.get("status") == "True":
+                ready.add(obj["metadata"]["name"])
+    return ready
+
+
+def _create(custom: Any, name: str) -> None:
+    custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceDeployment",
+        "metadata": {"name": name, "namespace": NAMESPACE}, "spec": SPEC})
+
+
+def _wait_ready(custom: Any, names: set[str], timeout_s: float, operator: subprocess.Popen[bytes],
+                peak: list[int]) -> float | None:
+    started = time.monotonic()
+    last_print = started
+    while time.monotonic() - started < timeout_s:
+        if operator.poll() is not None:
+            raise SystemExit(f"the operator exited ({operator.returncode})")
+        ready = _ready_names(custom) & names
+        if ready == names:
+            return time.monotonic() - started
+        if time.monotonic() - last_print > 15:
+            last_print = time.monotonic()
+            print(f"  … {len(ready)}/{len(names)} Ready after {last_print - started:.0f} s, "
+                  f"operator RSS {peak[0] / 2**20:.0f} MiB", flush=True)
+        time.sleep(2.0)
+    return None
+
+
+def run(n: int, timeout_s: float, workers: int) -> int:
+    from kubernetes import client
+
+    from kvtune.e2e.cluster import LocalCluster
+    from kvtune.e2e.gpu_nodes import NodePool
+
+    load_before = os.getloadavg()
+    gpus_per_node = 100
+    nodes = math.ceil((n + 1) / gpus_per_node)
+    pools = (NodePool("H200", nodes, gpus_per_node=gpus_per_node, pods=str(gpus_per_node + 20)),)
+    with tempfile.TemporaryDirectory(prefix="kvtune-bench-scale-") as tmp, \
+            LocalCluster(Path(tmp) / "cluster", pools) as cluster:
+        api = cluster.api_client()
+        crd = __import__("yaml").safe_load(
+            (REPO / "crds/inferencedeployments.kvtune.io.yaml").read_text())
+        client.ApiextensionsV1Api(api).create_custom_resource_definition(crd)
+        client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})
+        custom = client.CustomObjectsApi(api)
+        time.sleep(2)  # the CRD's API appears a moment after it is established
+        log = Path(tmp) / "operator.log"
+        argv = [str(Path(sys.executable).parent / "kvtune"), "operator", "--kubeconfig",
+                str(cluster.kubeconfig_path), "--standalone", "--namespace", NAMESPACE,
+                "--metrics-port", "0"]
+        with log.open("w") as out:
+            operator = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        peak = [0]
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(1.0):
+                peak[0] = max(peak[0], _rss_bytes(operator.pid))
+
+        threading.Thread(target=sample, daemon=True).start()
+        try:
+            _create(custom, "baseline")
+            baseline = _wait_ready(custom, {"baseline"}, 300, operator, peak)
+            if baseline is None:
+                print("the baseline object never became Ready; operator log tail:")
+                print("\n".join(log.read_text().splitlines()[-30:]))
+                return 1
+            rss_idle = _rss_bytes(operator.pid)
+            names = {f"bench-{i:04d}" for i in range(n)}
+            before = _request_counts(api)
+            started = time.monotonic()
+            with ThreadPoolExecutor(workers) as pool:
+                list(pool.map(lambda name: _create(custom, name), sorted(names)))
+            created = time.monotonic() - started
+            took = _wait_ready(custom, names, timeout_s, operator, peak)
+            elapsed = time.monotonic() - started
+            after = _request_counts(api)
+            rss_end = _rss_bytes(operator.pid)
+        finally:
+            stop.set()
+            operator.terminate()
+            try:
+                operator.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+        delta = after - before
+        total = sum(delta.values())
+        load_after = os.getloadavg()
+        print(f"kvtune scale bench: N={n} InferenceDeployments (1 pool, 1 replica, H200), "
+              f"standalone operator, {nodes} fake nodes x {gpus_per_node} GPUs")
+        print(f"  machine: {os.cpu_count()} cores, load average {load_before[0]:.1f} before, "
+              f"{load_after[0]:.1f} after")
+        print(f"  baseline (same run): 1 object Ready in {baseline:.1f} s")
+        print(f"  created {n} objects in {created:.1f} s ({workers} client threads)")
+        if took is None:
+            ready = len(_ready_names(custom) & names)
+            print(f"  NOT all Ready within {timeout_s:.0f} s ({ready} Ready)")
+        else:
+            print(f"  all {n} Ready {took:.1f} s after the first create "
+                  f"(goal < {GOAL_SECONDS:.0f} s: {took / GOAL_SECONDS:.2f}x the goal; "
+                  f"{took / baseline:.1f}x the one-object baseline)")
+        print(f"  operator RSS: peak {peak[0] / 1e6:.0f} MB, idle with 1 object "
+              f"{rss_idle / 1e6:.0f} MB, at the end {rss_end / 1e6:.0f} MB "
+              f"(goal < {GOAL_RSS_BYTES / 1e6:.0f} MB: {peak[0] / GOAL_RSS_BYTES:.2f}x)")
+        print(f"  API requests (apiserver_request_total, all clients): {total} in "
+              f"{elapsed:.0f} s = {total / elapsed:.0f}/s; by verb: " + ", ".join(
+                  f"{verb} {count}" for verb, count in delta.most_common()))
+        return 0 if took is not None else 1
+
+
+def main() -> int:
+    # SIGTERM (timeout, kill): unwind, so the operator and the control plane are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-n", type=int, default=1000, help="InferenceDeployments (1000)")
+    parser.add_argument("--timeout", type=float, default=900.0,
+                        help="seconds to wait for all Ready (900)")
+    parser.add_argument("--workers", type=int, default=8, help="client threads creating (8)")
+    args = parser.parse_args()
+    return run(args.n, args.timeout, args.workers)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""The goodput search (planner/search.py on the simulator, simulator/goodput_search.py):
+what it must hold whatever the inputs (hypothesis), the tie rules, the SLO-at-risk answer,
+and traffic made from a profile ranking configurations as the trace itself does."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvtune.e2e.traces import AZURE_TRACE, MOONCAKE_TRACE
+from kvtune.tuner.facts.catalog import get_model
+from kvtune.tuner.facts.gpus import get_gpu_class
+from kvtune.tuner.planner.planning import PlanRequest, preflight
+from kvtune.tuner.planner.policy import SLO, PlanPolicy
+from kvtune.tuner.planner.presets import preset_profile, profile_from_trace
+from kvtune.tuner.planner.search import GOODPUT_TIE, SearchSettings
+from kvtune.tuner.simulator.engine import vllm_default_plan
+from kvtune.tuner.simulator.goodput_search import TrafficScorer, plan_by_goodput
+from kvtune.tuner.simulator.profile_traffic import traffic_from_profile
+from kvtune.tuner.simulator.workload import requests_from_trace
+from kvtune.tuner.traces import load_trace
+
+# Short streams keep a property example within a second or two.
+QUICK = SearchSettings(rungs=(30, 80), rate_steps=3, batched_tokens=(2048, 8192))
+# The property examples: shorter still, and no bisection of the sustained rate.
+TINY = SearchSettings(rungs=(30, 60), rate_steps=0, batched_tokens=(2048, 8192))
+MODELS = ("meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B-Instruct")
+
+
+def _request(model: str, gpu: str, kind: str, rate: float, ttft: float, tpot: float,
+             extra_bytes: int = 0) -> PlanRequest:
+    g = get_gpu_class(gpu)
+    if extra_bytes:
+        g = g.model_copy(update={"cuda_total_bytes": g.cuda_total_bytes + extra_bytes,
+                                 "nvml_total_bytes": g.nvml_total_bytes + extra_bytes})
+    profile = preset_profile(kind).model_copy(update={"request_rate_per_second": rate})
+    return PlanRequest(model=get_model(model), gpu=g, profile=profile,
+                       policy=PlanPolicy(slo=SLO(ttft_p95_seconds=ttft, tpot_p95_seconds=tpot)))
+
+
+cases = st.tuples(
+    st.sampled_from(MODELS), st.sampled_from(("H100", "H200", "B200")),
+    st.sampled_from(("chat", "rag", "agent")), st.floats(1.0, 15.0),
+    st.floats(0.3, 4.0), st.floats(0.02, 0.2),
+)
+PROPERTY = settings(max_examples=3, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+@PROPERTY
+@given(cases, st.integers(1, 48))
+def test_more_gpu_memory_never_lowers_predicted_goodput(case, extra_gib) -> None:  # type: ignore[no-untyped-def]
+    base = _request(*case)
+    bigger = _request(*case, extra_bytes=extra_gib << 30)
+    small = plan_by_goodput(base, settings=TINY)
+    large = plan_by_goodput(bigger, settings=TINY)
+    assert small.search is not None and large.search is not None
+    # A tie (within GOODPUT_TIE) may go to the wider KV precision: that much, never more.
+    assert large.search.goodput_requests_per_second >= (
+        small.search.goodput_requests_per_second * (1 - GOODPUT_TIE) - 1e-9)
+
+
+@PROPERTY
+@given(cases, st.floats(1.0, 4.0))
+def test_a_looser_slo_never_lowers_predicted_goodput(case, looser) -> None:  # type: ignore[no-untyped-def]
+    model, gpu, kind, rate, ttft, tpot = case
+    tight = plan_by_goodput(_request(model, gpu, kind, rate, ttft, tpot), settings=TINY)
+    loose = plan_by_goodput(_request(model, gpu, kind, rate, ttft * looser, tpot * looser),
+                            settings=TINY)
+    assert tight.search is not None and loose.search is not None
+    assert loose.search.goodput_requests_per_second >= (
+        tight.search.goodput_requests_per_second * (1 - GOODPUT_TIE) - 1e-9)
+    assert loose.search.slo_attainment >= tight.search.slo_attainment - GOODPUT_TIE
+
+
+@PROPERTY
+@given(cases)
+def test_no_searched_plan_fails_preflight(case) -> None:  # type: ignore[no-untyped-def]
+    request = _request(*case)
+    pool = plan_by_goodput(request, settings=TINY)
+    ok, need, available = preflight(request, pool.plan)
+    assert ok, (pool.plan.vllm_args(), need, available)
+    assert pool.plan.max_num_batched_tokens >= pool.plan.max_num_seqs
+    assert pool.search is not None and len(pool.search.alternatives) <= 3
+    # The reasons name every knob once they were changed by the search.
+    for knob in pool.search.changed_knobs:
+        assert any(r.knob == knob and r.code == "BestGoodput" for r in pool.reasons), knob
+
+
+def test_light_load_keeps_16_bit_kv_and_says_why_fp8_lost() -> None:
+    # Two requests a second on an 8B model: 16-bit and fp8 both meet the SLO for the same
+    # requests, so they tie on goodput and the wider precision wins.
+    request = _request("meta-llama/Llama-3.1-8B-Instruct", "H200", "chat", 2.0, 2.0, 0.05)
+    pool = plan_by_goodput(request, settings=QUICK)
+    assert pool.search is not None and pool.search.slo_met
+    assert pool.plan.kv_cache_dtype == "auto"
+    assert pool.search.slo_attainment >= 0.95
+    lost = [a for a in pool.search.alternatives if "--kv-cache-dtype=fp8" in a.vllm_args]
+    assert all("precision" in a.why_lost or "lower goodput" in a.why_lost for a in lost)
+    # Deterministic and cached: the same inputs give the same plan object.
+    assert plan_by_goodput(request, settings=QUICK) is pool
+
+
+def test_an_slo_no_replica_meets_says_so_with_numbers() -> None:
+    # 30 requests/s of long RAG prompts on one H100 with a 1 s TTFT target: no
+    # configuration keeps up, so the plan says how much one replica sustains and how many
+    # replicas the traffic needs.
+    request = _request("meta-llama/Llama-3.1-8B-Instruct", "H100", "rag", 30.0, 1.0, 0.03)
+    pool = plan_by_goodput(request, settings=QUICK)
+    s = pool.search
+    assert s is not None and not s.slo_met
+    assert s.max_rate_within_slo_per_second is not None
+    assert s.max_rate_within_slo_per_second < s.observed_rate_per_second
+    assert s.replicas_needed is not None and s.replicas_needed >= 2
+    # The replicas are enough for the observed rate at the sustained per-replica rate.
+    assert s.replicas_needed * s.max_rate_within_slo_per_second >= (
+        s.observed_rate_per_second * 0.99)
+    assert any(w.startswith("SLO at risk") and f"{s.replicas_needed} replicas" in w
+               for w in pool.warnings)
+
+
+def test_an_slo_below_the_service_time_says_no_rate_meets_it() -> None:
+    # A 50 ms TTFT target for RAG prompts of thousands of tokens: a prompt alone takes
+    # longer to prefill, so no rate at all meets the SLO, and the plan says so.
+    request = _request("meta-llama/Llama-3.1-8B-Instruct", "H100", "rag", 5.0, 0.05, 0.03)
+    pool = plan_by_goodput(request, settings=QUICK)
+    s = pool.search
+    assert s is not None and not s.slo_met
+    assert s.max_rate_within_slo_per_second == 0.0 and s.replicas_needed is None
+    assert any("no request rate meets the SLO" in w for w in pool.warnings)
+
+
+def test_without_an_arrival_rate_the_rules_decide_and_say_so() -> None:
+    request = PlanRequest(model=get_model(MODELS[0]), gpu=get_gpu_class("H100"),
+                          profile=preset_profile("chat"))
+    pool = plan_by_goodput(request, settings=QUICK)
+    assert pool.search is None
+    assert any("no arrival rate" in w for w in pool.warnings)
+
+
+def _ranks(v: list[float]) -> np.ndarray:
+    a = np.asarray(v)
+    order = np.argsort(a, kind="stable")
+    r = np.empty(len(a))
+    r[order] = np.arange(len(a))
+    for value in np.unique(a):  # ties share their mean rank
+        r[a == value] = r[a == value].mean()
+    return r
+
+
+def _spearman(a: list[float], b: list[float]) -> float:
+    return float(np.corrcoef(_ranks(a), _ranks(b))[0, 1])
+
+
+def test_traffic_from_a_profile_ranks_configurations_as_the_trace_does() -> None:
+    # For each shipped trace: a window of it, sped up to a load where configurations
+    # differ; its profile (quantiles, rate, burstiness, prefix hit rate) regenerated as
+    # traffic; the same 12 configurations scored on both. The ranking must agree.
+    cases = (
+        (AZURE_TRACE, "H100", 5.0, 1.0, 0.03, 32768),
+        (MOONCAKE_TRACE, "H200", 0.5, 3.0, 0.05, 65536),
+    )
+    for path, gpu, speed, ttft, tpot, mml in cases:
+        trace = load_trace(path)
+        window = dataclasses.replace(trace, requests=tuple(
+            dataclasses.replace(r, arrival_seconds=r.arrival_seconds / speed)
+            for r in trace.requests[:400]))
+        profile = profile_from_trace(window)
+        request = PlanRequest(
+            model=get_model(MODELS[0]), gpu=get_gpu_class(gpu), profile=profile,
+            policy=PlanPolicy(slo=SLO(ttft_p95_seconds=ttft, tpot_p95_seconds=tpot)))
+        real = TrafficScorer(tuple(requests_from_trace(window)))
+        made = TrafficScorer(tuple(traffic_from_profile(profile, 400, seed=3)))
+        assert abs(made.rate_per_second / real.rate_per_second - 1) < 0.15
+        base = vllm_default_plan(request).model_copy(update={"max_model_len": mml})
+        configs = [base.model_copy(update={
+            "kv_cache_dtype": d, "max_num_seqs": s, "max_num_batched_tokens": max(b, s)})
+            for d in ("auto", "fp8") for s in (4, 16, 256) for b in (2048, 8192)]
+        on_trace = [real.score(request, c, 400).goodput_requests_per_second for c in configs]
+        on_made = [made.score(request, c, 400).goodput_requests_per_second for c in configs]
+        assert len(set(on_trace)) > 3, on_trace  # the load separates the configurations
+        rho = _spearman(on_trace, on_made)
+        assert rho >= 0.8, (path.name, rho, on_trace, on_made)

@@ -1,0 +1,496 @@
+"""The planner as a search scored on SLO-goodput (docs/planner.md, "The search").
+
+``plan_pool`` decides every knob by rule and checks the plan against vLLM's pre-flight; it
+is fast and needs no traffic. ``search`` starts from that plan and asks what the traffic
+says: it varies the knobs that trade latency against capacity, keeps only candidates vLLM
+would start (the analytic pre-flight), and ranks the rest by SLO-goodput, the requests per
+second that meet both their TTFT and TPOT targets (DistServe's definition), as a
+``GoodputScorer`` (the simulator, replaying the pool's own traffic) predicts them.
+
+1. **Candidates.** KV dtype (the widest allowed dtype of each precision class vLLM runs for
+   this attention on this GPU, never below the quality floor, only where the KV-quality
+   gate allows) x max-num-seqs (the concurrency the traffic needs by Little's law, arrival
+   rate x the time a request spends in the engine at the SLO, 4x that, and the rules') x
+   max-num-batched-tokens (2K, 8K, 16K and the rules'); then block size (the sizes the
+   backend accepts) for the best one. Memory fraction, max-model-len, prefix caching and
+   CPU offload stay as the rules chose them: more KV memory never lowers goodput in the
+   simulator, and it does not model offload or the hash cost of prefix caching. A pin
+   fixes its knob.
+2. **Successive halving.** Every candidate replays a short prefix of the traffic (100
+   requests); the best third (by the order below) and the best candidate for every value of
+   every knob go on to a 3x longer one, and so on up to the full sample (800).
+   Deterministic: the traffic is made once (seeded) and candidates are taken in a fixed
+   order.
+3. **The order.** Higher goodput wins; goodputs within ``GOODPUT_TIE`` of the best are a tie
+   (simulation noise), broken by the wider KV precision (quality), then by fewer knobs
+   changed from the running plan (stability; the rule-based plan when nothing runs), then by
+   more headroom (the larger slack to the SLO targets).
+4. **When the SLO cannot be met** (fewer than ``SLO_ATTAINMENT`` of the requests meet both
+   targets at the observed rate): the best configuration, the highest fraction of the rate
+   one replica sustains within the SLO (bisection), and the replicas the traffic needs.
+
+Pure: no clock, no I/O, no randomness beyond the scorer's seeded traffic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kvtune.tuner import kv_quality
+from kvtune.tuner.plan import (
+    ExpectedFigures,
+    KVPlan,
+    PoolPlan,
+    Reason,
+    SearchAlternative,
+    SearchSummary,
+)
+from kvtune.tuner.planner import (
+    decide_block_size,
+    decide_max_num_seqs,
+    expected,
+    kv_dtype_options,
+)
+from kvtune.tuner.planner.planning import plan_pool, preflight
+from kvtune.tuner.planner.planrun import MAX_NUM_SEQS_CEILING, PlanRun
+from kvtune.tuner.planner.request import PlanRequest
+
+# Goodputs within 2% of the best are a tie: the spread of repeated simulations with
+# different seeds on the shipped traces (bench/oracle.py) stays under it.
+GOODPUT_TIE = 0.02
+# The targets are p95 targets: the SLO holds when 95% of the requests meet both.
+SLO_ATTAINMENT = 0.95
+# max-num-batched-tokens candidates besides the rule's (vLLM's defaults are 2K/8K/16K).
+BATCHED_TOKENS = (2048, 8192, 16384)
+# Rung sizes of the successive halving, in requests of the traffic (the last: everything).
+RUNGS = (100, 300, 800)
+KEEP_FRACTION = 3  # keep the best third at each rung
+# Block sizes tried for the best few after the first pass.
+BLOCK_FINALISTS = 1
+# The rate fraction at which requests arrive one at a time (nothing queues).
+_TRICKLE = 1e-3
+# Default targets when the policy sets none (the rule-based planner's defaults).
+DEFAULT_TTFT_SECONDS = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class GoodputScore:
+    """What a scorer predicts for one plan on a prefix of the traffic."""
+
+    goodput_requests_per_second: float
+    slo_attainment: float
+    throughput_requests_per_second: float
+    ttft_p95_seconds: float
+    tpot_p95_seconds: float
+    requests: int  # how many requests were replayed
+    preemptions: int = 0
+    prefix_hit_rate: float = 0.0
+    starts: bool = True  # False: vLLM would not start it (no figures)
+
+
+class GoodputScorer(Protocol):
+    """Predicts a plan's SLO-goodput on the pool's traffic (``tuner/simulator`` implements
+    it on a trace or on traffic made from the profile)."""
+
+    @property
+    def rate_per_second(self) -> float:
+        """The observed arrival rate of the traffic."""
+        ...
+
+    @property
+    def max_requests(self) -> int:
+        """How many requests the traffic holds."""
+        ...
+
+    def score(self, request: PlanRequest, plan: KVPlan, num_requests: int,
+              rate_scale: float = 1.0) -> GoodputScore:
+        """Replay the first ``num_requests`` requests with arrivals ``rate_scale`` times as
+        fast (the same requests, the gaps divided)."""
+        ...
+
+
+@dataclass(slots=True)
+class _Scored:
+    plan: KVPlan
+    score: GoodputScore
+    changed: tuple[str, ...]
+    lost: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SearchSettings:
+    rungs: tuple[int, ...] = RUNGS
+    tie: float = GOODPUT_TIE
+    slo_attainment: float = SLO_ATTAINMENT
+    # Bisection steps for the rate one replica sustains (only when the SLO is missed).
+    rate_steps: int = 6
+    alternatives: int = 3
+    batched_tokens: tuple[int, ...] = BATCHED_TOKENS
+
+
+DEFAULT_SETTINGS = SearchSettings()
+
+
+@dataclass(slots=True)
+class _Book:
+    """Every score taken, keyed by plan and rung, so a plan is never replayed twice."""
+
+    scorer: GoodputScorer
+    request: PlanRequest
+    seen: dict[tuple[KVPlan, int, float], GoodputScore] = field(default_factory=dict)
+    simulated_requests: int = 0
+
+    def score(self, plan: KVPlan, n: int, rate_scale: float = 1.0) -> GoodputScore:
+        key = (plan, n, rate_scale)
+        got = self.seen.get(key)
+        if got is None:
+            got = self.scorer.score(self.request, plan, n, rate_scale)
+            self.seen[key] = got
+            self.simulated_requests += got.requests
+        return got
+
+
+# The knobs the halving varies (block size is tried on the finalists).
+_SEARCHED = ("kv_cache_dtype", "max_num_seqs", "max_num_batched_tokens")
+_KNOBS = ("kv_cache_dtype", "block_size", "max_num_seqs", "max_num_batched_tokens",
+          "gpu_memory_utilization", "kv_cache_memory_bytes", "max_model_len",
+          "enable_prefix_caching", "kv_offloading_size_gib")
+
+
+def changed_knobs(plan: KVPlan, reference: KVPlan | None) -> tuple[str, ...]:
+    """The vLLM flags (dashed) whose value differs from ``reference``."""
+    if reference is None:
+        return ()
+    return tuple(k.replace("_", "-") for k in _KNOBS
+                 if getattr(plan, k) != getattr(reference, k))
+
+
+def littles_law_sequences(request: PlanRequest, rate_per_second: float) -> int:
+    """Sequences in the engine at once (L = lambda x W): the arrival rate times the time a
+    median request spends there when it just meets the targets (TTFT, then its output at
+    the TPOT target)."""
+    slo = request.policy.slo
+    ttft = slo.ttft_p95_seconds or DEFAULT_TTFT_SECONDS
+    tpot = slo.tpot_p95_seconds or decide_max_num_seqs.DEFAULT_TPOT_SECONDS
+    outputs = request.profile.output_tokens
+    mean_output = (outputs.p50 + outputs.p95) / 2  # a skewed mean, from two quantiles
+    return max(1, math.ceil(rate_per_second * (ttft + mean_output * tpot)))
+
+
+def _round8(n: float) -> int:
+    return int(max(8, min(MAX_NUM_SEQS_CEILING, 8 * math.ceil(n / 8))))
+
+
+def _precision_bits(run: PlanRun, dtype: str) -> int:
+    return run.runtime.dtype(dtype).bits
+
+
+def _dtypes(run: PlanRun) -> list[str]:
+    """The widest allowed dtype of each precision class (16, 8, 4 bits), widest first."""
+    if run.pins.kv_cache_dtype is not None:
+        return [run.pins.kv_cache_dtype]
+    out: list[str] = []
+    bits_seen: set[int] = set()
+    for name in kv_dtype_options.allowed(run):
+        if name in kv_dtype_options.ALIASES:
+            continue
+        bits = _precision_bits(run, name)
+        if bits not in bits_seen:
+            bits_seen.add(bits)
+            out.append(name)
+    return out
+
+
+def _candidates(run: PlanRun, base: KVPlan, rate: float, settings: SearchSettings
+                ) -> list[KVPlan]:
+    pins = run.pins
+    little = littles_law_sequences(run.req, rate)
+    if pins.max_num_seqs is not None:
+        seqs = [pins.max_num_seqs]
+    else:
+        seqs = sorted({_round8(little), _round8(4 * little), base.max_num_seqs})
+    if pins.max_num_batched_tokens is not None:
+        batched = [pins.max_num_batched_tokens]
+    else:
+        batched = sorted({*settings.batched_tokens, base.max_num_batched_tokens})
+    out: list[KVPlan] = []
+    for dtype in _dtypes(run):
+        bs = pins.block_size or (base.block_size if dtype == base.kv_cache_dtype
+                                 else run.backends.smallest_block(dtype))
+        for s in seqs:
+            for b in batched:
+                plan = base.model_copy(update={
+                    "kv_cache_dtype": dtype, "block_size": bs, "max_num_seqs": s,
+                    # vLLM refuses fewer batched tokens than sequences.
+                    "max_num_batched_tokens": max(b, s),
+                })
+                if plan not in out:
+                    out.append(plan)
+    return out
+
+
+def _starts(request: PlanRequest, plan: KVPlan) -> bool:
+    ok, _, _ = preflight(request, plan)
+    return ok
+
+
+def _slack(score: GoodputScore, request: PlanRequest) -> float:
+    """How far the p95 latencies stay below their targets (higher: more headroom)."""
+    slo = request.policy.slo
+    ttft = slo.ttft_p95_seconds or DEFAULT_TTFT_SECONDS
+    tpot = slo.tpot_p95_seconds or decide_max_num_seqs.DEFAULT_TPOT_SECONDS
+    worst = max(score.ttft_p95_seconds / ttft, score.tpot_p95_seconds / tpot)
+    return -worst if math.isfinite(worst) else -math.inf
+
+
+def _order(items: Sequence[_Scored], run: PlanRun, tie: float) -> list[_Scored]:
+    """Best first: goodput, and within a tie of the best, wider precision, fewer changed
+    knobs, more headroom. Candidates outside the tie band follow by goodput."""
+    if not items:
+        return []
+    top = max(x.score.goodput_requests_per_second for x in items)
+
+    def key(x: _Scored) -> tuple[float, ...]:
+        g = x.score.goodput_requests_per_second
+        tied = g >= top * (1.0 - tie)
+        return (0.0 if tied else 1.0,
+                -(_precision_bits(run, x.plan.kv_cache_dtype)) if tied else -g,
+                float(len(x.changed)) if tied else 0.0,
+                -_slack(x.score, run.req),
+                -g)
+
+    return sorted(items, key=key)
+
+
+def _promote(ranked: Sequence[_Scored]) -> list[KVPlan]:
+    """The candidates that go on to the next, longer stream: the best third, and the best
+    candidate for every value of every knob searched. A short stream shows where the SLO
+    breaks first, not how far a queue grows later (under overload a larger batched-token
+    budget can lose on 450 requests and win on 1,200): no value of a knob is dropped on a
+    short stream alone."""
+    k = max(2, math.ceil(len(ranked) / KEEP_FRACTION))
+    out = [x.plan for x in ranked[:k]]
+    for knob in _SEARCHED:
+        champions: dict[object, KVPlan] = {}
+        for x in ranked:  # best first
+            champions.setdefault(getattr(x.plan, knob), x.plan)
+        out += [p for p in champions.values() if p not in out]
+    return out
+
+
+def _why_lost(loser: _Scored, best: _Scored, run: PlanRun, tie: float, reference: str
+              ) -> str:
+    g, b = loser.score.goodput_requests_per_second, best.score.goodput_requests_per_second
+    if g < b * (1.0 - tie):
+        return f"lower goodput ({g:.2f} vs {b:.2f} req/s)"
+    lb, bb = (_precision_bits(run, loser.plan.kv_cache_dtype),
+              _precision_bits(run, best.plan.kv_cache_dtype))
+    if lb < bb:
+        return f"tied on goodput; {bb}-bit KV keeps more precision than {lb}-bit"
+    if len(loser.changed) > len(best.changed):
+        return (f"tied on goodput; changes {len(loser.changed)} knobs from the {reference}, "
+                f"the chosen one {len(best.changed)}")
+    return "tied on goodput; less headroom to the SLO targets"
+
+
+def search(
+    request: PlanRequest, scorer: GoodputScorer, running: KVPlan | None = None,
+    settings: SearchSettings | None = None,
+) -> PoolPlan:
+    """Plan one pool by SLO-goodput (module doc). Raises what ``plan_pool`` raises."""
+    settings = settings or DEFAULT_SETTINGS
+    base_pool = plan_pool(request)
+    base = base_pool.plan
+    run = PlanRun(request)
+    rate = scorer.rate_per_second
+    book = _Book(scorer, request)
+    reference = running or base
+    rungs = sorted({min(n, scorer.max_requests) for n in settings.rungs})
+
+    def scored(plans: Sequence[KVPlan], n: int) -> list[_Scored]:
+        return [_Scored(p, book.score(p, n), changed_knobs(p, reference)) for p in plans]
+
+    pool = [p for p in _candidates(run, base, rate, settings) if _starts(request, p)]
+    if base not in pool:
+        pool.insert(0, base)
+    considered = len(pool)
+    survivors = pool
+    ranked: list[_Scored] = []
+    for i, n in enumerate(rungs):
+        ranked = _order(scored(survivors, n), run, settings.tie)
+        if i < len(rungs) - 1:
+            survivors = _promote(ranked)
+    # Block size for the finalists (their dtype's sizes the backend accepts).
+    final_n = rungs[-1]
+    extra: list[KVPlan] = []
+    if run.pins.block_size is None:
+        for x in ranked[:BLOCK_FINALISTS]:
+            for bs in decide_block_size.candidates(run, x.plan.kv_cache_dtype):
+                p = x.plan.model_copy(update={"block_size": bs})
+                if p not in extra and all(p != y.plan for y in ranked) and _starts(request, p):
+                    extra.append(p)
+    considered += len(extra)
+    ranked = _order([*ranked, *scored(extra, final_n)], run, settings.tie)
+    best = ranked[0]
+    for x in ranked[1:]:
+        x.lost = _why_lost(x, best, run, settings.tie,
+                           "running plan" if running is not None else "rules' plan")
+
+    slo = request.policy.slo
+    has_slo = slo.ttft_p95_seconds is not None or slo.tpot_p95_seconds is not None
+    meets = best.score.slo_attainment >= settings.slo_attainment
+    max_scale: float | None = None
+    replicas: int | None = None
+    if not meets:
+        max_scale = _sustainable_scale(book, best.plan, final_n, settings)
+        replicas = math.ceil(1.0 / max_scale) if max_scale > 0 else None
+    summary = SearchSummary(
+        observed_rate_per_second=rate,
+        littles_law_sequences=littles_law_sequences(request, rate),
+        goodput_requests_per_second=best.score.goodput_requests_per_second,
+        slo_attainment=best.score.slo_attainment,
+        ttft_p95_seconds=best.score.ttft_p95_seconds,
+        tpot_p95_seconds=best.score.tpot_p95_seconds,
+        slo_met=meets,
+        slo_set=has_slo,
+        max_rate_within_slo_per_second=(rate * max_scale if max_scale is not None else None),
+        replicas_needed=replicas,
+        candidates=considered,
+        simulated_requests=book.simulated_requests,
+        requests_per_candidate=final_n,
+        changed_from=("running plan" if running is not None else "rules' plan"),
+        changed_knobs=best.changed,
+        alternatives=tuple(
+            SearchAlternative(
+                vllm_args=tuple(x.plan.vllm_args()),
+                goodput_requests_per_second=x.score.goodput_requests_per_second,
+                slo_attainment=x.score.slo_attainment,
+                ttft_p95_seconds=x.score.ttft_p95_seconds,
+                tpot_p95_seconds=x.score.tpot_p95_seconds,
+                why_lost=x.lost,
+            )
+            for x in ranked[1:1 + settings.alternatives]
+        ),
+    )
+    return _pool_plan(run, base_pool, best, summary, ranked)
+
+
+def _sustainable_scale(book: _Book, plan: KVPlan, n: int, settings: SearchSettings) -> float:
+    """The largest fraction of the observed rate at which ``plan`` meets the SLO (bisection
+    in ``rate_steps`` steps); 0 when not even a trickle (requests a thousand times further
+    apart, each served alone) meets it."""
+    if book.score(plan, n, _TRICKLE).slo_attainment < settings.slo_attainment:
+        return 0.0
+    lo, hi = _TRICKLE, 1.0
+    for _ in range(settings.rate_steps):
+        mid = (lo + hi) / 2
+        if book.score(plan, n, mid).slo_attainment >= settings.slo_attainment:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _pool_plan(run: PlanRun, base_pool: PoolPlan, best: _Scored, summary: SearchSummary,
+               ranked: Sequence[_Scored]) -> PoolPlan:
+    plan = best.plan
+    base = base_pool.plan
+    changed = set(changed_knobs(plan, base))
+    s = best.score
+    figures = (f"predicted SLO-goodput {s.goodput_requests_per_second:.2f} req/s "
+               f"({s.slo_attainment:.1%} of requests meet the SLO), TTFT p95 "
+               f"{s.ttft_p95_seconds:.3f} s, TPOT p95 {s.tpot_p95_seconds * 1000:.1f} ms over "
+               f"{s.requests} requests at {summary.observed_rate_per_second:.2f} req/s")
+    reasons = [r for r in base_pool.reasons if r.knob not in changed]
+    for knob in sorted(changed):
+        value = getattr(plan, knob.replace("-", "_"))
+        was = getattr(base, knob.replace("-", "_"))
+        reasons.append(Reason(
+            knob=knob, choice=str(value).lower() if isinstance(value, bool) else str(value),
+            code="BestGoodput",
+            message=(f"the goodput search chose {value} over the rules' {was} among "
+                     f"{summary.candidates} candidates: {figures}"
+                     + (_quality_quote(run, str(value)) if knob == "kv-cache-dtype" else "")),
+        ))
+    # The rules' warnings about their own concurrency target or about a dtype the search
+    # replaced no longer describe the plan.
+    gone = (f"kv-cache-dtype {base.kv_cache_dtype} " if plan.kv_cache_dtype !=
+            base.kv_cache_dtype else None)
+    warnings = [w for w in base_pool.warnings
+                if not w.startswith("KV capacity limits concurrency")
+                and (gone is None or gone not in w)]
+    if not summary.slo_met and summary.slo_set:
+        warnings.append(slo_at_risk_message(summary))
+    exp = expected.figures(run, plan, None)
+    exp = ExpectedFigures.model_validate({
+        **exp.model_dump(),
+        "prefix_hit_rate": s.prefix_hit_rate,
+        "goodput_requests_per_second": s.goodput_requests_per_second,
+        "slo_attainment": s.slo_attainment,
+        "ttft_p95_seconds": s.ttft_p95_seconds,
+        "tpot_p95_seconds": s.tpot_p95_seconds,
+    })
+    return base_pool.model_copy(update={
+        "plan": plan, "expected": exp, "reasons": tuple(reasons),
+        "warnings": tuple(warnings), "search": summary,
+    })
+
+
+def _quality_quote(run: PlanRun, dtype: str) -> str:
+    """The KV-quality evidence on a dtype the search chose (its candidates came through the
+    same gate, ``kv_dtype_options.allowed``)."""
+    verdict = kv_quality.gate_one(dtype, run.req.kv_quality_evidence, run.req.policy.kv_quality)
+    return "" if verdict.code == kv_quality.REFERENCE else f"; quality: {verdict.detail}"
+
+
+def slo_at_risk_message(summary: SearchSummary) -> str:
+    """One line with the numbers: the SLO cannot be met at the observed rate."""
+    msg = (f"SLO at risk: the best configuration meets the SLO for "
+           f"{summary.slo_attainment:.1%} of requests at the observed "
+           f"{summary.observed_rate_per_second:.2f} req/s (needs "
+           f"{SLO_ATTAINMENT:.0%})")
+    rate = summary.max_rate_within_slo_per_second
+    if rate is not None and rate > 0:
+        msg += f"; one replica sustains {rate:.2f} req/s within the SLO"
+        if summary.replicas_needed is not None:
+            msg += f", so the traffic needs {summary.replicas_needed} replicas"
+    elif rate is not None:
+        msg += ("; no request rate meets the SLO on this GPU class: the requests' own service "
+                "time (prefill, then decode at the batch size) exceeds the targets; loosen "
+                "them or plan a faster GPU class or more tensor parallelism")
+    return msg
+
+
+def grid(request: PlanRequest, rate_per_second: float,
+         settings: SearchSettings | None = None) -> list[KVPlan]:
+    """Every candidate the search could consider (all block sizes, no halving), that vLLM
+    would start: the exhaustive grid a benchmark compares the search with."""
+    settings = settings or DEFAULT_SETTINGS
+    base = plan_pool(request).plan
+    run = PlanRun(request)
+    out: list[KVPlan] = []
+    for p in _candidates(run, base, rate_per_second, settings):
+        for bs in decide_block_size.candidates(run, p.kv_cache_dtype):
+            q = p.model_copy(update={"block_size": bs})
+            if q not in out and _starts(request, q):
+                out.append(q)
+    if base not in out:
+        out.insert(0, base)
+    return out
+
+
+__all__ = [
+    "GOODPUT_TIE",
+    "SLO_ATTAINMENT",
+    "GoodputScore",
+    "GoodputScorer",
+    "SearchSettings",
+    "changed_knobs",
+    "grid",
+    "littles_law_sequences",
+    "search",
+    "slo_at_risk_message",
+]

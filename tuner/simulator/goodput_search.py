@@ -1,0 +1,142 @@
+"""The goodput search on the simulator: one entry point for ``kvtune plan`` and the operator.
+
+``plan_by_goodput(request, trace=None, running=None)`` replays the pool's traffic (a window
+of the trace when there is one, else traffic made from the request's ``WorkloadProfile``,
+``profile_traffic``) under the planner's candidates (``planner/search.py``) and returns the
+``PoolPlan`` the search chose, with its predicted goodput, alternatives and, when the SLO
+cannot be met, the rate one replica sustains and the replicas the traffic needs.
+
+Results are cached by the hash of everything they depend on (the request, the traffic, the
+running plan, the seed): the operator re-plans on every reconcile, and the same inputs give
+the same plan without a second search.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvtune.tuner.errors import InvalidInput
+from kvtune.tuner.plan import KVPlan, PoolPlan
+from kvtune.tuner.planner.decide_max_num_seqs import DEFAULT_TPOT_SECONDS
+from kvtune.tuner.planner.planning import PlanRequest, plan_pool
+from kvtune.tuner.planner.search import (
+    DEFAULT_SETTINGS,
+    DEFAULT_TTFT_SECONDS,
+    GoodputScore,
+    SearchSettings,
+    search,
+)
+from kvtune.tuner.simulator.engine import simulated_plan
+from kvtune.tuner.simulator.metrics import SLOTargets
+from kvtune.tuner.simulator.profile_traffic import traffic_from_profile
+from kvtune.tuner.simulator.scheduler import simulate
+from kvtune.tuner.simulator.workload import SimRequest, requests_from_trace
+from kvtune.tuner.traces import Trace
+
+# Requests replayed by the finalists (the last rung of the successive halving).
+TRAFFIC_REQUESTS = 800
+_CACHE_SIZE = 64
+
+
+def slo_targets(request: PlanRequest) -> SLOTargets:
+    """The request's SLO, with the planner's defaults where it sets none."""
+    slo = request.policy.slo
+    return SLOTargets(ttft_seconds=slo.ttft_p95_seconds or DEFAULT_TTFT_SECONDS,
+                      tpot_seconds=slo.tpot_p95_seconds or DEFAULT_TPOT_SECONDS)
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficScorer:
+    """``planner.search.GoodputScorer`` on a fixed request stream."""
+
+    requests: tuple[SimRequest, ...]
+
+    @property
+    def rate_per_second(self) -> float:
+        span = self.requests[-1].arrival_seconds - self.requests[0].arrival_seconds
+        return (len(self.requests) - 1) / span if span > 0 else float(len(self.requests))
+
+    @property
+    def max_requests(self) -> int:
+        return len(self.requests)
+
+    def score(self, request: PlanRequest, plan: KVPlan, num_requests: int,
+              rate_scale: float = 1.0) -> GoodputScore:
+        sim = simulated_plan(request, plan, "candidate")
+        if not sim.starts:
+            return GoodputScore(0.0, 0.0, 0.0, math.inf, math.inf, 0, starts=False)
+        reqs: Sequence[SimRequest] = self.requests[:num_requests]
+        if rate_scale != 1.0:
+            reqs = [dataclasses.replace(r, arrival_seconds=r.arrival_seconds / rate_scale)
+                    for r in reqs]
+        res = simulate(reqs, sim.engine, sim.cost)
+        goodput, attainment = res.goodput(slo_targets(request))
+        s = res.summary()
+        return GoodputScore(
+            goodput_requests_per_second=goodput, slo_attainment=attainment,
+            throughput_requests_per_second=s["throughput_requests_per_second"],
+            ttft_p95_seconds=_finite(s["ttft_p95_seconds"]),
+            tpot_p95_seconds=_finite(s["tpot_p95_seconds"]),
+            requests=len(reqs), preemptions=s["preemptions"],
+            prefix_hit_rate=s["prefix_hit_rate"],
+        )
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else math.inf
+
+
+def traffic(request: PlanRequest, trace: Trace | None = None,
+            num_requests: int = TRAFFIC_REQUESTS, seed: int = 0) -> tuple[SimRequest, ...]:
+    """The stream the search replays: the trace's first ``num_requests`` requests, else
+    ``num_requests`` made from the profile (seeded)."""
+    if trace is not None:
+        return tuple(requests_from_trace(trace, limit=num_requests))
+    return tuple(traffic_from_profile(request.profile, num_requests, seed=seed))
+
+
+_cache: OrderedDict[str, PoolPlan] = OrderedDict()
+
+
+def _key(request: PlanRequest, reqs: Sequence[SimRequest], running: KVPlan | None,
+         settings: SearchSettings) -> str:
+    h = hashlib.sha256()
+    h.update(request.model_dump_json().encode())
+    h.update(repr([(r.arrival_seconds, r.prompt_tokens, r.output_tokens, r.segments)
+                   for r in reqs]).encode())
+    h.update((running.model_dump_json() if running is not None else "-").encode())
+    h.update(repr(settings).encode())
+    return h.hexdigest()
+
+
+def plan_by_goodput(
+    request: PlanRequest, trace: Trace | None = None, running: KVPlan | None = None,
+    seed: int = 0, settings: SearchSettings = DEFAULT_SETTINGS,
+) -> PoolPlan:
+    """The pool's plan chosen by simulated SLO-goodput (module doc). Without an arrival rate
+    (no trace, none in the profile) there is no traffic to replay: the rule-based plan,
+    with a warning saying so."""
+    if trace is None and not request.profile.request_rate_per_second:
+        base = plan_pool(request)
+        return base.model_copy(update={"warnings": (
+            *base.warnings,
+            "no arrival rate in the profile: the plan follows the rules, not a goodput "
+            "search (observe traffic, or pass --trace or --request-rate)")})
+    if trace is not None and len(trace.requests) < 2:
+        raise InvalidInput("--trace", trace.name, "needs at least 2 requests to replay")
+    reqs = traffic(request, trace, max(settings.rungs), seed)
+    key = _key(request, reqs, running, settings)
+    hit = _cache.get(key)
+    if hit is not None:
+        _cache.move_to_end(key)
+        return hit
+    result = search(request, TrafficScorer(reqs), running=running, settings=settings)
+    _cache[key] = result
+    while len(_cache) > _CACHE_SIZE:
+        _cache.popitem(last=False)
+    return result
