@@ -353,7 +353,10 @@ class Demo:
                  f"tensor-parallel {pool.get('tensorParallel')}, "
                  f"{pool.get('phase')}, revision {pool.get('revision')}):")
             if plan:
-                echo("    plan: " + ", ".join(f"{k}={v}" for k, v in plan.items() if v is not None))
+                # allowDeprecatedQuantization=False is every plan's: shown only when set.
+                shown = {k: v for k, v in plan.items() if v is not None
+                         and not (k == "allowDeprecatedQuantization" and v is False)}
+                echo("    plan: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
             before = declared.get(pool.get("name"))
             if report.profile is not None and before is not None:
                 changes = [f"{k} {before.get(k)} -> {v}" for k, v in plan.items()
