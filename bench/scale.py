@@ -107,9 +107,12 @@ def _wait_ready(custom: Any, names: set[str], timeout_s: float, operator: subpro
 def run(n: int, timeout_s: float, workers: int) -> int:
     from kubernetes import client
 
+    from kvtune.e2e import cluster as e2e_cluster
     from kvtune.e2e.cluster import LocalCluster
     from kvtune.e2e.gpu_nodes import NodePool
 
+    # One Service per object: the tests' /24 service range holds 254 (a /16, 65,534).
+    e2e_cluster.SERVICE_CIDR = "10.0.0.0/16"
     load_before = os.getloadavg()
     gpus_per_node = 100
     nodes = math.ceil((n + 1) / gpus_per_node)
