@@ -215,6 +215,13 @@ class LocalCluster:
         self.supervisor.stop_all()
         (self.state_dir / STATE_FILE).unlink(missing_ok=True)
 
+    def restart_apiserver(self) -> None:
+        """Stop the API server and start it again on the same port and state; returns once
+        it is ready (clients reconnect; watches are re-established by their owners)."""
+        self.supervisor.restart("kube-apiserver")
+        self._save_state()
+        self._wait("kube-apiserver", "ready again (/readyz)", self._apiserver_ready)
+
     def status(self) -> ClusterStatus:
         state = self._load_state()
         if state is None:

@@ -221,7 +221,8 @@ class Demo:
 
     def _start_operator(self) -> None:
         kvtune = Path(sys.executable).parent / "kvtune"
-        env = {"PYTHONUNBUFFERED": "1"}
+        # The demo's Prometheus runs on loopback: the operator may query only allow-listed URLs.
+        env = {"PYTHONUNBUFFERED": "1", "KVTUNE_PROMETHEUS_ALLOWED_URLS": "http://127.0.0.1:*"}
         if self._observing:
             # Profile every 5 s instead of every minute, so the demo shows it within seconds.
             env |= {"KVTUNE_RETUNE_INTERVAL_SECONDS": "5", "KVTUNE_PROFILE_MIN_REQUESTS": "100"}

@@ -176,6 +176,26 @@ class Supervisor:
         self._popens.clear()
         _LIVE.discard(self)
 
+    def restart(self, component: str, sig: signal.Signals = signal.SIGTERM,
+                grace_seconds: float = 10.0) -> ProcessRecord:
+        """Stop one component (``sig``, then SIGKILL after ``grace_seconds``) and start it
+        again with the same command line (the chaos tests restart the API server)."""
+        record = next(r for r in self.records if r.component == component)
+        _signal_group(record, sig)
+        deadline = time.monotonic() + grace_seconds
+        while self._alive(record) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if self._alive(record):
+            _signal_group(record, signal.SIGKILL)
+            while self._alive(record):
+                time.sleep(0.02)
+        self.records.remove(record)
+        self._popens.pop(record.pid, None)
+        argv = record.argv
+        if _SETPRIV is not None and argv[:1] == [_SETPRIV]:
+            argv = argv[argv.index("--") + 1:]
+        return self.start(component, argv)
+
     def _alive(self, record: ProcessRecord) -> bool:
         popen = self._popens.get(record.pid)
         if popen is not None:

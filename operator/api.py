@@ -48,6 +48,12 @@ AttentionBackend = Literal[VLLM_ATTENTION_BACKENDS]  # type: ignore[valid-type]
 WeightsDtype = Literal[WEIGHTS_DTYPES]  # type: ignore[valid-type]
 
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# The InferenceDeployment's own name: it becomes label values (at most 63 characters) and the
+# start of Service names (DNS-1035 labels: a letter first, no dots).
+OBJECT_NAME_PATTERN = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
+OBJECT_NAME_RULE = ("metadata.name must be at most 63 characters of a-z, 0-9 and '-', starting "
+                    "with a letter: it names the Services and labels kvtune creates; rename the "
+                    "InferenceDeployment")
 _CEL = "x-kubernetes-validations"
 
 
@@ -89,10 +95,19 @@ class ModelConfigSource(_Model):
     config_map_ref: ConfigMapRef
 
 
+# A model id as vLLM takes it (a Hugging Face id, or a name with its config.json): never a
+# flag ("--trust-remote-code" as a model name would be rendered as one), no whitespace.
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9_.][A-Za-z0-9_.:@+/-]*$"
+# An image reference (registry/path:tag@digest), as the container runtime parses it.
+IMAGE_PATTERN = (r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*"
+                 r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$")
+
+
 class ModelSpec(_Model):
     name: str = Field(
-        min_length=1, max_length=256,
-        description="Served model: a catalog id (Hugging Face id) or any id when config is set.",
+        min_length=1, max_length=256, pattern=MODEL_NAME_PATTERN,
+        description="Served model: a catalog id (Hugging Face id) or any id when config is set. "
+                    "Letters, digits and _.:@+/- only, not starting with '-'.",
     )
     config: ModelConfigSource | None = None
     weights_dtype: WeightsDtype = Field(
@@ -116,7 +131,9 @@ class PodTemplateSource(_Model):
 
 
 class RuntimeSpec(_Model):
-    image: str = Field(default="vllm/vllm-openai:v0.33.0", min_length=1, max_length=512)
+    image: str = Field(default="vllm/vllm-openai:v0.33.0", min_length=1, max_length=512,
+                       pattern=IMAGE_PATTERN,
+                       description="The vLLM image: registry/repository[:tag][@sha256:digest].")
     # The versions kvtune's memory model is calibrated for (tuner/facts/data/vllm_memory.json);
     # the API server refuses others at admission.
     vllm_version: str = Field(
@@ -190,8 +207,23 @@ class WorkloadSpec(_Model):
 
 
 class SLOSpec(_Model):
+    model_config = ConfigDict(json_schema_extra=_rules(
+        ("!has(self.ttftP95) || duration(self.ttftP95) > duration('0s')",
+         "slo.ttftP95 must be above 0s; give the p95 time to first token, e.g. 2s"),
+        ("!has(self.tpotP95) || duration(self.tpotP95) > duration('0s')",
+         "slo.tpotP95 must be above 0s; give the p95 time per output token, e.g. 80ms"),
+    ))
+
     ttft_p95: str | None = Field(default=None, pattern=DURATION_PATTERN, max_length=32)
     tpot_p95: str | None = Field(default=None, pattern=DURATION_PATTERN, max_length=32)
+
+    @model_validator(mode="after")
+    def _positive(self) -> SLOSpec:
+        for name, text in (("ttftP95", self.ttft_p95), ("tpotP95", self.tpot_p95)):
+            if text is not None and parse_duration(text, field=f"spec.slo.{name}") <= 0:
+                raise ValueError(f"spec.slo.{name}={text!r} must be above 0s; give the p95 "
+                                 f"target, e.g. 2s or 80ms")
+        return self
 
     def ttft_p95_seconds(self) -> float | None:
         return None if self.ttft_p95 is None else parse_duration(
@@ -238,6 +270,9 @@ class QualitySpec(_Model):
     calibration: CalibrationSpec = CalibrationSpec()
 
 
+_POOL_KEY = "(has({v}.name) ? {v}.name : {v}.gpuClass.lowerAscii())"
+
+
 class Toleration(_Model):
     key: str | None = Field(default=None, max_length=316)
     operator: Literal["Exists", "Equal"] | None = None
@@ -272,6 +307,12 @@ class CustomGPUSpec(_Model):
 
 
 class PoolSpec(_Model):
+    model_config = ConfigDict(json_schema_extra=_rules(
+        (f"!{_POOL_KEY.format(v='self')}.endsWith('-canary')",
+         "a pool name must not end in -canary (kvtune names the canary Deployment of pool "
+         "<p> <name>-<p>-canary); set pools[].name"),
+    ))
+
     gpu_class: str = Field(
         min_length=1, max_length=32, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
         description="kvtune GPU class, e.g. H100, H200, B200, L4; or the name of a customGpu.",
@@ -295,6 +336,13 @@ class PoolSpec(_Model):
     def gpu_declaration(self) -> str:
         """What ``tuner.gpus.get_gpu_class`` takes: the class name, or its custom declaration."""
         return self.custom_gpu.declaration(self.gpu_class) if self.custom_gpu else self.gpu_class
+
+    @model_validator(mode="after")
+    def _not_a_canary_name(self) -> PoolSpec:
+        if self.pool_name.endswith("-canary"):
+            raise ValueError(f"pool name {self.pool_name!r} ends in -canary, the suffix of "
+                             f"kvtune's canary Deployments; set pools[].name")
+        return self
 
 
 _LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
@@ -492,9 +540,6 @@ def _pin_floor_rule() -> tuple[str, str]:
             "pin a wider dtype or lower the floor")
 
 
-_POOL_KEY = "(has({v}.name) ? {v}.name : {v}.gpuClass.lowerAscii())"
-
-
 class InferenceDeploymentSpec(_Model):
     model_config = ConfigDict(
         json_schema_extra=_rules(
@@ -505,6 +550,12 @@ class InferenceDeploymentSpec(_Model):
              f"{_POOL_KEY.format(v='p')}))",
              "pool names must be unique; give pools of the same gpuClass distinct names"),
             _pin_floor_rule(),
+            ("!has(self.tuning) || !has(self.tuning.pin) || !has(self.tuning.pin.maxModelLen) "
+             "|| !has(self.workload) || !has(self.workload.contextTokens) || "
+             "!has(self.workload.contextTokens.max) || "
+             "self.tuning.pin.maxModelLen >= self.workload.contextTokens.max",
+             "tuning.pin.maxModelLen is below workload.contextTokens.max: vLLM would refuse "
+             "the longest requests the spec promises; raise the pin or lower the max"),
         )
     )
 
@@ -535,6 +586,13 @@ class InferenceDeploymentSpec(_Model):
                 f"spec.pools: pool name(s) {dupes} used twice; give each pool a distinct name"
             )
         pin = self.tuning.pin
+        ctx_max = self.workload.context_tokens.max if self.workload.context_tokens else None
+        if pin is not None and pin.max_model_len is not None and ctx_max is not None \
+                and pin.max_model_len < ctx_max:
+            raise ValueError(
+                f"spec.tuning.pin.maxModelLen={pin.max_model_len} is below "
+                f"spec.workload.contextTokens.max={ctx_max}: vLLM would refuse the longest "
+                f"requests the spec promises; raise the pin or lower the max")
         if pin is not None and pin.kv_cache_dtype is not None:
             floor = self.quality.lowest_kv_precision if self.quality else "fp8"
             if KV_DTYPE_BITS[pin.kv_cache_dtype] < PRECISION_FLOOR_BITS[floor]:
@@ -694,6 +752,90 @@ class ProfileStatus(_Status):
     observed_at: str | None = None
 
 
+class DeploymentProfileStatus(ProfileStatus):
+    """``status.profile``: the deployment-wide profile, and the retune timer's part: the
+    last window's figures, whether they were trusted and why, its decisions and clocks."""
+
+    observed: ObservedStatus | None = None
+    trusted: bool | None = None
+    profile_message: str | None = None
+    retune: RetuneStatus | None = None
+
+
+class QuantileEstimateStatus(_Status):
+    """A length quantile read from a histogram: the estimate and the bucket holding it."""
+
+    q: float
+    estimate: int
+    lower: float | None = None
+    upper: float | None = None  # absent: in the +Inf bucket with no cap known
+    histogram_quantile: float | None = None  # Prometheus' interpolation, for comparison
+
+
+class ObservedStatus(_Status):
+    """What the last profiling window showed (the retune timer writes it)."""
+
+    window_seconds: float
+    requests: int
+    request_rate_per_second: float | None = None
+    prefix_hit_rate: float | None = None
+    kv_cache_usage_mean: float | None = None
+    kv_cache_usage_max: float | None = None
+    preemptions_per_second: float | None = None
+    waiting_mean: float | None = None
+    ttft_p95_seconds: float | None = None
+    tpot_p95_seconds: float | None = None
+    num_gpu_blocks: list[int] = []
+    context_tokens: list[QuantileEstimateStatus] = []
+    output_tokens: list[QuantileEstimateStatus] = []
+
+
+class CandidateProfileStatus(_Status):
+    """The traffic a dwell started from (the retune timer compares the next windows with
+    it): the figures drift is measured on."""
+
+    context_tokens: TokenQuantilesStatus
+    output_tokens: TokenQuantilesStatus
+    prefix_hit_rate: float | None = None
+    shared_prefix_tokens: int | None = None
+    request_rate_per_second: float | None = None
+    requests: int | None = None
+
+
+class RetuneStateStatus(_Status):
+    """The retune timer's clocks for one pool (Unix seconds), kept in status so that a
+    restart, a reconcile or a rollout keeps them: the dwell and the min interval hold."""
+
+    drift_since_seconds: float | None = None
+    candidate: CandidateProfileStatus | None = None
+    stable_since_seconds: float | None = None
+    last_rollout_seconds: float | None = None
+
+
+class RetunePoolStatus(_Status):
+    name: str
+    scope: ProfileScope | None = None
+    selector: str = ""
+    requests: int | None = None
+    profile_message: str = ""
+    reason: str
+    message: str = ""
+    drift_score: float | None = None
+    state: RetuneStateStatus = RetuneStateStatus()
+
+
+class RetuneStatus(_Status):
+    """The retune timer's last decision (the tick's reason: the pool furthest along)."""
+
+    reason: str
+    message: str = ""
+    at: str | None = None
+    drift_score: float | None = None
+    drift_threshold: float | None = None
+    dwell_seconds: float | None = None
+    pools: list[RetunePoolStatus] = []
+
+
 KVQualityPhase = Literal["Measured", "Calibrating", "Failed", "Disabled", "NotNeeded"]
 
 
@@ -725,7 +867,7 @@ class InferenceDeploymentStatus(_Status):
     observed_generation: int | None = None
     mode: str | None = None
     conditions: list[Condition] = []
-    profile: ProfileStatus | None = None
+    profile: DeploymentProfileStatus | None = None
     kv_quality: KVQualityStatus | None = None
     pools: list[PoolStatus] = []
     pool_summary: str | None = None  # "H200x2,H100x1", for the printer column

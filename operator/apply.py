@@ -5,6 +5,14 @@ the same objects again is a no-op on the server (no new Deployment generation, n
 and a restarted operator converges without churn. A pool's objects are first applied with
 ``dryRun=All``: if the API server refuses any of them (a user's pod template that renders an
 invalid object), nothing of that pool is changed.
+
+Never a confused deputy: an object is applied (with ``force``, taking back fields another
+manager changed) only when it does not exist yet or its controller owner reference is this
+InferenceDeployment's UID and its kvtune labels name the same pool. Anything else with the
+same name (a Service, Role, RoleBinding someone else made, another InferenceDeployment's or
+another pool's object) raises ``NameCollision``: it is left alone, never adopted, never given
+an owner reference (so deleting the InferenceDeployment never garbage-collects it), never
+deleted by a prune or a canary clean-up.
 """
 
 from __future__ import annotations
@@ -25,6 +33,11 @@ APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 
 class ApplyError(Exception):
     """The API server refused an object; the message quotes its kind, name and reason."""
+
+
+class NameCollision(ApplyError):
+    """An object of that kind and name exists and kvtune did not create it for this
+    InferenceDeployment (and pool); the message says whose it is and the fix."""
 
 
 @dataclass
@@ -132,15 +145,90 @@ def _patcher(kube: Kube, kind: str) -> Callable[..., Any]:
     return patchers[kind]
 
 
-def apply_object(kube: Kube, obj: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+def _reader(kube: Kube, kind: str) -> Callable[..., Any]:
+    readers: dict[str, Callable[..., Any]] = {
+        "Deployment": kube.apps.read_namespaced_deployment,
+        "Service": kube.core.read_namespaced_service,
+        "PodDisruptionBudget": kube.policy.read_namespaced_pod_disruption_budget,
+        "ServiceAccount": kube.core.read_namespaced_service_account,
+        "Role": kube.rbac.read_namespaced_role,
+        "RoleBinding": kube.rbac.read_namespaced_role_binding,
+    }
+    if kind not in readers:
+        raise ApplyError(f"kvtune does not apply objects of kind {kind!r}")
+    return readers[kind]
+
+
+def read_object(kube: Kube, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    """The object as the server holds it; None when there is none."""
+    try:
+        return _json(_reader(kube, kind)(name, namespace, _preload_content=False))
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise ApplyError(f"{kind} {namespace}/{name}: kvtune cannot read it to check who owns "
+                         f"it ({_reason(exc)}); grant the operator `get` on it") from exc
+
+
+# Labels that tell one pool's objects (and a canary) from another's of the same object.
+_IDENTITY_LABELS = (LABEL_DEPLOYMENT, LABEL_POOL, "kvtune.io/track")
+
+
+def foreign_owner(existing: Mapping[str, Any], owner: Mapping[str, Any],
+                  labels: Mapping[str, str] | None = None) -> str | None:
+    """None when ``existing`` is kvtune's object for ``owner`` (its controller reference is
+    the owner's UID and, given ``labels``, the pool labels agree); else whose it is."""
+    meta = existing.get("metadata") or {}
+    refs = meta.get("ownerReferences") or []
+    controller = next((r for r in refs if r.get("controller")), None)
+    uid = owner["metadata"].get("uid")
+    if controller is not None and controller.get("uid") == uid:
+        theirs = meta.get("labels") or {}
+        ours = labels or {}
+        for key in _IDENTITY_LABELS:
+            if key in ours and theirs.get(key) != ours.get(key):
+                return (f"it belongs to {key}={theirs.get(key) or '(none)'}, not "
+                        f"{ours.get(key)}")
+        return None
+    if controller is not None:
+        return f"it is controlled by {controller.get('kind')} {controller.get('name')}"
+    managers = sorted({m.get("manager", "?") for m in meta.get("managedFields") or []})
+    return f"it is managed by {', '.join(managers) or 'someone else'}"
+
+
+def check_ours(kube: Kube, obj: Mapping[str, Any], owner: Mapping[str, Any]) -> bool:
+    """Raise ``NameCollision`` unless ``obj`` is absent (False) or kvtune's for ``owner``
+    (True)."""
     meta = obj["metadata"]
-    kwargs: dict[str, Any] = {"field_manager": FIELD_MANAGER, "force": True,
+    existing = read_object(kube, obj["kind"], meta["namespace"], meta["name"])
+    if existing is None:
+        return False
+    whose = foreign_owner(existing, owner, meta.get("labels"))
+    if whose is not None:
+        raise NameCollision(
+            f"{obj['kind']} {meta['namespace']}/{meta['name']} already exists and kvtune did "
+            f"not create it for InferenceDeployment {owner['metadata']['name']} ({whose}); "
+            f"kvtune leaves it alone: rename the InferenceDeployment or the pool "
+            f"(spec.pools[].name), or remove that {obj['kind']} if it is a leftover")
+    return True
+
+
+def apply_object(kube: Kube, obj: dict[str, Any], *, dry_run: bool = False,
+                 force: bool = True) -> dict[str, Any]:
+    """Server-side apply as kvtune. ``force`` takes back fields another manager set: only
+    for an object that is kvtune's own (``check_ours``)."""
+    meta = obj["metadata"]
+    kwargs: dict[str, Any] = {"field_manager": FIELD_MANAGER, "force": force,
                               "_content_type": APPLY_CONTENT_TYPE, "_preload_content": False}
     if dry_run:
         kwargs["dry_run"] = "All"
     try:
         return _json(_patcher(kube, obj["kind"])(meta["name"], meta["namespace"], obj, **kwargs))
     except ApiException as exc:
+        if exc.status == 409 and not force:
+            raise NameCollision(
+                f"{obj['kind']} {meta['namespace']}/{meta['name']} appeared meanwhile with "
+                f"fields another manager owns ({_reason(exc)}); kvtune leaves it alone") from exc
         raise ApplyError(f"{obj['kind']} {meta['namespace']}/{meta['name']} was refused by the "
                          f"API server: {_reason(exc)}") from exc
 
@@ -148,15 +236,16 @@ def apply_object(kube: Kube, obj: dict[str, Any], *, dry_run: bool = False) -> d
 def apply_pool(
     kube: Kube, objects: list[dict[str, Any]], owner: Mapping[str, Any]
 ) -> list[dict[str, Any]]:
-    """Dry-run every object, then apply them all; returns what the server holds."""
+    """Check every object is absent or kvtune's own, dry-run every one, then apply them all;
+    returns what the server holds."""
     owned = []
     for obj in objects:
         obj = dict(obj)
         obj["metadata"] = {**obj["metadata"], "ownerReferences": [owner_reference(owner)]}
-        owned.append(obj)
-    for obj in owned:
-        apply_object(kube, obj, dry_run=True)
-    return [apply_object(kube, obj) for obj in owned]
+        owned.append((obj, check_ours(kube, obj, owner)))
+    for obj, ours in owned:
+        apply_object(kube, obj, dry_run=True, force=ours)
+    return [apply_object(kube, obj, force=ours) for obj, ours in owned]
 
 
 def apply_each(
@@ -204,13 +293,26 @@ def list_pods(kube: Kube, namespace: str, label_selector: str) -> list[dict[str,
     return items
 
 
-def delete_deployment(kube: Kube, namespace: str, name: str) -> bool:
-    """Delete a Deployment (and, in the background, its pods); False when it was not there."""
+def delete_deployment(kube: Kube, namespace: str, name: str,
+                      owner: Mapping[str, Any]) -> bool:
+    """Delete kvtune's Deployment of ``owner`` (and, in the background, its pods); False when
+    it was not there. Someone else's Deployment of that name is left alone
+    (``NameCollision``); the delete is conditional on the UID checked."""
+    existing = read_deployment(kube, namespace, name)
+    if existing is None:
+        return False
+    whose = foreign_owner(existing, owner)
+    if whose is not None:
+        raise NameCollision(f"Deployment {namespace}/{name} was not deleted: kvtune did not "
+                            f"create it for InferenceDeployment {owner['metadata']['name']} "
+                            f"({whose})")
     try:
-        kube.apps.delete_namespaced_deployment(name, namespace, propagation_policy="Background",
-                                               _preload_content=False)
+        kube.apps.delete_namespaced_deployment(
+            name, namespace, propagation_policy="Background", _preload_content=False,
+            body=client.V1DeleteOptions(preconditions=client.V1Preconditions(
+                uid=existing["metadata"]["uid"])))
     except ApiException as exc:
-        if exc.status == 404:
+        if exc.status in (404, 409):  # gone meanwhile, or replaced by another object
             return False
         raise
     return True
@@ -225,8 +327,11 @@ def rollout_stuck(deployment: Mapping[str, Any]) -> str | None:
     return None
 
 
-def prune_pools(kube: Kube, namespace: str, name: str, keep: set[str]) -> list[str]:
-    """Delete the children of pools no longer in the spec; returns the deleted names."""
+def prune_pools(kube: Kube, owner: Mapping[str, Any], keep: set[str]) -> list[str]:
+    """Delete the children of pools no longer in the spec; returns the deleted names. Only
+    kvtune's own objects of ``owner`` (controller reference to its UID) are deleted, whatever
+    labels anything else carries."""
+    namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
     selector = f"{LABEL_DEPLOYMENT}={name}"
     deleted: list[str] = []
     listing: list[tuple[Callable[..., Any], Callable[..., Any]]] = [
@@ -239,7 +344,7 @@ def prune_pools(kube: Kube, namespace: str, name: str, keep: set[str]) -> list[s
         items = _json(lister(namespace, label_selector=selector, _preload_content=False))
         for item in items.get("items", []):
             labels = item["metadata"].get("labels") or {}
-            if labels.get(LABEL_POOL) not in keep:
+            if labels.get(LABEL_POOL) not in keep and foreign_owner(item, owner) is None:
                 try:
                     deleter(item["metadata"]["name"], namespace, _preload_content=False)
                     deleted.append(f"{item.get('kind') or 'object'}/{item['metadata']['name']}")

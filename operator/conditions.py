@@ -36,6 +36,10 @@ NO_FEASIBLE_PLAN = "NoFeasiblePlan"  # the model does not fit a pool
 UNKNOWN_MODEL = "UnknownModel"
 INVALID_POD_TEMPLATE = "InvalidPodTemplate"  # the user's template renders no valid object
 APPLY_FAILED = "ApplyFailed"
+# An object of a child's kind and name exists that kvtune did not create for this
+# InferenceDeployment and pool: it is left alone (never adopted or overwritten).
+NAME_COLLISION = "NameCollision"
+RECONCILE_FAILED = "ReconcileFailed"  # an unexpected error (the API server, a bug): retried
 AS_EXPECTED = "AsExpected"  # Degraded=False
 # RuntimeAsPlanned: every reporting pod runs the plan's memory fraction (within 5 points).
 AS_PLANNED = "AsPlanned"

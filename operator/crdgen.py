@@ -80,10 +80,9 @@ def to_structural(model: type[Any]) -> dict[str, Any]:
 
 
 def _status_schema() -> dict[str, Any]:
-    schema = to_structural(api.InferenceDeploymentStatus)
-    # The profiling/retune modules may add figures kvtune's own status does not name yet;
-    # keep them rather than have the API server prune them silently.
-    schema["properties"]["profile"]["x-kubernetes-preserve-unknown-fields"] = True
+    # Every field of status is typed: an untyped corner (x-kubernetes-preserve-unknown-fields)
+    # is one a typed write cannot keep (the retune clocks were erased that way).
+    schema: dict[str, Any] = to_structural(api.InferenceDeploymentStatus)
     return schema
 
 
@@ -117,6 +116,10 @@ def crd() -> dict[str, Any]:
                 ],
                 "schema": {"openAPIV3Schema": {
                     "type": "object",
+                    "x-kubernetes-validations": [{
+                        "rule": f"self.metadata.name.matches('{api.OBJECT_NAME_PATTERN}')",
+                        "message": api.OBJECT_NAME_RULE,
+                    }],
                     "description": "An LLM served by vLLM on one or more GPU pools, with its "
                                    "KV cache tuned by kvtune.",
                     "required": ["spec"],

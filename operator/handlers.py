@@ -130,14 +130,23 @@ class _QuietWatchSuccess(logging.Filter):
                     and "succeeded" in message)
 
 
-def _run(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, trigger: str) -> None:
+# An unexpected failure (the API server away, a bug) is retried with a growing delay, so a
+# broken object never becomes a retry storm.
+ERROR_RETRY_SECONDS = 30.0
+MAX_ERROR_RETRY_SECONDS = 600.0
+
+
+def _run(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, trigger: str,
+         retry: int = 0) -> None:
     with metrics.timed(trigger):
         try:
             result = rec.reconcile(body, kube=memo.kube)
         except Exception as exc:
             metrics.RECONCILES.labels(trigger, "error").inc()
             metrics.RECONCILE_ERRORS.labels(type(exc).__name__).inc()
-            raise kopf.TemporaryError(f"reconcile failed: {exc}", delay=30) from exc
+            delay = min(ERROR_RETRY_SECONDS * 2 ** min(retry, 10), MAX_ERROR_RETRY_SECONDS)
+            raise kopf.TemporaryError(f"reconcile failed: {type(exc).__name__}: "
+                                      f"{str(exc)[:300]}", delay=delay) from exc
     for event in result.events:
         kapply.post_event(memo.kube, body, event.type, event.reason, event.message)
         if event.reason == "PlanChanged":
@@ -163,18 +172,21 @@ def _run(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, trigger: str) ->
 
 
 @kopf.on.create(*RESOURCE, id="reconcile-create")
-def on_create(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    _run(body, memo, logger, "create")
+def on_create(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, retry: int = 0,
+           **_: Any) -> None:
+    _run(body, memo, logger, "create", retry)
 
 
 @kopf.on.update(*RESOURCE, id="reconcile-update")
-def on_update(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    _run(body, memo, logger, "update")
+def on_update(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, retry: int = 0,
+           **_: Any) -> None:
+    _run(body, memo, logger, "update", retry)
 
 
 @kopf.on.resume(*RESOURCE, id="reconcile-resume")
-def on_resume(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    _run(body, memo, logger, "resume")
+def on_resume(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, retry: int = 0,
+           **_: Any) -> None:
+    _run(body, memo, logger, "resume", retry)
 
 
 @kopf.on.delete(*RESOURCE, id="deleted", optional=True)

@@ -54,6 +54,12 @@ class GPUNode:
     selector_key: str | None  # the label that identified the class
     selector_value: str | None
     schedulable: bool
+    labels: tuple[tuple[str, str], ...] = ()  # the node's labels (a pool's nodeSelector)
+    memory_bytes: int = 0  # allocatable memory (0: not known)
+
+    def matches(self, selector: Mapping[str, str]) -> bool:
+        labels = dict(self.labels)
+        return all(labels.get(k) == v for k, v in selector.items())
 
 
 @dataclass(frozen=True)
@@ -125,7 +131,22 @@ def classify_node(node: Mapping[str, Any], classify: Classifier | None = None) -
         selector_key=key,
         selector_value=labels[key] if key else None,
         schedulable=not spec.get("unschedulable", False),
+        labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+        memory_bytes=_memory_bytes(node),
     )
+
+
+def _memory_bytes(node: Mapping[str, Any]) -> int:
+    status = node.get("status") or {}
+    for source in (status.get("allocatable") or {}, status.get("capacity") or {}):
+        if "memory" in source:
+            try:
+                from kubernetes.utils import parse_quantity
+
+                return int(parse_quantity(str(source["memory"])))  # type: ignore[no-untyped-call]
+            except ValueError:
+                pass
+    return 0
 
 
 def discover_pools(

@@ -1,6 +1,6 @@
 """What the traffic really is: PromQL over vLLM's own metrics in a window -> WorkloadProfile.
 
-Two halves: ``query_window`` (the edge: instant queries through prometheus-api-client) reads
+Two halves: ``query_window`` (the edge: instant queries, guarded and checked) reads
 a ``RawWindow`` of plain numbers; ``build_profile`` (pure) turns it into a ``ProfileResult``:
 the ``WorkloadProfile`` the planner takes (``source="prometheus"``), the observed figures
 around it, and whether it can be trusted. A window with fewer than ``min_requests`` finished
@@ -20,19 +20,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvtune.operator import histograms
+from kvtune.operator import histograms, prom_http
+from kvtune.operator import prom_replies as replies
 from kvtune.operator import vllm_metrics as vm
 from kvtune.operator.histograms import QuantileEstimate
+from kvtune.operator.prom_http import PrometheusAccess
 from kvtune.operator.selectors import SeriesSelector
 from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
 
 QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99)
 
 Buckets = list[tuple[float, float]]
-
-
-class PrometheusUnavailable(Exception):
-    """Prometheus could not be reached or a query failed; the message says which and why."""
 
 
 class ProfilingSettings(BaseModel):
@@ -47,7 +45,6 @@ class ProfilingSettings(BaseModel):
     selector_regex: dict[str, str] = Field(default_factory=dict)
     # The running max_model_len: values in the +Inf bucket are at most this.
     max_model_len_tokens: int | None = Field(default=None, gt=0)
-    query_timeout_seconds: float = Field(default=10.0, gt=0)
 
     @classmethod
     def for_series(cls, series: SeriesSelector, **kw: object) -> ProfilingSettings:
@@ -246,7 +243,7 @@ def choose_for_pool(pool: str, own: ProfileResult | None,
                        message=f"pool {pool}: {why}; deployment-wide: {deployment.message}")
 
 
-# --- the edge: PromQL through prometheus-api-client ----------------------------------------
+# --- the edge: PromQL over HTTP (operator/prom_http.py), every reply checked -----------
 
 
 def render_selector(labels: Mapping[str, str],
@@ -287,76 +284,68 @@ def queries(selector: Mapping[str, str] | SeriesSelector,
     }
 
 
-def _scalar(result: list[dict[str, object]]) -> float | None:
-    if not result:
-        return None
-    value = result[0]["value"]
-    assert isinstance(value, list)
-    v = float(value[1])
-    return None if math.isnan(v) else v
-
-
-def _buckets(result: list[dict[str, object]]) -> Buckets:
-    out: Buckets = []
-    for r in result:
-        metric, value = r["metric"], r["value"]
-        assert isinstance(metric, dict) and isinstance(value, list)
-        v = float(value[1])
-        out.append((histograms.parse_le(str(metric["le"])), 0.0 if math.isnan(v) else v))
-    return sorted(out)
-
-
 def query_window(url: str, settings: ProfilingSettings,
-                 at_unix_seconds: float | None = None) -> RawWindow:
-    """Run the window's queries against Prometheus at ``url``; PrometheusUnavailable on any
-    connection error, HTTP error or malformed answer."""
-    # Imported here: the pure half (and its tests) must not need the HTTP client.
-    from prometheus_api_client import PrometheusConnect
-    from prometheus_api_client.exceptions import PrometheusApiClientException
-    from requests import RequestException
-    from urllib3.util.retry import Retry
-
+                 at_unix_seconds: float | None = None,
+                 access: PrometheusAccess | None = None) -> RawWindow:
+    """Run the window's queries against Prometheus at ``url`` (allow-listed, TLS verified,
+    bounded: ``operator/prom_http.py``), every reply checked (``operator/prom_replies.py``).
+    PrometheusUnavailable on any failure; PrometheusDataInvalid (a subclass) when the
+    replies are not data kvtune trusts."""
+    access = access if access is not None else access_from_env()
     at = time.time() if at_unix_seconds is None else at_unix_seconds
-    results: dict[str, list[dict[str, object]]] = {}
-    # One quick retry only: the operator's timer owns the backoff (kopf's delay).
-    with PrometheusConnect(url=url, disable_ssl=True,
-                           timeout=math.ceil(settings.query_timeout_seconds),
-                           retry=Retry(total=1, backoff_factor=0.1)) as client:
-        for name, promql in queries(settings.series(), settings.window_seconds).items():
-            try:
-                results[name] = client.custom_query(promql, params={"time": at})
-            except (RequestException, PrometheusApiClientException, ValueError,
-                    KeyError) as exc:
-                raise PrometheusUnavailable(
-                    f"prometheus {url}: query {name} ({promql}) failed: {exc}"
-                ) from exc
+    samples: dict[str, list[replies.Sample]] = {}
+    for name, promql in queries(settings.series(), settings.window_seconds).items():
+        data = prom_http.query(url, promql, at_unix_seconds=at, access=access, name=name)
+        samples[name] = replies.vector(data, name)
     blocks: list[int] = []
     block_size: int | None = None
-    for r in results["cache_config"]:
-        metric = r["metric"]
-        assert isinstance(metric, dict)
+    for sample in samples["cache_config"]:
         try:
-            blocks.append(int(metric["num_gpu_blocks"]))
-            block_size = int(metric["block_size"])
+            blocks.append(int(sample.metric["num_gpu_blocks"]))
+            block_size = int(sample.metric["block_size"])
         except (KeyError, ValueError):
             continue  # "None" before the engine sized its cache
-    return RawWindow(
-        window_seconds=settings.window_seconds, at_unix_seconds=at,
-        requests=_scalar(results["requests"]) or 0.0,
-        prompt_buckets=_buckets(results["prompt_buckets"]),
-        output_buckets=_buckets(results["output_buckets"]),
-        ttft_buckets=_buckets(results["ttft_buckets"]),
-        tpot_buckets=_buckets(results["tpot_buckets"]),
-        prefix_cache_queries=_scalar(results["prefix_cache_queries"]) or 0.0,
-        prefix_cache_hits=_scalar(results["prefix_cache_hits"]) or 0.0,
-        kv_cache_usage_mean=_scalar(results["kv_cache_usage_mean"]),
-        kv_cache_usage_max=_scalar(results["kv_cache_usage_max"]),
-        preemptions=_scalar(results["preemptions"]) or 0.0,
-        waiting_mean=_scalar(results["waiting_mean"]),
-        num_gpu_blocks=tuple(sorted(blocks)), block_size=block_size,
-    )
+    try:
+        return RawWindow(
+            window_seconds=settings.window_seconds, at_unix_seconds=at,
+            requests=replies.scalar(samples["requests"], "requests") or 0.0,
+            prompt_buckets=replies.buckets(samples["prompt_buckets"], "prompt_buckets"),
+            output_buckets=replies.buckets(samples["output_buckets"], "output_buckets"),
+            ttft_buckets=replies.buckets(samples["ttft_buckets"], "ttft_buckets"),
+            tpot_buckets=replies.buckets(samples["tpot_buckets"], "tpot_buckets"),
+            prefix_cache_queries=replies.scalar(samples["prefix_cache_queries"],
+                                                "prefix_cache_queries") or 0.0,
+            prefix_cache_hits=replies.scalar(samples["prefix_cache_hits"],
+                                             "prefix_cache_hits") or 0.0,
+            kv_cache_usage_mean=replies.scalar(samples["kv_cache_usage_mean"],
+                                               "kv_cache_usage_mean"),
+            kv_cache_usage_max=replies.scalar(samples["kv_cache_usage_max"],
+                                              "kv_cache_usage_max"),
+            preemptions=replies.scalar(samples["preemptions"], "preemptions") or 0.0,
+            waiting_mean=replies.scalar(samples["waiting_mean"], "waiting_mean"),
+            num_gpu_blocks=tuple(sorted(blocks)), block_size=block_size,
+        )
+    except replies.PrometheusDataInvalid as exc:
+        raise replies.PrometheusDataInvalid(f"prometheus {prom_http.shown_url(url)}: {exc}"
+                                            ) from exc
+
+
+def access_from_env() -> PrometheusAccess:
+    try:
+        return PrometheusAccess.from_env()
+    except ValueError as exc:  # the operator's own configuration is wrong
+        raise prom_http.PrometheusNotAllowed(f"the operator's Prometheus configuration: {exc}"
+                                             ) from exc
 
 
 def profile_from_prometheus(url: str, settings: ProfilingSettings,
-                            at_unix_seconds: float | None = None) -> ProfileResult:
-    return build_profile(query_window(url, settings, at_unix_seconds), settings)
+                            at_unix_seconds: float | None = None,
+                            access: PrometheusAccess | None = None) -> ProfileResult:
+    raw = query_window(url, settings, at_unix_seconds, access)
+    try:
+        return build_profile(raw, settings)
+    except ValueError as exc:  # figures no profile can be made of (pydantic's checks)
+        first = str(exc).splitlines()[0][:160]
+        raise replies.PrometheusDataInvalid(f"prometheus {prom_http.shown_url(url)}: the "
+                                            f"window's figures make no profile ({first})"
+                                            ) from exc

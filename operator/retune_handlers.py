@@ -15,7 +15,6 @@ posted as an Event. Figures the window showed go to ``status.profile.observed``.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -33,25 +32,28 @@ from kvtune.operator import (
     metrics,
     periodic,
     retune,
+    retune_state,
     selectors,
 )
 from kvtune.operator import apply as kapply
 from kvtune.operator import reconcile as rec
+from kvtune.operator import status as status_writer
 from kvtune.operator.api import ProfileScope
 from kvtune.operator.durations import parse_duration
 from kvtune.operator.profiling import (
-    ObservedFigures,
     PoolProfile,
     ProfileResult,
     ProfilingSettings,
-    PrometheusUnavailable,
     choose_for_pool,
     profile_from_prometheus,
 )
+from kvtune.operator.prom_http import PrometheusUnavailable
 from kvtune.operator.retune import RetuneSettings, RetuneState
+from kvtune.operator.retune_state import finite
+from kvtune.operator.rollout import plan as plan_stage
 from kvtune.operator.selectors import SeriesSelector
 from kvtune.operator.workloads import declared_profile, profile_from_status
-from kvtune.tuner.plan import KVPlan
+from kvtune.tuner.plan import KVPlan, PoolPlan
 from kvtune.tuner.workload import WorkloadProfile
 
 LOG = logging.getLogger("kvtune.operator.retune")
@@ -94,8 +96,10 @@ PLAN_EXPECTED_BLOCKS = Gauge(
     ["namespace", "name", "pool"], registry=metrics.REGISTRY,
 )
 
-# Condition reasons for ProfileStale.
-PROMETHEUS_UNAVAILABLE = "PrometheusUnavailable"
+# Condition reasons for ProfileStale (and PrometheusUnavailable's subclasses' ``reason``:
+# PrometheusNotAllowed, PrometheusDataInvalid).
+PROMETHEUS_UNAVAILABLE = PrometheusUnavailable.reason
+MAX_REASON_CHARS = 400
 NOT_CONFIGURED = "NotConfigured"
 
 
@@ -129,14 +133,16 @@ class _PoolTick:
     message: str
     state: RetuneState
     material: bool = False
+    new_plan: PoolPlan | None = None  # planned on ``observed`` when the decision is replan
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> api.RetunePoolStatus:
         drift = self.decision.drift
-        return {"name": self.name, "scope": self.choice.scope, "selector": self.selector,
-                "requests": self.choice.requests, "profileMessage": self.choice.message,
-                "reason": self.reason, "message": self.message,
-                "driftScore": _finite(drift.score) if drift else None,
-                "state": self.state.model_dump(mode="json")}
+        return api.RetunePoolStatus(
+            name=self.name, scope=self.choice.scope, selector=self.selector,
+            requests=self.choice.requests, profile_message=self.choice.message,
+            reason=self.reason, message=self.message,
+            drift_score=finite(drift.score) if drift else None,
+            state=retune_state.state_status(self.state))
 
 
 @dataclass
@@ -148,46 +154,6 @@ class RetuneOutcome:
     events: list[RetuneEvent] = field(default_factory=list)
     profile: ProfileResult | None = None  # the deployment-wide one
     pool_profiles: dict[str, PoolProfile] = field(default_factory=dict)
-
-
-def _finite(x: float | None) -> float | None:
-    return None if x is None or not math.isfinite(x) else round(x, 6)
-
-
-def observed_status(obs: ObservedFigures) -> dict[str, Any]:
-    """The window's figures as status (camelCase, JSON-safe: no infinities)."""
-    def quantiles(est: Any) -> list[dict[str, Any]]:
-        return [{"q": e.q, "estimate": round(e.estimate), "lower": _finite(e.lower),
-                 "upper": _finite(e.upper), "histogramQuantile": _finite(e.histogram_quantile)}
-                for e in est]
-
-    return {
-        "windowSeconds": obs.window_seconds,
-        "requests": obs.requests,
-        "requestRatePerSecond": _finite(obs.request_rate_per_second),
-        "prefixHitRate": _finite(obs.prefix_hit_rate),
-        "kvCacheUsageMean": _finite(obs.kv_cache_usage_mean),
-        "kvCacheUsageMax": _finite(obs.kv_cache_usage_max),
-        "preemptionsPerSecond": _finite(obs.preemptions_per_second),
-        "waitingMean": _finite(obs.waiting_mean),
-        "ttftP95Seconds": _finite(obs.ttft.p95_seconds),
-        "tpotP95Seconds": _finite(obs.tpot.p95_seconds),
-        "numGpuBlocks": list(obs.num_gpu_blocks),
-        "contextTokens": quantiles(obs.context_quantiles),
-        "outputTokens": quantiles(obs.output_quantiles),
-    }
-
-
-def _state_from(profile_raw: Mapping[str, Any] | None, pool: str) -> RetuneState:
-    """The pool's dwell clocks; a status written before pools were profiled one by one kept
-    one state for the deployment, which every pool starts from."""
-    retune_raw = (profile_raw or {}).get("retune") or {}
-    raw = next((p.get("state") or {} for p in retune_raw.get("pools") or []
-                if p.get("name") == pool), retune_raw.get("state") or {})
-    try:
-        return RetuneState.model_validate(raw)
-    except ValueError:  # written by an older kvtune: start the dwell clock over
-        return RetuneState()
 
 
 def _current_plans(status: api.InferenceDeploymentStatus) -> dict[str, KVPlan]:
@@ -210,28 +176,6 @@ def export_plan_gauges(namespace: str, name: str,
             PLAN_EXPECTED_BLOCKS.labels(*labels).set(pool.expected.num_gpu_blocks)
 
 
-def _write(kube: kapply.Kube, namespace: str, name: str, *, stale: bool, stale_reason: str,
-           stale_message: str, profile_extra: dict[str, Any]) -> None:
-    """Merge our part into the freshest status: ProfileStale and status.profile extras
-    (the reconcile seam owns the rest, and may just have written it)."""
-    fresh = kube.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace,
-                                                     api.PLURAL, name)
-    assert isinstance(fresh, dict), type(fresh)
-    status = rec.status_of(fresh)
-    conds = conditions.set_condition(status.conditions, conditions.PROFILE_STALE, stale,
-                                     stale_reason, stale_message,
-                                     generation=fresh["metadata"].get("generation"))
-    patch: dict[str, Any] = {
-        "conditions": [c.model_dump(mode="json", by_alias=True, exclude_none=True)
-                       for c in conds],
-        "profile": profile_extra,
-    }
-    if status.profile is None:
-        # status.profile needs its required "source" before extras can sit in it.
-        patch["profile"] = {"source": "declared", **profile_extra}
-    kapply.patch_status(kube, namespace, name, patch)
-
-
 def retune_once(
     body: Mapping[str, Any],
     *,
@@ -249,18 +193,15 @@ def retune_once(
     if spec.tuning.mode == "off" or prom is None:
         return RetuneOutcome(NOT_CONFIGURED, "tuning.mode=off or no tuning.prometheus: "
                              "the retune timer does nothing")
-    progressing = conditions.get_condition(rec.status_of(body).conditions,
+    progressing = conditions.get_condition(status_writer.read(body).conditions,
                                            conditions.PROGRESSING)
     if progressing is not None and progressing.status == "True" \
             and progressing.reason == conditions.ROLLING_OUT:
         # A rollout this timer started is checked here: no spec change will re-trigger the
         # handlers. The plan comes from the stored profile, so nothing new is applied.
         rec.reconcile(body, kube=kube)
-        fresh_body = kube.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace,
-                                                              api.PLURAL, name)
-        assert isinstance(fresh_body, dict), type(fresh_body)
-        body = fresh_body
-    export_plan_gauges(namespace, name, rec.status_of(body))
+        body = kapply.read_inference_deployment(kube, namespace, name) or body
+    export_plan_gauges(namespace, name, status_writer.read(body))
     window_seconds = parse_duration(prom.window, field="spec.tuning.prometheus.window")
     retune_spec = spec.tuning.retune or api.RetuneSpec()
     settings = RetuneSettings(
@@ -271,7 +212,7 @@ def retune_once(
         min_interval_seconds=parse_duration(retune_spec.min_interval,
                                             field="spec.tuning.retune.minInterval"),
     )
-    previous = rec.status_of(body)
+    previous = status_writer.read(body)
     plans = _current_plans(previous)
     cap = max((p.max_model_len for p in plans.values()), default=None)
 
@@ -280,7 +221,6 @@ def retune_once(
                                             min_requests=min_requests,
                                             max_model_len_tokens=max_model_len)
 
-    raw_profile = (body.get("status") or {}).get("profile") or {}
     pool_series = {pool.pool_name: selectors.pool_selector(
         prom, namespace=namespace, deployment=name, pool=pool.pool_name) for pool in spec.pools}
     own: dict[str, ProfileResult] = {}
@@ -293,14 +233,16 @@ def retune_once(
                 own[pool_name] = profiler(prom.url, settings_for(
                     series, plan.max_model_len if plan else cap))
     except PrometheusUnavailable as exc:
-        message = (f"{exc}; keeping the last good profile "
+        # The exception's text is short and never quotes a reply; cut it anyway: a condition
+        # is readable by anyone who may get the object.
+        message = (f"{str(exc)[:MAX_REASON_CHARS]}; keeping the last good profile "
                    f"({previous.profile.source if previous.profile else 'declared'}) and the "
                    f"running plan")
         PROFILE_STALE.labels(namespace, name).set(1)
-        _write(kube, namespace, name, stale=True, stale_reason=PROMETHEUS_UNAVAILABLE,
-               stale_message=message, profile_extra={})
-        return RetuneOutcome(PROMETHEUS_UNAVAILABLE, message, failed=True,
-                             events=[RetuneEvent("Warning", PROMETHEUS_UNAVAILABLE, message)])
+        status_writer.write_profile_report(kube, namespace, name, stale=(
+            True, exc.reason, message))
+        return RetuneOutcome(exc.reason, message, failed=True,
+                             events=[RetuneEvent("Warning", exc.reason, message)])
     PROFILE_STALE.labels(namespace, name).set(0)
     PROFILE_LAST_SUCCESS.labels(namespace, name).set(now)
 
@@ -322,10 +264,14 @@ def retune_once(
         choice = choose_for_pool(pool_name, own.get(pool_name), result)
         kept = prev_pools[pool_name].profile if pool_name in prev_pools else None
         kept_observed = kept is not None and kept.source == "prometheus"
-        baseline = profile_from_status(kept, declared) if kept_observed else wide_baseline
+        # The profile behind the pool's plan in force: a pool planned on the declared
+        # workload stays on it until its own decision re-plans it.
+        baseline = profile_from_status(kept, declared) if kept_observed \
+            else declared if kept is not None else wide_baseline
         decision = retune.decide(
             now_seconds=now, baseline=baseline, observed=as_declared(choice.profile),
-            untrusted_reason=choice.message, state=_state_from(raw_profile, pool_name),
+            untrusted_reason=choice.message, state=retune_state.state_from_status(
+                previous, pool_name, declared),
             settings=settings)
         series = pool_series[pool_name]
         ticks.append(_PoolTick(
@@ -340,17 +286,17 @@ def retune_once(
     event_type: Literal["Normal", "Warning"] = "Normal"
     replan = [t for t in ticks if t.decision.action == "replan" and t.observed is not None]
     if replan:
-        model = rec.resolve_model(spec, namespace, kube)
+        model = plan_stage.resolve_model(spec, namespace, kube)
         # Gated as the last reconcile was (issue 15): a dtype held back for its calibration
         # is no material change.
         kv_policy, kv_evidence = calibration_flow.from_status(spec, previous.kv_quality)
-        policy = rec.policy_for(spec).model_copy(update={"kv_quality": kv_policy})
+        policy = plan_stage.policy_for(spec).model_copy(update={"kv_quality": kv_policy})
         by_name = {p.pool_name: p for p in spec.pools}
         for t in replan:
             assert t.observed is not None
-            new_plan = rec.plan_one_pool(spec, by_name[t.name], model, t.observed, policy,
-                                         kv_evidence).plan
-            t.material, why = retune.plan_change_matters(plans.get(t.name), new_plan)
+            t.new_plan = plan_stage.plan_one_pool(spec, by_name[t.name], model, t.observed,
+                                                  policy, kv_evidence)
+            t.material, why = retune.plan_change_matters(plans.get(t.name), t.new_plan.plan)
             if t.material:
                 t.reason = retune.PLAN_CHANGED
                 t.message = f"{t.decision.message}; new plan: {', '.join(why)}"
@@ -372,6 +318,8 @@ def retune_once(
                       for t in ticks},
             profile_scopes={t.name: t.choice.scope if t.material else t.baseline_scope
                             for t in ticks},
+            # The plan stage ran once for each re-planned pool: reconcile applies that plan.
+            plans={t.name: t.new_plan for t in ticks if t.material and t.new_plan},
             profile_window=prom.window)
         rolled_out = True
         if outcome.permanent_error:
@@ -390,18 +338,17 @@ def retune_once(
     if drifts:
         DRIFT_SCORE.labels(namespace, name).set(max(drifts))
     DECISIONS.labels(namespace, name, reason).inc()
-    retune_status = {
-        "reason": reason, "message": message, "at": conditions.now_rfc3339(),
-        "driftScore": _finite(max(drifts)) if drifts else None,
-        "driftThreshold": settings.drift_threshold,
-        "dwellSeconds": settings.dwell_seconds,
-        "state": None,  # kept per pool since pools are profiled one by one
-        "pools": [t.status() for t in ticks],
-    }
-    extra = {"observed": observed_status(result.observed), "trusted": result.trusted,
-             "profileMessage": result.message, "retune": retune_status}
-    _write(kube, namespace, name, stale=False, stale_reason=result.reason,
-           stale_message=result.message, profile_extra=extra)
+    retune_status = api.RetuneStatus(
+        reason=reason, message=message, at=conditions.now_rfc3339(),
+        drift_score=finite(max(drifts)) if drifts else None,
+        drift_threshold=settings.drift_threshold, dwell_seconds=settings.dwell_seconds,
+        pools=[t.status() for t in ticks],
+    )
+    status_writer.write_profile_report(
+        kube, namespace, name, stale=(False, result.reason, result.message),
+        report=status_writer.ProfileReport(
+            observed=retune_state.observed_status(result.observed), trusted=result.trusted,
+            profile_message=result.message, retune=retune_status))
     return RetuneOutcome(reason, message, rolled_out=rolled_out, profile=result,
                          pool_profiles={t.name: t.choice for t in ticks},
                          events=[RetuneEvent(event_type, f"Retune{reason}", message)])

@@ -23,9 +23,11 @@ from kubernetes.client.exceptions import ApiException
 
 from kvtune.operator import apply as kapply
 from kvtune.operator import conditions as cond
-from kvtune.operator import reconcile as rec
+from kvtune.operator import status as status_writer
 from kvtune.operator.api import PoolStatus, RuntimeStatus, TokensStatus, UtilizationStatus
+from kvtune.operator.locks import object_lock
 from kvtune.operator.render import ANNOTATION_PLAN_HASH, LABEL_DEPLOYMENT, LABEL_POOL
+from kvtune.operator.rollout.outcome import Event
 from kvtune.operator.runtime_access import REPORTS_CONFIG_MAP
 from kvtune.tuner.units import GiB
 
@@ -146,11 +148,11 @@ def runtime_condition(pools: list[PoolStatus]) -> tuple[str, str, str]:
 
 
 def refresh(body: Mapping[str, Any], *, kube: kapply.Kube,
-            now: str | None = None) -> list[rec.Event]:
+            now: str | None = None) -> list[Event]:
     """Read the reports of every pool's pods into status; returns the Events to post (a
     refusal or a material lowering that was not in status before)."""
     meta = body["metadata"]
-    with rec.object_lock(meta["namespace"], meta["name"]):
+    with object_lock(meta["namespace"], meta["name"]):
         fresh = kapply.read_inference_deployment(kube, meta["namespace"], meta["name"])
         if fresh is None:
             return []
@@ -180,11 +182,11 @@ def access_missing_message(namespace: str) -> str:
 
 
 def _refresh_locked(body: Mapping[str, Any], *, kube: kapply.Kube,
-                    now: str | None) -> list[rec.Event]:
+                    now: str | None) -> list[Event]:
     meta = body["metadata"]
     if ((body.get("spec") or {}).get("runtime") or {}).get("entrypoint") != "kvtune":
         return []
-    previous = rec.status_of(body)
+    previous = status_writer.read(body)
     if previous.mode != "auto" or not previous.pools:
         return []
     reports = read_reports(kube, meta["namespace"])
@@ -197,24 +199,19 @@ def _refresh_locked(body: Mapping[str, Any], *, kube: kapply.Kube,
             runtime = summarize(pods, pool.plan_hash, reports)
         before, after = finding(pool.name, pool.runtime), finding(pool.name, runtime)
         if after is not None and after != before:
-            events.append(rec.Event("Warning", after[0], after[1]))
+            events.append(Event("Warning", after[0], after[1]))
         pools.append(pool.model_copy(update={"runtime": runtime}))
     if reports is None:
         status_, reason, message = ("False", RUNTIME_ACCESS_MISSING,
                                     access_missing_message(meta["namespace"]))
         before_cond = cond.get_condition(previous.conditions, cond.RUNTIME_AS_PLANNED)
         if before_cond is None or before_cond.reason != RUNTIME_ACCESS_MISSING:
-            events.append(rec.Event("Warning", RUNTIME_ACCESS_MISSING, message))
+            events.append(Event("Warning", RUNTIME_ACCESS_MISSING, message))
     else:
         status_, reason, message = runtime_condition(pools)
     conditions = cond.set_condition(previous.conditions, cond.RUNTIME_AS_PLANNED, status_,
                                     reason, message, generation=previous.observed_generation,
                                     now=now)
     status = previous.model_copy(update={"pools": pools, "conditions": conditions})
-    new = rec.dump_status(status)
-    if new == rec.dump_status(previous):
-        return []
-    written = kapply.patch_status(kube, meta["namespace"], meta["name"],
-                                  rec.merge_patch(dict(body.get("status") or {}), new),
-                                  resource_version=meta.get("resourceVersion"))
+    written = status_writer.write(kube, body, status, guarded=True)
     return events if written else []

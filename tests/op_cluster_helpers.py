@@ -56,8 +56,10 @@ class OperatorProcess:
     """`kvtune operator` in a subprocess, serving only the given namespaces (other tests may
     run their own operator on the same cluster)."""
 
-    def __init__(self, kubeconfig: Path, namespaces: list[str], log: Path) -> None:
+    def __init__(self, kubeconfig: Path, namespaces: list[str], log: Path,
+                 env: dict[str, str] | None = None) -> None:
         self.kubeconfig, self.namespaces, self.log = kubeconfig, namespaces, log
+        self.env = dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.metrics_port = free_port()
@@ -77,7 +79,10 @@ class OperatorProcess:
             out.write(f"\n=== start #{self.starts} ===\n")
         self.proc = subprocess.Popen(argv, stdout=self.log.open("a"), stderr=subprocess.STDOUT,
                                      cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1",
-                                                    "KVTUNE_CONFIGMAP_RESYNC_SECONDS": "2"})
+                                                    "KVTUNE_CONFIGMAP_RESYNC_SECONDS": "2",
+                                                    # Prometheus on loopback only.
+                                                    "KVTUNE_PROMETHEUS_ALLOWED_URLS":
+                                                        "http://127.0.0.1:*", **self.env})
 
     def stop(self) -> None:
         if self.proc is None:
@@ -88,6 +93,14 @@ class OperatorProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self.proc = None
+
+    def kill(self) -> None:
+        """kill -9: no cleanup, no kopf shutdown (what a node failure or an OOM kill does)."""
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
         self.proc = None
 
     def log_text(self) -> str:

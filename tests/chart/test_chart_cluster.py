@@ -47,6 +47,9 @@ NEEDED = [
     ("delete", "apps", "deployments", "", WATCHED_NS),
     ("patch", "", "services", "", WATCHED_NS),
     ("patch", "policy", "poddisruptionbudgets", "", WATCHED_NS),
+    # get: the ownership check before an apply (never take over someone else's object).
+    ("get", "", "services", "", WATCHED_NS),
+    ("get", "policy", "poddisruptionbudgets", "", WATCHED_NS),
     ("get", "", "configmaps", "", WATCHED_NS),
     # The KV-quality calibration Job and its report ConfigMap (docs/quality.md).
     ("create", "batch", "jobs", "", WATCHED_NS),

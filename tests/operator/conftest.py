@@ -19,3 +19,13 @@ def pool_plan() -> PoolPlan:
 @pytest.fixture
 def sample_spec() -> dict[str, Any]:
     return copy.deepcopy(SAMPLE_SPEC)
+
+
+# The operator reaches only allow-listed Prometheus URLs (its own configuration); the tests run
+# Prometheus and loopback servers (and the operator, which inherits the environment) on
+# 127.0.0.1 only.
+@pytest.fixture(autouse=True)
+def allow_loopback_prometheus(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvtune.operator.prom_http import ENV_ALLOWED
+
+    monkeypatch.setenv(ENV_ALLOWED, "http://127.0.0.1:*")

@@ -56,6 +56,25 @@ def operator(local_cluster: Any, cluster_api: Any,
     proc.stop()
 
 
+@pytest.fixture
+def tainted_node(cluster_api: Any) -> Iterator[dict[str, str]]:
+    """A nodeSelector matching one schedulable H100 node that the pods cannot go to (a taint
+    they do not tolerate): kvtune places the pool, the pods stay Pending. (A selector no
+    node matches at all is refused before anything is applied.)"""
+    core = client.CoreV1Api(cluster_api)
+    node = next(n for n in core.list_node(label_selector="kvtune.io/fake-gpu-pool=H100").items
+                if not n.spec.unschedulable)
+    name, key = node.metadata.name, "kvtune.io/test"
+    taints = [t.to_dict() for t in node.spec.taints or []]
+    core.patch_node(name, {"metadata": {"labels": {key: "tainted"}}, "spec": {"taints": [
+        *taints, {"key": key, "value": "tainted", "effect": "NoSchedule"}]}})
+    try:
+        yield {key: "tainted"}
+    finally:
+        core.patch_node(name, {"metadata": {"labels": {key: None}},
+                               "spec": {"taints": taints or None}})
+
+
 def _deployments(api: Any, ns: str) -> dict[str, Any]:
     items = client.AppsV1Api(api).list_namespaced_deployment(
         ns, label_selector="kvtune.io/deployment").items
@@ -438,11 +457,11 @@ def test_reconcile_seam_writes_status_only_when_it_changes(cluster_api: Any) -> 
 
 
 def test_a_rollout_past_its_progress_deadline_is_degraded(
-    cluster_api: Any, operator: OperatorProcess
+    cluster_api: Any, operator: OperatorProcess, tainted_node: dict[str, str]
 ) -> None:
     ns = "op-stuck"
-    # No node carries this label: the pods stay Pending, the deadline passes.
-    spec = _one_pool_spec(nodeSelector={"kvtune.io/test": "no-such-node"})
+    # The pods stay Pending (the one node they select is tainted), the deadline passes.
+    spec = _one_pool_spec(nodeSelector=tainted_node)
     spec["rollout"] = {"canaryReplicas": 0, "progressDeadline": "3s"}
     create_infd(cluster_api, ns, "stuck", spec)
 
@@ -466,7 +485,7 @@ def test_a_rollout_past_its_progress_deadline_is_degraded(
 
 
 def test_canary_promotes_a_healthy_plan_and_rolls_back_a_broken_one(
-    cluster_api: Any, operator: OperatorProcess
+    cluster_api: Any, operator: OperatorProcess, tainted_node: dict[str, str]
 ) -> None:
     ns = "op-canary"
     spec = _one_pool_spec(replicas=3)
@@ -496,8 +515,7 @@ def test_canary_promotes_a_healthy_plan_and_rolls_back_a_broken_one(
     # A broken plan (its pods cannot be scheduled): rolled back, the pool keeps 64.
     patch_spec(cluster_api, ns, "can", {
         "tuning": {"pin": {"blockSize": 128}},
-        "pools": [{"gpuClass": "H100", "replicas": 3,
-                   "nodeSelector": {"kvtune.io/test": "no-such-node"}}]})
+        "pools": [{"gpuClass": "H100", "replicas": 3, "nodeSelector": tainted_node}]})
 
     def degraded() -> dict[str, Any] | None:
         cond = condition(get_infd(cluster_api, ns, "can"), "Degraded")

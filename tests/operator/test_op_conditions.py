@@ -54,7 +54,7 @@ def test_other_conditions_kept_and_ordered() -> None:
 def test_status_merge_patch_nulls_what_disappeared(
     old: dict[str, object], new: dict[str, object], patch: dict[str, object]
 ) -> None:
-    from kvtune.operator.reconcile import merge_patch
+    from kvtune.operator.status import merge_patch
 
     assert merge_patch(old, new) == patch
 

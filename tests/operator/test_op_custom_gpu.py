@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from kvtune.operator.api import InferenceDeploymentSpec
 from kvtune.operator.pools import classify_node
-from kvtune.operator.reconcile import plan_one_pool, policy_for, resolve_model
+from kvtune.operator.rollout.plan import plan_one_pool, policy_for, resolve_model
 from kvtune.tuner.planner.presets import preset_profile
 
 CUSTOM = {"gpuClass": "RTX6000", "replicas": 1, "customGpu": {

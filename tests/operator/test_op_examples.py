@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kvtune.operator import reconcile as rec
 from kvtune.operator.api import InferenceDeploymentSpec
+from kvtune.operator.rollout import plan as plan_stage
 from kvtune.operator.workloads import declared_profile
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
@@ -39,10 +39,10 @@ def test_example_parses_and_plans_every_pool(path: Path) -> None:
     doc = _load(path)
     assert doc["apiVersion"] == "kvtune.io/v1alpha1" and doc["kind"] == "InferenceDeployment"
     spec = InferenceDeploymentSpec.model_validate(doc["spec"])
-    model = rec.resolve_model(spec, doc["metadata"]["namespace"], None)
-    profile, policy = declared_profile(spec.workload), rec.policy_for(spec)
+    model = plan_stage.resolve_model(spec, doc["metadata"]["namespace"], None)
+    profile, policy = declared_profile(spec.workload), plan_stage.policy_for(spec)
     for pool in spec.pools:
-        pool_plan = rec.plan_one_pool(spec, pool, model, profile, policy)
+        pool_plan = plan_stage.plan_one_pool(spec, pool, model, profile, policy)
         assert pool_plan.gpu_class == pool.gpu_class
         assert pool_plan.expected.concurrent_sequences >= 1
         if spec.tuning.pin and spec.tuning.pin.block_size:

@@ -9,8 +9,8 @@ from click.testing import CliRunner
 from op_samples import SAMPLE_SPEC
 
 from kvtune.cli.main import cli
-from kvtune.operator import reconcile as rec
 from kvtune.operator.api import InferenceDeploymentSpec, PinSpec, PlanStatus
+from kvtune.operator.rollout import plan as rec  # the rollout's plan stage
 from kvtune.runtime.runtime_plan import RuntimeKnobs
 from kvtune.tuner.knobs import KNOBS, PINNABLE, camel_name
 
@@ -43,7 +43,7 @@ def test_every_pin_and_the_cpu_offload_budget_reach_the_planner() -> None:
     spec: dict[str, Any] = {**SAMPLE_SPEC, "tuning": {
         "mode": "auto", "cpuOffloadGiB": 64,
         "pin": {"blockSize": 32, "kvCacheDtype": "fp8", "gpuMemoryUtilization": 0.9,
-                "maxModelLen": 16384, "maxNumSeqs": 64, "maxNumBatchedTokens": 4096,
+                "maxModelLen": 32768, "maxNumSeqs": 64, "maxNumBatchedTokens": 4096,
                 "enablePrefixCaching": False, "kvOffloadingSizeGiB": 16.0,
                 "attentionBackend": "FLASH_ATTN"}}}
     policy = rec.policy_for(InferenceDeploymentSpec.model_validate(spec))

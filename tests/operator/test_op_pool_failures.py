@@ -11,6 +11,9 @@ from op_samples import SAMPLE_SPEC
 
 from kvtune.operator import reconcile as rec
 from kvtune.operator.api import InferenceDeploymentSpec
+from kvtune.operator.rollout.outcome import Event, PoolContext
+from kvtune.operator.rollout.plan import PlanInput, policy_for, resolve_model
+from kvtune.operator.rollout.pool import rollout_pool
 from kvtune.operator.workloads import declared_profile
 
 BODY = {"metadata": {"name": "bot", "namespace": "llm", "uid": "u"}}
@@ -18,11 +21,14 @@ BODY = {"metadata": {"name": "bot", "namespace": "llm", "uid": "u"}}
 
 def _outcome(spec_dict: dict[str, Any]) -> Any:
     spec = InferenceDeploymentSpec.model_validate(spec_dict)
-    model = rec.resolve_model(spec, "llm", None)
-    events: list[rec.Event] = []
-    return rec._reconcile_pool(  # the per-pool step of reconcile
-        spec, 0, spec.pools[0], model, declared_profile(spec.workload), rec.policy_for(spec),
-        {}, None, BODY, None, events)  # type: ignore[arg-type]
+    model = resolve_model(spec, "llm", None)
+    events: list[Event] = []
+    ctx = PoolContext(spec=spec, index=0, pool=spec.pools[0], body=BODY,
+                      kube=None, now="2026-01-01T00:00:00Z",  # type: ignore[arg-type]
+                      base=rec.base_status(spec, spec.pools[0], None, "bot"), events=events)
+    return rollout_pool(ctx, PlanInput(  # one pool's stages, as reconcile runs them
+        model=model, profile=declared_profile(spec.workload), policy=policy_for(spec),
+        profile_used=None), {})
 
 
 @pytest.mark.parametrize(("change", "reason", "needles"), [

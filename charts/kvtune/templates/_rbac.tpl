@@ -17,17 +17,18 @@ of status only when it changed), so it can be audited and granted apart. */}}
 {{- end -}}
 
 {{/* What the operator renders per pool: server-side apply (patch, and create when the
-object is new), prune by label (list, delete); the rollout timer reads Deployments. */}}
+object is new), prune by label (list, delete); the rollout timer reads Deployments; get:
+before applying, the operator checks an object of that name is absent or its own. */}}
 {{- define "kvtune.rules.rendered" -}}
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, create, patch, delete]
 - apiGroups: [""]
   resources: [services]
-  verbs: [list, create, patch, delete]
+  verbs: [get, list, create, patch, delete]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [list, create, patch, delete]
+  verbs: [get, list, create, patch, delete]
 {{- end -}}
 
 {{/* spec.runtime.entrypoint: kvtune. The runtime-reports timer lists the pools' pods (by

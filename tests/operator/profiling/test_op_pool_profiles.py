@@ -4,13 +4,16 @@ fake profiler, a fake API and the reconcile seam captured)."""
 
 from __future__ import annotations
 
+import json
 import re
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from kvtune.operator import reconcile as rec
-from kvtune.operator import retune, retune_handlers, selectors
+from kvtune.operator import retune, retune_handlers, retune_state, selectors
+from kvtune.operator import status as status_writer
 from kvtune.operator.api import InferenceDeploymentSpec, PoolStatus, PrometheusSpec
 from kvtune.operator.profiling import (
     LatencyQuantiles,
@@ -20,6 +23,8 @@ from kvtune.operator.profiling import (
     choose_for_pool,
     queries,
 )
+from kvtune.operator.render import object_name
+from kvtune.operator.rollout import plan as plan_stage
 from kvtune.operator.workloads import declared_profile, profile_status
 from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
 
@@ -65,7 +70,7 @@ def test_a_long_name_uses_the_cut_object_name_and_escapes_nothing_it_needs() -> 
     name = "a" * 70
     series = selectors.pool_selector(PROM, namespace="llm", deployment=name, pool="h200")
     assert series is not None
-    prefix = rec.object_name(name, "h200")
+    prefix = object_name(name, "h200")
     assert re.fullmatch(series.regex["pod"], f"{prefix}-6f7d9c8b5-x2x7q")
     assert selectors.re2_escape("a.b(c)") == r"a\.b\(c\)"
 
@@ -154,7 +159,9 @@ class _FakeCustom:
         self.body = body
         self.patches: list[dict[str, Any]] = []
 
-    def get_namespaced_custom_object(self, *_: Any) -> dict[str, Any]:
+    def get_namespaced_custom_object(self, *_: Any, **kw: Any) -> Any:
+        if kw.get("_preload_content") is False:  # as apply.read_inference_deployment reads
+            return SimpleNamespace(data=json.dumps(self.body).encode())
         return self.body
 
     def patch_namespaced_custom_object_status(self, *args: Any, **_: Any) -> None:
@@ -177,13 +184,13 @@ def _body() -> dict[str, Any]:
     """Three pools running plans made for the short traffic: chat and docs on their own
     series, quiet on the deployment-wide profile."""
     spec = InferenceDeploymentSpec.model_validate(SPEC)
-    model = rec.resolve_model(spec, "llm", None)
+    model = plan_stage.resolve_model(spec, "llm", None)
     pools = []
     for pool in spec.pools:
         scope = "deployment" if pool.pool_name == "quiet" else "pool"
         planned_on = SHORT if scope == "pool" else WIDE
-        knobs, expected, _ = rec._plan_status(
-            rec.plan_one_pool(spec, pool, model, planned_on, rec.policy_for(spec)))
+        knobs, expected, _ = plan_stage.plan_status(
+            plan_stage.plan_one_pool(spec, pool, model, planned_on, plan_stage.policy_for(spec)))
         pools.append(PoolStatus(
             name=pool.pool_name, gpu_class=pool.gpu_class, tensor_parallel=1, replicas=1,
             phase="Applied", plan=knobs, expected=expected, revision=1,
@@ -261,15 +268,22 @@ def test_each_pool_is_decided_and_planned_on_its_own_profile(
     pools = {p["name"]: p for p in body["status"]["profile"]["retune"]["pools"]}
     assert pools["docs"]["reason"] == retune.PLAN_CHANGED
     assert "max_model_len" in pools["docs"]["message"]
-    assert pools["docs"]["state"]["last_rollout_seconds"] == 1121.0
+    assert pools["docs"]["state"]["lastRolloutSeconds"] == 1121.0
     assert pools["chat"]["reason"] == retune.BELOW_THRESHOLD
-    assert pools["chat"]["state"]["last_rollout_seconds"] is None
+    assert "lastRolloutSeconds" not in pools["chat"]["state"]
 
 
-def test_a_status_from_before_per_pool_state_keeps_its_dwell_clock() -> None:
-    raw = {"retune": {"state": {"drift_since_seconds": 5.0}}}
-    assert retune_handlers._state_from(raw, "h200").drift_since_seconds == 5.0
-    raw = {"retune": {"state": {"drift_since_seconds": 5.0},
-                      "pools": [{"name": "h200", "state": {"drift_since_seconds": 9.0}}]}}
-    assert retune_handlers._state_from(raw, "h200").drift_since_seconds == 9.0
-    assert retune_handlers._state_from(raw, "h100").drift_since_seconds == 5.0
+def test_a_status_written_by_the_previous_kvtune_keeps_its_dwell_clock() -> None:
+    """The clocks were stored snake_case in an untyped corner; the typed status reads them."""
+    declared = declared_profile(InferenceDeploymentSpec.model_validate(SPEC).workload)
+    raw = {"profile": {"source": "declared", "retune": {
+        "reason": "DwellPending", "state": None,
+        "pools": [{"name": "h200", "reason": "DwellPending",
+                   "state": {"drift_since_seconds": 9.0, "last_rollout_seconds": 3.0,
+                             "candidate": declared.model_dump(mode="json")}}]}}}
+    status = status_writer.read({"status": raw})
+    state = retune_state.state_from_status(status, "h200", declared)
+    assert state.drift_since_seconds == 9.0 and state.last_rollout_seconds == 3.0
+    assert state.candidate is not None
+    assert state.candidate.context_tokens == declared.context_tokens
+    assert retune_state.state_from_status(status, "h100", declared).drift_since_seconds is None

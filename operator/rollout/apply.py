@@ -1,0 +1,60 @@
+"""Stage 4, apply: server-side apply of the pool's objects (dry run first, all or nothing).
+
+``apply_access`` applies the runtime's ServiceAccount, Role and RoleBinding one by one
+before the canary (its pods run as that account, and a RoleBinding's dry run needs its Role
+to exist). ``apply`` applies the Deployment, Service and PDB and retires a canary that ran.
+Out: ``Applied`` (the Deployment as the server holds it), or a failed outcome.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvtune.operator import apply as kapply
+from kvtune.operator.api import PoolStatus
+from kvtune.operator.render import object_name
+from kvtune.operator.rollout.canary import CanaryResult
+from kvtune.operator.rollout.outcome import Event, PoolContext, PoolOutcome
+from kvtune.operator.rollout.plan import Planned
+from kvtune.operator.rollout.render import Rendered
+
+
+@dataclass(frozen=True)
+class Applied:
+    deployment: dict[str, Any]  # as the API server holds it after the apply
+    status: PoolStatus  # the planned pool, no canary
+
+
+def apply_access(ctx: PoolContext, rendered: Rendered) -> PoolOutcome | None:
+    """None when the runtime's access objects (if any) are in place."""
+    try:
+        kapply.apply_each(ctx.kube, rendered.access, ctx.body)
+    except kapply.ApplyError as exc:
+        return ctx.apply_failed(exc, f"pool {ctx.pool.pool_name}: the runtime's access "
+                                f"(spec.runtime.entrypoint=kvtune): {exc}")
+    return None
+
+
+def apply(ctx: PoolContext, planned: Planned, rendered: Rendered,
+          canary: CanaryResult) -> Applied | PoolOutcome:
+    pool = ctx.pool
+    try:
+        applied = kapply.apply_pool(ctx.kube, rendered.objects, ctx.body)
+    except kapply.ApplyError as exc:
+        return ctx.apply_failed(exc, f"pool {pool.pool_name}: {exc}; nothing was changed")
+    if canary.had_canary:
+        try:
+            kapply.delete_deployment(ctx.kube, ctx.namespace, canary.name, ctx.body)
+        except kapply.NameCollision as exc:
+            return ctx.apply_failed(exc, f"pool {pool.pool_name}: {exc}")
+        if canary.action == "promote":
+            ctx.events.append(Event("Normal", "CanaryPromoted", f"pool {pool.pool_name}: plan "
+                                    f"revision {planned.revision} promoted: {canary.message}"))
+    if rendered.running_hash != planned.plan_hash:
+        ctx.events.append(Event("Normal", "RolloutStarted", f"Deployment "
+                                f"{object_name(ctx.name, pool.pool_name)} rolls out plan "
+                                f"revision {planned.revision}"))
+    deployment = next(o for o in applied if o.get("kind") == "Deployment")
+    return Applied(deployment=deployment,
+                   status=rendered.status.model_copy(update={"canary": None}))

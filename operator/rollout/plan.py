@@ -1,0 +1,194 @@
+"""Stage 1, plan: the pool's ``PoolPlan`` from the spec, the model and the profile.
+
+Also the two inputs every pool shares (``resolve_model``, ``policy_for``), and
+``plan_one_pool``, the call into the pure planner that the retune timer makes too (it plans
+a drifted pool once and hands the plan to the reconcile seam, which does not plan it again).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic.alias_generators import to_camel
+
+from kvtune.operator import apply as kapply
+from kvtune.operator import calibration_flow
+from kvtune.operator import conditions as cond
+from kvtune.operator.api import (
+    ExpectedStatus,
+    InferenceDeploymentSpec,
+    PlanStatus,
+    PoolSpec,
+    PoolStatus,
+    ProfileStatus,
+    RolloutSpec,
+)
+from kvtune.operator.render import RenderInput, plan_hash, vllm_args
+from kvtune.operator.rollout import plan_checks
+from kvtune.operator.rollout.outcome import Event, PoolContext, PoolOutcome
+from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan, UnknownName
+from kvtune.tuner.kv_quality import KVQualityEvidence, KVQualityPolicy
+from kvtune.tuner.plan import PoolPlan
+from kvtune.tuner.planner.policy import SLO, Pins, PlanPolicy
+from kvtune.tuner.units import GiB
+from kvtune.tuner.workload import WorkloadProfile
+
+
+def policy_for(spec: InferenceDeploymentSpec) -> PlanPolicy:
+    pin = spec.tuning.pin
+    pins = Pins() if pin is None else pin.to_pins()
+    slo = SLO() if spec.slo is None else SLO(
+        ttft_p95_seconds=spec.slo.ttft_p95_seconds(), tpot_p95_seconds=spec.slo.tpot_p95_seconds()
+    )
+    ctx = spec.workload.context_tokens
+    return PlanPolicy(
+        slo=slo,
+        lowest_kv_precision=spec.quality.lowest_kv_precision if spec.quality else "fp8",
+        pins=pins,
+        target_concurrent_sequences=spec.workload.concurrent_sequences,
+        # The spec promises clients its declared max context: never plan below it.
+        min_max_model_len_tokens=ctx.max if ctx is not None else None,
+        kv_quality=KVQualityPolicy() if spec.quality is None else KVQualityPolicy(
+            max_kv_quantization_kl=spec.quality.max_kv_quantization_kl,
+            require_measurement=spec.quality.require_measurement),
+        cpu_offload_budget_bytes=round(spec.tuning.cpu_offload_gib * GiB),
+    )
+
+
+def resolve_model(spec: InferenceDeploymentSpec, namespace: str, kube: kapply.Kube | None) -> Any:
+    """The model's architecture: from its ConfigMap'd config.json, else from the catalog.
+
+    Only catalog ids are looked up (never a path): the model name is user input.
+    """
+    from kvtune.tuner.facts.catalog import get_model, list_models
+    from kvtune.tuner.facts.models import ModelArchitecture
+
+    if spec.model.config is not None:
+        ref = spec.model.config.config_map_ref
+        if kube is None:
+            raise LookupError("spec.model.config: no API access to read the ConfigMap")
+        text = kapply.read_config_map_key(kube, namespace, ref.name, ref.key,
+                                          field="spec.model.config.configMapRef")
+        try:
+            config = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise LookupError(f"spec.model.config.configMapRef: ConfigMap {ref.name} key "
+                              f"{ref.key!r} is not JSON ({exc}); put the model's config.json "
+                              f"there") from exc
+        return ModelArchitecture.from_hf_config(config, spec.model.name,
+                                                source=f"configmap/{ref.name}")
+    known = {m.lower() for m in list_models()} | {m.split("/")[-1].lower() for m in list_models()}
+    if spec.model.name.lower() not in known:
+        raise UnknownName(
+            "spec.model.name", spec.model.name, [],
+            "It is not in kvtune's catalog: set spec.model.config.configMapRef to a ConfigMap "
+            "holding its config.json, or use a catalog id (`kvtune plan --list-models`).",
+        )
+    return get_model(spec.model.name)
+
+
+def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
+                  profile: WorkloadProfile, policy: PlanPolicy,
+                  kv_quality_evidence: KVQualityEvidence | None = None) -> PoolPlan:
+    from kvtune.tuner.facts.gpus import get_gpu_class
+    from kvtune.tuner.planner.planning import PlanRequest, plan_pool
+
+    request = PlanRequest(
+        model=model, gpu=get_gpu_class(pool.gpu_declaration),
+        tensor_parallel=pool.tensor_parallel,
+        weights_dtype=spec.model.weights_dtype, profile=profile, policy=policy,
+        vllm_version=spec.runtime.vllm_version, kv_quality_evidence=kv_quality_evidence,
+    )
+    result: PoolPlan = plan_pool(request)
+    return result
+
+
+_PIN_FIELD = re.compile(r"\bpins\.([a-z_]+)")
+
+
+def spec_field_names(exc: Exception) -> str:
+    """The planner names pins as ``pins.kv_cache_dtype``; the user wrote
+    ``spec.tuning.pin.kvCacheDtype``: say it the user's way."""
+    def camel(match: re.Match[str]) -> str:
+        return "spec.tuning.pin." + to_camel(match.group(1)).replace("Gib", "GiB")
+
+    return _PIN_FIELD.sub(camel, str(exc))
+
+
+def plan_status(pool_plan: PoolPlan) -> tuple[PlanStatus, ExpectedStatus, list[str]]:
+    """A plan as status: its knobs, its expected figures, one reason per knob."""
+    knobs = PlanStatus.model_validate(pool_plan.plan.model_dump())
+    expected = ExpectedStatus.model_validate(pool_plan.expected.model_dump())
+    reasons = [f"{r.knob}={r.choice}: {r.message}" for r in pool_plan.reasons]
+    return knobs, expected, reasons
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    model: Any  # the model's architecture (``resolve_model``)
+    profile: WorkloadProfile  # the traffic the pool is planned for
+    policy: PlanPolicy
+    profile_used: ProfileStatus | None  # how ``profile`` is shown in the pool's status
+    # A plan already made for this pool and profile (by the retune timer): used as is.
+    given: PoolPlan | None = None
+    # The KV-quality evidence of the served model revision, and its calibration Job.
+    gate: calibration_flow.Gate | None = None
+
+
+@dataclass(frozen=True)
+class Planned:
+    pool_plan: PoolPlan
+    plan_hash: str  # identity of what the pods run (render.plan_hash)
+    revision: int  # bumped when the hash changes
+    status: PoolStatus  # the pool's status carrying the new plan
+    render_input: RenderInput  # what the render stage renders (placement added there)
+
+
+def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
+    pool, base = ctx.pool, ctx.base
+    try:
+        gate = inp.gate
+        pool_plan = inp.given if inp.given is not None else plan_one_pool(
+            ctx.spec, pool, inp.model, inp.profile,
+            calibration_flow.with_gate(inp.policy, gate) if gate is not None else inp.policy,
+            gate.evidence if gate is not None else None)
+    except UnknownName as exc:
+        return ctx.failed(cond.INVALID_SPEC, f"{ctx.field}.gpuClass: {exc}")
+    except NoFeasiblePlan as exc:
+        return ctx.failed(cond.NO_FEASIBLE_PLAN, f"{ctx.field} ({pool.gpu_class}, "
+                          f"tensorParallel={pool.tensor_parallel}): {exc}")
+    except KVTuneError as exc:
+        return ctx.failed(cond.INVALID_SPEC,
+                          f"{ctx.field} ({pool.gpu_class}): {spec_field_names(exc)}")
+
+    refused = plan_checks.check(ctx.spec, pool_plan, inp.profile)
+    if refused is not None:
+        return ctx.failed(*refused)
+    knobs, expected, reasons = plan_status(pool_plan)
+    hash_ = plan_hash(pool_plan, ctx.spec.runtime.image)
+    revision = base.revision if base.plan_hash == hash_ else base.revision + 1
+    spec = ctx.spec
+    render_input = RenderInput(
+        name=ctx.name, namespace=ctx.namespace, pool=pool.pool_name,
+        pool_plan=pool_plan, model_name=spec.model.name, image=spec.runtime.image,
+        replicas=pool.replicas, revision=revision, entrypoint=spec.runtime.entrypoint,
+        progress_deadline_seconds=(spec.rollout or RolloutSpec()).progress_deadline_seconds(),
+        node_selector=dict(pool.node_selector or {}),
+        tolerations=[t.model_dump(by_alias=True, exclude_none=True)
+                     for t in pool.tolerations or []],
+    )
+    status = base.model_copy(update={
+        "gpu_class": pool_plan.gpu_class, "plan": knobs, "expected": expected,
+        "reasons": reasons, "warnings": list(pool_plan.warnings),
+        "vllm_args": vllm_args(render_input),
+        "plan_hash": hash_, "revision": revision, "message": "", "profile": inp.profile_used,
+    })
+    if base.plan_hash != hash_:
+        ctx.events.append(Event("Normal", "PlanChanged", f"pool {pool.pool_name} "
+                                f"({pool_plan.gpu_class}) plan revision {revision}: "
+                                f"{' '.join(pool_plan.plan.vllm_args())}"))
+    return Planned(pool_plan=pool_plan, plan_hash=hash_, revision=revision, status=status,
+                   render_input=render_input)

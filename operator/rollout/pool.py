@@ -1,0 +1,55 @@
+"""One pool's rollout: the stages in order; each either hands on its output or ends it.
+
+Between render and apply, the KV-quality gate (``operator/calibration_flow.py``) may start a
+calibration Job for a narrower KV dtype and plan the pool again with the wider one held."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from kvtune.operator import apply as kapply
+from kvtune.operator import calibration_flow
+from kvtune.operator import pools as gpu_pools
+from kvtune.operator.rollout.apply import apply, apply_access
+from kvtune.operator.rollout.canary import canary
+from kvtune.operator.rollout.observe import observe
+from kvtune.operator.rollout.outcome import Event, PoolContext, PoolOutcome
+from kvtune.operator.rollout.plan import PlanInput, plan
+from kvtune.operator.rollout.render import render
+
+
+def rollout_pool(ctx: PoolContext, inp: PlanInput,
+                 discovered: Mapping[str, gpu_pools.GPUPool]) -> PoolOutcome:
+    planned = plan(ctx, inp)
+    if isinstance(planned, PoolOutcome):
+        return planned
+    rendered = render(ctx, planned, discovered)
+    if isinstance(rendered, PoolOutcome):
+        return rendered
+    gate = inp.gate
+    if gate is not None and not gate.hold:
+        # A narrower KV dtype no measurement covers: measure it first (a Job on this pool's
+        # nodes, as this pool's pod), and plan the pool again with the wider dtype held.
+        deployment = next(o for o in rendered.objects if o["kind"] == "Deployment")
+        try:
+            started = calibration_flow.maybe_start(ctx.kube, ctx.body, ctx.spec, gate,
+                                                   planned.pool_plan, deployment)
+        except kapply.ApplyError as exc:
+            return ctx.apply_failed(exc, f"pool {ctx.pool.pool_name}: the KV-quality "
+                                    f"calibration Job: {exc}")
+        if started:
+            ctx.events.append(Event("Normal", "CalibrationStarted", f"pool "
+                                    f"{ctx.pool.pool_name}: Job {gate.started_jobs[-1]} "
+                                    f"measures {planned.pool_plan.plan.kv_cache_dtype} before "
+                                    f"it rolls out"))
+            return rollout_pool(ctx, inp, discovered)
+    refused = apply_access(ctx, rendered)
+    if refused is not None:
+        return refused
+    passed = canary(ctx, planned, rendered)
+    if isinstance(passed, PoolOutcome):
+        return passed
+    applied = apply(ctx, planned, rendered, passed)
+    if isinstance(applied, PoolOutcome):
+        return applied
+    return observe(ctx, planned, applied)

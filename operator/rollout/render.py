@@ -1,0 +1,110 @@
+"""Stage 2, render: place the planned pool on its GPU nodes and render its objects.
+
+In: ``Planned`` and the GPU pools discovered from the nodes. Out: ``Rendered`` (the
+objects to apply, the runtime's access objects apart, and the plan hash the running
+Deployment carries), or the pool's outcome when it stops here: ``recommend`` mode, no
+nodes of its class, nodes too small for its tensor parallelism, a pod template that cannot
+be read or renders no valid object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvtune.operator import apply as kapply
+from kvtune.operator import conditions as cond
+from kvtune.operator import pools as gpu_pools
+from kvtune.operator.api import PoolStatus
+from kvtune.operator.render import (
+    ANNOTATION_PLAN_HASH,
+    RenderError,
+    RenderInput,
+    object_name,
+    render_pool,
+)
+from kvtune.operator.rollout.outcome import PoolContext, PoolOutcome
+from kvtune.operator.rollout.plan import Planned
+
+GIB_BYTES = 2**30
+# The runtime's ServiceAccount, Role, RoleBinding (spec.runtime.entrypoint: kvtune).
+RUNTIME_ACCESS_KINDS = ("ServiceAccount", "Role", "RoleBinding")
+
+
+@dataclass(frozen=True)
+class Rendered:
+    render_input: RenderInput  # with the placement and the pod template
+    status: PoolStatus  # the planned pool's status with its node count
+    objects: list[dict[str, Any]]  # Deployment, Service, PDB, in apply order
+    access: list[dict[str, Any]]  # the runtime's access objects, applied first
+    running_hash: str | None  # the plan hash of the Deployment running now
+
+
+def render(ctx: PoolContext, planned: Planned,
+           discovered: Mapping[str, gpu_pools.GPUPool]) -> Rendered | PoolOutcome:
+    pool, status = ctx.pool, planned.status
+    gpu_class = planned.pool_plan.gpu_class
+    nodes = discovered.get(gpu_class.upper())
+    node_count = len(nodes.schedulable_nodes) if nodes else 0
+    status = status.model_copy(update={"nodes": node_count})
+    if ctx.spec.tuning.mode == "recommend":
+        return PoolOutcome(status.model_copy(update={
+            "phase": "Recommended", "message": "tuning.mode=recommend: not applied"}))
+    affinity = nodes.node_affinity() if nodes is not None else None
+    if nodes is None or node_count == 0 or affinity is None:
+        return PoolOutcome(status.model_copy(update={
+            "phase": "NoNodes",
+            "message": f"no schedulable node is labelled as a {gpu_class} GPU; label the "
+                       f"nodes (e.g. nvidia.com/gpu.product) or add nodes to the pool"}),
+            no_nodes=True)
+    selector = dict(pool.node_selector or {})
+    placed = [n for n in nodes.schedulable_nodes if n.matches(selector)]
+    if selector and not placed:
+        shown = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+        return ctx.failed(cond.INVALID_SPEC, f"{ctx.field}.nodeSelector={shown}: none of the "
+                          f"{node_count} schedulable {gpu_class} node(s) has these labels, so "
+                          f"no pod could be scheduled; fix the selector or label the nodes")
+    offload = planned.pool_plan.plan.kv_offloading_size_gib
+    memory = min((n.memory_bytes for n in placed if n.memory_bytes), default=0)
+    if offload and memory and offload * GIB_BYTES >= memory:
+        return ctx.failed(cond.INVALID_SPEC, f"spec.tuning.pin.kvOffloadingSizeGiB={offload:g}: "
+                          f"the {gpu_class} nodes have {memory / GIB_BYTES:.0f} GiB of memory "
+                          f"(the smallest); the CPU offload buffer must fit beside the server: "
+                          f"lower it")
+    if nodes.max_gpus_per_node and nodes.max_gpus_per_node < pool.tensor_parallel:
+        return ctx.failed(cond.INVALID_SPEC, f"{ctx.field}.tensorParallel="
+                          f"{pool.tensor_parallel}: {gpu_class} nodes have at most "
+                          f"{nodes.max_gpus_per_node} GPUs; lower tensorParallel or add "
+                          f"larger nodes")
+
+    template = None
+    if ctx.spec.runtime.pod_template is not None:
+        ref = ctx.spec.runtime.pod_template.config_map_ref
+        try:
+            template = kapply.read_config_map_key(ctx.kube, ctx.namespace, ref.name, ref.key,
+                                                  field="spec.runtime.podTemplate.configMapRef")
+        except LookupError as exc:
+            return ctx.failed(cond.INVALID_POD_TEMPLATE, str(exc))
+    inp = dataclasses.replace(planned.render_input, affinity=affinity, pod_template=template)
+    # What the Deployment runs now (the plan in status may be one only recommended).
+    running = kapply.read_deployment(ctx.kube, ctx.namespace,
+                                     object_name(ctx.name, pool.pool_name))
+    running_hash = ((running or {}).get("metadata", {}).get("annotations") or {}).get(
+        ANNOTATION_PLAN_HASH)
+    try:
+        objects = render_pool(inp)
+    except RenderError as exc:
+        return ctx.failed(cond.INVALID_POD_TEMPLATE, f"pool {pool.pool_name}: {exc}; nothing "
+                          f"was changed")
+    except Exception as exc:  # a template that fails in a way the renderer did not name
+        return ctx.failed(cond.INVALID_POD_TEMPLATE, f"pool {pool.pool_name}: the pod template "
+                          f"failed ({type(exc).__name__}: {str(exc)[:160]}); fix "
+                          f"spec.runtime.podTemplate; nothing was changed")
+    return Rendered(
+        render_input=inp, status=status,
+        objects=[o for o in objects if o["kind"] not in RUNTIME_ACCESS_KINDS],
+        access=[o for o in objects if o["kind"] in RUNTIME_ACCESS_KINDS],
+        running_hash=running_hash,
+    )

@@ -1,0 +1,250 @@
+"""The bad-spec corpus (issue 11 item 6): each case with its expected outcome.
+
+- ``admission``: the API server refuses the object (the CRD's schema and CEL rules); the
+  needles are in its error.
+- ``strict``: an unknown (typo'd) field, refused with ``fieldValidation=Strict`` (what
+  ``kubectl apply`` sends by default, and ``--validate=strict``); with the client default
+  (``Warn``) the server prunes it and says so in a warning.
+- ``degraded``: accepted, then the reconcile sets ``Degraded=True`` with ``reason`` and a
+  message holding the needles (field, value, fix), and the runtime already running is left
+  as it was.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Spec = dict[str, Any]
+
+BASE: Spec = {
+    "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+    "workload": {"profile": "chat",
+                 "contextTokens": {"p50": 2000, "p95": 8000, "p99": 16000, "max": 32768},
+                 "outputTokens": {"p50": 300, "p99": 2000}},
+    "pools": [{"gpuClass": "H100", "name": "h100", "replicas": 1}],
+    "tuning": {"mode": "auto"},
+}
+
+TEMPLATE_DIVIDES_BY_ZERO = "spec:\n  containers:\n    - name: vllm\n      image: {{1/0}}\n"
+TEMPLATE_NOT_A_POD = "- just\n- a list\n"
+
+
+@dataclass(frozen=True)
+class BadSpec:
+    id: str
+    change: Callable[[Spec], None]
+    expect: Literal["admission", "strict", "degraded"]
+    needles: tuple[str, ...]
+    reason: str | None = None  # the Degraded reason
+    name: str | None = None  # metadata.name, when the name is the bad part
+    config_maps: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> data
+
+    def spec(self) -> Spec:
+        spec = copy.deepcopy(BASE)
+        self.change(spec)
+        return spec
+
+
+def at(path: str, value: Any) -> Callable[[Spec], None]:
+    """Set ``a.b.0.c`` (creating maps on the way)."""
+    def change(spec: Spec) -> None:
+        node: Any = spec
+        keys = path.split(".")
+        for key in keys[:-1]:
+            nxt = int(key) if isinstance(node, list) else key
+            if isinstance(node, dict) and key not in node:
+                node[key] = {}
+            node = node[nxt]
+        last = keys[-1]
+        if isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+    return change
+
+
+def drop(path: str) -> Callable[[Spec], None]:
+    def change(spec: Spec) -> None:
+        node: Any = spec
+        keys = path.split(".")
+        for key in keys[:-1]:
+            node = node[int(key) if isinstance(node, list) else key]
+        del node[keys[-1]]
+    return change
+
+
+def both(*changes: Callable[[Spec], None]) -> Callable[[Spec], None]:
+    def change(spec: Spec) -> None:
+        for c in changes:
+            c(spec)
+    return change
+
+
+def _adm(id_: str, change: Callable[[Spec], None], *needles: str,
+         name: str | None = None) -> BadSpec:
+    return BadSpec(id_, change, "admission", needles, name=name)
+
+
+def _deg(id_: str, change: Callable[[Spec], None], reason: str, *needles: str,
+         config_maps: dict[str, dict[str, str]] | None = None) -> BadSpec:
+    return BadSpec(id_, change, "degraded", needles, reason=reason,
+                   config_maps=config_maps or {})
+
+
+def _noop(_: Spec) -> None:
+    pass
+
+
+CASES: list[BadSpec] = [
+    # --- the model -------------------------------------------------------------------------
+    _adm("model-named-like-a-flag", at("model.name", "--trust-remote-code"), "spec.model.name"),
+    _adm("model-dash", at("model.name", "-m"), "spec.model.name"),
+    _adm("model-with-space", at("model.name", "llama 3 8b"), "spec.model.name"),
+    _adm("model-empty", at("model.name", ""), "spec.model.name"),
+    _adm("model-too-long", at("model.name", "m" * 300), "spec.model.name"),
+    _adm("model-shell", at("model.name", "llama;rm -rf /"), "spec.model.name"),
+    _adm("weights-dtype-unknown", at("model.weightsDtype", "fp7"), "weightsDtype"),
+    _adm("model-config-map-bad-name", at("model.config", {"configMapRef": {"name": "Bad_Name"}}),
+         "configMapRef.name"),
+    _adm("model-missing", drop("model"), "model"),
+    # --- the runtime -----------------------------------------------------------------------
+    _adm("image-with-flag", at("runtime.image", "vllm/vllm-openai:v0.33.0 --trust-remote-code"),
+         "spec.runtime.image"),
+    _adm("image-upper-case", at("runtime.image", "VLLM/Openai:latest"), "spec.runtime.image"),
+    _adm("image-empty", at("runtime.image", ""), "spec.runtime.image"),
+    _adm("image-double-colon", at("runtime.image", "vllm/vllm-openai::v1"),
+         "spec.runtime.image"),
+    _adm("image-bad-digest", at("runtime.image", "vllm/vllm-openai@sha256:xyz"),
+         "spec.runtime.image"),
+    _adm("vllm-version-latest", at("runtime.vllmVersion", "latest"), "vllmVersion"),
+    _adm("entrypoint-bash", at("runtime.entrypoint", "bash"), "entrypoint"),
+    _adm("pod-template-bad-ref", at("runtime.podTemplate", {"configMapRef": {"name": "A B"}}),
+         "podTemplate.configMapRef.name"),
+    # --- the workload ----------------------------------------------------------------------
+    _adm("preset-unknown", at("workload.profile", "batch"), "workload.profile"),
+    _adm("context-p50-zero", at("workload.contextTokens.p50", 0), "contextTokens.p50"),
+    _adm("context-p50-above-p99", at("workload.contextTokens.p50", 20000), "p50 must not exceed"),
+    _adm("context-p99-above-max", at("workload.contextTokens.max", 10000),
+         "p99 must not exceed max"),
+    _adm("context-p50-above-p95", at("workload.contextTokens.p95", 1000),
+         "p50 must not exceed p95"),
+    _adm("output-negative", at("workload.outputTokens.p50", -5), "outputTokens.p50"),
+    _adm("concurrency-zero", at("workload.concurrentSequences", 0), "concurrentSequences"),
+    _adm("shared-prefix-negative", at("workload.sharedPrefixTokens", -1), "sharedPrefixTokens"),
+    _adm("context-ten-billion", at("workload.contextTokens.max", 10**10), "contextTokens.max"),
+    # --- SLOs and quality ------------------------------------------------------------------
+    _adm("ttft-zero", at("slo", {"ttftP95": "0s"}), "slo.ttftP95 must be above 0s"),
+    _adm("tpot-zero", at("slo", {"tpotP95": "0ms"}), "slo.tpotP95 must be above 0s"),
+    _adm("ttft-words", at("slo", {"ttftP95": "fast"}), "slo.ttftP95"),
+    _adm("ttft-negative", at("slo", {"ttftP95": "-1s"}), "slo.ttftP95"),
+    _adm("quality-unknown", at("quality", {"lowestKVPrecision": "fp2"}), "lowestKVPrecision"),
+    # --- pools -----------------------------------------------------------------------------
+    _adm("no-pools", at("pools", []), "spec.pools"),
+    _adm("nine-pools", at("pools", [{"gpuClass": "H100", "name": f"p{i}"} for i in range(9)]),
+         "spec.pools"),
+    _adm("gpu-class-empty", at("pools.0.gpuClass", ""), "gpuClass"),
+    _adm("gpu-class-shell", at("pools.0.gpuClass", "H100;rm"), "gpuClass"),
+    _adm("pool-named-canary", at("pools.0.name", "h200-canary"), "must not end in -canary"),
+    _adm("gpu-class-canary", both(drop("pools.0.name"), at("pools.0.gpuClass", "H200-canary")),
+         "must not end in -canary"),
+    _adm("pool-name-upper", at("pools.0.name", "H100"), "pools[0].name"),
+    _adm("pool-name-long", at("pools.0.name", "p" * 21), "pools[0].name"),
+    _adm("replicas-negative", at("pools.0.replicas", -1), "replicas"),
+    _adm("replicas-thousand", at("pools.0.replicas", 1000), "replicas"),
+    _adm("tensor-parallel-three", at("pools.0.tensorParallel", 3), "tensorParallel"),
+    _adm("pools-same-name", at("pools", [{"gpuClass": "H100"}, {"gpuClass": "h100"}]),
+         "pool names must be unique"),
+    _adm("toleration-operator", at("pools.0.tolerations", [{"operator": "Maybe"}]),
+         "operator"),
+    _adm("node-selector-huge", at("pools.0.nodeSelector", {f"k{i}": "v" for i in range(17)}),
+         "nodeSelector"),
+    # --- tuning ----------------------------------------------------------------------------
+    _adm("mode-unknown", at("tuning.mode", "yolo"), "tuning.mode"),
+    _adm("block-size-24", at("tuning.pin", {"blockSize": 24}), "multiple of 16"),
+    _adm("block-size-8", at("tuning.pin", {"blockSize": 8}), "blockSize"),
+    _adm("utilization-above-one", at("tuning.pin", {"gpuMemoryUtilization": 1.5}),
+         "gpuMemoryUtilization"),
+    _adm("utilization-zero", at("tuning.pin", {"gpuMemoryUtilization": 0}),
+         "gpuMemoryUtilization"),
+    _adm("utilization-and-bytes", at("tuning.pin", {"gpuMemoryUtilization": 0.9,
+                                                    "kvCacheMemoryBytes": 10**10}),
+         "not both"),
+    _adm("kv-dtype-unknown", at("tuning.pin", {"kvCacheDtype": "int3"}), "kvCacheDtype"),
+    _adm("kv-dtype-below-floor", both(at("quality", {"lowestKVPrecision": "bf16"}),
+                                      at("tuning.pin", {"kvCacheDtype": "fp8"})),
+         "narrower than quality.lowestKVPrecision"),
+    _adm("max-model-len-one", at("tuning.pin", {"maxModelLen": 1}),
+         "maxModelLen is below workload.contextTokens.max"),
+    _adm("max-num-seqs-zero", at("tuning.pin", {"maxNumSeqs": 0}), "maxNumSeqs"),
+    _adm("batched-tokens-zero", at("tuning.pin", {"maxNumBatchedTokens": 0}),
+         "maxNumBatchedTokens"),
+    _adm("offload-a-petabyte", at("tuning.pin", {"kvOffloadingSizeGiB": 10**6}),
+         "kvOffloadingSizeGiB"),
+    _adm("attention-backend-unknown", at("tuning.pin", {"attentionBackend": "XFORMERS"}),
+         "attentionBackend"),
+    _adm("prometheus-file-url", at("tuning.prometheus", {"url": "file:///etc/passwd"}),
+         "prometheus.url"),
+    _adm("prometheus-gopher", at("tuning.prometheus", {"url": "gopher://x:70"}),
+         "prometheus.url"),
+    _adm("prometheus-window-words", at("tuning.prometheus", {"url": "http://p:9090",
+                                                             "window": "forever"}), "window"),
+    _adm("pool-selector-unknown", at("tuning.prometheus", {"url": "http://p:9090",
+                                                           "poolSelector": "magic"}),
+         "poolSelector"),
+    _adm("drift-zero", at("tuning.retune", {"driftThreshold": 0}), "driftThreshold"),
+    _adm("drift-two", at("tuning.retune", {"driftThreshold": 2}), "driftThreshold"),
+    _adm("dwell-below-window", at("tuning", {"mode": "auto", "prometheus": {
+        "url": "http://p:9090", "window": "1h"}, "retune": {"dwell": "5m"}}),
+         "dwell must be at least"),
+    _adm("canary-above-replicas", at("rollout", {"canaryReplicas": 3}), "canaryReplicas"),
+    _adm("analysis-words", at("rollout", {"analysis": "soon"}), "rollout.analysis"),
+    # --- the object's own name -------------------------------------------------------------
+    _adm("name-64-chars", _noop, "metadata.name must be at most 63", name="n" * 64),
+    _adm("name-200-chars", _noop, "metadata.name must be at most 63", name="n" * 200),
+    _adm("name-starts-with-digit", _noop, "metadata.name", name="1bot"),
+    _adm("name-with-dot", _noop, "metadata.name", name="bot.v2"),
+    # --- typo'd fields: pruned silently unless the client asks for strict validation ------
+    BadSpec("typo-replica", at("pools.0.replica", 4), "strict", ("replica",)),
+    BadSpec("typo-tunning", at("tunning", {"mode": "off"}), "strict", ("tunning",)),
+    BadSpec("typo-max-num-seq", at("tuning.pin", {"maxNumSeq": 8}), "strict", ("maxNumSeq",)),
+    BadSpec("typo-context", at("workload.contextToken", {"p50": 5}), "strict",
+            ("contextToken",)),
+    # --- accepted, then Degraded with field, value and fix; the running runtime untouched -
+    _deg("batched-tokens-one", at("tuning.pin", {"maxNumBatchedTokens": 1}), "InvalidSpec",
+         "spec.tuning.pin.maxNumBatchedTokens=1", "pin at least"),
+    _deg("max-model-len-below-p99", both(drop("workload.contextTokens"),
+                                         at("tuning.pin", {"maxModelLen": 1})),
+         "InvalidSpec", "spec.tuning.pin.maxModelLen=1", "p99", "raise it"),
+    _deg("offload-64-tib", at("tuning.pin", {"kvOffloadingSizeGiB": 65536}), "InvalidSpec",
+         "spec.tuning.pin.kvOffloadingSizeGiB=65536", "lower it"),
+    _deg("absurd-slo", at("slo", {"ttftP95": "1ms", "tpotP95": "1ms"}), "NoFeasiblePlan",
+         "spec.slo", "1ms", "relax the SLO"),
+    _deg("contradictory-node-selector", at("pools.0.nodeSelector", {"zone": "nowhere"}),
+         "InvalidSpec", "spec.pools[0].nodeSelector=zone=nowhere", "fix the selector"),
+    _deg("unknown-model", at("model.name", "acme/not-a-real-model"), "UnknownModel",
+         "spec.model.name", "acme/not-a-real-model", "configMapRef"),
+    _deg("unknown-gpu-class", at("pools.0.gpuClass", "Z999"), "InvalidSpec",
+         "spec.pools[0].gpuClass", "Z999"),
+    _deg("model-does-not-fit", both(at("model.name", "meta-llama/Llama-3.3-70B-Instruct"),
+                                    at("pools.0.tensorParallel", 1)), "NoFeasiblePlan",
+         "spec.pools[0]", "tensorParallel=1"),
+    _deg("mla-dtype-on-gqa", at("tuning.pin", {"kvCacheDtype": "fp8_ds_mla"}), "InvalidSpec",
+         "spec.tuning.pin.kvCacheDtype", "fp8_ds_mla"),
+    _deg("model-config-missing", at("model", {"name": "acme/custom-7b", "config": {
+        "configMapRef": {"name": "no-such-config"}}}), "InvalidSpec",
+         "spec.model.config.configMapRef", "no-such-config", "not found"),
+    _deg("model-config-not-json", at("model", {"name": "acme/custom-7b", "config": {
+        "configMapRef": {"name": "not-json"}}}), "InvalidSpec", "not JSON", "config.json",
+         config_maps={"not-json": {"config.json": "{{{"}}),
+    _deg("pod-template-missing", at("runtime.podTemplate", {"configMapRef": {
+        "name": "no-such-template"}}), "InvalidPodTemplate", "no-such-template", "not found"),
+    _deg("pod-template-divides-by-zero", at("runtime.podTemplate", {"configMapRef": {
+        "name": "zero-div"}}), "InvalidPodTemplate", "pool h100", "nothing was changed",
+         config_maps={"zero-div": {"pod.yaml.j2": TEMPLATE_DIVIDES_BY_ZERO}}),
+    _deg("pod-template-not-a-pod", at("runtime.podTemplate", {"configMapRef": {
+        "name": "not-a-pod"}}), "InvalidPodTemplate", "pool h100", "nothing was changed",
+         config_maps={"not-a-pod": {"pod.yaml.j2": TEMPLATE_NOT_A_POD}}),
+]

@@ -1,0 +1,130 @@
+"""The bad-spec corpus against the real API server, in one batch (issue 11 item 6).
+
+Every case ends one of three ways, each checked: refused at admission (the CRD's schema and
+CEL rules) with the field in the error; a typo'd field refused under strict field validation
+(and reported as a warning under the client default); or accepted and then ``Degraded`` with
+the field, the value and the fix, while the runtime already running for that object keeps
+its Deployment (same generation, same plan). The reconcile seam is called directly; no
+retry loop hides an exception (an exception fails the test)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from bad_specs import BASE, CASES, BadSpec
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from op_cluster_helpers import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    condition,
+    ensure_namespace,
+    get_infd,
+    install_crd,
+)
+
+from kvtune.operator import reconcile as rec
+from kvtune.operator.apply import Kube
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+NS = "bad-specs"
+RUNNING = "running"
+
+
+@pytest.fixture(scope="module")
+def cluster_api(local_cluster: Any) -> Any:
+    api = local_cluster.api_client()
+    install_crd(api)
+    ensure_namespace(api, NS)
+    return api
+
+
+def _body(case: BadSpec, name: str) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceDeployment",
+            "metadata": {"name": case.name or name, "namespace": NS}, "spec": case.spec()}
+
+
+def _create(api: Any, body: dict[str, Any], validation: str) -> Any:
+    return client.CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP, VERSION, NS, PLURAL, body, field_validation=validation,
+        _preload_content=False)
+
+
+def test_the_corpus_is_large_and_named_once() -> None:
+    assert len(CASES) >= 80
+    assert len({c.id for c in CASES}) == len(CASES)
+    assert {c.expect for c in CASES} == {"admission", "strict", "degraded"}
+
+
+def test_every_bad_spec_is_refused_or_degraded_and_nothing_running_changes(
+    cluster_api: Any,
+) -> None:
+    started = time.monotonic()
+    custom, apps = client.CustomObjectsApi(cluster_api), client.AppsV1Api(cluster_api)
+    kube = Kube(cluster_api)
+    outcomes: dict[str, str] = {}
+
+    # Refused at admission.
+    for i, case in enumerate(c for c in CASES if c.expect == "admission"):
+        with pytest.raises(ApiException) as refused:
+            _create(cluster_api, _body(case, f"adm-{i}"), "Strict")
+        assert refused.value.status == 422, (case.id, refused.value.body)
+        text = json.loads(refused.value.body)["message"]
+        for needle in case.needles:
+            assert needle in text, (case.id, needle, text)
+        outcomes[case.id] = "refused"
+
+    # Typos: refused when strict, pruned with a warning otherwise.
+    for i, case in enumerate(c for c in CASES if c.expect == "strict"):
+        with pytest.raises(ApiException) as refused:
+            _create(cluster_api, _body(case, f"typo-{i}"), "Strict")
+        # 400: strict decoding refuses before the schema is checked.
+        assert refused.value.status in (400, 422), (case.id, refused.value.status)
+        assert "unknown field" in refused.value.body, (case.id, refused.value.body)
+        warned = _create(cluster_api, _body(case, f"typo-{i}"), "Warn")
+        warning = warned.headers.get("Warning") or ""
+        assert "unknown field" in warning and case.needles[0] in warning, (case.id, warning)
+        custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, f"typo-{i}")
+        outcomes[case.id] = "refused when strict"
+
+    # A runtime running a good plan; each Degraded case is an edit of it.
+    core = client.CoreV1Api(cluster_api)
+    for case in CASES:
+        for cm_name, data in case.config_maps.items():
+            core.create_namespaced_config_map(NS, {"metadata": {"name": cm_name}, "data": data})
+    custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceDeployment",
+        "metadata": {"name": RUNNING, "namespace": NS}, "spec": BASE})
+    first = rec.reconcile(get_infd(cluster_api, NS, RUNNING), kube=kube)
+    assert first.permanent_error is None and first.status["pools"][0]["phase"] == "Applied"
+    deployment = apps.read_namespaced_deployment(f"{RUNNING}-h100", NS)
+    generation = deployment.metadata.generation
+    plan_hash = deployment.metadata.annotations["kvtune.io/plan-hash"]
+
+    for case in (c for c in CASES if c.expect == "degraded"):
+        obj = get_infd(cluster_api, NS, RUNNING)
+        obj["spec"] = case.spec()
+        custom.replace_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, RUNNING, obj,
+                                                field_validation="Strict")
+        rec.reconcile(get_infd(cluster_api, NS, RUNNING), kube=kube)
+        stored = get_infd(cluster_api, NS, RUNNING)
+        degraded = condition(stored, "Degraded")
+        assert degraded is not None and degraded["status"] == "True", (case.id, stored["status"])
+        assert degraded["reason"] == case.reason, (case.id, degraded)
+        for needle in case.needles:
+            assert needle in degraded["message"], (case.id, needle, degraded["message"])
+        assert stored["status"]["observedGeneration"] == stored["metadata"]["generation"]
+        running = apps.read_namespaced_deployment(f"{RUNNING}-h100", NS)
+        assert running.metadata.generation == generation, case.id
+        assert running.metadata.annotations["kvtune.io/plan-hash"] == plan_hash, case.id
+        outcomes[case.id] = f"Degraded/{case.reason}"
+
+    assert set(outcomes) == {c.id for c in CASES}
+    counts: dict[str, int] = {}
+    for outcome in outcomes.values():
+        counts[outcome.split("/")[0]] = counts.get(outcome.split("/")[0], 0) + 1
+    print(f"\n{len(outcomes)} bad specs in {time.monotonic() - started:.1f}s: {counts}")

@@ -1,0 +1,135 @@
+"""kvtune is never a confused deputy (issue 11 item 2), on the real API server with its
+garbage collector: an InferenceDeployment whose children's names are taken by objects kvtune
+did not create for it (a Service routing someone's traffic, someone's Deployment) is
+Degraded with NameCollision; those objects are not changed, not adopted (no owner
+reference), and deleting the InferenceDeployment does not garbage-collect them (nor the Role
+and RoleBinding named like the runtime's). The reconcile seam is called directly (no
+operator serves this namespace)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from op_cluster_helpers import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    condition,
+    create_infd,
+    ensure_namespace,
+    get_infd,
+    install_crd,
+    wait_for,
+)
+from op_samples import SAMPLE_SPEC
+
+from kvtune.operator import reconcile as rec
+from kvtune.operator.apply import Kube
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+NS = "deputy"
+
+
+@pytest.fixture(scope="module")
+def cluster_api(local_cluster: Any) -> Any:
+    api = local_cluster.api_client()
+    install_crd(api)
+    ensure_namespace(api, NS)
+    return api
+
+
+def _spec(**runtime: Any) -> dict[str, Any]:
+    spec = copy.deepcopy(SAMPLE_SPEC)
+    spec["pools"] = [{"gpuClass": "H100", "replicas": 1}]
+    spec.pop("rollout")
+    spec["runtime"] = runtime
+    return spec
+
+
+def _victims(api: Any) -> None:
+    core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+    core.create_namespaced_service(NS, {
+        "metadata": {"name": "web-h100", "labels": {"app": "victim"}},
+        "spec": {"selector": {"app": "victim"}, "ports": [{"port": 80}]}})
+    rbac.create_namespaced_role(NS, {
+        "metadata": {"name": "bot-runtime"},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]})
+    client.AppsV1Api(api).create_namespaced_deployment(NS, {
+        "metadata": {"name": "bot-h100", "labels": {"app": "victim"}},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "victim"}},
+                 "template": {"metadata": {"labels": {"app": "victim"}},
+                              "spec": {"containers": [{"name": "app", "image": "busybox"}]}}}})
+    rbac.create_namespaced_role_binding(NS, {
+        "metadata": {"name": "bot-runtime"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                    "name": "bot-runtime"},
+        "subjects": [{"kind": "User", "name": "victim"}]})
+
+
+def _snapshot(api: Any) -> dict[str, Any]:
+    core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+    service = core.read_namespaced_service("web-h100", NS)
+    role = rbac.read_namespaced_role("bot-runtime", NS)
+    binding = rbac.read_namespaced_role_binding("bot-runtime", NS)
+    deployment = client.AppsV1Api(api).read_namespaced_deployment("bot-h100", NS)
+    return {
+        "deployment": (deployment.spec.template.spec.containers[0].image,
+                       deployment.metadata.owner_references,
+                       deployment.metadata.generation),
+        "service": (service.spec.selector, service.metadata.owner_references,
+                    service.metadata.resource_version),
+        "role": (role.rules[0].resources, role.metadata.owner_references,
+                 role.metadata.resource_version),
+        "binding": ([s.name for s in binding.subjects], binding.metadata.owner_references,
+                    binding.metadata.resource_version),
+        "managers": sorted({m.manager for o in (service, role, binding, deployment)
+                            for m in o.metadata.managed_fields or []}),
+    }
+
+
+def test_names_taken_by_foreign_objects_are_degraded_not_taken_over(cluster_api: Any) -> None:
+    _victims(cluster_api)
+    before = _snapshot(cluster_api)
+    kube = Kube(cluster_api)
+    create_infd(cluster_api, NS, "web", _spec())
+    create_infd(cluster_api, NS, "bot", _spec(entrypoint="kvtune"))
+    create_infd(cluster_api, NS, "fine", _spec())  # no collision: its objects are made
+    for name, kind in (("web", "Service"), ("bot", "Deployment")):
+        result = rec.reconcile(get_infd(cluster_api, NS, name), kube=kube)
+        degraded = condition(get_infd(cluster_api, NS, name), "Degraded")
+        assert degraded is not None and degraded["status"] == "True", result.status
+        assert degraded["reason"] == "NameCollision"
+        message = degraded["message"]
+        assert f"{kind} {NS}/{name}-" in message and "kvtune did not create it" in message
+        assert "rename" in message  # the fix
+        # Again: still nothing taken over.
+        rec.reconcile(get_infd(cluster_api, NS, name), kube=kube)
+    assert _snapshot(cluster_api) == before
+    assert "kvtune" not in before["managers"]
+    # web's Deployment was not applied either: a pool's objects go all or nothing.
+    apps = client.AppsV1Api(cluster_api)
+    with pytest.raises(ApiException) as missing:
+        apps.read_namespaced_deployment("web-h100", NS)
+    assert missing.value.status == 404
+    assert rec.reconcile(get_infd(cluster_api, NS, "fine"), kube=kube).permanent_error is None
+    fine = apps.read_namespaced_deployment("fine-h100", NS)
+    assert [r.name for r in fine.metadata.owner_references or []] == ["fine"]
+
+    # Deleting the InferenceDeployments garbage-collects kvtune's objects only.
+    custom = client.CustomObjectsApi(cluster_api)
+    for name in ("web", "bot", "fine"):
+        custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
+
+    def collected() -> bool:
+        try:
+            apps.read_namespaced_deployment("fine-h100", NS)
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(collected, "the garbage collector to remove fine's Deployment", 90)
+    assert _snapshot(cluster_api) == before
