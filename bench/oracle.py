@@ -55,8 +55,8 @@ class Setting:
 SETTINGS = (
     Setting("compute-bound: 8B, H100, Azure at 5x", "azure",
             "meta-llama/Llama-3.1-8B-Instruct", "H100", "auto", 5.0, 2.0, 0.05),
-    Setting("memory-bound: 70B fp8, H200, Azure at 1.5x", "azure",
-            "meta-llama/Llama-3.3-70B-Instruct", "H200", "fp8", 1.5, 2.0, 0.1),
+    Setting("memory-bound: 70B fp8, H200, Azure at 0.75x", "azure",
+            "meta-llama/Llama-3.3-70B-Instruct", "H200", "fp8", 0.75, 2.0, 0.1),
     Setting("TTFT-binding: 8B, B200, Azure at 8x, TTFT 0.5 s", "azure",
             "meta-llama/Llama-3.1-8B-Instruct", "B200", "auto", 8.0, 0.5, 0.1),
     Setting("TPOT-binding: 70B fp8, H100 TP2, Azure at 2x, TPOT 40 ms", "azure",
@@ -66,7 +66,7 @@ SETTINGS = (
     Setting("long-context: 70B fp8, B200, Mooncake at 0.25x", "mooncake",
             "meta-llama/Llama-3.3-70B-Instruct", "B200", "fp8", 0.25, 10.0, 0.1),
 )
-REQUESTS = 1200
+REQUESTS = 800
 
 
 def _window(trace: Trace, n: int, speed: float) -> Trace:

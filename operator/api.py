@@ -655,6 +655,12 @@ class ExpectedStatus(_Status):
     concurrent_sequences_context_tokens: int
     decode_step_seconds: float | None = None
     prefix_hit_rate: float | None = None
+    # Predicted by the goodput search on the pool's observed traffic (tuner/planner/search):
+    # requests/s meeting both SLO targets, the fraction that do, the p95 latencies.
+    goodput_requests_per_second: float | None = None
+    slo_attainment: float | None = None
+    ttft_p95_seconds: float | None = None
+    tpot_p95_seconds: float | None = None
 
 
 PoolPhase = Literal["Applied", "Canary", "Recommended", "Unmanaged", "NoNodes", "Failed"]
@@ -720,6 +726,9 @@ class PoolStatus(_Status):
     rejected_plan_hash: str | None = None
     runtime: RuntimeStatus | None = None
     profile: ProfileStatus | None = None  # what this pool's plan was made for
+    # Set when the goodput search finds no configuration meeting the SLO at the observed
+    # rate: the attainment, the rate one replica sustains and the replicas needed.
+    slo_at_risk: str | None = None
 
 
 class TokenQuantilesStatus(_Status):

@@ -20,7 +20,12 @@ PROFILE_STALE = "ProfileStale"
 # Set from the runtime entrypoint's reports (spec.runtime.entrypoint: kvtune): whether the
 # pods run the plan as planned (operator/runtime_reports.py).
 RUNTIME_AS_PLANNED = "RuntimeAsPlanned"
-CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, PROFILE_STALE, RUNTIME_AS_PLANNED)
+# True when the goodput search predicts that no configuration meets the SLO at the observed
+# rate (the message has the numbers); set only once a pool's plan comes from the search.
+SLO_AT_RISK = "SLOAtRisk"
+SLO_PREDICTED_MET = "SLOPredictedMet"  # SLOAtRisk=False
+CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, PROFILE_STALE, RUNTIME_AS_PLANNED,
+                   SLO_AT_RISK)
 
 # Reasons.
 ALL_POOLS_APPLIED = "AllPoolsApplied"  # Ready=True: every pool's runtime carries its plan

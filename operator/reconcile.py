@@ -306,6 +306,21 @@ def _reconcile_locked(
         set_c(cond.READY, True, cond.ALL_POOLS_APPLIED,
               f"{len(outcomes)} pool(s) run their plan")
 
+    # The goodput search's prediction (pools planned on observed traffic): SLOAtRisk with
+    # the numbers, and an Event when it appears or its numbers change.
+    at_risk = " | ".join(f"{o.status.name}: {o.status.slo_at_risk}" for o in outcomes
+                         if o.status.slo_at_risk)
+    if at_risk:
+        was = cond.get_condition(previous.conditions, cond.SLO_AT_RISK)
+        set_c(cond.SLO_AT_RISK, True, cond.SLO_AT_RISK, at_risk)
+        if was is None or was.status != "True" or was.message != at_risk:
+            events.append(Event("Warning", cond.SLO_AT_RISK, at_risk))
+    elif any(o.status.expected is not None and o.status.expected.slo_attainment is not None
+             for o in outcomes):
+        set_c(cond.SLO_AT_RISK, False, cond.SLO_PREDICTED_MET,
+              "the goodput search predicts every searched pool meets the SLO at the observed "
+              "rate")
+
     # What other parts keep in status (the retune timer's part of status.profile, the
     # KV-quality evidence) stays as it is.
     status = previous.model_copy(update=dict(

@@ -295,7 +295,8 @@ def retune_once(
         for t in replan:
             assert t.observed is not None
             t.new_plan = plan_stage.plan_one_pool(spec, by_name[t.name], model, t.observed,
-                                                  policy, kv_evidence)
+                                                  policy, kv_evidence,
+                                                  running=plans.get(t.name))
             t.material, why = retune.plan_change_matters(plans.get(t.name), t.new_plan.plan)
             if t.material:
                 t.reason = retune.PLAN_CHANGED

@@ -31,7 +31,7 @@ from kvtune.operator.rollout import plan_checks
 from kvtune.operator.rollout.outcome import Event, PoolContext, PoolOutcome
 from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan, UnknownName
 from kvtune.tuner.kv_quality import KVQualityEvidence, KVQualityPolicy
-from kvtune.tuner.plan import PoolPlan
+from kvtune.tuner.plan import KVPlan, PoolPlan
 from kvtune.tuner.planner.policy import SLO, Pins, PlanPolicy
 from kvtune.tuner.units import GiB
 from kvtune.tuner.workload import WorkloadProfile
@@ -92,9 +92,15 @@ def resolve_model(spec: InferenceDeploymentSpec, namespace: str, kube: kapply.Ku
 
 def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
                   profile: WorkloadProfile, policy: PlanPolicy,
-                  kv_quality_evidence: KVQualityEvidence | None = None) -> PoolPlan:
+                  kv_quality_evidence: KVQualityEvidence | None = None,
+                  running: KVPlan | None = None) -> PoolPlan:
+    """The pool's plan: by the goodput search on traffic made from the observed profile
+    when Prometheus gave one with an arrival rate (the same function as ``kvtune plan``),
+    else by the planner's rules. ``running``: the plan the pool runs now (ties go to the
+    fewer changed knobs)."""
     from kvtune.tuner.facts.gpus import get_gpu_class
     from kvtune.tuner.planner.planning import PlanRequest, plan_pool
+    from kvtune.tuner.simulator.goodput_search import plan_by_goodput
 
     request = PlanRequest(
         model=model, gpu=get_gpu_class(pool.gpu_declaration),
@@ -102,8 +108,33 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         weights_dtype=spec.model.weights_dtype, profile=profile, policy=policy,
         vllm_version=spec.runtime.vllm_version, kv_quality_evidence=kv_quality_evidence,
     )
+    if profile.source == "prometheus" and profile.request_rate_per_second:
+        searched: PoolPlan = plan_by_goodput(request, running=running)
+        return searched
     result: PoolPlan = plan_pool(request)
     return result
+
+
+def running_plan(prev: PoolStatus | None) -> KVPlan | None:
+    """The plan a pool runs now, from its status (None: nothing yet, or a status an older
+    kvtune wrote)."""
+    if prev is None or prev.plan is None:
+        return None
+    try:
+        return KVPlan.model_validate(prev.plan.model_dump())
+    except ValueError:
+        return None
+
+
+def slo_at_risk(pool_plan: PoolPlan) -> str | None:
+    """The SLO-at-risk line with its numbers when the goodput search found no configuration
+    meeting the SLO at the observed rate."""
+    s = pool_plan.search
+    if s is None or s.slo_met or not s.slo_set:
+        return None
+    from kvtune.tuner.planner.search import slo_at_risk_message
+
+    return slo_at_risk_message(s)
 
 
 _PIN_FIELD = re.compile(r"\bpins\.([a-z_]+)")
@@ -154,7 +185,8 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
         pool_plan = inp.given if inp.given is not None else plan_one_pool(
             ctx.spec, pool, inp.model, inp.profile,
             calibration_flow.with_gate(inp.policy, gate) if gate is not None else inp.policy,
-            gate.evidence if gate is not None else None)
+            gate.evidence if gate is not None else None,
+            running=running_plan(ctx.base))
     except UnknownName as exc:
         return ctx.failed(cond.INVALID_SPEC, f"{ctx.field}.gpuClass: {exc}")
     except NoFeasiblePlan as exc:
@@ -183,6 +215,7 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
     status = base.model_copy(update={
         "gpu_class": pool_plan.gpu_class, "plan": knobs, "expected": expected,
         "reasons": reasons, "warnings": list(pool_plan.warnings),
+        "slo_at_risk": slo_at_risk(pool_plan),
         "vllm_args": vllm_args(render_input),
         "plan_hash": hash_, "revision": revision, "message": "", "profile": inp.profile_used,
     })

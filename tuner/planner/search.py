@@ -8,15 +8,17 @@ second that meet both their TTFT and TPOT targets (DistServe's definition), as a
 ``GoodputScorer`` (the simulator, replaying the pool's own traffic) predicts them.
 
 1. **Candidates.** KV dtype (the widest allowed dtype of each precision class vLLM runs for
-   this attention on this GPU, never below the quality floor) x max-num-seqs (around the
-   concurrency the traffic needs by Little's law: arrival rate x the time a request spends
-   in the engine at the SLO, and the rule-based plan's) x max-num-batched-tokens (2K to
-   16K, and the rule's); then block size (sizes the backend accepts) for the best few.
-   Memory fraction, max-model-len, prefix caching and CPU offload stay as the rules chose
-   them: more KV memory never lowers goodput in the simulator, and it does not model
-   offload or the hash cost of prefix caching. A pin fixes its knob.
-2. **Successive halving.** Every candidate replays a short prefix of the traffic; the best
-   third (by the order below) goes on to a 3x longer one, and so on up to the full sample.
+   this attention on this GPU, never below the quality floor, only where the KV-quality
+   gate allows) x max-num-seqs (the concurrency the traffic needs by Little's law, arrival
+   rate x the time a request spends in the engine at the SLO, 4x that, and the rules') x
+   max-num-batched-tokens (2K, 8K, 16K and the rules'); then block size (the sizes the
+   backend accepts) for the best one. Memory fraction, max-model-len, prefix caching and
+   CPU offload stay as the rules chose them: more KV memory never lowers goodput in the
+   simulator, and it does not model offload or the hash cost of prefix caching. A pin
+   fixes its knob.
+2. **Successive halving.** Every candidate replays a short prefix of the traffic (100
+   requests); the best third (by the order below) and the best candidate for every value of
+   every knob go on to a 3x longer one, and so on up to the full sample (800).
    Deterministic: the traffic is made once (seeded) and candidates are taken in a fixed
    order.
 3. **The order.** Higher goodput wins; goodputs within ``GOODPUT_TIE`` of the best are a tie
@@ -62,9 +64,9 @@ GOODPUT_TIE = 0.02
 # The targets are p95 targets: the SLO holds when 95% of the requests meet both.
 SLO_ATTAINMENT = 0.95
 # max-num-batched-tokens candidates besides the rule's (vLLM's defaults are 2K/8K/16K).
-BATCHED_TOKENS = (2048, 4096, 8192, 16384)
+BATCHED_TOKENS = (2048, 8192, 16384)
 # Rung sizes of the successive halving, in requests of the traffic (the last: everything).
-RUNGS = (150, 450, 1200)
+RUNGS = (100, 300, 800)
 KEEP_FRACTION = 3  # keep the best third at each rung
 # Block sizes tried for the best few after the first pass.
 BLOCK_FINALISTS = 1
@@ -209,8 +211,7 @@ def _candidates(run: PlanRun, base: KVPlan, rate: float, settings: SearchSetting
     if pins.max_num_seqs is not None:
         seqs = [pins.max_num_seqs]
     else:
-        seqs = sorted({_round8(little), _round8(2 * little), _round8(4 * little),
-                       base.max_num_seqs})
+        seqs = sorted({_round8(little), _round8(4 * little), base.max_num_seqs})
     if pins.max_num_batched_tokens is not None:
         batched = [pins.max_num_batched_tokens]
     else:
@@ -271,10 +272,15 @@ def _promote(ranked: Sequence[_Scored]) -> list[KVPlan]:
     budget can lose on 450 requests and win on 1,200): no value of a knob is dropped on a
     short stream alone."""
     k = max(2, math.ceil(len(ranked) / KEEP_FRACTION))
-    out = [x.plan for x in ranked[:k]]
+    # By goodput alone (then capacity): the tie rules (precision, stability) decide only
+    # among the finalists; applied here they would promote a tied 16-bit candidate over
+    # the fp8 one with the same other knobs, which may pull ahead on the longer stream.
+    by_goodput = sorted(ranked, key=lambda x: (-x.score.goodput_requests_per_second,
+                                               -x.score.throughput_requests_per_second))
+    out = [x.plan for x in by_goodput[:k]]
     for knob in _SEARCHED:
         champions: dict[object, KVPlan] = {}
-        for x in ranked:  # best first
+        for x in by_goodput:  # best first
             champions.setdefault(getattr(x.plan, knob), x.plan)
         out += [p for p in champions.values() if p not in out]
     return out

@@ -39,7 +39,7 @@ from kvtune.tuner.simulator.workload import SimRequest, requests_from_trace
 from kvtune.tuner.traces import Trace
 
 # Requests replayed by the finalists (the last rung of the successive halving).
-TRAFFIC_REQUESTS = 1200
+TRAFFIC_REQUESTS = 800
 _CACHE_SIZE = 64
 
 

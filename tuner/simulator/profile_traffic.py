@@ -153,21 +153,30 @@ def shape_of(profile: WorkloadProfile, rate_per_second: float | None = None,
         raise InvalidInput("profile.request_rate_per_second", rate,
                            "traffic needs an arrival rate > 0; observe one or declare it")
     cv = profile.arrival_cv if profile.arrival_cv is not None else 1.0
-    base = TrafficShape(rate, cv, profile.shared_prefix_tokens, 1)
     target = profile.prefix_hit_rate
     if target is None:
         return TrafficShape(rate, cv, profile.shared_prefix_tokens,
                             4 if profile.multi_turn else 1)
-    best, best_err = base, math.inf
-    for turns in range(1, MAX_TURNS + 1):
-        cand = TrafficShape(rate, cv, profile.shared_prefix_tokens, turns)
-        got = ideal_prefix_hit_rate(_make(profile, cand, _CALIBRATION_REQUESTS, seed), 16)
-        err = abs(got - target)
-        if err < best_err:
-            best, best_err = cand, err
-        if got > target:
-            break  # the hit rate grows with the turns: past the target, stop
-    return best
+    hits: dict[int, float] = {}
+
+    def hit(turns: int) -> float:
+        if turns not in hits:
+            cand = TrafficShape(rate, cv, profile.shared_prefix_tokens, turns)
+            hits[turns] = ideal_prefix_hit_rate(
+                _make(profile, cand, _CALIBRATION_REQUESTS, seed), 16)
+        return hits[turns]
+
+    # The hit rate grows with the turns: bisect for the first that reaches the target,
+    # then take it or the one before, whichever is closer.
+    lo, hi = 1, MAX_TURNS
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if hit(mid) >= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    best = min({max(1, lo - 1), lo}, key=lambda t: (abs(hit(t) - target), t))
+    return TrafficShape(rate, cv, profile.shared_prefix_tokens, best)
 
 
 def traffic_from_profile(profile: WorkloadProfile, num_requests: int, seed: int = 0,

@@ -1,0 +1,51 @@
+"""The operator plans a pool with the goodput search (the same ``plan_by_goodput`` as
+``kvtune plan``) when Prometheus gave a profile with an arrival rate; status carries the
+predicted goodput and attainment, and an SLO no configuration meets is said with numbers."""
+
+from __future__ import annotations
+
+import copy
+
+from op_samples import SAMPLE_SPEC
+
+from kvtune.operator.api import InferenceDeploymentSpec
+from kvtune.operator.rollout import plan as rec
+from kvtune.tuner.planner.policy import SLO
+from kvtune.tuner.planner.presets import preset_profile
+
+
+def _spec() -> InferenceDeploymentSpec:
+    body = copy.deepcopy(SAMPLE_SPEC)
+    body["pools"] = [{"gpuClass": "H200", "replicas": 1}]
+    return InferenceDeploymentSpec.model_validate(body)
+
+
+def test_an_observed_profile_is_planned_by_goodput_and_status_shows_the_prediction() -> None:
+    spec = _spec()
+    (pool,) = spec.pools
+    model = rec.resolve_model(spec, "llm", None)
+    policy = rec.policy_for(spec)
+    declared = preset_profile("chat").model_copy(update={"request_rate_per_second": 2.0})
+    observed = declared.model_copy(update={"source": "prometheus"})
+    by_rules = rec.plan_one_pool(spec, pool, model, declared, policy)
+    assert by_rules.search is None  # a declared profile is planned by the rules
+    searched = rec.plan_one_pool(spec, pool, model, observed, policy, running=by_rules.plan)
+    assert searched.search is not None and searched.search.changed_from == "running plan"
+    _, expected, _ = rec.plan_status(searched)
+    assert expected.goodput_requests_per_second == searched.search.goodput_requests_per_second
+    assert expected.slo_attainment is not None and 0.0 <= expected.slo_attainment <= 1.0
+    assert rec.slo_at_risk(searched) is None or not searched.search.slo_met
+
+
+def test_an_slo_no_configuration_meets_is_at_risk_with_numbers() -> None:
+    spec = _spec()
+    (pool,) = spec.pools
+    model = rec.resolve_model(spec, "llm", None)
+    policy = rec.policy_for(spec).model_copy(update={
+        "slo": SLO(ttft_p95_seconds=0.05, tpot_p95_seconds=0.03)})
+    observed = preset_profile("rag").model_copy(update={
+        "source": "prometheus", "request_rate_per_second": 5.0})
+    plan = rec.plan_one_pool(spec, pool, model, observed, policy)
+    message = rec.slo_at_risk(plan)
+    assert message is not None and message.startswith("SLO at risk")
+    assert "req/s" in message and "%" in message
