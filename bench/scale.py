@@ -56,6 +56,16 @@ def _rss_bytes(pid: int) -> int:
     return 0
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` so far (on a shared machine, what the operator itself
+    spent, whatever its wall clock)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _request_counts(api: Any) -> Counter[str]:
     """apiserver_request_total summed by verb, from the apiserver's /metrics."""
     response = api.call_api("GET", f"{api.configuration.host}/metrics")
@@ -107,9 +117,12 @@ def _wait_ready(custom: Any, names: set[str], timeout_s: float, operator: subpro
 def run(n: int, timeout_s: float, workers: int) -> int:
     from kubernetes import client
 
+    from kvtune.e2e import cluster as e2e_cluster
     from kvtune.e2e.cluster import LocalCluster
     from kvtune.e2e.gpu_nodes import NodePool
 
+    # One Service per object: the tests' /24 service range holds 254 (a /16, 65,534).
+    e2e_cluster.SERVICE_CIDR = "10.0.0.0/16"
     load_before = os.getloadavg()
     gpus_per_node = 100
     nodes = math.ceil((n + 1) / gpus_per_node)
@@ -145,6 +158,7 @@ def run(n: int, timeout_s: float, workers: int) -> int:
                 print("\n".join(log.read_text().splitlines()[-30:]))
                 return 1
             rss_idle = _rss_bytes(operator.pid)
+            cpu_before = _cpu_seconds(operator.pid)
             names = {f"bench-{i:04d}" for i in range(n)}
             before = _request_counts(api)
             started = time.monotonic()
@@ -155,6 +169,7 @@ def run(n: int, timeout_s: float, workers: int) -> int:
             elapsed = time.monotonic() - started
             after = _request_counts(api)
             rss_end = _rss_bytes(operator.pid)
+            cpu = _cpu_seconds(operator.pid) - cpu_before
         finally:
             stop.set()
             operator.terminate()
@@ -181,6 +196,8 @@ def run(n: int, timeout_s: float, workers: int) -> int:
         print(f"  operator RSS: peak {peak[0] / 1e6:.0f} MB, idle with 1 object "
               f"{rss_idle / 1e6:.0f} MB, at the end {rss_end / 1e6:.0f} MB "
               f"(goal < {GOAL_RSS_BYTES / 1e6:.0f} MB: {peak[0] / GOAL_RSS_BYTES:.2f}x)")
+        print(f"  operator CPU: {cpu:.1f} s for the {n} objects ({1000 * cpu / n:.0f} ms each; "
+              f"{cpu / elapsed:.0%} of one core over {elapsed:.0f} s)")
         print(f"  API requests (apiserver_request_total, all clients): {total} in "
               f"{elapsed:.0f} s = {total / elapsed:.0f}/s; by verb: " + ", ".join(
                   f"{verb} {count}" for verb, count in delta.most_common()))

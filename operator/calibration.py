@@ -238,6 +238,16 @@ def report_config_map(*, name: str, namespace: str, model: str, revision: str,
     }
 
 
+def owned_by(obj: Mapping[str, Any] | None, uid: str | None) -> Mapping[str, Any] | None:
+    """``obj`` when its controller owner is the object with ``uid``, else None."""
+    if obj is None or uid is None:
+        return None
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("uid") == uid:
+            return obj
+    return None
+
+
 def report_from_config_map(config_map: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if config_map is None:
         return None

@@ -175,8 +175,10 @@ def prepare(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeploymen
     gate = Gate(model=model, revision=revision, config_map=calibration.cache_name(
         model, revision), quality=quality)
     try:
-        cached = calibration.report_from_config_map(_read_config_map(kube, namespace,
-                                                                      gate.config_map))
+        # Only a report this InferenceDeployment wrote counts: a ConfigMap of that name made
+        # by anyone else must not vouch for a dtype.
+        cached = calibration.report_from_config_map(calibration.owned_by(
+            _read_config_map(kube, namespace, gate.config_map), meta.get("uid")))
         jobs = _jobs(kube, namespace, name) if quality.calibration.enabled else []
     except ApiException as exc:
         # E.g. an older chart without the Job/ConfigMap rights: plan without the cache.
@@ -185,6 +187,7 @@ def prepare(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeploymen
     report = cached
     reports_cm = _read_config_map(kube, namespace, calibration.RUNTIME_REPORTS_CONFIG_MAP) \
         if jobs else None
+    jobs = [j for j in jobs if calibration.owned_by(j, meta.get("uid")) is not None]
     for job in jobs:
         notes = (job.get("metadata") or {}).get("annotations") or {}
         if (notes.get(calibration.ANNOTATION_MODEL), notes.get(

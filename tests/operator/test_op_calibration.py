@@ -169,6 +169,15 @@ def test_the_cache_keeps_every_dtype_measured_for_the_revision() -> None:
     assert status.checkpoint_kv_scales == "no calibrated KV scales: vLLM uses 1.0 for fp8"
 
 
+def test_only_objects_this_deployment_owns_count() -> None:
+    mine = {"metadata": {"ownerReferences": [{"uid": "u1", "controller": True}]}}
+    forged = {"metadata": {"ownerReferences": [{"uid": "u2", "controller": True}]}}
+    assert calibration.owned_by(mine, "u1") is mine
+    assert calibration.owned_by(forged, "u1") is None
+    assert calibration.owned_by({"metadata": {}}, "u1") is None
+    assert calibration.owned_by(mine, None) is None
+
+
 def test_the_retune_timer_sees_the_gate_from_status() -> None:
     from op_samples import SAMPLE_SPEC
 

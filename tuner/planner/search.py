@@ -272,10 +272,15 @@ def _promote(ranked: Sequence[_Scored]) -> list[KVPlan]:
     budget can lose on 450 requests and win on 1,200): no value of a knob is dropped on a
     short stream alone."""
     k = max(2, math.ceil(len(ranked) / KEEP_FRACTION))
-    out = [x.plan for x in ranked[:k]]
+    # By goodput alone (then capacity): the tie rules (precision, stability) decide only
+    # among the finalists; applied here they would promote a tied 16-bit candidate over
+    # the fp8 one with the same other knobs, which may pull ahead on the longer stream.
+    by_goodput = sorted(ranked, key=lambda x: (-x.score.goodput_requests_per_second,
+                                               -x.score.throughput_requests_per_second))
+    out = [x.plan for x in by_goodput[:k]]
     for knob in _SEARCHED:
         champions: dict[object, KVPlan] = {}
-        for x in ranked:  # best first
+        for x in by_goodput:  # best first
             champions.setdefault(getattr(x.plan, knob), x.plan)
         out += [p for p in champions.values() if p not in out]
     return out
