@@ -17,7 +17,7 @@ from kvtune.e2e.gpu_nodes import DEFAULT_POOLS, GPU_CLASSES
 pytestmark = pytest.mark.cluster
 
 
-def wait_until(what: str, condition: Callable[[], Any], timeout_seconds: float = 90.0) -> Any:
+def wait_until(what: str, condition: Callable[[], Any], timeout_seconds: float = 180.0) -> Any:
     deadline = time.monotonic() + timeout_seconds
     while True:
         value = condition()

@@ -145,6 +145,20 @@ def test_objects_are_applied_and_switched_off_on_the_apiserver(local_cluster: An
                                                      plural)["items"]
         return {i["metadata"]["name"] for i in items}
 
+    def served() -> bool:
+        try:
+            names("podmonitors")
+            names("prometheusrules")
+        except ApiException:
+            return False
+        return True
+
+    # Both CRDs served before the first sync: a PrometheusRule apply answered 404 (its CRD
+    # not served yet) is taken as "no Prometheus operator", and the rules' digest remembered.
+    deadline = time.monotonic() + 60
+    while not served():
+        assert time.monotonic() < deadline, "the monitoring CRDs were never served"
+        time.sleep(0.5)
     body = _body({"prometheusRule": {"labels": {"release": "kps"}}})
     deadline = time.monotonic() + 60
     while True:  # the CRDs become served a moment after they are created
