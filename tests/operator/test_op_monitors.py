@@ -164,9 +164,12 @@ def test_objects_are_applied_and_switched_off_on_the_apiserver(local_cluster: An
     while True:  # the CRDs become served a moment after they are created
         memo: dict[str, Any] = {}
         sync_alert_rules(kube, body, memo)
-        if "alert_rules_digest" in memo and names("podmonitors") == {"bot-h200", "bot-h100"}:
+        # A CRD just created can answer 404 to an apply for a moment after it lists: the
+        # loop re-syncs (a fresh memo each time) until both kinds hold kvtune's objects.
+        if "alert_rules_digest" in memo and names("podmonitors") == {"bot-h200", "bot-h100"} \
+                and names("prometheusrules") == {f"{NAME}-kvtune"}:
             break
-        assert time.monotonic() < deadline, "PodMonitors never applied"
+        assert time.monotonic() < deadline, "PodMonitors or the PrometheusRule never applied"
         time.sleep(0.5)
     rule = custom.get_namespaced_custom_object("monitoring.coreos.com", "v1", NS,
                                                "prometheusrules", f"{NAME}-kvtune")
