@@ -265,18 +265,23 @@ def _watch_inventory(memo: kopf.Memo, stop: threading.Event) -> None:
     """Reconcile every InferenceDeployment when the inventory has changed and then held still
     for one period (the initial node listing arrives as a burst of events). Direct, not via
     kopf: a create handler waiting out a TemporaryError delay would not see an update."""
+    first_seen: str | None = None
     last_seen: str | None = None
     applied: str | None = None
     while not stop.wait(INVENTORY_PERIOD_SECONDS):
         with memo.inventory_lock:
             digest = _digest(memo.inventory)
+        if first_seen is None:
+            first_seen = digest
         if digest != last_seen:
             last_seen = digest
             continue
         if digest == applied:
             continue
-        if applied is None:
-            # The first inventory after a start: resume handlers reconcile everything anyway.
+        if applied is None and digest == first_seen:
+            # The inventory the operator started with: resume handlers reconcile everything.
+            # A node that came while it settled is a change (a create handler may already be
+            # waiting out its no-nodes delay), so that case falls through and reconciles.
             applied = digest
             continue
         LOG.info("GPU inventory is now %s: reconciling InferenceDeployments", digest or "-")
