@@ -15,7 +15,7 @@ from op_samples import SAMPLE_SPEC, make_pool_plan
 from kvtune.operator import monitors
 from kvtune.operator.render import RenderInput, render_pool
 
-NS, NAME = "llm", "bot"
+NS, NAME = "op-monitors", "bot"
 
 
 def _body(monitoring: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -119,6 +119,7 @@ def _crd(kind: str, plural: str) -> dict[str, Any]:
 def test_objects_are_applied_and_switched_off_on_the_apiserver(local_cluster: Any) -> None:
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
+    from op_cluster_helpers import create_infd, get_infd, install_crd
 
     from kvtune.operator import apply as kapply
     from kvtune.operator.retune_handlers import sync_alert_rules
@@ -139,6 +140,20 @@ def test_objects_are_applied_and_switched_off_on_the_apiserver(local_cluster: An
             raise
     kube = kapply.Kube(api)
     custom = client.CustomObjectsApi(api)
+    # A real owner: the garbage collector deletes objects whose owner reference names an
+    # InferenceDeployment that does not exist (once it watches their kind).
+    install_crd(api)
+    try:
+        create_infd(api, NS, NAME, _body()["spec"])
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    uid = get_infd(api, NS, NAME)["metadata"]["uid"]
+
+    def owned(monitoring: dict[str, Any]) -> dict[str, Any]:
+        body = _body(monitoring)
+        body["metadata"]["uid"] = uid
+        return body
 
     def names(plural: str) -> set[str]:
         items = custom.list_namespaced_custom_object("monitoring.coreos.com", "v1", NS,
@@ -159,7 +174,7 @@ def test_objects_are_applied_and_switched_off_on_the_apiserver(local_cluster: An
     while not served():
         assert time.monotonic() < deadline, "the monitoring CRDs were never served"
         time.sleep(0.5)
-    body = _body({"prometheusRule": {"labels": {"release": "kps"}}})
+    body = owned({"prometheusRule": {"labels": {"release": "kps"}}})
     deadline = time.monotonic() + 60
     while True:  # the CRDs become served a moment after they are created
         memo: dict[str, Any] = {}
@@ -178,7 +193,7 @@ def test_objects_are_applied_and_switched_off_on_the_apiserver(local_cluster: An
     custom.create_namespaced_custom_object("monitoring.coreos.com", "v1", NS, "podmonitors", {
         "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
         "metadata": {"name": "someone-elses", "namespace": NS}, "spec": {}})
-    sync_alert_rules(kube, _body({"scrape": {"enabled": False},
+    sync_alert_rules(kube, owned({"scrape": {"enabled": False},
                                   "prometheusRule": {"enabled": False}}), memo)
     assert names("podmonitors") == {"someone-elses"}
     assert names("prometheusrules") == set()
