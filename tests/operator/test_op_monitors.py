@@ -168,8 +168,7 @@ def test_objects_are_applied_and_switched_off_on_the_apiserver(local_cluster: An
             return False
         return True
 
-    # Both CRDs served before the first sync: a PrometheusRule apply answered 404 (its CRD
-    # not served yet) is taken as "no Prometheus operator", and the rules' digest remembered.
+    # Both CRDs served before the first sync (a 404 is retried only after a backoff).
     deadline = time.monotonic() + 60
     while not served():
         assert time.monotonic() < deadline, "the monitoring CRDs were never served"
