@@ -371,25 +371,63 @@ def retune_once(
                          events=[RetuneEvent(event_type, f"Retune{reason}", message)])
 
 
-def sync_alert_rules(kube: kapply.Kube, body: Mapping[str, Any], memo: Any) -> None:
+def sync_alert_rules(kube: kapply.Kube, body: Mapping[str, Any], memo: Any,
+                     *, now_seconds: float | None = None) -> None:
     """Apply the deployment's PrometheusRule and its pools' PodMonitors/ServiceMonitors when
     their rendering changed, and delete the ones spec.monitoring switched off (best effort:
-    a monitoring problem is logged, it never stops profiling or re-tuning)."""
+    a monitoring problem is logged, it never stops profiling or re-tuning).
+
+    The rendering's digest is remembered only once every object was applied: an apply the
+    API server answered 404 (its CRD not installed, or not served yet: the Prometheus
+    operator may come after kvtune) or refused is tried again after ``INTERVAL_SECONDS`` x 2^n
+    (at most ``MAX_BACKOFF_SECONDS``), and at once when the rendering changes."""
+    now = time.time() if now_seconds is None else now_seconds
     try:
         objects, unwanted = alert_rules.rendered_objects(body)
-        digest = alert_rules.digest([objects, unwanted])
-        if memo.get("alert_rules_digest") == digest:
-            return
-        namespace = body["metadata"]["namespace"]
+    except Exception:  # a spec the reconcile reports on; nothing to apply
+        LOG.exception("cannot render the monitoring objects")
+        return
+    digest = alert_rules.digest([objects, unwanted])
+    if memo.get("alert_rules_digest") == digest:
+        return
+    retry: _AlertRulesRetry | None = memo.get("alert_rules_retry")
+    if retry is not None and retry.digest == digest and now < retry.next_attempt:
+        return
+    namespace = body["metadata"]["namespace"]
+    try:
         for kind, name in unwanted:
             if alert_rules.delete_object(kube, namespace, kind, name):
                 LOG.info("deleted %s %s/%s (switched off)", kind, namespace, name)
+        skipped = []
         for obj in objects:
             if alert_rules.apply_object(kube, obj):
                 LOG.info("applied %s %s/%s", obj["kind"], namespace, obj["metadata"]["name"])
-        memo["alert_rules_digest"] = digest
-    except Exception:
-        LOG.exception("cannot render or apply the monitoring objects")
+            else:
+                skipped.append(obj["kind"])
+    except Exception as exc:
+        LOG.exception("cannot apply the monitoring objects")
+        why = f"{type(exc).__name__}: {exc}"
+    else:
+        if not skipped:
+            memo["alert_rules_digest"] = digest
+            memo.pop("alert_rules_retry", None)
+            return
+        why = (f"the API server does not serve {', '.join(sorted(set(skipped)))} "
+               f"(monitoring.coreos.com: no Prometheus operator yet)")
+    failures = retry.failures + 1 if retry is not None and retry.digest == digest else 1
+    delay = min(INTERVAL_SECONDS * 2 ** (failures - 1), MAX_BACKOFF_SECONDS)
+    memo["alert_rules_retry"] = _AlertRulesRetry(digest, failures, now + delay)
+    LOG.info("monitoring objects of %s/%s not all applied (%s); next try in %.0fs",
+             namespace, body["metadata"]["name"], why, delay)
+
+
+@dataclass(frozen=True)
+class _AlertRulesRetry:
+    """When to try the monitoring objects of one rendering (``digest``) again."""
+
+    digest: str
+    failures: int
+    next_attempt: float
 
 
 @dataclass
