@@ -133,6 +133,9 @@ class _PoolTick:
     message: str
     state: RetuneState
     material: bool = False
+    # The re-plan on ``observed`` gave the running plan exactly: the observed profile becomes
+    # the pool's basis (drift is measured from it from now on) and nothing rolls out.
+    adopted: bool = False
     new_plan: PoolPlan | None = None  # planned on ``observed`` when the decision is replan
 
     def status(self) -> api.RetunePoolStatus:
@@ -292,37 +295,52 @@ def retune_once(
         kv_policy, kv_evidence = calibration_flow.from_status(spec, previous.kv_quality)
         policy = plan_stage.policy_for(spec).model_copy(update={"kv_quality": kv_policy})
         by_name = {p.pool_name: p for p in spec.pools}
+        index = {p.pool_name: i for i, p in enumerate(spec.pools)}
         for t in replan:
             assert t.observed is not None
             t.new_plan = plan_stage.plan_one_pool(spec, by_name[t.name], model, t.observed,
                                                   policy, kv_evidence,
-                                                  running=plans.get(t.name))
+                                                  running=plans.get(t.name),
+                                                  pool_field=f"spec.pools[{index[t.name]}]")
             t.material, why = retune.plan_change_matters(plans.get(t.name), t.new_plan.plan)
             if t.material:
                 t.reason = retune.PLAN_CHANGED
                 t.message = f"{t.decision.message}; new plan: {', '.join(why)}"
                 t.state = RetuneState(drift_since_seconds=None, last_rollout_seconds=now)
+            elif plans.get(t.name) == t.new_plan.plan:
+                # Without adopting the profile, drift from the old basis would stay above the
+                # threshold and the pool would be re-planned every dwell time for ever.
+                t.adopted = True
+                t.reason = retune.PLAN_UNCHANGED
+                t.message = (f"{t.decision.message}; the plan for the observed traffic is the "
+                             f"running one: the observed profile is now the plan's basis; "
+                             f"nothing rolled out")
+                t.state = RetuneState(drift_since_seconds=None,
+                                      last_rollout_seconds=t.state.last_rollout_seconds)
             else:
                 t.reason = retune.PLAN_UNCHANGED
                 t.message = (f"{t.decision.message}; the new plan differs only by noise: "
                              f"{', '.join(why)}; nothing rolled out")
-                # Look again after another dwell time rather than re-plan every tick.
+                # Look again after another dwell time rather than re-plan every tick. The
+                # basis stays: adopting it would re-plan to the noisy plan on a restart.
                 t.state = t.state.model_copy(update={"drift_since_seconds": now,
                                                      "stable_since_seconds": now})
-    if any(t.material for t in ticks):
+    if any(t.material or t.adopted for t in ticks):
         # Every pool is passed: a re-planned pool its observed profile, the others the one
         # behind their running plan (so they keep it: a pool that did not drift is not
         # re-planned).
         outcome = rec.reconcile(
             body, kube=kube, profile=wide,
-            profiles={t.name: t.observed if t.material and t.observed else t.baseline
-                      for t in ticks},
-            profile_scopes={t.name: t.choice.scope if t.material else t.baseline_scope
-                            for t in ticks},
-            # The plan stage ran once for each re-planned pool: reconcile applies that plan.
-            plans={t.name: t.new_plan for t in ticks if t.material and t.new_plan},
+            profiles={t.name: t.observed if (t.material or t.adopted) and t.observed
+                      else t.baseline for t in ticks},
+            profile_scopes={t.name: t.choice.scope if t.material or t.adopted
+                            else t.baseline_scope for t in ticks},
+            # The plan stage ran once for each re-planned pool: reconcile applies that plan
+            # (an adopted one has the running plan's hash: same revision, no new pods).
+            plans={t.name: t.new_plan for t in ticks
+                   if (t.material or t.adopted) and t.new_plan},
             profile_window=prom.window)
-        rolled_out = True
+        rolled_out = any(t.material for t in ticks)
         if outcome.permanent_error:
             event_type = "Warning"
             for t in ticks:
