@@ -279,8 +279,8 @@ def test_rbac_grants_exactly_what_docs_rbac_lists(helm: Path, namespaced: bool) 
     for doc in by_kind(docs, "ClusterRole") + by_kind(docs, "Role"):
         if "aggregate-to" in str(doc["metadata"].get("labels")):
             continue  # the view/edit roles for people, not the operator's
-        if doc["metadata"]["name"] == "kvtune-runtime-reporter":
-            continue  # the runtime pods', not the operator's
+        if doc["metadata"]["name"] in ("kvtune-runtime-reporter", "kvtune-endpoint-picker"):
+            continue  # the runtime pods' and the endpoint pickers', not the operator's
         for rule in doc["rules"]:
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
@@ -327,7 +327,8 @@ def test_calibration_is_granted_per_runtime_namespace_never_cluster_wide(
 
     assert [r for r in rules_of(docs, "ClusterRole") if writes_jobs_or_configmaps(r)] == []
     granted = {d["metadata"]["namespace"] for d in by_kind(docs, "Role")
-               if d["metadata"]["name"] != "kvtune-runtime-reporter"
+               if d["metadata"]["name"] not in ("kvtune-runtime-reporter",
+                                                "kvtune-endpoint-picker")
                and any(writes_jobs_or_configmaps(r) for r in d["rules"])}
     assert granted == namespaces
     routed = rules_of(render(helm, *args, "--set", "routing.enabled=true"),
