@@ -111,6 +111,15 @@ def test_default_render(helm: Path) -> None:
     assert by_kind(render(helm, "--set", "replicaCount=1"), "PodDisruptionBudget") == []
 
 
+def test_gpu_prices_reach_the_operator(helm: Path) -> None:
+    # (helm's --set reads 2.49 as a string; a values file or --set-json gives numbers)
+    docs = render(helm, "--set-json", 'gpuPrices={"H100": 2.49, "A100-80GB": 1.1}')
+    (deploy,) = by_kind(docs, "Deployment")
+    args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [a for a in args if a.startswith("--gpu-price")] == [
+        "--gpu-price=A100-80GB=1.1", "--gpu-price=H100=2.49"]
+
+
 def test_namespaced_mode_uses_roles(helm: Path) -> None:
     docs = render(helm, *NAMESPACED)
     (deploy,) = by_kind(docs, "Deployment")
@@ -159,6 +168,8 @@ def test_names_are_cut_to_63_characters(helm: Path) -> None:
      "at '/operator/namespaced': got string, want boolean"),
     (["--set", "operator.metricsPort=70000"], "at '/operator/metricsPort': maximum"),
     (["--set", "operator.watchNamespaces={Bad_NS}"], "/operator/watchNamespaces/0"),
+    (["--set", "gpuPrices.H100=-1"], "/gpuPrices/H100"),
+    (["--set-string", "gpuPrices.H100=cheap"], "/gpuPrices/H100"),
 ])
 def test_schema_rejects_unknown_keys_and_bad_types(
     helm: Path, args: list[str], complaint: str

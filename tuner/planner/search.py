@@ -42,6 +42,7 @@ from typing import Literal, Protocol
 from kvtune.tuner import kv_quality
 from kvtune.tuner.plan import (
     ExpectedFigures,
+    FrontPoint,
     KVPlan,
     PoolPlan,
     Reason,
@@ -88,6 +89,7 @@ class GoodputScore:
     requests: int  # how many requests were replayed
     preemptions: int = 0
     prefix_hit_rate: float = 0.0
+    output_tokens_per_second: float = 0.0  # output tokens served per second (the cost base)
     starts: bool = True  # False: vLLM would not start it (no figures)
 
 
@@ -421,8 +423,55 @@ def search(
             )
             for x in ranked[1:1 + settings.alternatives]
         ),
+        output_tokens_per_second=best.score.output_tokens_per_second,
+        front=pareto_front(ranked, best, request),
     )
     return _pool_plan(run, base_pool, best, summary, ranked)
+
+
+def _dominates(a: FrontPoint, b: FrontPoint) -> bool:
+    """``a`` is at least as good as ``b`` on every axis and better on one."""
+    ge = (a.goodput_requests_per_second >= b.goodput_requests_per_second
+          and a.output_tokens_per_second >= b.output_tokens_per_second
+          and a.latency_vs_slo <= b.latency_vs_slo)
+    gt = (a.goodput_requests_per_second > b.goodput_requests_per_second
+          or a.output_tokens_per_second > b.output_tokens_per_second
+          or a.latency_vs_slo < b.latency_vs_slo)
+    return ge and gt
+
+
+def pareto_front(ranked: Sequence[_Scored], best: _Scored, request: PlanRequest
+                 ) -> tuple[FrontPoint, ...]:
+    """The configurations scored on the full stream that no other dominates on goodput,
+    output tokens per second (on one GPU class, cost per token is its hourly price over
+    that) and latency against the SLO; the chosen one is always listed, flagged when a tie
+    rule (precision, stability) chose it over a point that dominates it. Best goodput first;
+    of points with the same figures, the first in the search's order."""
+    points = [FrontPoint(
+        vllm_args=tuple(x.plan.vllm_args()), chosen=x is best, on_front=True,
+        goodput_requests_per_second=x.score.goodput_requests_per_second,
+        slo_attainment=x.score.slo_attainment,
+        output_tokens_per_second=x.score.output_tokens_per_second,
+        ttft_p95_seconds=x.score.ttft_p95_seconds, tpot_p95_seconds=x.score.tpot_p95_seconds,
+        latency_vs_slo=-_slack(x.score, request),
+    ) for x in ranked]
+    out: list[FrontPoint] = []
+    for i, p in enumerate(points):
+        dominated = any(_dominates(q, p) for q in points)
+        duplicate = any(_same_figures(q, p) for q in points[:i])
+        if p.chosen:
+            out.append(p.model_copy(update={"on_front": not dominated}))
+        elif not dominated and not duplicate:
+            out.append(p)
+    out.sort(key=lambda p: (-p.goodput_requests_per_second, -p.output_tokens_per_second,
+                            p.latency_vs_slo))
+    return tuple(out)
+
+
+def _same_figures(a: FrontPoint, b: FrontPoint) -> bool:
+    return (a.goodput_requests_per_second == b.goodput_requests_per_second
+            and a.output_tokens_per_second == b.output_tokens_per_second
+            and a.latency_vs_slo == b.latency_vs_slo)
 
 
 def _sustainable_scale(book: _Book, plan: KVPlan, n: int, settings: SearchSettings,
@@ -552,6 +601,7 @@ __all__ = [
     "changed_knobs",
     "grid",
     "littles_law_sequences",
+    "pareto_front",
     "search",
     "slo_at_risk_message",
 ]

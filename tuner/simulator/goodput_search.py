@@ -85,6 +85,7 @@ class TrafficScorer:
             tpot_p95_seconds=_finite(s["tpot_p95_seconds"]),
             requests=len(reqs), preemptions=s["preemptions"],
             prefix_hit_rate=s["prefix_hit_rate"],
+            output_tokens_per_second=s["throughput_output_tokens_per_second"],
         )
 
 
