@@ -329,6 +329,33 @@ def test_runtime_access_objects_are_the_operators_own(
         assert got == expected
 
 
+@pytest.mark.parametrize(("args", "namespaces"), [
+    ([], set()),  # routing off: no endpoint picker anywhere
+    (["--set", "routing.enabled=true"], set()),  # cluster mode: nowhere unless listed
+    (["--set", "routing.enabled=true", "--set", "runtime.namespaces={llm}"], {"llm"}),
+    ([*NAMESPACED, "--set", "routing.enabled=true"], {"llm", "batch"}),
+], ids=["off", "cluster", "cluster-listed", "namespaced"])
+def test_endpoint_picker_access_objects_are_the_operators_own(
+        helm: Path, args: list[str], namespaces: set[str]) -> None:
+    """The chart creates exactly what operator/endpoint_picker.py describes (the operator
+    renders that ServiceAccount into the endpoint pickers' pods), in the runtime namespaces."""
+    from kvtune.operator import endpoint_picker
+
+    docs = render(helm, *args)
+    ours = {(o["kind"], o["metadata"]["name"]) for o in endpoint_picker.namespace_objects("x")}
+    rendered = [d for d in docs if (d["kind"], d["metadata"]["name"]) in ours]
+    assert {d["metadata"]["namespace"] for d in rendered} == namespaces
+    for ns in namespaces:
+        got = [d for d in rendered if d["metadata"]["namespace"] == ns]
+        for doc in got:
+            doc["metadata"]["labels"] = {}
+        assert got == endpoint_picker.namespace_objects(ns)
+    (deploy,) = by_kind(docs, "Deployment")
+    env = {e["name"]: e.get("value") for e in
+           deploy["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env[endpoint_picker.IMAGE_ENV] == endpoint_picker.DEFAULT_IMAGE
+
+
 def test_admission_policy_guards_the_operators_own_writes(helm: Path) -> None:
     docs = render(helm, "--set", "podPolicy.allowedServiceAccounts={weights-reader}")
     policies = by_kind(docs, "ValidatingAdmissionPolicy")

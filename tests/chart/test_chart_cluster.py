@@ -518,6 +518,9 @@ def _attacks(api: Any, release: str) -> dict[str, Callable[[], Any]]:
         "run a Deployment as the operator's own ServiceAccount":
             lambda: apps.create_namespaced_deployment(WATCHED_NS, _deployment(
                 WATCHED_NS, privileged=False, service_account=release)),
+        "run a model server as the endpoint pickers' ServiceAccount":
+            lambda: apps.create_namespaced_deployment(WATCHED_NS, _deployment(
+                WATCHED_NS, privileged=False, service_account="kvtune-endpoint-picker")),
         "create a Deployment in the operator's namespace":
             lambda: apps.create_namespaced_deployment(RELEASE_NS, _deployment(
                 RELEASE_NS, privileged=False)),
@@ -627,6 +630,14 @@ def test_the_operators_token_is_refused_every_escalation(
     spec["containers"][0].pop("volumeMounts")
     client.AppsV1Api(api).create_namespaced_deployment(WATCHED_NS, harmless, dry_run="All")
     client.CoreV1Api(api).list_namespaced_pod(WATCHED_NS)
+    # A pool's endpoint picker as kvtune renders it runs as its own ServiceAccount.
+    from kvtune.operator import endpoint_picker
+
+    picker = endpoint_picker.deployment(
+        picker="chat-h200-epp", namespace=WATCHED_NS, pool_name="chat-h200",
+        labels={"kvtune.io/deployment": "chat", "kvtune.io/pool": "h200"},
+        config_key="epp-config.yaml", config_text="")
+    client.AppsV1Api(api).create_namespaced_deployment(WATCHED_NS, picker, dry_run="All")
 
 
 @pytest.mark.parametrize("mode", ["cluster", "namespaced"])
