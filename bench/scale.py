@@ -13,6 +13,11 @@ once and prints:
 
     .venv/bin/python bench/scale.py            # N = 1000
     .venv/bin/python bench/scale.py -n 100     # smaller
+    .venv/bin/python bench/scale.py -n 200 --profile /tmp/op.txt   # where the CPU goes
+
+``--profile FILE`` runs the operator under py-spy (``pip install py-spy``; sampling, all
+threads, idle waits left out) and writes its collapsed stacks to FILE; the figures of a
+profiled run are slower than the plain ones.
 
 A benchmark, not a test: it asserts nothing, it prints figures.
 """
@@ -66,28 +71,69 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _request_counts(api: Any) -> Counter[str]:
-    """apiserver_request_total summed by verb, from the apiserver's /metrics."""
+def _child_pid(pid: int) -> int:
+    """The first child of ``pid`` (the operator py-spy started), else ``pid`` itself."""
+    for _ in range(100):
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            return pid
+        if children:
+            return int(children[0])
+        time.sleep(0.1)
+    return pid
+
+
+def _label(labels: str, name: str) -> str:
+    marker = f'{name}="'
+    return labels.split(marker, 1)[1].split('"', 1)[0] if marker in labels else ""
+
+
+def _request_counts(api: Any) -> Counter[tuple[str, str]]:
+    """apiserver_request_total summed by (verb, resource[/subresource]), from the
+    apiserver's /metrics."""
     response = api.call_api("GET", f"{api.configuration.host}/metrics")
     response.read()
-    counts: Counter[str] = Counter()
+    counts: Counter[tuple[str, str]] = Counter()
     for line in response.data.decode().splitlines():
         if not line.startswith("apiserver_request_total{"):
             continue
         labels, value = line.rsplit(" ", 1)
-        verb = labels.split('verb="', 1)[1].split('"', 1)[0] if 'verb="' in labels else "?"
-        counts[verb] += int(float(value))
+        resource = _label(labels, "resource") or "-"
+        if _label(labels, "subresource"):
+            resource += "/" + _label(labels, "subresource")
+        dry = " (dry run)" if _label(labels, "dry_run") else ""
+        counts[(_label(labels, "verb") + dry, resource)] += int(float(value))
     return counts
 
 
-def _ready_names(custom: Any) -> set[str]:
+def _states(custom: Any) -> tuple[set[str], set[str]]:
+    """(names reconciled once: status.observedGeneration set, names Ready)."""
     items = custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]
-    ready = set()
+    reconciled, ready = set(), set()
     for obj in items:
-        for c in (obj.get("status") or {}).get("conditions") or []:
+        status = obj.get("status") or {}
+        if status.get("observedGeneration"):
+            reconciled.add(obj["metadata"]["name"])
+        for c in status.get("conditions") or []:
             if c.get("type") == "Ready" and c.get("status") == "True":
                 ready.add(obj["metadata"]["name"])
-    return ready
+    return reconciled, ready
+
+
+def _ready_names(custom: Any) -> set[str]:
+    return _states(custom)[1]
+
+
+def _available(api: Any, prefix: str) -> set[str]:
+    """Names of the objects whose pool Deployment has all its replicas available."""
+    from kubernetes import client
+
+    out = set()
+    for dep in client.AppsV1Api(api).list_namespaced_deployment(NAMESPACE).items:
+        if dep.metadata.name.startswith(prefix) and (dep.status.available_replicas or 0) >= 1:
+            out.add(dep.metadata.labels.get("kvtune.io/deployment", ""))
+    return out
 
 
 def _create(custom: Any, name: str) -> None:
@@ -97,24 +143,36 @@ def _create(custom: Any, name: str) -> None:
 
 
 def _wait_ready(custom: Any, names: set[str], timeout_s: float, operator: subprocess.Popen[bytes],
-                peak: list[int]) -> float | None:
-    started = time.monotonic()
-    last_print = started
+                peak: list[int], started: float | None = None,
+                milestones: dict[str, float] | None = None) -> float | None:
+    """Seconds from ``started`` until every one of ``names`` is Ready (None: timed out).
+    ``milestones`` gets when all were first reconciled and when all their Deployments were
+    available (where the time goes: the operator's first pass, the controllers, the
+    rollout follower)."""
+    started = time.monotonic() if started is None else started
+    last_print = time.monotonic()
+    marks = milestones if milestones is not None else {}
     while time.monotonic() - started < timeout_s:
         if operator.poll() is not None:
             raise SystemExit(f"the operator exited ({operator.returncode})")
-        ready = _ready_names(custom) & names
+        reconciled, ready = (s & names for s in _states(custom))
+        now = time.monotonic() - started
+        if reconciled == names:
+            marks.setdefault("reconciled", now)
+        if "available" not in marks and len(names) > 1 and \
+                _available(custom.api_client, "bench-") >= names:
+            marks["available"] = now
         if ready == names:
-            return time.monotonic() - started
+            return now
         if time.monotonic() - last_print > 15:
             last_print = time.monotonic()
-            print(f"  … {len(ready)}/{len(names)} Ready after {last_print - started:.0f} s, "
-                  f"operator RSS {peak[0] / 2**20:.0f} MiB", flush=True)
+            print(f"  … after {now:.0f} s: {len(reconciled)} reconciled, {len(ready)}/"
+                  f"{len(names)} Ready, operator RSS {peak[0] / 2**20:.0f} MiB", flush=True)
         time.sleep(2.0)
     return None
 
 
-def run(n: int, timeout_s: float, workers: int) -> int:
+def run(n: int, timeout_s: float, workers: int, profile: Path | None = None) -> int:
     from kubernetes import client
 
     from kvtune.e2e import cluster as e2e_cluster
@@ -140,14 +198,18 @@ def run(n: int, timeout_s: float, workers: int) -> int:
         argv = [str(Path(sys.executable).parent / "kvtune"), "operator", "--kubeconfig",
                 str(cluster.kubeconfig_path), "--standalone", "--namespace", NAMESPACE,
                 "--metrics-port", "0"]
+        if profile is not None:
+            argv = [str(Path(sys.executable).parent / "py-spy"), "record", "--format", "raw",
+                    "--threads", "--rate", "50", "--output", str(profile), "--", *argv]
         with log.open("w") as out:
             operator = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        pid = _child_pid(operator.pid) if profile is not None else operator.pid
         peak = [0]
         stop = threading.Event()
 
         def sample() -> None:
             while not stop.wait(1.0):
-                peak[0] = max(peak[0], _rss_bytes(operator.pid))
+                peak[0] = max(peak[0], _rss_bytes(pid))
 
         threading.Thread(target=sample, daemon=True).start()
         try:
@@ -157,27 +219,32 @@ def run(n: int, timeout_s: float, workers: int) -> int:
                 print("the baseline object never became Ready; operator log tail:")
                 print("\n".join(log.read_text().splitlines()[-30:]))
                 return 1
-            rss_idle = _rss_bytes(operator.pid)
-            cpu_before = _cpu_seconds(operator.pid)
+            rss_idle = _rss_bytes(pid)
+            cpu_before = _cpu_seconds(pid)
             names = {f"bench-{i:04d}" for i in range(n)}
             before = _request_counts(api)
             started = time.monotonic()
             with ThreadPoolExecutor(workers) as pool:
                 list(pool.map(lambda name: _create(custom, name), sorted(names)))
             created = time.monotonic() - started
-            took = _wait_ready(custom, names, timeout_s, operator, peak)
+            marks: dict[str, float] = {}
+            took = _wait_ready(custom, names, timeout_s, operator, peak, started, marks)
             elapsed = time.monotonic() - started
             after = _request_counts(api)
-            rss_end = _rss_bytes(operator.pid)
-            cpu = _cpu_seconds(operator.pid) - cpu_before
+            rss_end = _rss_bytes(pid)
+            cpu = _cpu_seconds(pid) - cpu_before
         finally:
             stop.set()
-            operator.terminate()
+            # Under py-spy: SIGINT to py-spy writes its profile and stops the operator.
+            operator.send_signal(signal.SIGINT if profile is not None else signal.SIGTERM)
             try:
                 operator.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 operator.kill()
         delta = after - before
+        by_verb: Counter[str] = Counter()
+        for (verb, _), count in delta.items():
+            by_verb[verb] += count
         total = sum(delta.values())
         load_after = os.getloadavg()
         print(f"kvtune scale bench: N={n} InferenceDeployments (1 pool, 1 replica, H200), "
@@ -193,6 +260,8 @@ def run(n: int, timeout_s: float, workers: int) -> int:
             print(f"  all {n} Ready {took:.1f} s after the first create "
                   f"(goal < {GOAL_SECONDS:.0f} s: {took / GOAL_SECONDS:.2f}x the goal; "
                   f"{took / baseline:.1f}x the one-object baseline)")
+        print("  where the time went: " + ", ".join(
+            f"all {what} after {at:.1f} s" for what, at in marks.items()))
         print(f"  operator RSS: peak {peak[0] / 1e6:.0f} MB, idle with 1 object "
               f"{rss_idle / 1e6:.0f} MB, at the end {rss_end / 1e6:.0f} MB "
               f"(goal < {GOAL_RSS_BYTES / 1e6:.0f} MB: {peak[0] / GOAL_RSS_BYTES:.2f}x)")
@@ -200,7 +269,10 @@ def run(n: int, timeout_s: float, workers: int) -> int:
               f"{cpu / elapsed:.0%} of one core over {elapsed:.0f} s)")
         print(f"  API requests (apiserver_request_total, all clients): {total} in "
               f"{elapsed:.0f} s = {total / elapsed:.0f}/s; by verb: " + ", ".join(
-                  f"{verb} {count}" for verb, count in delta.most_common()))
+                  f"{verb} {count}" for verb, count in by_verb.most_common()))
+        print("  the 16 most requested (verb, resource), per object: " + ", ".join(
+            f"{verb} {resource} {count / n:.1f}" for (verb, resource), count
+            in delta.most_common(16)))
         return 0 if took is not None else 1
 
 
@@ -212,8 +284,10 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="seconds to wait for all Ready (900)")
     parser.add_argument("--workers", type=int, default=8, help="client threads creating (8)")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="run the operator under py-spy; collapsed stacks to this file")
     args = parser.parse_args()
-    return run(args.n, args.timeout, args.workers)
+    return run(args.n, args.timeout, args.workers, args.profile)
 
 
 if __name__ == "__main__":
