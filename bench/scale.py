@@ -107,33 +107,58 @@ def _request_counts(api: Any) -> Counter[tuple[str, str]]:
     return counts
 
 
-def _states(custom: Any) -> tuple[set[str], set[str]]:
-    """(names reconciled once: status.observedGeneration set, names Ready)."""
-    items = custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]
-    reconciled, ready = set(), set()
-    for obj in items:
-        status = obj.get("status") or {}
-        if status.get("observedGeneration"):
-            reconciled.add(obj["metadata"]["name"])
-        for c in status.get("conditions") or []:
-            if c.get("type") == "Ready" and c.get("status") == "True":
-                ready.add(obj["metadata"]["name"])
-    return reconciled, ready
+class _Watcher:
+    """When each InferenceDeployment was first reconciled (status.observedGeneration set)
+    and first Ready, from a watch: a watch costs the API server little, where listing 1,000
+    objects every few seconds would load it as much as the operator does."""
 
+    def __init__(self, custom: Any) -> None:
+        self.custom = custom
+        self.reconciled: dict[str, float] = {}
+        self.ready: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
 
-def _ready_names(custom: Any) -> set[str]:
-    return _states(custom)[1]
+    def _run(self) -> None:
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
 
+        while not self.stop.is_set():
+            listing = self.custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE,
+                                                                PLURAL)
+            for obj in listing["items"]:
+                self._see(obj)
+            version = listing["metadata"]["resourceVersion"]
+            try:
+                for event in watch.Watch().stream(
+                        self.custom.list_namespaced_custom_object, GROUP, VERSION, NAMESPACE,
+                        PLURAL, resource_version=version, timeout_seconds=60):
+                    self._see(event["object"])
+                    if self.stop.is_set():
+                        return
+            except ApiException as exc:
+                if exc.status != 410:  # 410: the version expired; list again
+                    raise
 
-def _available(api: Any, prefix: str) -> set[str]:
-    """Names of the objects whose pool Deployment has all its replicas available."""
-    from kubernetes import client
+    def _see(self, obj: dict[str, Any]) -> None:
+        name, status, now = obj["metadata"]["name"], obj.get("status") or {}, time.monotonic()
+        with self.lock:
+            if status.get("observedGeneration"):
+                self.reconciled.setdefault(name, now)
+            if any(c.get("type") == "Ready" and c.get("status") == "True"
+                   for c in status.get("conditions") or []):
+                self.ready.setdefault(name, now)
 
-    out = set()
-    for dep in client.AppsV1Api(api).list_namespaced_deployment(NAMESPACE).items:
-        if dep.metadata.name.startswith(prefix) and (dep.status.available_replicas or 0) >= 1:
-            out.add(dep.metadata.labels.get("kvtune.io/deployment", ""))
-    return out
+    def counts(self, names: set[str]) -> tuple[int, int, float | None, float | None]:
+        """(reconciled, Ready, when the last was reconciled, when the last became Ready)."""
+        with self.lock:
+            reconciled = [self.reconciled[n] for n in names if n in self.reconciled]
+            ready = [self.ready[n] for n in names if n in self.ready]
+        return (len(reconciled), len(ready),
+                max(reconciled) if len(reconciled) == len(names) else None,
+                max(ready) if len(ready) == len(names) else None)
 
 
 def _create(custom: Any, name: str) -> None:
@@ -142,33 +167,28 @@ def _create(custom: Any, name: str) -> None:
         "metadata": {"name": name, "namespace": NAMESPACE}, "spec": SPEC})
 
 
-def _wait_ready(custom: Any, names: set[str], timeout_s: float, operator: subprocess.Popen[bytes],
-                peak: list[int], started: float | None = None,
+def _wait_ready(watcher: _Watcher, names: set[str], timeout_s: float,
+                operator: subprocess.Popen[bytes], peak: list[int],
+                started: float | None = None,
                 milestones: dict[str, float] | None = None) -> float | None:
     """Seconds from ``started`` until every one of ``names`` is Ready (None: timed out).
-    ``milestones`` gets when all were first reconciled and when all their Deployments were
-    available (where the time goes: the operator's first pass, the controllers, the
-    rollout follower)."""
+    ``milestones["reconciled"]``: when the last was first reconciled (the operator's first
+    pass; the rest is the controllers, kwok and the rollout follower)."""
     started = time.monotonic() if started is None else started
     last_print = time.monotonic()
-    marks = milestones if milestones is not None else {}
     while time.monotonic() - started < timeout_s:
         if operator.poll() is not None:
             raise SystemExit(f"the operator exited ({operator.returncode})")
-        reconciled, ready = (s & names for s in _states(custom))
-        now = time.monotonic() - started
-        if reconciled == names:
-            marks.setdefault("reconciled", now)
-        if "available" not in marks and len(names) > 1 and \
-                _available(custom.api_client, "bench-") >= names:
-            marks["available"] = now
-        if ready == names:
-            return now
+        reconciled, ready, all_reconciled, all_ready = watcher.counts(names)
+        if all_reconciled is not None and milestones is not None:
+            milestones["reconciled"] = all_reconciled - started
+        if all_ready is not None:
+            return all_ready - started
         if time.monotonic() - last_print > 15:
             last_print = time.monotonic()
-            print(f"  … after {now:.0f} s: {len(reconciled)} reconciled, {len(ready)}/"
+            print(f"  … after {last_print - started:.0f} s: {reconciled} reconciled, {ready}/"
                   f"{len(names)} Ready, operator RSS {peak[0] / 2**20:.0f} MiB", flush=True)
-        time.sleep(2.0)
+        time.sleep(0.5)
     return None
 
 
@@ -213,8 +233,9 @@ def run(n: int, timeout_s: float, workers: int, profile: Path | None = None) -> 
 
         threading.Thread(target=sample, daemon=True).start()
         try:
+            watcher = _Watcher(custom)
             _create(custom, "baseline")
-            baseline = _wait_ready(custom, {"baseline"}, 300, operator, peak)
+            baseline = _wait_ready(watcher, {"baseline"}, 300, operator, peak)
             if baseline is None:
                 print("the baseline object never became Ready; operator log tail:")
                 print("\n".join(log.read_text().splitlines()[-30:]))
@@ -228,7 +249,8 @@ def run(n: int, timeout_s: float, workers: int, profile: Path | None = None) -> 
                 list(pool.map(lambda name: _create(custom, name), sorted(names)))
             created = time.monotonic() - started
             marks: dict[str, float] = {}
-            took = _wait_ready(custom, names, timeout_s, operator, peak, started, marks)
+            took = _wait_ready(watcher, names, timeout_s, operator, peak, started, marks)
+            watcher.stop.set()
             elapsed = time.monotonic() - started
             after = _request_counts(api)
             rss_end = _rss_bytes(pid)
@@ -254,14 +276,14 @@ def run(n: int, timeout_s: float, workers: int, profile: Path | None = None) -> 
         print(f"  baseline (same run): 1 object Ready in {baseline:.1f} s")
         print(f"  created {n} objects in {created:.1f} s ({workers} client threads)")
         if took is None:
-            ready = len(_ready_names(custom) & names)
+            ready = watcher.counts(names)[1]
             print(f"  NOT all Ready within {timeout_s:.0f} s ({ready} Ready)")
         else:
             print(f"  all {n} Ready {took:.1f} s after the first create "
                   f"(goal < {GOAL_SECONDS:.0f} s: {took / GOAL_SECONDS:.2f}x the goal; "
                   f"{took / baseline:.1f}x the one-object baseline)")
         print("  where the time went: " + ", ".join(
-            f"all {what} after {at:.1f} s" for what, at in marks.items()))
+            f"all {what} {at:.1f} s after the first create" for what, at in marks.items()))
         print(f"  operator RSS: peak {peak[0] / 1e6:.0f} MB, idle with 1 object "
               f"{rss_idle / 1e6:.0f} MB, at the end {rss_end / 1e6:.0f} MB "
               f"(goal < {GOAL_RSS_BYTES / 1e6:.0f} MB: {peak[0] / GOAL_RSS_BYTES:.2f}x)")
