@@ -65,11 +65,16 @@ with the "reads" concern's get). The Job's pods are listed with the "pods" conce
 {{- end -}}
 
 {{/* spec.routing (operator/routing.py): each pool's Gateway API Inference Extension
-InferencePool and its endpoint picker's configuration ConfigMap, server-side applied (get: the
-ownership check before an apply). Harmless where the CRDs are not installed. */}}
+InferencePool and its endpoint picker's configuration ConfigMap, and with spec.routing.gateway
+the InferenceDeployment's HTTPRoute (operator/http_route.py), server-side applied (get: the
+ownership check before an apply). The endpoint picker's Deployment and Service are "rendered".
+Harmless where the CRDs are not installed. */}}
 {{- define "kvtune.rules.routing" -}}
 - apiGroups: [inference.networking.k8s.io]
   resources: [inferencepools]
+  verbs: [get, create, patch]
+- apiGroups: [gateway.networking.k8s.io]
+  resources: [httproutes]
   verbs: [get, create, patch]
 - apiGroups: [""]
   resources: [configmaps]
