@@ -283,6 +283,8 @@ def _reconcile_locked(
         refused = _apply_route(kube, body, spec, [o.status for o in outcomes])
         if refused is not None:
             failures.append(refused)
+    if gate.collision is not None:
+        failures.append((cond.NAME_COLLISION, gate.collision))
     rolling = [f"{o.status.name}: {o.rolling}" for o in outcomes if o.rolling]
     waiting = [o.status.name for o in outcomes if o.no_nodes]
     if failures:
