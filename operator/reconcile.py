@@ -336,7 +336,10 @@ def _reconcile_locked(
         pool_summary=pool_summary([o.status for o in outcomes]), kv_quality=gate.status(),
     ))
     # Rollouts are followed by the rollout timer (refresh_rollout), not by retries.
-    return finish(status, retry_after=NO_NODES_RETRY_SECONDS if waiting else None)
+    retries = [o.retry_after for o in outcomes if o.retry_after is not None]
+    if waiting:
+        retries.append(NO_NODES_RETRY_SECONDS)
+    return finish(status, retry_after=min(retries) if retries else None)
 
 
 def _apply_route(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeploymentSpec,
