@@ -24,10 +24,12 @@ from kvtune.cli.options import (
     tp_option,
     weights_dtype_option,
 )
+from kvtune.cli.progress import Progress, progress_option
 from kvtune.tuner.errors import KVTuneError
 from kvtune.tuner.facts import catalog, gpus
 from kvtune.tuner.facts.capabilities import PINNED_VLLM_VERSION, get_runtime
 from kvtune.tuner.facts.kvmemory import kv_bytes_per_token
+from kvtune.tuner.facts.prices import parse_overrides, price_for
 from kvtune.tuner.facts.weights import weights_load
 from kvtune.tuner.kv_quality import (
     DEFAULT_MAX_KV_QUANTIZATION_KL,
@@ -37,6 +39,7 @@ from kvtune.tuner.kv_quality import (
     gate_one,
 )
 from kvtune.tuner.plan import PoolPlan
+from kvtune.tuner.planner.cost import priced
 from kvtune.tuner.planner.planning import PlanRequest, kv_capacity_by_dtype, plan_pool
 from kvtune.tuner.planner.policy import SLO, PlanPolicy
 from kvtune.tuner.planner.presets import (
@@ -273,6 +276,45 @@ def _print_search(console: Any, pool: PoolPlan) -> None:
     if s.slo_met:
         console.print(f"SLO met: {s.slo_attainment:.1%} of requests meet both targets at the "
                       "observed rate")
+    _print_front(console, pool)
+
+
+def _money(x: float | None) -> str:
+    return "-" if x is None else f"${x:,.3f}" if x < 10 else f"${x:,.2f}"
+
+
+def _print_front(console: Any, pool: PoolPlan) -> None:
+    """Goodput against cost and latency over the configurations scored on the full stream."""
+    from rich.table import Table
+
+    s = pool.search
+    assert s is not None
+    if not s.front:
+        return
+    c = s.cost
+    title = (f"Pareto front on {pool.gpu_class}: goodput vs cost vs latency"
+             + (f" (${c.usd_per_gpu_hour:g}/GPU-hour x {c.gpus_per_replica} GPU; "
+                f"{c.price_source})" if c is not None else
+                " (no price for this GPU class: pass --gpu-price CLASS=USD)"))
+    table = Table(title=title)
+    for col in ("configuration", "goodput req/s", "output tok/s", "$/M output tok",
+                "$/M good req", "TTFT p95 s", "TPOT p95 ms"):
+        table.add_column(col, justify="left" if col == "configuration" else "right")
+    chosen = set(pool.plan.vllm_args())
+    for p in s.front:
+        diff = " ".join(a for a in p.vllm_args if a not in chosen)
+        if p.chosen:
+            diff = "chosen" + ("" if p.on_front else " (dominated; kept by a tie rule)")
+        table.add_row(diff, f"{p.goodput_requests_per_second:.2f}",
+                      f"{p.output_tokens_per_second:,.0f}",
+                      _money(p.cost_per_million_output_tokens_usd),
+                      _money(p.cost_per_million_good_requests_usd),
+                      f"{p.ttft_p95_seconds:.3f}", f"{p.tpot_p95_seconds * 1000:.1f}")
+    console.print(table)
+    if c is not None and c.cost_per_million_requests_at_needed_replicas_usd is not None:
+        console.print(f"cost at the {s.replicas_needed} replicas the traffic needs: "
+                      f"{_money(c.cost_per_million_requests_at_needed_replicas_usd)} per "
+                      "million requests")
 
 
 Renderer = Callable[[PoolPlan, PlanRequest], str]
@@ -337,6 +379,10 @@ def _models_help() -> str:
 @click.option("--cpu-offload-gib", type=click.FloatRange(min=0),
               help="CPU memory per GPU that may hold offloaded KV blocks.")
 @click.option("--vllm-version", default=PINNED_VLLM_VERSION, show_default=True)
+@click.option("--gpu-price", "gpu_price", multiple=True, metavar="CLASS=USD",
+              help="Price of one GPU of a class per hour, for the cost figures of the goodput "
+              "search (repeat, or comma-separate). Defaults: tuner/facts/data/gpu_prices.json "
+              "(list prices with their sources; classes without one show no cost).")
 @click.option("-o", "--output", "output", type=click.Choice([*RENDERERS, "patch"]),
               default="table", show_default=True)
 @click.option("--from-cluster", metavar="NAME",
@@ -346,6 +392,7 @@ def _models_help() -> str:
 @click.option("--pool", help="With --from-cluster: pin this pool's plan (name or GPU class).")
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), help="With --from-cluster.")
 @click.option("--list", "list_catalog", is_flag=True, help="List catalog models and GPU classes.")
+@progress_option()
 def plan(**opts: Any) -> None:
     """Plan the vLLM KV-cache configuration for one GPU pool, offline."""
     if opts.pop("list_catalog"):
@@ -361,13 +408,18 @@ def plan(**opts: Any) -> None:
         if not opts[required]:
             raise click.UsageError(f"--{required} is required. {_models_help()}")
     try:
+        prices = parse_overrides(opts["gpu_price"], "--gpu-price")
         request = build_request(opts)
         if opts["request_rate"] is not None:
             request = request.model_copy(update={"profile": request.profile.model_copy(
                 update={"request_rate_per_second": opts["request_rate"]})})
         if opts["search"] and (opts["trace"] is not None or opts["request_rate"] is not None):
             trace = load_trace(opts["trace"]) if opts["trace"] is not None else None
-            pool = plan_by_goodput(request, trace=trace)
+            # The search replays hundreds of requests per candidate: seconds of work.
+            with Progress("plan", opts["progress"]) as shown:
+                pool = priced(plan_by_goodput(
+                    request, trace=trace, progress=lambda step: shown(step.text())),
+                    price_for(request.gpu.name, prices))
         else:
             pool = plan_pool(request)
         text = render(pool, request, opts["output"])

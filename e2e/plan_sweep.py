@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -167,7 +167,22 @@ def run_case(cli: VllmCli, model_id: str, gpu_name: str, tensor_parallel: int,
     mismatch = _weights_mismatch(request, args)
     if mismatch:
         return Outcome(*case, kind="bug", reason="weights not loaded as sized", detail=mismatch)
+    unsaid = _warning_that_says_nothing(pool.warnings)
+    if unsaid:
+        return Outcome(*case, kind="bug", reason="a warning that says nothing", detail=unsaid)
     return Outcome(*case, kind="planned")
+
+
+_LOWERED = re.compile(r"lowered from (\d+) to (\d+)")
+
+
+def _warning_that_says_nothing(warnings: Sequence[str]) -> str:
+    """A warning that a value was lowered must name a lower value."""
+    for w in warnings:
+        m = _LOWERED.search(w)
+        if m and int(m.group(2)) >= int(m.group(1)):
+            return w
+    return ""
 
 
 def _weights_mismatch(request: PlanRequest, args: list[str]) -> str:

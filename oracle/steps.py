@@ -83,7 +83,7 @@ class _Recording(Scheduler):
         self.records: list[StepRecord] = []
         self.finish_step: dict[int, int] = {}
         self._before: set[int] = set()
-        self.on_step = _Recording._record
+        self.on_step = lambda _scheduler: self._record()
 
     def _record(self) -> None:
         scheduled = self.last_scheduled

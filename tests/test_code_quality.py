@@ -25,7 +25,8 @@ def test_ruff_is_clean() -> None:
 
 
 def test_mypy_strict_on_every_part() -> None:
-    """scripts/mypy.sh: the tuner, quality, the operator, e2e, replay, the runtime."""
+    """scripts/mypy.sh: the tuner, quality, the operator, e2e, replay, the oracle, the cli, the
+    runtime."""
     result = _run(str(REPO / "scripts" / "mypy.sh"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Success" in result.stdout

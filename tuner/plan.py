@@ -100,6 +100,46 @@ class SearchAlternative(BaseModel):
     why_lost: str
 
 
+class FrontPoint(BaseModel):
+    """A configuration the search scored on the full stream that no other one beats on
+    every axis at once: higher goodput, more output tokens served per second (so a lower
+    cost per token on the same GPUs), less latency against the SLO targets."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    vllm_args: tuple[str, ...]
+    chosen: bool  # the configuration the search chose
+    on_front: bool  # False only for the chosen one when a point dominates it (a tie rule)
+    goodput_requests_per_second: float
+    slo_attainment: float
+    output_tokens_per_second: float
+    ttft_p95_seconds: float
+    tpot_p95_seconds: float
+    # The worse of TTFT p95 / its target and TPOT p95 / its target (1.0: on the target).
+    latency_vs_slo: float
+    # Set once a price is known (tuner/planner/cost.py): one replica's GPUs for an hour over
+    # what it serves at the observed rate.
+    cost_per_million_output_tokens_usd: float | None = None
+    cost_per_million_good_requests_usd: float | None = None
+
+
+class CostFigures(BaseModel):
+    """What the chosen configuration costs: one replica (tensor-parallel GPUs) for an hour,
+    over what it serves of the pool's traffic at the observed rate."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    usd_per_gpu_hour: float
+    price_source: str
+    gpus_per_replica: int
+    usd_per_replica_hour: float
+    cost_per_million_output_tokens_usd: float | None  # None: nothing served
+    cost_per_million_good_requests_usd: float | None  # None: no request met the SLO
+    # When the SLO is missed: the replicas the traffic needs, and what serving all of it
+    # within the SLO costs per million requests.
+    cost_per_million_requests_at_needed_replicas_usd: float | None = None
+
+
 class SearchSummary(BaseModel):
     """What the goodput search found (``tuner/planner/search.py``)."""
 
@@ -123,6 +163,11 @@ class SearchSummary(BaseModel):
     changed_from: str  # "running plan" or "rules' plan"
     changed_knobs: tuple[str, ...] = ()
     alternatives: tuple[SearchAlternative, ...] = ()
+    # The chosen configuration's output tokens per second at the observed rate.
+    output_tokens_per_second: float = 0.0
+    # Goodput against cost and latency over the configurations scored on the full stream.
+    front: tuple[FrontPoint, ...] = ()
+    cost: CostFigures | None = None  # set when the GPU class has a price
 
 
 class PoolPlan(BaseModel):

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic.alias_generators import to_camel
 
 from kvtune.operator import apply as kapply
-from kvtune.operator import calibration_flow
+from kvtune.operator import calibration_flow, gpu_prices
 from kvtune.operator import conditions as cond
 from kvtune.operator.api import (
     ExpectedStatus,
@@ -98,7 +98,8 @@ def resolve_model(spec: InferenceDeploymentSpec, namespace: str, kube: kapply.Ku
 def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
                   profile: WorkloadProfile, policy: PlanPolicy,
                   kv_quality_evidence: KVQualityEvidence | None = None,
-                  running: KVPlan | None = None) -> PoolPlan:
+                  running: KVPlan | None = None, pool_field: str = "spec.pools[]"
+                  ) -> PoolPlan:
     """The pool's plan: by the goodput search on traffic made from the observed profile
     when Prometheus gave one with an arrival rate (the same function as ``kvtune plan``),
     else by the planner's rules. ``running``: the plan the pool runs now (ties go to the
@@ -113,7 +114,10 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         vllm_version=spec.runtime.vllm_version, kv_quality_evidence=kv_quality_evidence,
     )
     if profile.source == "prometheus" and profile.request_rate_per_second:
-        searched: PoolPlan = plan_by_goodput(request, running=running)
+        from kvtune.tuner.planner.cost import priced
+
+        searched: PoolPlan = priced(plan_by_goodput(request, running=running),
+                                    gpu_prices.price_of(pool, pool_field))
         return searched
     return _plan_by_rules(request)
 
@@ -192,6 +196,9 @@ class Planned:
     revision: int  # bumped when the hash changes
     status: PoolStatus  # the pool's status carrying the new plan
     render_input: RenderInput  # what the render stage renders (placement added there)
+    # The traffic continues conversations (history re-sent): the endpoint picker keeps a
+    # request on the pods that hold its prefix (operator/routing.py).
+    multi_turn: bool = False
 
 
 def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
@@ -202,7 +209,7 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
             ctx.spec, pool, inp.model, inp.profile,
             calibration_flow.with_gate(inp.policy, gate) if gate is not None else inp.policy,
             gate.evidence if gate is not None else None,
-            running=running_plan(ctx.base))
+            running=running_plan(ctx.base), pool_field=ctx.field)
     except UnknownName as exc:
         return ctx.failed(cond.INVALID_SPEC, f"{ctx.field}.gpuClass: {exc}")
     except NoFeasiblePlan as exc:
@@ -231,7 +238,7 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
     status = base.model_copy(update={
         "gpu_class": pool_plan.gpu_class, "plan": knobs, "expected": expected,
         "reasons": reasons, "warnings": list(pool_plan.warnings),
-        "slo_at_risk": slo_at_risk(pool_plan),
+        "slo_at_risk": slo_at_risk(pool_plan), "cost": gpu_prices.cost_status(pool_plan),
         "vllm_args": vllm_args(render_input),
         "plan_hash": hash_, "revision": revision, "message": "", "profile": inp.profile_used,
     })
@@ -240,4 +247,4 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
                                 f"({pool_plan.gpu_class}) plan revision {revision}: "
                                 f"{' '.join(pool_plan.plan.vllm_args())}"))
     return Planned(pool_plan=pool_plan, plan_hash=hash_, revision=revision, status=status,
-                   render_input=render_input)
+                   render_input=render_input, multi_turn=inp.profile.multi_turn)

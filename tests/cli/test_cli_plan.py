@@ -116,6 +116,32 @@ def test_trace_plans_by_goodput_and_shows_the_alternatives() -> None:
     assert "goodput search:" in table and "Little's law" in table and "why not chosen" in table
 
 
+def test_plan_shows_the_front_with_costs_from_the_price_given() -> None:
+    args = ("plan", "-m", "meta-llama/Llama-3.1-8B-Instruct", "-g", "H100", "--workload",
+            "chat", "--request-rate", "4", "--ttft-p95", "1", "--tpot-p95", "0.05")
+    code, out, _ = run(*args, "--gpu-price", "H100=2.5", "-o", "json")
+    assert code == 0, out
+    search = json.loads(out)["search"]
+    cost = search["cost"]
+    assert cost["usd_per_gpu_hour"] == 2.5 and cost["price_source"] == "--gpu-price H100=2.5"
+    assert cost["cost_per_million_output_tokens_usd"] == pytest.approx(
+        2.5 / (search["output_tokens_per_second"] * 3600) * 1e6)
+    assert [p for p in search["front"] if p["chosen"]]
+    assert all(p["cost_per_million_good_requests_usd"] for p in search["front"])
+    # The shipped list price, with its source, when none is given; in the table too.
+    code, out, _ = run(*args)
+    assert code == 0 and "Pareto front on H100" in out and "$3/GPU-hour" in out
+    assert "mercatus" in out.lower()
+
+
+@pytest.mark.parametrize("price", ["H100", "H100=cheap", "H100=-2"])
+def test_a_bad_gpu_price_is_one_line_naming_the_option(price: str) -> None:
+    code, _, err = run("plan", "-m", "meta-llama/Llama-3.1-8B-Instruct", "-g", "H100",
+                         "--gpu-price", price)
+    assert code == 1
+    assert err.count("\n") == 1 and "--gpu-price=" in err and "CLASS=USD" in err
+
+
 def test_an_unreachable_slo_is_a_line_in_plan() -> None:
     # A 50 ms TTFT for RAG prompts: no rate meets it; plan says so instead of picking the
     # least bad silently.

@@ -168,8 +168,7 @@ def test_objects_are_applied_and_switched_off_on_the_apiserver(local_cluster: An
             return False
         return True
 
-    # Both CRDs served before the first sync: a PrometheusRule apply answered 404 (its CRD
-    # not served yet) is taken as "no Prometheus operator", and the rules' digest remembered.
+    # Both CRDs served before the first sync (a 404 is retried only after a backoff).
     deadline = time.monotonic() + 60
     while not served():
         assert time.monotonic() < deadline, "the monitoring CRDs were never served"
@@ -197,3 +196,81 @@ def test_objects_are_applied_and_switched_off_on_the_apiserver(local_cluster: An
                                   "prometheusRule": {"enabled": False}}), memo)
     assert names("podmonitors") == {"someone-elses"}
     assert names("prometheusrules") == set()
+
+
+@pytest.mark.cluster
+def test_rules_are_applied_once_the_prometheus_operator_comes_after_kvtune(
+        local_cluster: Any) -> None:
+    """A 404 (no monitoring.coreos.com CRDs yet) is not remembered by digest: the same rules
+    are tried again on a backoff and applied once the Prometheus operator's CRDs exist."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+    from op_cluster_helpers import create_infd, ensure_namespace, get_infd, install_crd
+
+    from kvtune.operator import apply as kapply
+    from kvtune.operator import retune_handlers
+    from kvtune.operator.retune_handlers import sync_alert_rules
+
+    api = local_cluster.api_client()
+    ext = client.ApiextensionsV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    late_ns, late = "op-monitors-late", "late"
+    install_crd(api)
+    ensure_namespace(api, late_ns)
+    try:
+        create_infd(api, late_ns, late, _body()["spec"])
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    body = _body({"prometheusRule": {"labels": {"release": "kps"}}})
+    body["metadata"].update(namespace=late_ns, name=late,
+                            uid=get_infd(api, late_ns, late)["metadata"]["uid"])
+    crds = (("PodMonitor", "podmonitors"), ("PrometheusRule", "prometheusrules"))
+
+    def listed(plural: str) -> set[str] | None:
+        try:
+            items = custom.list_namespaced_custom_object("monitoring.coreos.com", "v1",
+                                                         late_ns, plural)["items"]
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return {i["metadata"]["name"] for i in items}
+
+    # kvtune first: the Prometheus operator's CRDs are not installed.
+    for _, plural in crds:
+        try:
+            ext.delete_custom_resource_definition(f"{plural}.monitoring.coreos.com")
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+    deadline = time.monotonic() + 120
+    while any(listed(plural) is not None for _, plural in crds):
+        assert time.monotonic() < deadline, "the monitoring CRDs were never removed"
+        time.sleep(0.5)
+    memo: dict[str, Any] = {}
+    sync_alert_rules(kapply.Kube(api), body, memo, now_seconds=1000.0)
+    assert "alert_rules_digest" not in memo
+    retry = memo["alert_rules_retry"]
+    assert (retry.failures, retry.next_attempt) == (1, 1000.0 + retune_handlers.INTERVAL_SECONDS)
+    sync_alert_rules(kapply.Kube(api), body, memo, now_seconds=1001.0)
+    assert memo["alert_rules_retry"] == retry  # within the backoff: not tried
+    sync_alert_rules(kapply.Kube(api), body, memo, now_seconds=retry.next_attempt)
+    retry = memo["alert_rules_retry"]  # tried again, still 404: the backoff doubles
+    assert (retry.failures, retry.next_attempt) == (
+        2, 1000.0 + 3 * retune_handlers.INTERVAL_SECONDS)
+
+    # Then the Prometheus operator: the same rules (same digest) are applied at the next try.
+    for kind, plural in crds:
+        ext.create_custom_resource_definition(_crd(kind, plural))
+    deadline = time.monotonic() + 120
+    while "alert_rules_digest" not in memo:
+        # A CRD just created can answer 404 to an apply a moment after it lists: each pass is
+        # the next backoff step.
+        assert time.monotonic() < deadline, f"never applied: {memo}"
+        sync_alert_rules(kapply.Kube(api), body, memo,
+                         now_seconds=memo["alert_rules_retry"].next_attempt)
+        time.sleep(0.2)
+    assert "alert_rules_retry" not in memo
+    assert listed("prometheusrules") == {f"{late}-kvtune"}
+    assert listed("podmonitors") == {"late-h200", "late-h100"}

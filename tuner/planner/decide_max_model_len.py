@@ -78,6 +78,7 @@ def shrink(
     floor = max(run.req.policy.min_max_model_len_tokens or 1, run.p95_session)
     if longest < floor:
         raise infeasible.no_fit(run, max(floor, 1), batched, utilization, ())
+    run.unshrunk_len = (max_model_len, len_code, len_message)
     run.warnings.append(
         f"max-model-len lowered from {max_model_len} to {longest}: one longer request "
         f"would not fit in the KV cache ({dtype}), and vLLM would refuse to start"
@@ -91,20 +92,26 @@ def shrink(
 def regrow(
     run: PlanRun, dtype: str, bs: int, max_num_seqs: int, batched: int, utilization: float,
     max_model_len: int, len_code: str, len_message: str,
-) -> tuple[int, str]:
-    """After ``shrink``: (max-model-len, message) at the final max-num-seqs."""
+) -> tuple[int, str, str]:
+    """After ``shrink``: (max-model-len, code, message) at the final max-num-seqs."""
     if len_code != "LargestThatFits":
-        return max_model_len, len_message
+        return max_model_len, len_code, len_message
     # The length was shrunk with memory for the default max-num-seqs; the sampler
     # needs less for fewer sequences, which leaves room for a longer request.
     final = run.memory(dtype, bs, max_num_seqs, batched, utilization)
     longer = run.largest_fitting_len(final, dtype, bs, batched, run.len_target) // bs * bs
+    lowered = f"max-model-len lowered from {run.unshrunk_len[0]} to {max_model_len}:" \
+        if run.unshrunk_len else None
+    if run.unshrunk_len is not None and longer >= run.unshrunk_len[0]:
+        # All of the length fits after all: nothing was lowered, and no warning says so.
+        run.warnings = [w for w in run.warnings if not (lowered and w.startswith(lowered))]
+        return run.unshrunk_len
     if longer > max_model_len:
         len_message = len_message.replace(str(max_model_len), str(longer))
         run.warnings = [w.replace(f"to {max_model_len}:", f"to {longer}:")
                         for w in run.warnings]
         max_model_len = longer
-    return max_model_len, len_message
+    return max_model_len, len_code, len_message
 
 
 def record(run: PlanRun, max_model_len: int, len_code: str, len_message: str) -> None:

@@ -80,7 +80,7 @@ def plan_pool(request: PlanRequest, scorer: CandidateScorer | None = None) -> Po
     fit_p50 = run.sessions(mem, dtype, bs, run.p50_session, batched, max_model_len)
     max_num_seqs = decide_max_num_seqs.decide(
         run, dtype, bs, batched, max_model_len, tpot, tpot_why, fit_p50)
-    max_model_len, len_message = decide_max_model_len.regrow(
+    max_model_len, len_code, len_message = decide_max_model_len.regrow(
         run, dtype, bs, max_num_seqs, batched, utilization, max_model_len, len_code,
         len_message)
     decide_max_model_len.record(run, max_model_len, len_code, len_message)

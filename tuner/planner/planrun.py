@@ -58,6 +58,9 @@ class PlanRun:
         self.model_dtype = self.weights.served_dtype
         self.reasons: list[Reason] = []
         self.warnings: list[str] = []
+        # max-model-len's (tokens, code, message) before pre-flight shrank it, so that a
+        # later regrow to the full length can say nothing was lowered.
+        self.unshrunk_len: tuple[int, str, str] | None = None
         self.backends = BackendChooser(
             self.runtime, self.attention, self.cc, self.pins.attention_backend,
             self.gpu.name, self.model_dtype, sinks=self.model.attention_sinks)

@@ -35,13 +35,14 @@ Pure: no clock, no I/O, no randomness beyond the scorer's seeded traffic.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from kvtune.tuner import kv_quality
 from kvtune.tuner.plan import (
     ExpectedFigures,
+    FrontPoint,
     KVPlan,
     PoolPlan,
     Reason,
@@ -88,6 +89,7 @@ class GoodputScore:
     requests: int  # how many requests were replayed
     preemptions: int = 0
     prefix_hit_rate: float = 0.0
+    output_tokens_per_second: float = 0.0  # output tokens served per second (the cost base)
     starts: bool = True  # False: vLLM would not start it (no figures)
 
 
@@ -132,6 +134,35 @@ class SearchSettings:
 
 
 DEFAULT_SETTINGS = SearchSettings()
+
+
+@dataclass(frozen=True, slots=True)
+class SearchProgress:
+    """Where a running search is, for a caller that shows it (``kvtune plan`` on stderr):
+    ``done`` of ``total`` scores taken in the current stage. The search takes seconds; it
+    reports after every score and never reads a clock."""
+
+    stage: Literal["halving", "block size", "sustainable rate"]
+    done: int
+    total: int
+    candidates: int  # candidates that passed pre-flight
+    round: int = 0  # successive-halving round, from 1
+    rounds: int = 0
+    requests: int = 0  # requests each score replays
+
+    def text(self) -> str:
+        if self.stage == "halving":
+            return (f"searching {self.candidates} candidates: {self.done}/{self.total} "
+                    f"(successive halving round {self.round}/{self.rounds}, "
+                    f"{self.requests} requests each)")
+        if self.stage == "block size":
+            return (f"trying block sizes on the best candidate: {self.done}/{self.total} "
+                    f"({self.requests} requests each)")
+        return (f"bisecting the rate one replica sustains within the SLO: "
+                f"{self.done}/{self.total}")
+
+
+SearchProgressHook = Callable[[SearchProgress], None]
 
 
 @dataclass(slots=True)
@@ -303,9 +334,10 @@ def _why_lost(loser: _Scored, best: _Scored, run: PlanRun, tie: float, reference
 
 def search(
     request: PlanRequest, scorer: GoodputScorer, running: KVPlan | None = None,
-    settings: SearchSettings | None = None,
+    settings: SearchSettings | None = None, progress: SearchProgressHook | None = None,
 ) -> PoolPlan:
-    """Plan one pool by SLO-goodput (module doc). Raises what ``plan_pool`` raises."""
+    """Plan one pool by SLO-goodput (module doc). Raises what ``plan_pool`` raises.
+    ``progress`` is told after every score (``SearchProgress``)."""
     settings = settings or DEFAULT_SETTINGS
     base_pool = plan_pool(request)
     base = base_pool.plan
@@ -315,8 +347,17 @@ def search(
     reference = running or base
     rungs = sorted({min(n, scorer.max_requests) for n in settings.rungs})
 
-    def scored(plans: Sequence[KVPlan], n: int) -> list[_Scored]:
-        return [_Scored(p, book.score(p, n), changed_knobs(p, reference)) for p in plans]
+    def scored(plans: Sequence[KVPlan], n: int, stage: SearchProgress | None = None
+               ) -> list[_Scored]:
+        out: list[_Scored] = []
+        for i, p in enumerate(plans):
+            out.append(_Scored(p, book.score(p, n), changed_knobs(p, reference)))
+            if progress is not None and stage is not None:
+                progress(SearchProgress(
+                    stage=stage.stage, done=i + 1, total=len(plans),
+                    candidates=stage.candidates, round=stage.round, rounds=stage.rounds,
+                    requests=n))
+        return out
 
     pool = [p for p in _candidates(run, base, rate, settings) if _starts(request, p)]
     if base not in pool:
@@ -325,7 +366,8 @@ def search(
     survivors = pool
     ranked: list[_Scored] = []
     for i, n in enumerate(rungs):
-        ranked = _order(scored(survivors, n), run, settings.tie)
+        stage = SearchProgress("halving", 0, len(survivors), considered, i + 1, len(rungs))
+        ranked = _order(scored(survivors, n, stage), run, settings.tie)
         if i < len(rungs) - 1:
             survivors = _promote(ranked)
     # Block size for the finalists (their dtype's sizes the backend accepts).
@@ -338,7 +380,8 @@ def search(
                 if p not in extra and all(p != y.plan for y in ranked) and _starts(request, p):
                     extra.append(p)
     considered += len(extra)
-    ranked = _order([*ranked, *scored(extra, final_n)], run, settings.tie)
+    stage = SearchProgress("block size", 0, len(extra), considered)
+    ranked = _order([*ranked, *scored(extra, final_n, stage)], run, settings.tie)
     best = ranked[0]
     for x in ranked[1:]:
         x.lost = _why_lost(x, best, run, settings.tie,
@@ -350,7 +393,8 @@ def search(
     max_scale: float | None = None
     replicas: int | None = None
     if not meets:
-        max_scale = _sustainable_scale(book, best.plan, final_n, settings)
+        max_scale = _sustainable_scale(book, best.plan, final_n, settings, progress,
+                                       considered)
         replicas = math.ceil(1.0 / max_scale) if max_scale > 0 else None
     summary = SearchSummary(
         observed_rate_per_second=rate,
@@ -379,20 +423,79 @@ def search(
             )
             for x in ranked[1:1 + settings.alternatives]
         ),
+        output_tokens_per_second=best.score.output_tokens_per_second,
+        front=pareto_front(ranked, best, request),
     )
     return _pool_plan(run, base_pool, best, summary, ranked)
 
 
-def _sustainable_scale(book: _Book, plan: KVPlan, n: int, settings: SearchSettings) -> float:
+def _dominates(a: FrontPoint, b: FrontPoint) -> bool:
+    """``a`` is at least as good as ``b`` on every axis and better on one."""
+    ge = (a.goodput_requests_per_second >= b.goodput_requests_per_second
+          and a.output_tokens_per_second >= b.output_tokens_per_second
+          and a.latency_vs_slo <= b.latency_vs_slo)
+    gt = (a.goodput_requests_per_second > b.goodput_requests_per_second
+          or a.output_tokens_per_second > b.output_tokens_per_second
+          or a.latency_vs_slo < b.latency_vs_slo)
+    return ge and gt
+
+
+def pareto_front(ranked: Sequence[_Scored], best: _Scored, request: PlanRequest
+                 ) -> tuple[FrontPoint, ...]:
+    """The configurations scored on the full stream that no other dominates on goodput,
+    output tokens per second (on one GPU class, cost per token is its hourly price over
+    that) and latency against the SLO; the chosen one is always listed, flagged when a tie
+    rule (precision, stability) chose it over a point that dominates it. Best goodput first;
+    of points with the same figures, the first in the search's order."""
+    points = [FrontPoint(
+        vllm_args=tuple(x.plan.vllm_args()), chosen=x is best, on_front=True,
+        goodput_requests_per_second=x.score.goodput_requests_per_second,
+        slo_attainment=x.score.slo_attainment,
+        output_tokens_per_second=x.score.output_tokens_per_second,
+        ttft_p95_seconds=x.score.ttft_p95_seconds, tpot_p95_seconds=x.score.tpot_p95_seconds,
+        latency_vs_slo=-_slack(x.score, request),
+    ) for x in ranked]
+    out: list[FrontPoint] = []
+    for i, p in enumerate(points):
+        dominated = any(_dominates(q, p) for q in points)
+        duplicate = any(_same_figures(q, p) for q in points[:i])
+        if p.chosen:
+            out.append(p.model_copy(update={"on_front": not dominated}))
+        elif not dominated and not duplicate:
+            out.append(p)
+    out.sort(key=lambda p: (-p.goodput_requests_per_second, -p.output_tokens_per_second,
+                            p.latency_vs_slo))
+    return tuple(out)
+
+
+def _same_figures(a: FrontPoint, b: FrontPoint) -> bool:
+    return (a.goodput_requests_per_second == b.goodput_requests_per_second
+            and a.output_tokens_per_second == b.output_tokens_per_second
+            and a.latency_vs_slo == b.latency_vs_slo)
+
+
+def _sustainable_scale(book: _Book, plan: KVPlan, n: int, settings: SearchSettings,
+                       progress: SearchProgressHook | None = None, candidates: int = 0
+                       ) -> float:
     """The largest fraction of the observed rate at which ``plan`` meets the SLO (bisection
     in ``rate_steps`` steps); 0 when not even a trickle (requests a thousand times further
     apart, each served alone) meets it."""
-    if book.score(plan, n, _TRICKLE).slo_attainment < settings.slo_attainment:
+    total = settings.rate_steps + 1
+
+    def told(done: int) -> None:
+        if progress is not None:
+            progress(SearchProgress("sustainable rate", done, total, candidates, requests=n))
+
+    trickle = book.score(plan, n, _TRICKLE).slo_attainment
+    told(1)
+    if trickle < settings.slo_attainment:
         return 0.0
     lo, hi = _TRICKLE, 1.0
-    for _ in range(settings.rate_steps):
+    for step in range(settings.rate_steps):
         mid = (lo + hi) / 2
-        if book.score(plan, n, mid).slo_attainment >= settings.slo_attainment:
+        attainment = book.score(plan, n, mid).slo_attainment
+        told(step + 2)
+        if attainment >= settings.slo_attainment:
             lo = mid
         else:
             hi = mid
@@ -492,10 +595,13 @@ __all__ = [
     "SLO_ATTAINMENT",
     "GoodputScore",
     "GoodputScorer",
+    "SearchProgress",
+    "SearchProgressHook",
     "SearchSettings",
     "changed_knobs",
     "grid",
     "littles_law_sequences",
+    "pareto_front",
     "search",
     "slo_at_risk_message",
 ]

@@ -287,3 +287,56 @@ def test_a_status_written_by_the_previous_kvtune_keeps_its_dwell_clock() -> None
     assert state.candidate is not None
     assert state.candidate.context_tokens == declared.context_tokens
     assert retune_state.state_from_status(status, "h100", declared).drift_since_seconds is None
+
+
+def test_a_replan_that_gives_the_running_plan_adopts_the_observed_profile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pool runs exactly the plan its observed traffic calls for, but its basis is
+    another profile (here: a prefix hit rate of 0.5 where 0 is seen, drift 0.5). The re-plan
+    rolls nothing out, and the observed profile becomes the basis: drift is measured from it
+    afterwards, so the pool is not re-planned every dwell time for ever."""
+    calls: list[dict[str, Any]] = []
+
+    def fake_reconcile(body: Any, **kw: Any) -> Any:
+        calls.append(kw)
+        return rec.ReconcileResult(status=dict(body.get("status") or {}),
+                                   status_changed=True)
+
+    monkeypatch.setattr(rec, "reconcile", fake_reconcile)
+    spec_raw = {**SPEC, "pools": [{"gpuClass": "H200", "name": "chat"}]}
+    spec = InferenceDeploymentSpec.model_validate(spec_raw)
+    model = plan_stage.resolve_model(spec, "llm", None)
+    declared = declared_profile(spec.workload)  # what metrics cannot tell stays as declared
+    planned = plan_stage.plan_one_pool(spec, spec.pools[0], model,
+                                       SHORT.model_copy(update={
+                                           "kind": declared.kind,
+                                           "multi_turn": declared.multi_turn}),
+                                       plan_stage.policy_for(spec))
+    knobs, expected, _ = plan_stage.plan_status(planned)
+    basis = SHORT.model_copy(update={"prefix_hit_rate": 0.5})
+    pool = PoolStatus(name="chat", gpu_class="H200", tensor_parallel=1, replicas=1,
+                      phase="Applied", plan=knobs, expected=expected, revision=1,
+                      profile=profile_status(basis, window="1m", scope="pool"))
+    body: dict[str, Any] = {
+        "metadata": {"name": "bot", "namespace": "llm", "generation": 1}, "spec": spec_raw,
+        "status": {"pools": [pool.model_dump(mode="json", by_alias=True, exclude_none=True)],
+                   "profile": profile_status(basis, window="1m").model_dump(
+                       mode="json", by_alias=True, exclude_none=True)}}
+    kube = _FakeKube(body)
+
+    def profiler(url: str, settings: ProfilingSettings) -> ProfileResult:
+        return _result(SHORT, 900)
+
+    ticks = [retune_handlers.retune_once(body, kube=kube, now_seconds=t,  # type: ignore[arg-type]
+                                         profiler=profiler) for t in (1000.0, 1121.0)]
+    assert [t.reason for t in ticks] == [retune.DWELL_PENDING, retune.PLAN_UNCHANGED], \
+        ticks[1].message
+    assert not ticks[1].rolled_out
+    assert "the observed profile is now the plan's basis" in ticks[1].message
+    # Reconcile is handed the observed profile and the plan made on it: the running knobs.
+    assert len(calls) == 1
+    assert calls[0]["profiles"]["chat"].prefix_hit_rate == 0.0
+    assert calls[0]["plans"]["chat"].plan.model_dump() == knobs.model_dump()
+    state = body["status"]["profile"]["retune"]["pools"][0]["state"]
+    assert "driftSinceSeconds" not in state

@@ -78,3 +78,15 @@ def test_the_sweep_catches_weights_vllm_would_not_load_as_sized() -> None:
     assert _weights_mismatch(llama, ["--quantization=fp8_per_tensor"]) == ""
     v3 = request("deepseek-ai/DeepSeek-V3", "auto")
     assert "refuses" in _weights_mismatch(v3, ["--quantization=fp8_per_tensor"])
+
+
+def test_a_length_that_fits_is_not_lowered_to_itself(cli: VllmCli) -> None:
+    """Qwen2.5-72B at 16 bits on two H100s: the first dtype choice fails, and the length is
+    checked again at fp8, where it fits. The plan used to warn "max-model-len lowered from
+    11264 to 11264" (17 cases of the full sweep)."""
+    from kvtune.e2e.plan_sweep import _warning_that_says_nothing
+
+    assert _warning_that_says_nothing(["max-model-len lowered from 8192 to 8192: x"])
+    assert not _warning_that_says_nothing(["max-model-len lowered from 8192 to 4096: x"])
+    outcome = run_case(cli, "Qwen/Qwen2.5-72B-Instruct", "H100", 2, "auto")
+    assert outcome.kind == "planned", outcome

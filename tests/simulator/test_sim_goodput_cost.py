@@ -1,0 +1,185 @@
+"""Cost of the searched configurations (tuner/planner/cost.py, the search's Pareto front):
+the front is non-dominated over every configuration scored on the full stream, the cost
+figures are the price over what the simulator says one replica serves, and GPU prices
+reorder GPU classes exactly when the price ratio crosses the goodput ratio."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from kvtune.tuner.errors import InvalidInput
+from kvtune.tuner.facts.catalog import get_model
+from kvtune.tuner.facts.gpus import get_gpu_class
+from kvtune.tuner.facts.prices import default_prices, parse_overrides, price_for
+from kvtune.tuner.plan import KVPlan, PoolPlan
+from kvtune.tuner.planner.cost import priced, rank_by_cost
+from kvtune.tuner.planner.planning import PlanRequest
+from kvtune.tuner.planner.policy import SLO, PlanPolicy
+from kvtune.tuner.planner.presets import preset_profile
+from kvtune.tuner.planner.search import GoodputScore, SearchSettings, search
+from kvtune.tuner.simulator.goodput_search import plan_by_goodput
+
+QUICK = SearchSettings(rungs=(30, 80), rate_steps=3, batched_tokens=(2048, 8192))
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def _request(gpu: str, kind: str = "chat", rate: float = 8.0, ttft: float = 1.0,
+             tpot: float = 0.05) -> PlanRequest:
+    profile = preset_profile(kind).model_copy(update={"request_rate_per_second": rate})
+    return PlanRequest(model=get_model(MODEL), gpu=get_gpu_class(gpu), profile=profile,
+                       policy=PlanPolicy(slo=SLO(ttft_p95_seconds=ttft, tpot_p95_seconds=tpot)))
+
+
+class ScrambledScorer:
+    """Scores from a hash of the plan: figures that disagree with each other on purpose
+    (high goodput with low throughput, and so on), so the front has several points and
+    dominated ones to leave out. Records every score taken."""
+
+    rate_per_second = 10.0
+    max_requests = 80
+
+    def __init__(self) -> None:
+        self.taken: dict[tuple[KVPlan, int], GoodputScore] = {}
+
+    def score(self, request: PlanRequest, plan: KVPlan, num_requests: int,
+              rate_scale: float = 1.0) -> GoodputScore:
+        h = hashlib.sha256(plan.model_dump_json().encode()).digest()
+        # Coarse values, so that equal figures (duplicates) happen too.
+        g, t, ttft, tpot = (1 + h[0] % 6, 100 + 50 * (h[1] % 5), 0.2 * (1 + h[2] % 5),
+                            0.01 * (1 + h[3] % 5))
+        s = GoodputScore(goodput_requests_per_second=g * rate_scale, slo_attainment=g / 6,
+                         throughput_requests_per_second=10.0, ttft_p95_seconds=ttft,
+                         tpot_p95_seconds=tpot, requests=num_requests,
+                         output_tokens_per_second=float(t))
+        if rate_scale == 1.0:
+            self.taken[(plan, num_requests)] = s
+        return s
+
+
+def _dominates(a: GoodputScore, b: GoodputScore, request: PlanRequest) -> bool:
+    slo = request.policy.slo
+    assert slo.ttft_p95_seconds is not None and slo.tpot_p95_seconds is not None
+
+    def lat(x: GoodputScore) -> float:
+        return max(x.ttft_p95_seconds / slo.ttft_p95_seconds,
+                   x.tpot_p95_seconds / slo.tpot_p95_seconds)
+
+    ge = (a.goodput_requests_per_second >= b.goodput_requests_per_second
+          and a.output_tokens_per_second >= b.output_tokens_per_second and lat(a) <= lat(b))
+    return ge and (a.goodput_requests_per_second > b.goodput_requests_per_second
+                   or a.output_tokens_per_second > b.output_tokens_per_second
+                   or lat(a) < lat(b))
+
+
+def test_the_front_is_exactly_the_non_dominated_configurations_of_the_last_rung() -> None:
+    request = _request("H100")
+    scorer = ScrambledScorer()
+    pool = search(request, scorer, settings=SearchSettings(rungs=(30, 80), rate_steps=2))
+    s = pool.search
+    assert s is not None
+    final = {p: sc for (p, n), sc in scorer.taken.items() if n == 80}
+    assert len(final) >= 4
+    by_args = {tuple(p.vllm_args()): sc for p, sc in final.items()}
+    front = [p for p in s.front if p.on_front]
+    # Every front point is a configuration scored on the full stream, none dominates another,
+    # and no scored configuration dominates a front point.
+    for p in front:
+        sc = by_args[p.vllm_args]
+        assert not any(_dominates(o, sc, request) for o in final.values())
+    # Every non-dominated figure is on the front (once).
+    undominated = {(sc.goodput_requests_per_second, sc.output_tokens_per_second,
+                    sc.ttft_p95_seconds, sc.tpot_p95_seconds)
+                   for sc in final.values()
+                   if not any(_dominates(o, sc, request) for o in final.values())}
+    shown = {(p.goodput_requests_per_second, p.output_tokens_per_second, p.ttft_p95_seconds,
+              p.tpot_p95_seconds) for p in front}
+    assert shown == undominated
+    assert len(front) == len(shown)
+    # The chosen configuration is always listed, flagged when a tie rule kept a dominated one.
+    chosen = [p for p in s.front if p.chosen]
+    assert len(chosen) == 1 and chosen[0].vllm_args == tuple(pool.plan.vllm_args())
+    assert chosen[0].on_front == (not any(_dominates(o, by_args[chosen[0].vllm_args], request)
+                                          for o in final.values()))
+
+
+def test_cost_is_the_price_over_what_one_replica_serves() -> None:
+    pool = plan_by_goodput(_request("H100"), settings=QUICK)
+    price = price_for("H100", {"H100": 2.0})
+    assert price is not None and price.source == "--gpu-price H100=2"
+    costed = priced(pool, price)
+    s = costed.search
+    assert s is not None and s.cost is not None and s.front
+    assert s.output_tokens_per_second > 0
+    assert s.cost.usd_per_replica_hour == 2.0  # TP 1
+    assert s.cost.cost_per_million_output_tokens_usd == pytest.approx(
+        2.0 / (s.output_tokens_per_second * 3600) * 1e6)
+    assert s.cost.cost_per_million_good_requests_usd == pytest.approx(
+        2.0 / (s.goodput_requests_per_second * 3600) * 1e6)
+    for p in s.front:
+        assert p.cost_per_million_output_tokens_usd == pytest.approx(
+            2.0 / (p.output_tokens_per_second * 3600) * 1e6)
+    # No price, no figures (never a guess); the plan itself is the same either way.
+    assert priced(pool, None) is pool
+    assert costed.plan == pool.plan
+
+
+def _pair() -> tuple[PoolPlan, PoolPlan]:
+    # The same traffic, planned on two GPU classes.
+    return (plan_by_goodput(_request("H100", rate=10.0), settings=QUICK),
+            plan_by_goodput(_request("H200", rate=10.0), settings=QUICK))
+
+
+def test_prices_reorder_gpu_classes_when_the_price_ratio_crosses_the_goodput_ratio() -> None:
+    h100, h200 = _pair()
+    assert h100.search is not None and h200.search is not None
+    g100 = h100.search.goodput_requests_per_second
+    g200 = h200.search.goodput_requests_per_second
+    assert g100 > 0 and g200 > 0
+    # Break-even: the H100 price at which a good request costs the same on both.
+    p200 = 4.0
+    even = p200 * g100 / g200
+
+    def first(p100: float, scale: float = 1.0) -> str:
+        prices = {"H100": p100 * scale, "H200": p200 * scale}
+        ranked = rank_by_cost([priced(h100, price_for("H100", prices)),
+                               priced(h200, price_for("H200", prices))])
+        return ranked[0].gpu_class
+
+    assert first(even * 0.9) == "H100"
+    assert first(even * 1.1) == "H200"
+    # Scaling every price alike (another currency, a discount) changes no ranking.
+    assert first(even * 0.9, scale=7.0) == "H100"
+    assert first(even * 1.1, scale=0.3) == "H200"
+    # A class without a price sorts last, whatever its goodput.
+    ranked = rank_by_cost([priced(h100, None), priced(h200, price_for("H200", {}))])
+    assert [p.gpu_class for p in ranked] == ["H200", "H100"]
+
+
+def test_a_class_that_needs_more_replicas_pays_for_them() -> None:
+    # RAG traffic one H100 cannot serve within the SLO: the cost of serving it all counts
+    # the replicas needed.
+    pool = plan_by_goodput(_request("H100", "rag", 30.0, 1.0, 0.03), settings=QUICK)
+    s = priced(pool, price_for("H100", {})).search
+    assert s is not None and s.cost is not None and not s.slo_met
+    assert s.replicas_needed is not None and s.replicas_needed >= 2
+    assert s.cost.cost_per_million_requests_at_needed_replicas_usd == pytest.approx(
+        s.replicas_needed * s.cost.usd_per_replica_hour
+        / (s.observed_rate_per_second * 3600) * 1e6)
+
+
+def test_default_prices_cite_their_source_and_overrides_are_checked() -> None:
+    defaults = default_prices()
+    assert {"H100", "H200", "B200", "A100-80GB"} <= set(defaults)
+    for p in defaults.values():
+        assert p.usd_per_gpu_hour > 0 and "http" in p.source
+        assert get_gpu_class(p.gpu_class).name == p.gpu_class
+    assert price_for("h200") == defaults["H200"]
+    assert price_for("L4") is None  # no list price shipped: no cost shown
+    assert parse_overrides(["H100=2.49,h200=3.5", "B200=5"], "--gpu-price") == {
+        "H100": 2.49, "h200": 3.5, "B200": 5.0}
+    for bad in ("H100", "H100=", "H100=abc", "=3", "H100=-1", "H100=nan", "H100=0"):
+        with pytest.raises(InvalidInput, match=r"^--gpu-price=.*CLASS=USD"):
+            parse_overrides([bad], "--gpu-price")
+
