@@ -51,15 +51,28 @@ def load_handlers() -> list[str]:
 @click.option("--allowed-service-account", "service_accounts", multiple=True,
               help="A ServiceAccount a tenant's pod template may name, besides default and "
               "kvtune-runtime (repeatable; the chart's podPolicy.allowedServiceAccounts).")
+@click.option("--gpu-price", "gpu_prices", multiple=True, metavar="CLASS=USD",
+              help="Price of one GPU of a class per hour for the cost figures in status "
+              "(repeatable; the chart's gpuPrices). A pool's gpuPriceUsdPerHour overrides it; "
+              "without either, kvtune's list prices (tuner/facts/data/gpu_prices.json).")
 @click.option("--verbose", "-v", is_flag=True)
 def operator(kubeconfig: str | None, namespaces: tuple[str, ...], metrics_port: int,
              metrics_address: str, standalone: bool, peering_name: str | None,
              liveness_endpoint: str | None, priority: int | None, pod_security: str,
-             service_accounts: tuple[str, ...], verbose: bool) -> None:
+             service_accounts: tuple[str, ...], gpu_prices: tuple[str, ...],
+             verbose: bool) -> None:
     """Run the kvtune operator until interrupted."""
     import kopf
 
+    from kvtune.operator import gpu_prices as prices
     from kvtune.operator import handlers, metrics, pod_policy
+    from kvtune.tuner.errors import KVTuneError
+    from kvtune.tuner.facts.prices import parse_overrides
+
+    try:
+        prices.CONFIG.overrides = parse_overrides(gpu_prices, "--gpu-price")
+    except KVTuneError as exc:
+        raise click.BadParameter(str(exc), param_hint="--gpu-price") from None
 
     if standalone and peering_name:
         raise click.UsageError("--standalone and --peering exclude each other; pick one")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -176,7 +176,7 @@ def run_case(cli: VllmCli, model_id: str, gpu_name: str, tensor_parallel: int,
 _LOWERED = re.compile(r"lowered from (\d+) to (\d+)")
 
 
-def _warning_that_says_nothing(warnings: list[str]) -> str:
+def _warning_that_says_nothing(warnings: Sequence[str]) -> str:
     """A warning that a value was lowered must name a lower value."""
     for w in warnings:
         m = _LOWERED.search(w)

@@ -325,6 +325,10 @@ class PoolSpec(_Model):
     )
     replicas: int = Field(default=1, ge=0, le=512)
     tensor_parallel: Literal[1, 2, 4, 8] = 1
+    gpu_price_usd_per_hour: float | None = Field(
+        default=None, gt=0, le=100_000,
+        description="What one GPU of this pool costs per hour, in USD, for the cost figures in "
+        "status (overrides the chart's gpuPrices and kvtune's list prices).")
     node_selector: dict[str, str] | None = Field(default=None, max_length=16)
     tolerations: list[Toleration] | None = Field(default=None, max_length=16)
 
@@ -753,6 +757,19 @@ class RuntimeStatus(_Status):
     last_report_time: str | None = None
 
 
+class CostStatus(_Status):
+    """What the chosen configuration costs (tuner/planner/cost.py): one replica's GPUs for an
+    hour over what it serves of the pool's traffic at the observed rate."""
+
+    usd_per_gpu_hour: float
+    price_source: str
+    gpus_per_replica: int
+    cost_per_million_output_tokens_usd: float | None = None
+    cost_per_million_good_requests_usd: float | None = None
+    # When the SLO is missed: serving all the traffic on the replicas it needs.
+    cost_per_million_requests_at_needed_replicas_usd: float | None = None
+
+
 class PoolStatus(_Status):
     name: str
     gpu_class: str
@@ -781,6 +798,7 @@ class PoolStatus(_Status):
     # Set when the goodput search finds no configuration meeting the SLO at the observed
     # rate: the attainment, the rate one replica sustains and the replicas needed.
     slo_at_risk: str | None = None
+    cost: CostStatus | None = None  # the chosen configuration's, when the class has a price
 
 
 class TokenQuantilesStatus(_Status):

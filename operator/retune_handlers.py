@@ -295,11 +295,13 @@ def retune_once(
         kv_policy, kv_evidence = calibration_flow.from_status(spec, previous.kv_quality)
         policy = plan_stage.policy_for(spec).model_copy(update={"kv_quality": kv_policy})
         by_name = {p.pool_name: p for p in spec.pools}
+        index = {p.pool_name: i for i, p in enumerate(spec.pools)}
         for t in replan:
             assert t.observed is not None
             t.new_plan = plan_stage.plan_one_pool(spec, by_name[t.name], model, t.observed,
                                                   policy, kv_evidence,
-                                                  running=plans.get(t.name))
+                                                  running=plans.get(t.name),
+                                                  pool_field=f"spec.pools[{index[t.name]}]")
             t.material, why = retune.plan_change_matters(plans.get(t.name), t.new_plan.plan)
             if t.material:
                 t.reason = retune.PLAN_CHANGED

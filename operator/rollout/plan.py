@@ -16,7 +16,7 @@ from typing import Any
 from pydantic.alias_generators import to_camel
 
 from kvtune.operator import apply as kapply
-from kvtune.operator import calibration_flow
+from kvtune.operator import calibration_flow, gpu_prices
 from kvtune.operator import conditions as cond
 from kvtune.operator.api import (
     ExpectedStatus,
@@ -94,7 +94,8 @@ def resolve_model(spec: InferenceDeploymentSpec, namespace: str, kube: kapply.Ku
 def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
                   profile: WorkloadProfile, policy: PlanPolicy,
                   kv_quality_evidence: KVQualityEvidence | None = None,
-                  running: KVPlan | None = None) -> PoolPlan:
+                  running: KVPlan | None = None, pool_field: str = "spec.pools[]"
+                  ) -> PoolPlan:
     """The pool's plan: by the goodput search on traffic made from the observed profile
     when Prometheus gave one with an arrival rate (the same function as ``kvtune plan``),
     else by the planner's rules. ``running``: the plan the pool runs now (ties go to the
@@ -110,7 +111,10 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         vllm_version=spec.runtime.vllm_version, kv_quality_evidence=kv_quality_evidence,
     )
     if profile.source == "prometheus" and profile.request_rate_per_second:
-        searched: PoolPlan = plan_by_goodput(request, running=running)
+        from kvtune.tuner.planner.cost import priced
+
+        searched: PoolPlan = priced(plan_by_goodput(request, running=running),
+                                    gpu_prices.price_of(pool, pool_field))
         return searched
     result: PoolPlan = plan_pool(request)
     return result
@@ -248,7 +252,7 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
         evidence = gate.evidence if gate is not None else None
         pool_plan = inp.given if inp.given is not None else plan_one_pool(
             ctx.spec, pool, inp.model, inp.profile, policy, evidence,
-            running=running_plan(ctx.base))
+            running=running_plan(ctx.base), pool_field=ctx.field)
     except UnknownName as exc:
         return ctx.failed(cond.INVALID_SPEC, f"{ctx.field}.gpuClass: {exc}")
     except NoFeasiblePlan as exc:
@@ -287,7 +291,7 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
     status = base.model_copy(update={
         "gpu_class": pool_plan.gpu_class, "plan": knobs, "expected": expected,
         "reasons": reasons, "warnings": warnings, "plan_inputs": inputs,
-        "slo_at_risk": slo_at_risk(pool_plan),
+        "slo_at_risk": slo_at_risk(pool_plan), "cost": gpu_prices.cost_status(pool_plan),
         "vllm_args": vllm_args(render_input),
         "plan_hash": hash_, "revision": revision, "message": "", "profile": inp.profile_used,
     })

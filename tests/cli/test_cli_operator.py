@@ -17,6 +17,12 @@ def test_standalone_and_peering_exclude_each_other() -> None:
     assert result.exit_code == 2 and "exclude each other" in result.output
 
 
+def test_a_bad_gpu_price_is_refused_before_anything_starts() -> None:
+    result = CliRunner().invoke(operator, ["--gpu-price", "H100=free"])
+    assert result.exit_code == 2
+    assert "--gpu-price=" in result.output and "CLASS=USD" in result.output
+
+
 def test_handler_modules_of_other_parts_are_registered_when_installed() -> None:
     loaded = load_handlers()
     assert loaded[0] == "kvtune.operator.handlers"

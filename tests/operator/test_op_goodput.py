@@ -49,3 +49,36 @@ def test_an_slo_no_configuration_meets_is_at_risk_with_numbers() -> None:
     message = rec.slo_at_risk(plan)
     assert message is not None and message.startswith("SLO at risk")
     assert "req/s" in message and "%" in message
+
+
+def test_status_carries_the_chosen_cost_at_the_pools_own_price_or_the_charts() -> None:
+    from kvtune.operator import gpu_prices
+
+    body = copy.deepcopy(SAMPLE_SPEC)
+    body["pools"] = [{"gpuClass": "H200", "replicas": 1, "gpuPriceUsdPerHour": 2.0},
+                     {"gpuClass": "H100", "replicas": 1}, {"gpuClass": "H200-NVL", "replicas": 1}]
+    spec = InferenceDeploymentSpec.model_validate(body)
+    model = rec.resolve_model(spec, "llm", None)
+    policy = rec.policy_for(spec)
+    observed = preset_profile("chat").model_copy(update={
+        "source": "prometheus", "request_rate_per_second": 2.0})
+    h200, h100, nvl = spec.pools
+    gpu_prices.CONFIG.overrides = {"h200": 9.0, "H100": 1.5}
+    try:
+        own = gpu_prices.cost_status(rec.plan_one_pool(spec, h200, model, observed, policy,
+                                                       pool_field="spec.pools[0]"))
+        chart = gpu_prices.cost_status(rec.plan_one_pool(spec, h100, model, observed, policy,
+                                                         pool_field="spec.pools[1]"))
+    finally:
+        gpu_prices.CONFIG.overrides = {}
+    assert own is not None and own.usd_per_gpu_hour == 2.0
+    assert own.price_source == "spec.pools[0].gpuPriceUsdPerHour"
+    assert chart is not None and chart.usd_per_gpu_hour == 1.5
+    assert chart.price_source == "chart gpuPrices H100=1.5"
+    assert own.cost_per_million_output_tokens_usd and own.cost_per_million_good_requests_usd
+    # Camel-cased in status, as the CRD declares it.
+    assert "costPerMillionOutputTokensUsd" in own.model_dump(by_alias=True)
+    # Without the chart's price: the list price; a class without one shows no cost.
+    listed = gpu_prices.cost_status(rec.plan_one_pool(spec, h100, model, observed, policy))
+    assert listed is not None and listed.usd_per_gpu_hour == 3.0
+    assert gpu_prices.cost_status(rec.plan_one_pool(spec, nvl, model, observed, policy)) is None
