@@ -121,7 +121,8 @@ def render(ctx: PoolContext, planned: Planned,
         objects = [*objects, *routing.routing_objects(
             name=ctx.name, namespace=ctx.namespace, pool=pool.pool_name,
             pool_plan=planned.pool_plan, labels=dict(deployment["metadata"]["labels"]),
-            prefix_hit_rate=planned.pool_plan.expected.prefix_hit_rate)]
+            prefix_hit_rate=planned.pool_plan.expected.prefix_hit_rate,
+            multi_turn=planned.multi_turn)]
     return Rendered(
         render_input=inp, status=status,
         objects=[o for o in objects if o["kind"] not in RUNTIME_ACCESS_KINDS],
