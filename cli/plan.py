@@ -24,6 +24,7 @@ from kvtune.cli.options import (
     tp_option,
     weights_dtype_option,
 )
+from kvtune.cli.progress import Progress, progress_option
 from kvtune.tuner.errors import KVTuneError
 from kvtune.tuner.facts import catalog, gpus
 from kvtune.tuner.facts.capabilities import PINNED_VLLM_VERSION, get_runtime
@@ -391,6 +392,7 @@ def _models_help() -> str:
 @click.option("--pool", help="With --from-cluster: pin this pool's plan (name or GPU class).")
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), help="With --from-cluster.")
 @click.option("--list", "list_catalog", is_flag=True, help="List catalog models and GPU classes.")
+@progress_option()
 def plan(**opts: Any) -> None:
     """Plan the vLLM KV-cache configuration for one GPU pool, offline."""
     if opts.pop("list_catalog"):
@@ -413,8 +415,11 @@ def plan(**opts: Any) -> None:
                 update={"request_rate_per_second": opts["request_rate"]})})
         if opts["search"] and (opts["trace"] is not None or opts["request_rate"] is not None):
             trace = load_trace(opts["trace"]) if opts["trace"] is not None else None
-            pool = priced(plan_by_goodput(request, trace=trace), price_for(
-                request.gpu.name, prices))
+            # The search replays hundreds of requests per candidate: seconds of work.
+            with Progress("plan", opts["progress"]) as shown:
+                pool = priced(plan_by_goodput(
+                    request, trace=trace, progress=lambda step: shown(step.text())),
+                    price_for(request.gpu.name, prices))
         else:
             pool = plan_pool(request)
         text = render(pool, request, opts["output"])

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from kvtune.cli.progress import Progress, progress_option
 from kvtune.quality import layouts
 from kvtune.tuner.kv_quality import DEFAULT_MAX_KV_QUANTIZATION_KL
 
@@ -28,17 +29,19 @@ from kvtune.tuner.kv_quality import DEFAULT_MAX_KV_QUANTIZATION_KL
               "as quality.maxKVQuantizationKL.")
 @click.option("--out-file", "output", type=click.Path(path_type=Path), default=None,
               help="Write the full report (JSON) here.")
+@progress_option()
 def quality(model: Path, dtypes: str, device: str, max_prompt_tokens: int,
             prompts: Path | None, revision: str | None, max_kl: float,
-            output: Path | None) -> None:
+            output: Path | None, progress: bool | None) -> None:
     """Measure KV-quantization error (vLLM 0.33.0's layouts) against 16-bit KV."""
     from kvtune.quality import run as runner
 
     try:
-        report = runner.run(runner.RunOptions(
-            model=model, dtypes=runner.parse_dtypes(dtypes), device=device,
-            max_prompt_tokens=max_prompt_tokens, prompts=prompts, revision=revision,
-            output=output, max_kl=max_kl))
+        with Progress("quality", progress) as shown:
+            report = runner.run(runner.RunOptions(
+                model=model, dtypes=runner.parse_dtypes(dtypes), device=device,
+                max_prompt_tokens=max_prompt_tokens, prompts=prompts, revision=revision,
+                output=output, max_kl=max_kl), progress=shown)
     except runner.RunError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo("\n".join(runner.verdict_lines(report, max_kl)))

@@ -25,6 +25,7 @@ import click
 
 from kvtune.cli.options import gpu_option, model_option, tp_option, weights_dtype_option
 from kvtune.cli.outputs import plot_file, writable_file
+from kvtune.cli.progress import Progress, progress_option
 from kvtune.tuner.errors import InvalidInput, KVTuneError
 from kvtune.tuner.facts import catalog, gpus
 from kvtune.tuner.facts.capabilities import PINNED_VLLM_VERSION
@@ -34,6 +35,8 @@ from kvtune.tuner.planner.presets import profile_from_trace
 from kvtune.tuner.simulator import compare
 from kvtune.tuner.simulator.engine import SimulatedPlan
 from kvtune.tuner.simulator.metrics import SimResult, SLOTargets
+from kvtune.tuner.simulator.scheduler import ProgressHook
+from kvtune.tuner.simulator.scheduler import simulate as simulate_requests
 from kvtune.tuner.simulator.scoring import DEFAULT_SAMPLE_REQUESTS, SimulatorScorer
 from kvtune.tuner.simulator.workload import SimRequest, requests_from_trace
 from kvtune.tuner.traces import load_trace
@@ -149,11 +152,13 @@ def _row(config: SimulatedPlan, result: SimResult | None, slo: SLOTargets | None
               default="table", show_default=True)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="Write a PNG: KV usage and hit rate over time, TTFT CDF.")
+@progress_option()
 def simulate(
     trace_path: Path, model: str, gpu_name: str, tensor_parallel: int, weights_dtype: str,
     vllm_version: str, speed: float, limit: int | None, config_pairs: tuple[str, ...],
     compare_names: str, score_sample: int, ttft_slo: float | None, tpot_slo: float | None,
     per_request_path: Path | None, engine: str, output_format: str, plot_path: Path | None,
+    progress: bool | None,
 ) -> None:
     """Replay a trace through the KV-cache simulator and compare configurations."""
     # Outputs are checked before the replay, which can take a while on a long trace.
@@ -161,6 +166,7 @@ def simulate(
         plot_file(plot_path)
     if per_request_path is not None:
         writable_file(per_request_path, "--per-request")
+    shown = Progress("simulate", progress)
     try:
         for flag, value in (("--ttft-p95", ttft_slo), ("--tpot-p95", tpot_slo)):
             if value is not None and not (value > 0 and math.isfinite(value)):
@@ -183,13 +189,18 @@ def simulate(
         if engine == "vllm" and "contiguous" in names:
             raise InvalidInput("--compare", "contiguous", "vLLM only allocates paged blocks: "
                                "drop 'contiguous' with --engine vllm")
+        if "planned" in names and scorer is not None:
+            shown(f"planning 'planned': scoring its candidates on {score_sample:,} requests "
+                  "of the trace")
         configs = compare.configurations(request, names, overrides, scorer)
         requests = requests_from_trace(trace, speed=speed, limit=limit)
         rows = []
         results: list[SimResult] = []
-        for config in configs:
+        for i, config in enumerate(configs):
             t0 = time.perf_counter()
-            result = _replay(engine, requests, config) if config.starts else None
+            what = f"replaying {config.name} ({i + 1}/{len(configs)}), requests finished"
+            result = (_replay(engine, requests, config, shown.counter(what))
+                      if config.starts else None)
             row = _row(config, result, slo)
             row["wall_seconds"] = round(time.perf_counter() - t0, 3)
             rows.append(row)
@@ -197,6 +208,8 @@ def simulate(
                 results.append(result)
     except KVTuneError as exc:
         raise click.ClickException(str(exc)) from exc
+    finally:
+        shown.close()
 
     if per_request_path is not None:
         _write_per_request(per_request_path, results, slo)
@@ -252,13 +265,18 @@ def _write_per_request(path: Path, results: list[SimResult], slo: SLOTargets | N
             "file path") from exc
 
 
-def _replay(engine: str, requests: list[SimRequest], config: SimulatedPlan) -> SimResult:
+def _replay(engine: str, requests: list[SimRequest], config: SimulatedPlan,
+            progress: ProgressHook) -> SimResult:
     if engine == "vllm":
         # Lazy: vLLM and torch are an optional extra, and take ~10-20 s to import.
         from kvtune.oracle.vllm_engine import simulate_vllm
 
-        return simulate_vllm(requests, config.engine, config.cost, name=config.name)
-    return compare.run(requests, [config])[0]
+        progress(0, len(requests))  # vLLM's scheduler reports nothing until it is done
+        result = simulate_vllm(requests, config.engine, config.cost, name=config.name)
+        progress(len(requests), len(requests))
+        return result
+    return simulate_requests(requests, config.engine, config.cost, name=config.name,
+                             on_progress=progress)
 
 
 def _finite(value: Any) -> Any:

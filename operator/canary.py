@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from kvtune.operator.apply import rollout_done, rollout_stuck
 from kvtune.operator.canary_analysis import CanaryAnalysis
+from kvtune.operator.render import model_server
 
 Action = Literal["plain", "start", "wait", "analyse", "promote", "rollback", "rejected"]
 
@@ -106,7 +107,7 @@ def decide(
 def canary_objects(objects: list[dict[str, Any]], *, name: str, replicas: int) -> dict[str, Any]:
     """The canary Deployment from a pool's rendered objects: the same pods with the new plan,
     its own name, ``canaryReplicas`` replicas and a selector of its own (track=canary)."""
-    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    deployment = model_server(objects)
     canary = {**deployment, "metadata": {**deployment["metadata"], "name": name}}
     labels = {**deployment["metadata"]["labels"], TRACK_LABEL: "canary"}
     canary["metadata"]["labels"] = labels

@@ -279,6 +279,8 @@ def _reconcile_locked(
                                 "longer in the spec"))
 
     failures = [o.failure for o in outcomes if o.failure]
+    if gate.collision is not None:
+        failures.append((cond.NAME_COLLISION, gate.collision))
     rolling = [f"{o.status.name}: {o.rolling}" for o in outcomes if o.rolling]
     waiting = [o.status.name for o in outcomes if o.no_nodes]
     if failures:

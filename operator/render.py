@@ -24,7 +24,7 @@ import jinja2
 import yaml
 from jinja2.sandbox import SandboxedEnvironment
 
-from kvtune.operator import pod_policy, runtime_access, template_sandbox
+from kvtune.operator import endpoint_picker, pod_policy, runtime_access, template_sandbox
 from kvtune.tuner.plan import PoolPlan
 
 FIELD_MANAGER = "kvtune"
@@ -73,6 +73,13 @@ def object_name(name: str, pool: str) -> str:
         return full
     digest = hashlib.sha256(full.encode()).hexdigest()[:8]
     return f"{full[: _MAX_NAME - 9].rstrip('-')}-{digest}"
+
+
+def model_server(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pool's vLLM Deployment among its rendered objects (with spec.routing the pool also
+    has its endpoint picker's Deployment)."""
+    return next(o for o in objects if o.get("kind") == "Deployment"
+                and endpoint_picker.LABEL_PICKER not in (o["metadata"].get("labels") or {}))
 
 
 def plan_hash(pool_plan: PoolPlan, image: str) -> str:

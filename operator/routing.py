@@ -7,14 +7,15 @@ the Inference Extension CRDs), each pool gets:
   and canary), on vLLM's port, pointing at the pool's endpoint picker (EPP) Service. Its labels
   carry the plan's ``max-model-len`` and block size, so a router or a person can see which
   pool holds which requests;
+- the endpoint picker's Deployment and Service (``operator/endpoint_picker.py``);
 - the endpoint picker's configuration (``EndpointPickerConfig``, in a ConfigMap the EPP reads
   with ``--config-file``), in which the prefix-cache-aware scorer hashes prompts in blocks of
   **the plan's block size** with auto-tuning off, matches at most the plan's ``max-model-len``
   tokens and sizes its per-server LRU index to the plan's number of KV blocks. A scorer whose
   block size differs from vLLM's hashes different boundaries than vLLM caches: its hit
-  predictions, and so the prefix cache's use, are wasted. Both objects are rendered from the
-  same plan in the same reconcile, so a plan change moves the scorer's block size in the same
-  rollout.
+  predictions, and so the prefix cache's use, are wasted. All are rendered from the same
+  plan in the same reconcile, so a plan change moves the scorer's block size in the same
+  rollout (and restarts the EPP, which reads its configuration only at start).
 
 The plugin names and parameters are those of gateway-api-inference-extension v1.5.0
 (``pkg/epp/framework/plugins``: ``approx-prefix-cache-producer``'s ``blockSizeTokens``,
@@ -29,13 +30,14 @@ from typing import Any
 
 import yaml
 
+from kvtune.operator import endpoint_picker
 from kvtune.operator.render import LABEL_DEPLOYMENT, LABEL_POOL, VLLM_PORT, object_name
 from kvtune.tuner.plan import PoolPlan
 
-GIE_VERSION = "v1.5.0"
+GIE_VERSION = endpoint_picker.GIE_VERSION
 INFERENCE_POOL_API = "inference.networking.k8s.io/v1"
 EPP_CONFIG_API = "inference.networking.x-k8s.io/v1alpha1"
-EPP_PORT = 9002  # the EPP's ext-proc gRPC port (the Inference Extension's default)
+EPP_PORT = endpoint_picker.GRPC_PORT
 EPP_CONFIG_KEY = "epp-config.yaml"
 LABEL_MAX_MODEL_LEN = "kvtune.io/max-model-len"
 LABEL_BLOCK_SIZE = "kvtune.io/block-size"
@@ -109,7 +111,7 @@ def epp_config(pool_plan: PoolPlan, *, prefix_hit_rate: float | None = None) -> 
 def routing_objects(*, name: str, namespace: str, pool: str, pool_plan: PoolPlan,
                     labels: dict[str, str],
                     prefix_hit_rate: float | None = None) -> list[dict[str, Any]]:
-    """The pool's InferencePool and its endpoint picker's ConfigMap."""
+    """The pool's InferencePool, its endpoint picker's ConfigMap, Deployment and Service."""
     plan = pool_plan.plan
     pool_name = object_name(name, pool)
     picker = epp_name(name, pool)
@@ -131,13 +133,17 @@ def routing_objects(*, name: str, namespace: str, pool: str, pool_plan: PoolPlan
                                   "port": {"number": EPP_PORT}, "failureMode": "FailOpen"},
         },
     }
+    config_text = yaml.safe_dump(epp_config(pool_plan, prefix_hit_rate=prefix_hit_rate),
+                                 sort_keys=False)
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": picker, "namespace": namespace, "labels": meta_labels,
                      "annotations": {ANNOTATION_SCORER_WEIGHTS: why}},
-        "data": {EPP_CONFIG_KEY: yaml.safe_dump(epp_config(pool_plan,
-                                                           prefix_hit_rate=prefix_hit_rate),
-                                                sort_keys=False)},
+        "data": {EPP_CONFIG_KEY: config_text},
     }
-    return [inference_pool, config_map]
+    return [inference_pool, config_map,
+            endpoint_picker.deployment(picker=picker, namespace=namespace, pool_name=pool_name,
+                                       labels=meta_labels, config_key=EPP_CONFIG_KEY,
+                                       config_text=config_text),
+            endpoint_picker.service(picker=picker, namespace=namespace, labels=meta_labels)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,10 +49,12 @@ def parse_dtypes(text: str) -> tuple[str, ...]:
 
 
 def progress(message: str) -> None:
+    """The calibration Job's progress: every line to stderr, its log (``kvtune quality``
+    passes the cli's progress helper instead)."""
     print(f"[kvtune quality] {message}", file=sys.stderr, flush=True)
 
 
-def run(options: RunOptions) -> KVQualityReport:
+def run(options: RunOptions, progress: Callable[[str], None] = progress) -> KVQualityReport:
     from kvtune.quality import measure
 
     if not options.model.exists() and not measure.looks_like_hub_id(str(options.model)):

@@ -154,3 +154,39 @@ def create_runtime_access(api_client: Any, namespace: str) -> None:
         except ApiException as exc:
             if exc.status != 409:
                 raise
+
+
+def service_account_kubeconfig(api_client: Any, kubeconfig: Path, namespace: str, sa: str,
+                               path: Path) -> Path:
+    """A kubeconfig that authenticates as ServiceAccount ``namespace/sa`` with a short-lived
+    TokenRequest token (what the kubelet mounts into its pods), on ``kubeconfig``'s cluster."""
+    token = client.CoreV1Api(api_client).create_namespaced_service_account_token(
+        sa, namespace, client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))
+    ).status.token
+    cluster = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "local", "cluster": cluster}],
+        "users": [{"name": sa, "user": {"token": token}}],
+        "contexts": [{"name": sa, "context": {"cluster": "local", "user": sa}}],
+        "current-context": sa,
+    }))
+    path.chmod(0o600)
+    return path
+
+
+def create_objects(api_client: Any, objects: list[dict[str, Any]]) -> None:
+    """Create ServiceAccounts, Roles and RoleBindings (what a chart would), in order; one that
+    exists is left as it is."""
+    core, rbac = client.CoreV1Api(api_client), client.RbacAuthorizationV1Api(api_client)
+    create = {"ServiceAccount": core.create_namespaced_service_account,
+              "ConfigMap": core.create_namespaced_config_map,
+              "Role": rbac.create_namespaced_role,
+              "RoleBinding": rbac.create_namespaced_role_binding}
+    for obj in objects:
+        try:
+            create[obj["kind"]](obj["metadata"]["namespace"], obj)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise

@@ -13,7 +13,7 @@ from typing import Any
 
 from kvtune.operator import apply as kapply
 from kvtune.operator.api import PoolStatus
-from kvtune.operator.render import object_name
+from kvtune.operator.render import model_server, object_name
 from kvtune.operator.rollout.canary import CanaryResult
 from kvtune.operator.rollout.outcome import Event, PoolContext, PoolOutcome
 from kvtune.operator.rollout.plan import Planned
@@ -55,6 +55,6 @@ def apply(ctx: PoolContext, planned: Planned, rendered: Rendered,
         ctx.events.append(Event("Normal", "RolloutStarted", f"Deployment "
                                 f"{object_name(ctx.name, pool.pool_name)} rolls out plan "
                                 f"revision {planned.revision}"))
-    deployment = next(o for o in applied if o.get("kind") == "Deployment")
+    deployment = model_server(applied)
     return Applied(deployment=deployment,
                    status=rendered.status.model_copy(update={"canary": None}))

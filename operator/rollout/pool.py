@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from kvtune.operator import apply as kapply
 from kvtune.operator import calibration_flow
 from kvtune.operator import pools as gpu_pools
+from kvtune.operator.render import model_server
 from kvtune.operator.rollout.apply import apply, apply_access
 from kvtune.operator.rollout.canary import canary
 from kvtune.operator.rollout.observe import observe
@@ -30,7 +31,7 @@ def rollout_pool(ctx: PoolContext, inp: PlanInput,
     if gate is not None and not gate.hold:
         # A narrower KV dtype no measurement covers: measure it first (a Job on this pool's
         # nodes, as this pool's pod), and plan the pool again with the wider dtype held.
-        deployment = next(o for o in rendered.objects if o["kind"] == "Deployment")
+        deployment = model_server(rendered.objects)
         try:
             started = calibration_flow.maybe_start(ctx.kube, ctx.body, ctx.spec, gate,
                                                    planned.pool_plan, deployment)

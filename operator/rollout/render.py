@@ -23,6 +23,7 @@ from kvtune.operator.render import (
     ANNOTATION_PLAN_HASH,
     RenderError,
     RenderInput,
+    model_server,
     object_name,
     render_pool,
 )
@@ -39,7 +40,8 @@ class Rendered:
     render_input: RenderInput  # with the placement and the pod template
     status: PoolStatus  # the planned pool's status with its node count
     # Deployment, Service, PDB (and with spec.routing the InferencePool and its endpoint
-    # picker's ConfigMap: a new plan moves the scorer's block size in the same apply)
+    # picker's ConfigMap, Deployment and Service: a new plan moves the scorer's block size
+    # in the same apply)
     objects: list[dict[str, Any]]
     access: list[dict[str, Any]]  # the runtime's access objects, applied first
     running_hash: str | None  # the plan hash of the Deployment running now
@@ -111,7 +113,7 @@ def render(ctx: PoolContext, planned: Planned,
                               "was installed without routing (the chart value routing.enabled, "
                               "which needs the Gateway API Inference Extension's CRDs): set it, "
                               "or set spec.routing.enabled=false")
-        deployment = next(o for o in objects if o["kind"] == "Deployment")
+        deployment = model_server(objects)
         objects = [*objects, *routing.routing_objects(
             name=ctx.name, namespace=ctx.namespace, pool=pool.pool_name,
             pool_plan=planned.pool_plan, labels=dict(deployment["metadata"]["labels"]),

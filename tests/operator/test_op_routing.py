@@ -5,16 +5,22 @@ from __future__ import annotations
 import yaml
 from op_samples import make_pool_plan
 
-from kvtune.operator import routing
+from kvtune.operator import endpoint_picker, pod_policy, routing
 
 LABELS = {"kvtune.io/deployment": "bot", "kvtune.io/pool": "h200"}
 
 
+def _by_kind(objects: list[dict]) -> dict[str, dict]:  # type: ignore[type-arg]
+    kinds = {o["kind"]: o for o in objects}
+    assert len(kinds) == len(objects)
+    return kinds
+
+
 def _objects(**knobs: object) -> tuple[dict, dict]:  # type: ignore[type-arg]
-    pool, config_map = routing.routing_objects(
+    kinds = _by_kind(routing.routing_objects(
         name="bot", namespace="llm", pool="h200", pool_plan=make_pool_plan(**knobs),
-        labels=LABELS)
-    return pool, config_map
+        labels=LABELS))
+    return kinds["InferencePool"], kinds["ConfigMap"]
 
 
 def _producer(config_map: dict) -> dict:  # type: ignore[type-arg]
@@ -49,16 +55,73 @@ def test_the_inference_pool_selects_the_pools_pods_and_carries_its_limits() -> N
 
 
 def test_low_prefix_reuse_lowers_the_prefix_scorers_weight_and_says_why() -> None:
-    _, cm = routing.routing_objects(name="bot", namespace="llm", pool="h200",
-                                    pool_plan=make_pool_plan(), labels=LABELS,
-                                    prefix_hit_rate=0.02)
+    cm = _by_kind(routing.routing_objects(name="bot", namespace="llm", pool="h200",
+                                          pool_plan=make_pool_plan(), labels=LABELS,
+                                          prefix_hit_rate=0.02))["ConfigMap"]
     config = yaml.safe_load(cm["data"][routing.EPP_CONFIG_KEY])
     weights = {p["pluginRef"]: p.get("weight") for p in config["schedulingProfiles"][0]["plugins"]}
     assert weights["prefix-cache-scorer"] == 1
     assert "2%" in cm["metadata"]["annotations"][routing.ANNOTATION_SCORER_WEIGHTS]
-    _, cm = routing.routing_objects(name="bot", namespace="llm", pool="h200",
-                                    pool_plan=make_pool_plan(), labels=LABELS,
-                                    prefix_hit_rate=0.6)
+    cm = _by_kind(routing.routing_objects(name="bot", namespace="llm", pool="h200",
+                                          pool_plan=make_pool_plan(), labels=LABELS,
+                                          prefix_hit_rate=0.6))["ConfigMap"]
     config = yaml.safe_load(cm["data"][routing.EPP_CONFIG_KEY])
     weights = {p["pluginRef"]: p.get("weight") for p in config["schedulingProfiles"][0]["plugins"]}
     assert weights["prefix-cache-scorer"] == 3
+
+
+def test_the_endpoint_picker_reads_the_pools_config_and_serves_the_pools_ref() -> None:
+    kinds = _by_kind(routing.routing_objects(name="bot", namespace="llm", pool="h200",
+                                             pool_plan=make_pool_plan(), labels=LABELS))
+    pool, cm, dep, svc = (kinds[k] for k in ("InferencePool", "ConfigMap", "Deployment",
+                                              "Service"))
+    ref = pool["spec"]["endpointPickerRef"]
+    # The ref names the EPP's Service, on its ext-proc port, which selects the EPP's pods.
+    assert (ref["kind"], ref["name"]) == ("Service", svc["metadata"]["name"])
+    grpc = next(p for p in svc["spec"]["ports"] if p["name"] == "grpc-ext-proc")
+    assert grpc["port"] == ref["port"]["number"] == 9002
+    template = dep["spec"]["template"]
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"] \
+        == template["metadata"]["labels"]
+    # The EPP's pods are not the pool's model servers: nothing that selects those takes them.
+    selector = pool["spec"]["selector"]["matchLabels"]
+    assert not set(selector.items()) <= set(template["metadata"]["labels"].items())
+    (container,) = template["spec"]["containers"]
+    args = container["args"]
+    assert args[args.index("--pool-name") + 1] == pool["metadata"]["name"]
+    assert args[args.index("--pool-namespace") + 1] == "llm"
+    (volume,) = template["spec"]["volumes"]
+    assert volume["configMap"]["name"] == cm["metadata"]["name"]
+    assert args[args.index("--config-file") + 1] == \
+        f"{container['volumeMounts'][0]['mountPath']}/{routing.EPP_CONFIG_KEY}"
+    assert template["spec"]["serviceAccountName"] == endpoint_picker.SERVICE_ACCOUNT
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    # The EPP pod meets the strictest Pod Security level (its account is the chart's own).
+    found = pod_policy.violations(template, "restricted")
+    assert [v for v in found if "serviceAccountName" not in v] == [], found
+
+
+def test_a_new_plan_restarts_the_endpoint_picker_and_a_reworded_reason_does_not() -> None:
+    def config_hash(**knobs: object) -> str:
+        kinds = _by_kind(routing.routing_objects(
+            name="bot", namespace="llm", pool="h200", pool_plan=make_pool_plan(**knobs),
+            labels=LABELS))
+        annotations = kinds["Deployment"]["spec"]["template"]["metadata"]["annotations"]
+        return str(annotations[endpoint_picker.ANNOTATION_CONFIG_HASH])
+
+    # The EPP reads its configuration once, at start: a new block size must restart it.
+    assert config_hash(block_size=32) != config_hash(block_size=16)
+    assert config_hash(block_size=32) == config_hash(block_size=32)
+
+
+def test_the_endpoint_pickers_access_is_read_only_and_namespaced() -> None:
+    sa, role, binding = endpoint_picker.namespace_objects("llm")
+    assert (sa["kind"], role["kind"], binding["kind"]) == ("ServiceAccount", "Role",
+                                                            "RoleBinding")
+    verbs = {v for rule in role["rules"] for v in rule["verbs"]}
+    assert verbs == {"get", "list", "watch"}
+    resources = {r for rule in role["rules"] for r in rule["resources"]}
+    assert resources == {"pods", "inferencepools", "inferenceobjectives",
+                         "inferencemodelrewrites"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                    "namespace": "llm"}]

@@ -1,22 +1,34 @@
 """The rendered routing objects against the Gateway API Inference Extension's real CRDs (the
-pinned release's own manifests, installed into the local control plane): the API server keeps
-every field kvtune renders (a misspelt one would be pruned by the structural schema), refuses
-an invalid pool, and a new plan moves the scorer's block size."""
+pinned release's own manifests, installed into the local control plane) and its real endpoint
+picker: the API server keeps every field kvtune renders (a misspelt one would be pruned by the
+structural schema) and refuses an invalid pool; a new plan moves the scorer's block size; the
+endpoint picker loads the rendered configuration and, authenticated as the ServiceAccount the
+chart grants it, reads its InferencePool and watches the pool's pods."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from op_cluster_helpers import ensure_namespace, install_crd
+from op_cluster_helpers import (
+    create_objects,
+    ensure_namespace,
+    install_crd,
+    service_account_kubeconfig,
+)
 from op_samples import make_pool_plan
 
 from kvtune.e2e.inference_extension import crd_paths
-from kvtune.operator import routing
+from kvtune.operator import endpoint_picker, routing
 
 NS = "routing"
 LABELS = {"kvtune.io/deployment": "bot", "kvtune.io/pool": "h200"}
@@ -24,84 +36,111 @@ GROUP, VERSION, PLURAL = "inference.networking.k8s.io", "v1", "inferencepools"
 APPLY = "application/apply-patch+yaml"
 
 
-def _apply_pool(api_client: Any, obj: dict[str, Any]) -> dict[str, Any]:
-    custom = client.CustomObjectsApi(api_client)
-    custom.patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, obj["metadata"]["name"],
-                                          obj, field_manager="kvtune", force=True,
-                                          _content_type=APPLY)
-    return custom.get_namespaced_custom_object(  # type: ignore[no-any-return]
-        GROUP, VERSION, NS, PLURAL, obj["metadata"]["name"])
+def _apply(api_client: Any, obj: dict[str, Any]) -> dict[str, Any]:
+    """Server-side apply as kvtune does; what the server then holds."""
+    name, kw = obj["metadata"]["name"], {"field_manager": "kvtune", "force": True,
+                                         "_content_type": APPLY}
+    if obj["kind"] == "InferencePool":
+        custom = client.CustomObjectsApi(api_client)
+        custom.patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name, obj, **kw)
+        return custom.get_namespaced_custom_object(  # type: ignore[no-any-return]
+            GROUP, VERSION, NS, PLURAL, name)
+    api = {"ConfigMap": (client.CoreV1Api, "config_map"), "Service": (client.CoreV1Api,
+                                                                       "service"),
+           "Deployment": (client.AppsV1Api, "deployment")}[obj["kind"]]
+    group = api[0](api_client)
+    getattr(group, f"patch_namespaced_{api[1]}")(name, NS, obj, **kw)
+    held = getattr(group, f"read_namespaced_{api[1]}")(name, NS, _preload_content=False)
+    return json.loads(held.data)  # type: ignore[no-any-return]
 
 
-def _apply_config_map(api_client: Any, obj: dict[str, Any]) -> None:
-    client.CoreV1Api(api_client).patch_namespaced_config_map(
-        obj["metadata"]["name"], NS, obj, field_manager="kvtune", force=True,
-        _content_type=APPLY)
+def _rendered(block_size: int = 32) -> dict[str, dict[str, Any]]:
+    objects = routing.routing_objects(name="bot", namespace=NS, pool="h200",
+                                      pool_plan=make_pool_plan(block_size=block_size),
+                                      labels=LABELS)
+    return {o["kind"]: o for o in objects}
 
 
-@pytest.mark.cluster
-def test_routing_objects_are_accepted_as_rendered_by_the_real_crds(local_cluster: Any) -> None:
+def _setup(local_cluster: Any) -> Any:
     api_client = local_cluster.api_client()
     for path in crd_paths():
         install_crd(api_client, path)
     ensure_namespace(api_client, NS)
+    return api_client
 
-    pool, config_map = routing.routing_objects(
-        name="bot", namespace=NS, pool="h200", pool_plan=make_pool_plan(block_size=32),
-        labels=LABELS)
-    held = _apply_pool(api_client, pool)
+
+@pytest.mark.cluster
+def test_routing_objects_are_accepted_as_rendered_by_the_real_crds(local_cluster: Any) -> None:
+    api_client = _setup(local_cluster)
+    rendered = _rendered(32)
+    held = {kind: _apply(api_client, obj) for kind, obj in rendered.items()}
+    pool = rendered["InferencePool"]
     # The structural schema prunes unknown fields: what the server holds is what was rendered.
-    assert held["spec"] == pool["spec"]
-    assert held["metadata"]["labels"] == pool["metadata"]["labels"]
-    _apply_config_map(api_client, config_map)
+    assert held["InferencePool"]["spec"] == pool["spec"]
+    assert held["InferencePool"]["metadata"]["labels"] == pool["metadata"]["labels"]
+    # The endpoint picker as the server holds it: the ref resolves to its Service, whose
+    # selector takes the Deployment's pods (and not the model servers'), mounting the config.
+    ref = held["InferencePool"]["spec"]["endpointPickerRef"]
+    service, deployment = held["Service"], held["Deployment"]
+    assert service["metadata"]["name"] == ref["name"]
+    assert ref["port"]["number"] in [p["port"] for p in service["spec"]["ports"]]
+    template = deployment["spec"]["template"]
+    assert service["spec"]["selector"].items() <= template["metadata"]["labels"].items()
+    assert not pool["spec"]["selector"]["matchLabels"].items() <= \
+        template["metadata"]["labels"].items()
+    assert template["spec"]["volumes"][0]["configMap"]["name"] == \
+        held["ConfigMap"]["metadata"]["name"]
+    assert template["spec"]["containers"][0]["args"] == \
+        rendered["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert template["spec"]["serviceAccountName"] == endpoint_picker.SERVICE_ACCOUNT
 
     broken = json.loads(json.dumps(pool))
     broken["spec"]["targetPorts"] = [{"number": 0}]
     with pytest.raises(ApiException) as refused:
-        _apply_pool(api_client, broken)
+        _apply(api_client, broken)
     assert refused.value.status == 422
 
-    # A new plan (block 16): both objects follow, in the same apply.
-    pool2, config_map2 = routing.routing_objects(
-        name="bot", namespace=NS, pool="h200", pool_plan=make_pool_plan(block_size=16),
-        labels=LABELS)
-    assert _apply_pool(api_client, pool2)["metadata"]["labels"][routing.LABEL_BLOCK_SIZE] == "16"
-    _apply_config_map(api_client, config_map2)
-    stored = client.CoreV1Api(api_client).read_namespaced_config_map(
-        config_map2["metadata"]["name"], NS)
-    config = yaml.safe_load(stored.data[routing.EPP_CONFIG_KEY])
+    # A new plan (block 16): the pool, the configuration and the EPP's pods follow, in the
+    # same apply (the EPP reads its configuration only at start: a new hash restarts it).
+    hash_before = template["metadata"]["annotations"][endpoint_picker.ANNOTATION_CONFIG_HASH]
+    rendered2 = _rendered(16)
+    held2 = {kind: _apply(api_client, obj) for kind, obj in rendered2.items()}
+    assert held2["InferencePool"]["metadata"]["labels"][routing.LABEL_BLOCK_SIZE] == "16"
+    config = yaml.safe_load(held2["ConfigMap"]["data"][routing.EPP_CONFIG_KEY])
     producer = next(p for p in config["plugins"] if p["type"] == "approx-prefix-cache-producer")
     assert producer["parameters"]["blockSizeTokens"] == 16
+    annotations = held2["Deployment"]["spec"]["template"]["metadata"]["annotations"]
+    assert annotations[endpoint_picker.ANNOTATION_CONFIG_HASH] != hash_before
 
 
-def _run_endpoint_picker(local_cluster: Any, config_text: str, tmp_path: Any,
-                         timeout_seconds: float) -> tuple[int | None, str]:
-    """The Inference Extension's own endpoint picker on ``config_text``, against the local
-    cluster; (exit code or None while running, its log) once it has loaded its configuration
-    or exited."""
-    import os
-    import subprocess
-    import time
-
-    from kvtune.e2e.inference_extension import endpoint_picker
+def _epp_args(rendered: dict[str, Any], config: Path) -> list[str]:
+    """The rendered Deployment's arguments, with the config file and ports of this machine."""
     from kvtune.e2e.prometheus import free_port
 
-    config = tmp_path / "epp-config.yaml"
-    config.write_text(config_text)
-    log_path = tmp_path / "epp.log"
-    env = {**os.environ, "KUBECONFIG": str(local_cluster.kubeconfig_path)}
+    args = list(rendered["spec"]["template"]["spec"]["containers"][0]["args"])
+    local = {"--config-file": str(config), "--grpc-port": str(free_port()),
+             "--grpc-health-port": str(free_port()), "--metrics-port": str(free_port())}
+    for flag, value in local.items():
+        args[args.index(flag) + 1] = value
+    return args
+
+
+def _run_endpoint_picker(kubeconfig: Path, args: list[str], log_path: Path,
+                         done: Callable[[str], bool], timeout_seconds: float
+                         ) -> tuple[int | None, str]:
+    """The Inference Extension's own endpoint picker with ``args`` against the local cluster;
+    (exit code or None while running, its log) once ``done(log)`` or it exited."""
+    from kvtune.e2e.inference_extension import endpoint_picker as epp_binary
+
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [str(endpoint_picker()), "--config-file", str(config), "--pool-name", "bot-h200",
-             "--pool-namespace", NS, "--grpc-port", str(free_port()),
-             "--grpc-health-port", str(free_port()), "--metrics-port", str(free_port()),
-             "--metrics-endpoint-auth=false"],
-            stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen([str(epp_binary()), *args], stdout=log,
+                                stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.monotonic() + timeout_seconds
         while time.monotonic() < deadline:
             text = log_path.read_text()
-            if proc.poll() is not None or "Instantiated all plugins" in text:
+            if proc.poll() is not None or done(text):
                 break
             time.sleep(0.2)
         return proc.poll(), log_path.read_text()
@@ -112,18 +151,18 @@ def _run_endpoint_picker(local_cluster: Any, config_text: str, tmp_path: Any,
 
 @pytest.mark.cluster
 def test_the_endpoint_picker_loads_the_rendered_configuration(local_cluster: Any,
-                                                              tmp_path: Any) -> None:
-    api_client = local_cluster.api_client()
-    for path in crd_paths():
-        install_crd(api_client, path)
-    ensure_namespace(api_client, NS)
-    pool, config_map = routing.routing_objects(
-        name="bot", namespace=NS, pool="h200", pool_plan=make_pool_plan(block_size=32),
-        labels=LABELS)
-    _apply_pool(api_client, pool)
-    text = config_map["data"][routing.EPP_CONFIG_KEY]
+                                                              tmp_path: Path) -> None:
+    api_client = _setup(local_cluster)
+    rendered = _rendered(32)
+    _apply(api_client, rendered["InferencePool"])
+    text = rendered["ConfigMap"]["data"][routing.EPP_CONFIG_KEY]
+    config = tmp_path / "epp-config.yaml"
+    kubeconfig = Path(local_cluster.kubeconfig_path)
 
-    code, log = _run_endpoint_picker(local_cluster, text, tmp_path, 120)
+    config.write_text(text)
+    code, log = _run_endpoint_picker(kubeconfig, _epp_args(rendered["Deployment"], config),
+                                     tmp_path / "epp.log",
+                                     lambda t: "Instantiated all plugins" in t, 120)
     assert code is None, f"the endpoint picker exited ({code}) on kvtune's configuration:\n{log}"
     assert "Instantiated all plugins" in log
     assert "approx-prefix-cache-producer" in log
@@ -132,6 +171,57 @@ def test_the_endpoint_picker_loads_the_rendered_configuration(local_cluster: Any
     # start, so the check above is not vacuous.
     broken = text.replace("blockSizeTokens: 32", "blockSizeTokens: 0")
     assert broken != text
-    code, log = _run_endpoint_picker(local_cluster, broken, tmp_path, 120)
+    config.write_text(broken)
+    code, log = _run_endpoint_picker(kubeconfig, _epp_args(rendered["Deployment"], config),
+                                     tmp_path / "epp-broken.log",
+                                     lambda t: "Instantiated all plugins" in t, 120)
     assert code not in (None, 0), log
     assert "BlockSizeTokens must be > 0" in log
+
+
+@pytest.mark.cluster
+def test_the_endpoint_picker_runs_with_only_the_access_the_chart_grants(
+        local_cluster: Any, tmp_path: Path) -> None:
+    """Authenticated as kvtune-endpoint-picker (a TokenRequest token, as its pod would be),
+    with the rendered arguments: it reads its InferencePool and watches the pool's pods. As
+    an account without that Role it is refused, so the first check is not vacuous."""
+    api_client = _setup(local_cluster)
+    create_objects(api_client, endpoint_picker.namespace_objects(NS))
+    create_objects(api_client, [{"apiVersion": "v1", "kind": "ServiceAccount",
+                                 "metadata": {"name": "no-role", "namespace": NS}}])
+    rendered = _rendered(32)
+    _apply(api_client, rendered["InferencePool"])
+    config = tmp_path / "epp-config.yaml"
+    config.write_text(rendered["ConfigMap"]["data"][routing.EPP_CONFIG_KEY])
+    admin = Path(local_cluster.kubeconfig_path)
+    # A model server of the pool: the endpoint picker must see it through its pod watch.
+    pod_name = "bot-h200-model-server"
+    try:
+        client.CoreV1Api(api_client).create_namespaced_pod(NS, {
+            "metadata": {"name": pod_name, "labels": LABELS},
+            "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.33.0"}]}})
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    args = _epp_args(rendered["Deployment"], config)
+
+    as_picker = service_account_kubeconfig(api_client, admin, NS,
+                                           endpoint_picker.SERVICE_ACCOUNT,
+                                           tmp_path / "picker.kubeconfig")
+    # Once it has read the pool, it lists the pool's pods and starts collecting each one's
+    # metrics (at its pod IP, which the local cluster's kwok assigns).
+    code, log = _run_endpoint_picker(as_picker, args, tmp_path / "epp.log",
+                                     lambda t: "starting collection" in t, 120)
+    assert code is None, f"the endpoint picker exited ({code}):\n{log[-3000:]}"
+    assert "Reconciling InferencePool" in log
+    pod_ip = client.CoreV1Api(api_client).read_namespaced_pod(pod_name, NS).status.pod_ip
+    collecting = [line for line in log.splitlines() if "starting collection" in line]
+    assert pod_ip and any(pod_ip in line for line in collecting), log[-3000:]
+    assert "forbidden" not in log.lower(), log[-3000:]
+
+    as_nobody = service_account_kubeconfig(api_client, admin, NS, "no-role",
+                                           tmp_path / "nobody.kubeconfig")
+    code, log = _run_endpoint_picker(as_nobody, args, tmp_path / "epp-nobody.log",
+                                     lambda t: "forbidden" in t.lower(), 120)
+    assert "forbidden" in log.lower(), log[-3000:]
+    assert "starting collection" not in log

@@ -54,10 +54,10 @@ def test_kvtune_quality_on_a_random_init_model(tiny_config: Path, few_prompts: P
     result = CliRunner().invoke(cli, [
         "quality", "--model", str(tiny_config), "--dtypes", "fp8,int8_per_token_head,"
         "int4_per_token_head", "--device", "cpu", "--max-prompt-tokens", "40",
-        "--prompts", str(few_prompts), "--out-file", str(out)])
+        "--prompts", str(few_prompts), "--out-file", str(out), "--progress"])
     assert result.exit_code == 0, result.output
     assert "random weights initialised from config.json" in result.output
-    assert "[kvtune quality] prompt 3/3" in result.output  # progress, on stderr
+    assert "[kvtune quality] prompt 3/3" in result.stderr  # progress, forced off a terminal
     report = json.loads(out.read_text())
     assert report["weights"] == "random-init" and report["prompt_set"]["tokens"] == 120
     by = {m["dtype"]: m for m in report["measurements"]}

@@ -35,9 +35,9 @@ Pure: no clock, no I/O, no randomness beyond the scorer's seeded traffic.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from kvtune.tuner import kv_quality
 from kvtune.tuner.plan import (
@@ -134,6 +134,35 @@ class SearchSettings:
 
 
 DEFAULT_SETTINGS = SearchSettings()
+
+
+@dataclass(frozen=True, slots=True)
+class SearchProgress:
+    """Where a running search is, for a caller that shows it (``kvtune plan`` on stderr):
+    ``done`` of ``total`` scores taken in the current stage. The search takes seconds; it
+    reports after every score and never reads a clock."""
+
+    stage: Literal["halving", "block size", "sustainable rate"]
+    done: int
+    total: int
+    candidates: int  # candidates that passed pre-flight
+    round: int = 0  # successive-halving round, from 1
+    rounds: int = 0
+    requests: int = 0  # requests each score replays
+
+    def text(self) -> str:
+        if self.stage == "halving":
+            return (f"searching {self.candidates} candidates: {self.done}/{self.total} "
+                    f"(successive halving round {self.round}/{self.rounds}, "
+                    f"{self.requests} requests each)")
+        if self.stage == "block size":
+            return (f"trying block sizes on the best candidate: {self.done}/{self.total} "
+                    f"({self.requests} requests each)")
+        return (f"bisecting the rate one replica sustains within the SLO: "
+                f"{self.done}/{self.total}")
+
+
+SearchProgressHook = Callable[[SearchProgress], None]
 
 
 @dataclass(slots=True)
@@ -305,9 +334,10 @@ def _why_lost(loser: _Scored, best: _Scored, run: PlanRun, tie: float, reference
 
 def search(
     request: PlanRequest, scorer: GoodputScorer, running: KVPlan | None = None,
-    settings: SearchSettings | None = None,
+    settings: SearchSettings | None = None, progress: SearchProgressHook | None = None,
 ) -> PoolPlan:
-    """Plan one pool by SLO-goodput (module doc). Raises what ``plan_pool`` raises."""
+    """Plan one pool by SLO-goodput (module doc). Raises what ``plan_pool`` raises.
+    ``progress`` is told after every score (``SearchProgress``)."""
     settings = settings or DEFAULT_SETTINGS
     base_pool = plan_pool(request)
     base = base_pool.plan
@@ -317,8 +347,17 @@ def search(
     reference = running or base
     rungs = sorted({min(n, scorer.max_requests) for n in settings.rungs})
 
-    def scored(plans: Sequence[KVPlan], n: int) -> list[_Scored]:
-        return [_Scored(p, book.score(p, n), changed_knobs(p, reference)) for p in plans]
+    def scored(plans: Sequence[KVPlan], n: int, stage: SearchProgress | None = None
+               ) -> list[_Scored]:
+        out: list[_Scored] = []
+        for i, p in enumerate(plans):
+            out.append(_Scored(p, book.score(p, n), changed_knobs(p, reference)))
+            if progress is not None and stage is not None:
+                progress(SearchProgress(
+                    stage=stage.stage, done=i + 1, total=len(plans),
+                    candidates=stage.candidates, round=stage.round, rounds=stage.rounds,
+                    requests=n))
+        return out
 
     pool = [p for p in _candidates(run, base, rate, settings) if _starts(request, p)]
     if base not in pool:
@@ -327,7 +366,8 @@ def search(
     survivors = pool
     ranked: list[_Scored] = []
     for i, n in enumerate(rungs):
-        ranked = _order(scored(survivors, n), run, settings.tie)
+        stage = SearchProgress("halving", 0, len(survivors), considered, i + 1, len(rungs))
+        ranked = _order(scored(survivors, n, stage), run, settings.tie)
         if i < len(rungs) - 1:
             survivors = _promote(ranked)
     # Block size for the finalists (their dtype's sizes the backend accepts).
@@ -340,7 +380,8 @@ def search(
                 if p not in extra and all(p != y.plan for y in ranked) and _starts(request, p):
                     extra.append(p)
     considered += len(extra)
-    ranked = _order([*ranked, *scored(extra, final_n)], run, settings.tie)
+    stage = SearchProgress("block size", 0, len(extra), considered)
+    ranked = _order([*ranked, *scored(extra, final_n, stage)], run, settings.tie)
     best = ranked[0]
     for x in ranked[1:]:
         x.lost = _why_lost(x, best, run, settings.tie,
@@ -352,7 +393,8 @@ def search(
     max_scale: float | None = None
     replicas: int | None = None
     if not meets:
-        max_scale = _sustainable_scale(book, best.plan, final_n, settings)
+        max_scale = _sustainable_scale(book, best.plan, final_n, settings, progress,
+                                       considered)
         replicas = math.ceil(1.0 / max_scale) if max_scale > 0 else None
     summary = SearchSummary(
         observed_rate_per_second=rate,
@@ -432,16 +474,28 @@ def _same_figures(a: FrontPoint, b: FrontPoint) -> bool:
             and a.latency_vs_slo == b.latency_vs_slo)
 
 
-def _sustainable_scale(book: _Book, plan: KVPlan, n: int, settings: SearchSettings) -> float:
+def _sustainable_scale(book: _Book, plan: KVPlan, n: int, settings: SearchSettings,
+                       progress: SearchProgressHook | None = None, candidates: int = 0
+                       ) -> float:
     """The largest fraction of the observed rate at which ``plan`` meets the SLO (bisection
     in ``rate_steps`` steps); 0 when not even a trickle (requests a thousand times further
     apart, each served alone) meets it."""
-    if book.score(plan, n, _TRICKLE).slo_attainment < settings.slo_attainment:
+    total = settings.rate_steps + 1
+
+    def told(done: int) -> None:
+        if progress is not None:
+            progress(SearchProgress("sustainable rate", done, total, candidates, requests=n))
+
+    trickle = book.score(plan, n, _TRICKLE).slo_attainment
+    told(1)
+    if trickle < settings.slo_attainment:
         return 0.0
     lo, hi = _TRICKLE, 1.0
-    for _ in range(settings.rate_steps):
+    for step in range(settings.rate_steps):
         mid = (lo + hi) / 2
-        if book.score(plan, n, mid).slo_attainment >= settings.slo_attainment:
+        attainment = book.score(plan, n, mid).slo_attainment
+        told(step + 2)
+        if attainment >= settings.slo_attainment:
             lo = mid
         else:
             hi = mid
@@ -541,6 +595,8 @@ __all__ = [
     "SLO_ATTAINMENT",
     "GoodputScore",
     "GoodputScorer",
+    "SearchProgress",
+    "SearchProgressHook",
     "SearchSettings",
     "changed_knobs",
     "grid",

@@ -28,6 +28,7 @@ from kvtune.tuner.planner.search import (
     DEFAULT_SETTINGS,
     DEFAULT_TTFT_SECONDS,
     GoodputScore,
+    SearchProgressHook,
     SearchSettings,
     search,
 )
@@ -118,10 +119,11 @@ def _key(request: PlanRequest, reqs: Sequence[SimRequest], running: KVPlan | Non
 def plan_by_goodput(
     request: PlanRequest, trace: Trace | None = None, running: KVPlan | None = None,
     seed: int = 0, settings: SearchSettings = DEFAULT_SETTINGS,
+    progress: SearchProgressHook | None = None,
 ) -> PoolPlan:
     """The pool's plan chosen by simulated SLO-goodput (module doc). Without an arrival rate
     (no trace, none in the profile) there is no traffic to replay: the rule-based plan,
-    with a warning saying so."""
+    with a warning saying so. ``progress`` follows the search (not on a cache hit)."""
     if trace is None and not request.profile.request_rate_per_second:
         base = plan_pool(request)
         return base.model_copy(update={"warnings": (
@@ -136,7 +138,8 @@ def plan_by_goodput(
     if hit is not None:
         _cache.move_to_end(key)
         return hit
-    result = search(request, TrafficScorer(reqs), running=running, settings=settings)
+    result = search(request, TrafficScorer(reqs), running=running, settings=settings,
+                    progress=progress)
     _cache[key] = result
     while len(_cache) > _CACHE_SIZE:
         _cache.popitem(last=False)

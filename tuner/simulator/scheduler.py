@@ -154,17 +154,25 @@ class RequestState:
 
 
 StepHook = Callable[["Scheduler"], None]
+# Progress of a replay: (requests finished, requests in all). The caller shows it; the
+# scheduler only counts (no clock, no I/O).
+ProgressHook = Callable[[int, int], None]
+# A replay reports progress about this many times (every 5% of its requests) and once at the
+# end: often enough to show movement, rarely enough to cost nothing.
+PROGRESS_REPORTS = 20
 
 
 class Scheduler:
     """Replays ``requests`` (sorted by arrival) under ``config``; ``run()`` returns the result.
 
-    ``on_step`` (tests) is called after every simulated step or decode run.
+    ``on_step`` (tests) is called after every simulated step or decode run; ``on_progress``
+    with (finished, all) requests every ``PROGRESS_REPORTS``-th of them and at the end.
     """
 
     def __init__(
         self, requests: Sequence[SimRequest], config: EngineConfig, cost: StepCostModel,
         name: str = "", on_step: StepHook | None = None, decode_runs: bool = True,
+        on_progress: ProgressHook | None = None,
     ) -> None:
         self.config = config
         # False: step every decode step exactly (the reference the decode runs must match).
@@ -172,6 +180,8 @@ class Scheduler:
         self.cost = cost
         self.name = name
         self.on_step = on_step
+        self.on_progress = on_progress
+        self.finished = 0  # requests retired so far
         if config.allocation == "contiguous":
             # One block = one max_model_len reservation, over the same KV memory.
             self.block_size = config.max_model_len
@@ -315,6 +325,8 @@ class Scheduler:
         states = self.states
         n = len(states)
         idx = 0
+        stride = max(1, n // PROGRESS_REPORTS)
+        next_report = stride
         while True:
             while idx < n and states[idx].req.arrival_seconds <= self.now:
                 if states[idx].output_tokens > 0:
@@ -331,6 +343,11 @@ class Scheduler:
                 self._step(next_arrival)
             if self.on_step is not None:
                 self.on_step(self)
+            if self.on_progress is not None and self.finished >= next_report:
+                self.on_progress(min(self.finished, n), n)
+                next_report = (self.finished // stride + 1) * stride
+        if self.on_progress is not None:
+            self.on_progress(n, n)  # requests with no output tokens never run
         return self._result()
 
     def _sample(self, dt: float, fragmented_slots: int, allocated_slots: int) -> None:
@@ -353,6 +370,7 @@ class Scheduler:
     def _retire(self, st: RequestState) -> None:
         """A finished request leaves (already out of ``running`` or about to be)."""
         st.finish_seconds = self.now
+        self.finished += 1
         self._free(st)
 
     def _finish_done(self) -> None:
@@ -614,7 +632,8 @@ class Scheduler:
 
 def simulate(
     requests: Sequence[SimRequest], config: EngineConfig, cost: StepCostModel, name: str = "",
-    on_step: StepHook | None = None,
+    on_step: StepHook | None = None, on_progress: ProgressHook | None = None,
 ) -> SimResult:
     """Replay ``requests`` under ``config``; pure (same inputs, same result)."""
-    return Scheduler(requests, config, cost, name=name, on_step=on_step).run()
+    return Scheduler(requests, config, cost, name=name, on_step=on_step,
+                     on_progress=on_progress).run()
