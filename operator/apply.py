@@ -139,8 +139,9 @@ def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-# The Gateway API Inference Extension's InferencePool (group, version).
+# The Gateway API Inference Extension's InferencePool and Gateway API's HTTPRoute.
 _INFERENCE_POOL = ("inference.networking.k8s.io", "v1")
+_HTTP_ROUTE = ("gateway.networking.k8s.io", "v1")
 
 
 def _patcher(kube: Kube, kind: str) -> Callable[..., Any]:
@@ -159,6 +160,10 @@ def _patcher(kube: Kube, kind: str) -> Callable[..., Any]:
         "InferencePool": lambda name, namespace, body, **kw:
             kube.custom.patch_namespaced_custom_object(
                 *_INFERENCE_POOL, namespace, "inferencepools", name, body, **kw),
+        # spec.routing.gateway (operator/http_route.py)
+        "HTTPRoute": lambda name, namespace, body, **kw:
+            kube.custom.patch_namespaced_custom_object(
+                *_HTTP_ROUTE, namespace, "httproutes", name, body, **kw),
     }
     if kind not in patchers:
         raise ApplyError(f"kvtune does not apply objects of kind {kind!r}")
@@ -178,6 +183,9 @@ def _reader(kube: Kube, kind: str) -> Callable[..., Any]:
         "InferencePool": lambda name, namespace, **kw:
             kube.custom.get_namespaced_custom_object(
                 *_INFERENCE_POOL, namespace, "inferencepools", name, **kw),
+        "HTTPRoute": lambda name, namespace, **kw:
+            kube.custom.get_namespaced_custom_object(
+                *_HTTP_ROUTE, namespace, "httproutes", name, **kw),
     }
     if kind not in readers:
         raise ApplyError(f"kvtune does not apply objects of kind {kind!r}")

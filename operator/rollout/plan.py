@@ -180,6 +180,9 @@ class Planned:
     revision: int  # bumped when the hash changes
     status: PoolStatus  # the pool's status carrying the new plan
     render_input: RenderInput  # what the render stage renders (placement added there)
+    # The traffic continues conversations (history re-sent): the endpoint picker keeps a
+    # request on the pods that hold its prefix (operator/routing.py).
+    multi_turn: bool = False
 
 
 def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
@@ -228,4 +231,4 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
                                 f"({pool_plan.gpu_class}) plan revision {revision}: "
                                 f"{' '.join(pool_plan.plan.vllm_args())}"))
     return Planned(pool_plan=pool_plan, plan_hash=hash_, revision=revision, status=status,
-                   render_input=render_input)
+                   render_input=render_input, multi_turn=inp.profile.multi_turn)
