@@ -851,6 +851,10 @@ class PoolStatus(_Status):
     warnings: list[str] = []
     vllm_args: list[str] = []
     plan_hash: str | None = None
+    # Digest of what the plan in force was made from (rollout/plan.planning_inputs): while it
+    # holds, the plan is kept as it is, even by a kvtune whose planner would now choose
+    # otherwise (an operator upgrade never re-plans a running pool on its own).
+    plan_inputs: str | None = None
     revision: int = 0
     canary: CanaryStatus | None = None
     # A plan that failed its canary; kvtune does not try it again (another plan will be).
