@@ -35,6 +35,11 @@ class ApplyError(Exception):
     """The API server refused an object; the message quotes its kind, name and reason."""
 
 
+class Forbidden(ApplyError):
+    """The operator's account may not read or write that object there (403): the chart did
+    not grant it in that namespace."""
+
+
 class NameCollision(ApplyError):
     """An object of that kind and name exists and kvtune did not create it for this
     InferenceDeployment (and pool); the message says whose it is and the fix."""
@@ -69,6 +74,10 @@ class Kube:
     @property
     def apps(self) -> client.AppsV1Api:
         return client.AppsV1Api(self.api_client)
+
+    @property
+    def batch(self) -> client.BatchV1Api:
+        return client.BatchV1Api(self.api_client)
 
     @property
     def policy(self) -> client.PolicyV1Api:
@@ -130,8 +139,9 @@ def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-# The Gateway API Inference Extension's InferencePool (group, version).
+# The Gateway API Inference Extension's InferencePool and Gateway API's HTTPRoute.
 _INFERENCE_POOL = ("inference.networking.k8s.io", "v1")
+_HTTP_ROUTE = ("gateway.networking.k8s.io", "v1")
 
 
 def _patcher(kube: Kube, kind: str) -> Callable[..., Any]:
@@ -145,9 +155,15 @@ def _patcher(kube: Kube, kind: str) -> Callable[..., Any]:
         "RoleBinding": kube.rbac.patch_namespaced_role_binding,
         # spec.routing (operator/routing.py): the endpoint picker's configuration and pool
         "ConfigMap": kube.core.patch_namespaced_config_map,
+        # spec.quality.calibration (operator/calibration_flow.py)
+        "Job": kube.batch.patch_namespaced_job,
         "InferencePool": lambda name, namespace, body, **kw:
             kube.custom.patch_namespaced_custom_object(
                 *_INFERENCE_POOL, namespace, "inferencepools", name, body, **kw),
+        # spec.routing.gateway (operator/http_route.py)
+        "HTTPRoute": lambda name, namespace, body, **kw:
+            kube.custom.patch_namespaced_custom_object(
+                *_HTTP_ROUTE, namespace, "httproutes", name, body, **kw),
     }
     if kind not in patchers:
         raise ApplyError(f"kvtune does not apply objects of kind {kind!r}")
@@ -163,9 +179,13 @@ def _reader(kube: Kube, kind: str) -> Callable[..., Any]:
         "Role": kube.rbac.read_namespaced_role,
         "RoleBinding": kube.rbac.read_namespaced_role_binding,
         "ConfigMap": kube.core.read_namespaced_config_map,
+        "Job": kube.batch.read_namespaced_job,
         "InferencePool": lambda name, namespace, **kw:
             kube.custom.get_namespaced_custom_object(
                 *_INFERENCE_POOL, namespace, "inferencepools", name, **kw),
+        "HTTPRoute": lambda name, namespace, **kw:
+            kube.custom.get_namespaced_custom_object(
+                *_HTTP_ROUTE, namespace, "httproutes", name, **kw),
     }
     if kind not in readers:
         raise ApplyError(f"kvtune does not apply objects of kind {kind!r}")
@@ -179,8 +199,9 @@ def read_object(kube: Kube, kind: str, namespace: str, name: str) -> dict[str, A
     except ApiException as exc:
         if exc.status == 404:
             return None
-        raise ApplyError(f"{kind} {namespace}/{name}: kvtune cannot read it to check who owns "
-                         f"it ({_reason(exc)}); grant the operator `get` on it") from exc
+        error = Forbidden if exc.status == 403 else ApplyError
+        raise error(f"{kind} {namespace}/{name}: kvtune cannot read it to check who owns "
+                    f"it ({_reason(exc)}); grant the operator `get` on it") from exc
 
 
 # Labels that tell one pool's objects (and a canary) from another's of the same object.
@@ -242,8 +263,9 @@ def apply_object(kube: Kube, obj: dict[str, Any], *, dry_run: bool = False,
             raise NameCollision(
                 f"{obj['kind']} {meta['namespace']}/{meta['name']} appeared meanwhile with "
                 f"fields another manager owns ({_reason(exc)}); kvtune leaves it alone") from exc
-        raise ApplyError(f"{obj['kind']} {meta['namespace']}/{meta['name']} was refused by the "
-                         f"API server: {_reason(exc)}") from exc
+        error = Forbidden if exc.status == 403 else ApplyError
+        raise error(f"{obj['kind']} {meta['namespace']}/{meta['name']} was refused by the "
+                    f"API server: {_reason(exc)}") from exc
 
 
 def apply_pool(
@@ -259,6 +281,13 @@ def apply_pool(
     for obj, ours in owned:
         apply_object(kube, obj, dry_run=True, force=ours)
     return [apply_object(kube, obj, force=ours) for obj, ours in owned]
+
+
+def apply_owned(kube: Kube, obj: dict[str, Any], owner: Mapping[str, Any]) -> dict[str, Any]:
+    """One object that no other object's admission depends on: ``check_ours``, then apply
+    (no dry run: there is nothing to keep all-or-nothing with)."""
+    obj = {**obj, "metadata": {**obj["metadata"], "ownerReferences": [owner_reference(owner)]}}
+    return apply_object(kube, obj, force=check_ours(kube, obj, owner))
 
 
 def apply_each(

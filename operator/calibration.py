@@ -9,9 +9,11 @@ out for a model revision, keep the report, and gate the plans on it.
 - The report comes back on the Job's pod: the ``kvtune.io/kv-quality-report`` annotation
   (patched by the Job with the runtime ServiceAccount's get/patch-pods Role), else the
   container's termination message (compact JSON, at most 4096 bytes).
-- The operator keeps it in the ConfigMap ``kvtune-kvq-<hash of model@revision>`` (key
-  ``report.json``; measurements merged per dtype, so the cache is per model revision and
-  dtype) and summarises it in ``status.kvQuality``.
+- The operator keeps it in the ConfigMap ``kvtune-kvq-<hash of deployment, model@revision>``
+  (key ``report.json``; measurements merged per dtype, so the cache is per model revision and
+  dtype) and summarises it in ``status.kvQuality``. The Job and the ConfigMap are applied
+  like every child (``apply.apply_owned``): a name taken by an object kvtune did not create
+  for this InferenceDeployment is a NameCollision, never a takeover.
 - While the Job runs, and when it failed (timeout included), plans are made with
   ``require_measurement``: the wider dtype stays.
 
@@ -55,8 +57,15 @@ def _digest(*parts: str, length: int = 10) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:length]
 
 
-def cache_name(model: str, revision: str) -> str:
-    """The report ConfigMap of one model revision."""
+def cache_name(deployment: str, model: str, revision: str) -> str:
+    """The report ConfigMap of one InferenceDeployment's model revision. Its own: a report
+    counts only from a ConfigMap the InferenceDeployment controls, so two of them serving one
+    model in a namespace must not write one name (the second would be a NameCollision)."""
+    return f"kvtune-kvq-{_digest(deployment, model, revision)}"
+
+
+def shared_cache_name(model: str, revision: str) -> str:
+    """The name kvtune gave the report ConfigMap before it was per InferenceDeployment."""
     return f"kvtune-kvq-{_digest(model, revision)}"
 
 

@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kvtune.operator import apply as kapply
@@ -26,9 +25,6 @@ from kvtune.operator.api import InferenceDeploymentSpec, KVQualityStatus, Qualit
 from kvtune.tuner import kv_quality
 from kvtune.tuner.plan import PoolPlan
 from kvtune.tuner.planner.policy import PlanPolicy
-
-_FIELD_MANAGER = "kvtune"
-_APPLY = "application/apply-patch+yaml"
 
 
 @dataclass
@@ -45,6 +41,9 @@ class Gate:
     failure: str = ""
     started_jobs: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # The report ConfigMap's name is taken by an object kvtune did not create for this
+    # InferenceDeployment: the report is not stored (Degraded/NameCollision), only used.
+    collision: str | None = None
 
     @property
     def evidence(self) -> kv_quality.KVQualityEvidence | None:
@@ -126,10 +125,6 @@ def with_gate(policy: PlanPolicy, gate: Gate) -> PlanPolicy:
     return policy.model_copy(update={"kv_quality": gate.policy()})
 
 
-def _batch(kube: kapply.Kube) -> client.BatchV1Api:
-    return client.BatchV1Api(kube.api_client)
-
-
 def _read_config_map(kube: kapply.Kube, namespace: str, name: str) -> dict[str, Any] | None:
     try:
         return kapply._json(kube.core.read_namespaced_config_map(
@@ -140,27 +135,10 @@ def _read_config_map(kube: kapply.Kube, namespace: str, name: str) -> dict[str, 
         raise
 
 
-def _apply(kube: kapply.Kube, obj: dict[str, Any], owner: Mapping[str, Any]) -> None:
-    obj = {**obj, "metadata": {**obj["metadata"],
-                               "ownerReferences": [kapply.owner_reference(owner)]}}
-    meta = obj["metadata"]
-    kwargs: dict[str, Any] = {"field_manager": _FIELD_MANAGER, "force": True,
-                              "_content_type": _APPLY, "_preload_content": False}
-    try:
-        if obj["kind"] == "Job":
-            _batch(kube).patch_namespaced_job(meta["name"], meta["namespace"], obj, **kwargs)
-        else:
-            kube.core.patch_namespaced_config_map(meta["name"], meta["namespace"], obj,
-                                                  **kwargs)
-    except ApiException as exc:
-        raise kapply.ApplyError(f"{obj['kind']} {meta['namespace']}/{meta['name']} was "
-                                f"refused by the API server: {kapply._reason(exc)}") from exc
-
-
 def _jobs(kube: kapply.Kube, namespace: str, deployment: str) -> list[dict[str, Any]]:
     selector = (f"{calibration.LABEL_DEPLOYMENT}={deployment},"
                 f"{calibration.LABEL_KV_QUALITY}=calibration")
-    items: list[dict[str, Any]] = kapply._json(_batch(kube).list_namespaced_job(
+    items: list[dict[str, Any]] = kapply._json(kube.batch.list_namespaced_job(
         namespace, label_selector=selector, _preload_content=False)).get("items", [])
     return items
 
@@ -173,18 +151,24 @@ def prepare(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeploymen
     revision = spec.model.revision or calibration.UNPINNED
     quality = spec.quality or QualitySpec()
     gate = Gate(model=model, revision=revision, config_map=calibration.cache_name(
-        model, revision), quality=quality)
+        name, model, revision), quality=quality)
     try:
         # Only a report this InferenceDeployment wrote counts: a ConfigMap of that name made
         # by anyone else must not vouch for a dtype.
         cached = calibration.report_from_config_map(calibration.owned_by(
             _read_config_map(kube, namespace, gate.config_map), meta.get("uid")))
+        # Reports kept under the name kvtune used before (one per model revision) still
+        # count, so an upgrade neither re-calibrates nor re-plans; moved on the next write.
+        kept = cached if cached is not None else calibration.report_from_config_map(
+            calibration.owned_by(_read_config_map(
+                kube, namespace, calibration.shared_cache_name(model, revision)),
+                meta.get("uid")))
         jobs = _jobs(kube, namespace, name) if quality.calibration.enabled else []
     except ApiException as exc:
         # E.g. an older chart without the Job/ConfigMap rights: plan without the cache.
         gate.notes.append(f"cannot read the KV-quality report or Jobs: {kapply._reason(exc)}")
         return gate
-    report = cached
+    report = kept
     reports_cm = _read_config_map(kube, namespace, calibration.RUNTIME_REPORTS_CONFIG_MAP) \
         if jobs else None
     jobs = [j for j in jobs if calibration.owned_by(j, meta.get("uid")) is not None]
@@ -203,9 +187,14 @@ def prepare(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeploymen
         elif result.phase == "succeeded" and result.report is not None:
             report = calibration.merge_reports(report, result.report)
     if report is not None and report != cached:
-        _apply(kube, calibration.report_config_map(
-            name=gate.config_map, namespace=namespace, model=model, revision=revision,
-            report=report, labels={calibration.LABEL_DEPLOYMENT: name}), body)
+        try:
+            kapply.apply_owned(kube, calibration.report_config_map(
+                name=gate.config_map, namespace=namespace, model=model, revision=revision,
+                report=report, labels={calibration.LABEL_DEPLOYMENT: name}), body)
+        except kapply.NameCollision as exc:
+            gate.collision = f"the KV-quality report: {exc}"
+        except kapply.Forbidden as exc:  # used for this reconcile, not kept
+            gate.notes.append(f"the report is not kept: {exc}")
     gate.report = report
     if gate.report is not None:
         # A measured revision is no failure: the report wins over a stale failed Job.
@@ -242,7 +231,17 @@ def maybe_start(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeplo
         timeout_seconds=quality.calibration.timeout_seconds(),
         max_prompt_tokens=quality.calibration.max_prompt_tokens,
         labels={calibration.LABEL_DEPLOYMENT: meta["name"]})
-    _apply(kube, job, body)
+    try:
+        kapply.apply_owned(kube, job, body)  # NameCollision: someone else's Job of that name
+    except kapply.Forbidden:
+        # Calibration Jobs are granted per runtime namespace (the chart's Role), not
+        # cluster-wide: here the dtype stays unverified, as without a calibration image.
+        note = (f"kvtune may not run calibration Jobs in namespace {meta['namespace']} (403): "
+                f"add it to the chart value runtime.namespaces; until then the narrower dtype "
+                f"is unverified")
+        if note not in gate.notes:
+            gate.notes.append(note)
+        return False
     gate.started_jobs.append(name)
     return True
 

@@ -40,6 +40,8 @@ INVALID_SPEC = "InvalidSpec"  # a spec field that can never work (names field, v
 NO_FEASIBLE_PLAN = "NoFeasiblePlan"  # the model does not fit a pool
 UNKNOWN_MODEL = "UnknownModel"
 INVALID_POD_TEMPLATE = "InvalidPodTemplate"  # the user's template renders no valid object
+# The namespace's templates are rendering or used their CPU budget (render_fairness): retried.
+TEMPLATE_RENDER_DEFERRED = "TemplateRenderDeferred"
 APPLY_FAILED = "ApplyFailed"
 # An object of a child's kind and name exists that kvtune did not create for this
 # InferenceDeployment and pool: it is left alone (never adopted or overwritten).

@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kvtune.operator import apply as kapply
-from kvtune.operator import calibration_flow
+from kvtune.operator import calibration_flow, http_route
 from kvtune.operator import conditions as cond
 from kvtune.operator import pools as gpu_pools
 from kvtune.operator import status as status_writer
@@ -45,7 +45,7 @@ from kvtune.operator.api import (
     ProfileStatus,
 )
 from kvtune.operator.locks import object_lock
-from kvtune.operator.render import object_name
+from kvtune.operator.render import LABEL_DEPLOYMENT, object_name
 from kvtune.operator.rollout import observe
 from kvtune.operator.rollout.outcome import Event, PoolContext
 from kvtune.operator.rollout.plan import PlanInput, policy_for, resolve_model
@@ -279,6 +279,12 @@ def _reconcile_locked(
                                 "longer in the spec"))
 
     failures = [o.failure for o in outcomes if o.failure]
+    if mode == "auto":
+        refused = _apply_route(kube, body, spec, [o.status for o in outcomes])
+        if refused is not None:
+            failures.append(refused)
+    if gate.collision is not None:
+        failures.append((cond.NAME_COLLISION, gate.collision))
     rolling = [f"{o.status.name}: {o.rolling}" for o in outcomes if o.rolling]
     waiting = [o.status.name for o in outcomes if o.no_nodes]
     if failures:
@@ -330,7 +336,33 @@ def _reconcile_locked(
         pool_summary=pool_summary([o.status for o in outcomes]), kv_quality=gate.status(),
     ))
     # Rollouts are followed by the rollout timer (refresh_rollout), not by retries.
-    return finish(status, retry_after=NO_NODES_RETRY_SECONDS if waiting else None)
+    retries = [o.retry_after for o in outcomes if o.retry_after is not None]
+    if waiting:
+        retries.append(NO_NODES_RETRY_SECONDS)
+    return finish(status, retry_after=min(retries) if retries else None)
+
+
+def _apply_route(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeploymentSpec,
+                 pools: list[PoolStatus]) -> tuple[str, str] | None:
+    """Apply the HTTPRoute of ``spec.routing.gateway`` over the pools that are routed; the
+    failure (reason, message) when the API server refused it."""
+    meta = body["metadata"]
+    route = http_route.route_for(
+        name=meta["name"], namespace=meta["namespace"],
+        labels={LABEL_DEPLOYMENT: meta["name"]}, routing=spec.routing, pools=pools,
+        inference_pool_name={p.pool_name: object_name(meta["name"], p.pool_name)
+                             for p in spec.pools})
+    if route is None:
+        return None
+    try:
+        kapply.apply_pool(kube, [route], body)
+    except kapply.ApplyError as exc:
+        reason = cond.NAME_COLLISION if isinstance(exc, kapply.NameCollision) \
+            else cond.APPLY_FAILED
+        return reason, (f"spec.routing.gateway: the HTTPRoute {meta['name']}: {exc} (Gateway "
+                        f"API's CRDs {http_route.GATEWAY_API_VERSION} or later, experimental "
+                        f"channel for sessionHeader, must be installed)")
+    return None
 
 
 def base_status(spec: InferenceDeploymentSpec, pool: PoolSpec, prev: PoolStatus | None,
@@ -344,6 +376,8 @@ def base_status(spec: InferenceDeploymentSpec, pool: PoolSpec, prev: PoolStatus 
         reasons=list(prev.reasons) if prev else [], vllm_args=list(prev.vllm_args) if prev
         else [], plan_hash=prev.plan_hash if prev else None, revision=prev.revision if prev
         else 0, canary=prev.canary if prev else None,
+        plan_inputs=prev.plan_inputs if prev else None,
+        warnings=list(prev.warnings) if prev else [],
         rejected_plan_hash=prev.rejected_plan_hash if prev else None,
         # What the runtime reported is refreshed by the runtime-reports timer only.
         runtime=prev.runtime if prev and spec.runtime.entrypoint == "kvtune" else None,

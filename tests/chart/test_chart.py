@@ -272,13 +272,15 @@ def _rbac_doc_rules(namespaced: bool) -> set[tuple[str, str, str]]:
 
 @pytest.mark.parametrize("namespaced", [False, True], ids=["cluster-wide", "namespaced"])
 def test_rbac_grants_exactly_what_docs_rbac_lists(helm: Path, namespaced: bool) -> None:
-    docs = render(helm, *(NAMESPACED if namespaced else []))
+    # With every grant that a value switches on: runtime namespaces (calibration), routing.
+    docs = render(helm, *(NAMESPACED if namespaced else ["--set", "runtime.namespaces={llm}"]),
+                  "--set", "routing.enabled=true")
     granted: set[tuple[str, str, str]] = set()
     for doc in by_kind(docs, "ClusterRole") + by_kind(docs, "Role"):
         if "aggregate-to" in str(doc["metadata"].get("labels")):
             continue  # the view/edit roles for people, not the operator's
-        if doc["metadata"]["name"] == "kvtune-runtime-reporter":
-            continue  # the runtime pods', not the operator's
+        if doc["metadata"]["name"] in ("kvtune-runtime-reporter", "kvtune-endpoint-picker"):
+            continue  # the runtime pods' and the endpoint pickers', not the operator's
         for rule in doc["rules"]:
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
@@ -303,6 +305,35 @@ def test_packaged_chart_carries_what_it_renders_and_no_tooling(helm: Path, tmp_p
     assert {f"kvtune/files/crds/{p.name}" for p in (CHART / "files/crds").glob("*.yaml")} <= names
     assert {f"kvtune/dashboards/{p.name}" for p in (CHART / "dashboards").glob("*.json")} <= names
     assert not [n for n in names if n.startswith("kvtune/hack/")]
+
+
+@pytest.mark.parametrize(("args", "namespaces"), [
+    ([], set()),  # cluster mode: nowhere unless listed
+    (["--set", "runtime.namespaces={llm}"], {"llm"}),
+    (NAMESPACED, {"llm", "batch"}),
+    ([*NAMESPACED, "--set", "runtime.namespaces={llm}"], {"llm"}),
+], ids=["cluster", "cluster-listed", "namespaced", "namespaced-listed"])
+def test_calibration_is_granted_per_runtime_namespace_never_cluster_wide(
+        helm: Path, args: list[str], namespaces: set[str]) -> None:
+    """Jobs and ConfigMap writes (the KV-quality calibration Job and its report) are a Role
+    in each runtime namespace; no ClusterRole grants them (routing's ConfigMap writes only
+    with routing.enabled)."""
+    docs = render(helm, *args)
+    writes = {"create", "patch", "update", "delete"}
+
+    def writes_jobs_or_configmaps(rule: dict[str, Any]) -> bool:
+        return bool(writes & set(rule["verbs"])) and bool(
+            {"jobs", "configmaps"} & set(rule["resources"]))
+
+    assert [r for r in rules_of(docs, "ClusterRole") if writes_jobs_or_configmaps(r)] == []
+    granted = {d["metadata"]["namespace"] for d in by_kind(docs, "Role")
+               if d["metadata"]["name"] not in ("kvtune-runtime-reporter",
+                                                "kvtune-endpoint-picker")
+               and any(writes_jobs_or_configmaps(r) for r in d["rules"])}
+    assert granted == namespaces
+    routed = rules_of(render(helm, *args, "--set", "routing.enabled=true"),
+                      "ClusterRole" if "operator.namespaced=true" not in args else "Role")
+    assert any("inferencepools" in r["resources"] for r in routed)
 
 
 @pytest.mark.parametrize(("args", "namespaces"), [

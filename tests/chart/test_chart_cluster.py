@@ -51,12 +51,6 @@ NEEDED = [
     ("get", "", "services", "", WATCHED_NS),
     ("get", "policy", "poddisruptionbudgets", "", WATCHED_NS),
     ("get", "", "configmaps", "", WATCHED_NS),
-    # The KV-quality calibration Job and its report ConfigMap (docs/quality.md).
-    ("create", "batch", "jobs", "", WATCHED_NS),
-    ("patch", "batch", "jobs", "", WATCHED_NS),
-    ("list", "batch", "jobs", "", WATCHED_NS),
-    ("create", "", "configmaps", "", WATCHED_NS),
-    ("patch", "", "configmaps", "", WATCHED_NS),
     ("patch", "monitoring.coreos.com", "prometheusrules", "", WATCHED_NS),
     ("delete", "monitoring.coreos.com", "prometheusrules", "", WATCHED_NS),
     ("patch", "monitoring.coreos.com", "podmonitors", "", WATCHED_NS),
@@ -69,6 +63,13 @@ NEEDED = [
     ("watch", "", "nodes", "", ""),
     ("watch", "apiextensions.k8s.io", "customresourcedefinitions", "", ""),
 ]
+# The KV-quality calibration Job and its report ConfigMap (docs/quality.md): granted in the
+# runtime namespaces only (cluster mode: runtime.namespaces; namespaced mode: the watched ones).
+CALIBRATION = [("get", "batch", "jobs", ""), ("create", "batch", "jobs", ""),
+               ("patch", "batch", "jobs", ""), ("list", "batch", "jobs", ""),
+               ("create", "", "configmaps", ""), ("patch", "", "configmaps", "")]
+CALIBRATION_NS = {"cluster": RUNTIME_NS, "namespaced": WATCHED_NS}
+NOT_CALIBRATION_NS = {"cluster": WATCHED_NS, "namespaced": RUNTIME_NS}
 FORBIDDEN = [
     ("get", "", "secrets", "", WATCHED_NS),
     ("list", "", "secrets", "", ""),
@@ -196,6 +197,12 @@ def test_service_account_can_do_exactly_what_the_operator_needs(
     assert missing == [], f"{sa} lacks {missing}"
     excess = [c for c in FORBIDDEN if access_allowed(admin, sa, c)]
     assert excess == [], f"{sa} may do more than it needs: {excess}"
+    calibration = [(*c, CALIBRATION_NS[mode]) for c in CALIBRATION]
+    assert [c for c in calibration if not access_allowed(admin, sa, c)] == []
+    elsewhere = [(*c, ns) for c in CALIBRATION
+                 for ns in (NOT_CALIBRATION_NS[mode], "default", "kube-system", "")]
+    assert [c for c in elsewhere if access_allowed(admin, sa, c)] == [], (
+        "calibration rights outside the runtime namespaces")
     peering = ("patch", "kopf.dev", "kopfpeerings" if mode == "namespaced"
                else "clusterkopfpeerings", "", WATCHED_NS if mode == "namespaced" else "")
     # Patching peering objects is limited to this release's own (resourceNames).
@@ -638,6 +645,102 @@ def test_the_operators_token_is_refused_every_escalation(
         labels={"kvtune.io/deployment": "chat", "kvtune.io/pool": "h200"},
         config_key="epp-config.yaml", config_text="")
     client.AppsV1Api(api).create_namespaced_deployment(WATCHED_NS, picker, dry_run="All")
+
+
+def _calibration_objects(namespace: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A calibration Job and report ConfigMap as kvtune renders them (labelled as its own,
+    harmless content): only where they are written decides."""
+    labels = {"kvtune.io/deployment": "chat", "kvtune.io/kv-quality": "calibration"}
+    job = {"apiVersion": "batch/v1", "kind": "Job",
+           "metadata": {"name": "chat-kvq-0123abcd", "namespace": namespace, "labels": labels},
+           "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": labels}, "spec": {
+               "restartPolicy": "Never",
+               "containers": [{"name": "vllm", "image": "busybox"}]}}}}
+    report = {"apiVersion": "v1", "kind": "ConfigMap",
+              "metadata": {"name": "kvtune-kvq-0123456789", "namespace": namespace,
+                           "labels": {"kvtune.io/deployment": "chat",
+                                      "kvtune.io/kv-quality": "report"}},
+              "data": {"report.json": "{}"}}
+    return job, report
+
+
+@pytest.mark.parametrize("mode", ["cluster", "namespaced"])
+def test_the_operators_token_writes_calibration_objects_only_in_runtime_namespaces(
+        releases: dict[str, str], admin: Any, local_cluster: Any, mode: str) -> None:
+    """The KV-quality grant is a Role per runtime namespace, not cluster-wide: with the
+    operator's own token a calibration Job or report ConfigMap outside them is refused (403)
+    by the real API server; inside them the same writes pass (dry run)."""
+    from kubernetes import client
+
+    sa = releases[mode]
+    api = _token_client(admin, local_cluster, RELEASE_NS, sa)
+    batch, core = client.BatchV1Api(api), client.CoreV1Api(api)
+    attacks: dict[str, Callable[[], Any]] = {}
+    for ns in (NOT_CALIBRATION_NS[mode], "default"):
+        job, report = _calibration_objects(ns)
+        attacks |= {
+            f"create a calibration Job in {ns}":
+                lambda ns=ns, job=job: batch.create_namespaced_job(ns, job),
+            f"apply a calibration Job in {ns}":
+                lambda ns=ns, job=job: batch.patch_namespaced_job(
+                    job["metadata"]["name"], ns, job, field_manager="kvtune", force=True,
+                    _content_type="application/apply-patch+yaml"),
+            f"create a report ConfigMap in {ns}":
+                lambda ns=ns, report=report: core.create_namespaced_config_map(ns, report),
+            f"apply a report ConfigMap in {ns}":
+                lambda ns=ns, report=report: core.patch_namespaced_config_map(
+                    report["metadata"]["name"], ns, report, field_manager="kvtune",
+                    force=True, _content_type="application/apply-patch+yaml"),
+        }
+    assert _refused(attacks) == []
+    inside = CALIBRATION_NS[mode]
+    job, report = _calibration_objects(inside)
+    batch.create_namespaced_job(inside, job, dry_run="All")
+    core.create_namespaced_config_map(inside, report, dry_run="All")
+
+
+def test_outside_the_runtime_namespaces_a_pool_rolls_out_without_a_calibration_job(
+        releases: dict[str, str], admin: Any, local_cluster: Any) -> None:
+    """The operator, as the cluster-mode release's token, reconciles an InferenceDeployment
+    whose plan wants an unmeasured fp8 KV cache in a namespace outside runtime.namespaces:
+    the Job is refused (403), which is no failure: no Job, a note in status.kvQuality, the
+    pool applied and not Degraded."""
+    from kubernetes import client
+    from op_samples import SAMPLE_SPEC
+
+    from kvtune.operator import apply as kapply
+    from kvtune.operator.reconcile import reconcile
+
+    ns = "kvtune-pkg-nocal"
+    core = client.CoreV1Api(admin)
+    with contextlib.suppress(Exception):
+        core.create_namespace({"metadata": {"name": ns}})
+    spec = yaml.safe_load(yaml.safe_dump(SAMPLE_SPEC))
+    spec["pools"] = [{"gpuClass": "H200", "replicas": 1, "tensorParallel": 1}]
+    spec.pop("rollout", None)
+    spec["workload"]["concurrentSequences"] = 200  # 16-bit KV holds too few: fp8 is planned
+    spec["quality"] = {"lowestKVPrecision": "fp8",
+                       "calibration": {"image": "ghcr.io/kvtune/kvtune-quality:0.1.0"}}
+    custom = client.CustomObjectsApi(admin)
+    custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceDeployment",
+        "metadata": {"name": "chat", "namespace": ns}, "spec": spec})
+    try:
+        as_operator = kapply.Kube(_token_client(admin, local_cluster, RELEASE_NS,
+                                                releases["cluster"]))
+        body = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "chat")
+        reconcile(body, kube=as_operator)
+        status = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL,
+                                                     "chat")["status"]
+        degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+        assert degraded["status"] == "False", degraded
+        kvq = status["kvQuality"]
+        assert f"may not run calibration Jobs in namespace {ns} (403)" in kvq["message"], kvq
+        assert "runtime.namespaces" in kvq["message"]
+        assert client.BatchV1Api(admin).list_namespaced_job(ns).items == []
+        client.AppsV1Api(admin).read_namespaced_deployment("chat-h200", ns)
+    finally:
+        custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "chat")
 
 
 @pytest.mark.parametrize("mode", ["cluster", "namespaced"])

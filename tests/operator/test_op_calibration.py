@@ -99,7 +99,8 @@ def test_names_are_per_model_revision_and_dtypes() -> None:
     assert a != calibration.job_name("chat", "m", "r1", ["fp8", "int8_per_token_head"])
     long = calibration.job_name("x" * 80, "m", "r1", ["fp8"])
     assert len(long) <= 63 and long.endswith(a[a.index("-kvq-"):])
-    assert calibration.cache_name("m", "r1") != calibration.cache_name("m", "r2")
+    assert calibration.cache_name("d", "m", "r1") != calibration.cache_name("d", "m", "r2")
+    assert calibration.cache_name("d", "m", "r1") != calibration.cache_name("e", "m", "r1")
 
 
 def test_dtypes_to_measure_are_the_unmeasured_narrow_candidates() -> None:

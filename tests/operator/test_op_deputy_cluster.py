@@ -9,6 +9,7 @@ operator serves this namespace)."""
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from op_cluster_helpers import (
     VERSION,
     condition,
     create_infd,
+    create_runtime_access,
     ensure_namespace,
     get_infd,
     install_crd,
@@ -27,6 +29,7 @@ from op_cluster_helpers import (
 )
 from op_samples import SAMPLE_SPEC
 
+from kvtune.operator import calibration
 from kvtune.operator import reconcile as rec
 from kvtune.operator.apply import Kube
 
@@ -133,3 +136,88 @@ def test_names_taken_by_foreign_objects_are_degraded_not_taken_over(cluster_api:
 
     wait_for(collected, "the garbage collector to remove fine's Deployment", 90)
     assert _snapshot(cluster_api) == before
+
+
+# A spec whose plan picks an unmeasured fp8 KV cache: kvtune starts a calibration Job
+# (operator/calibration_flow.py) and stores the Job's report in a ConfigMap.
+def _calibrating_spec() -> dict[str, Any]:
+    spec = _spec(entrypoint="kvtune", image="ghcr.io/kvtune/kvtune-vllm-h200:0.1.0-vllm0.33.0")
+    spec["model"]["revision"] = "rev-deputy"
+    spec["pools"] = [{"gpuClass": "H200", "replicas": 1, "tensorParallel": 1}]
+    spec["workload"]["concurrentSequences"] = 200  # 16-bit KV holds too few: fp8 is planned
+    spec["quality"] = {"lowestKVPrecision": "fp8"}
+    return spec
+
+
+def _unchanged(obj: Any) -> tuple[Any, ...]:
+    meta = obj.metadata
+    return (meta.uid, meta.labels, meta.annotations, meta.owner_references,
+            getattr(obj, "data", None))
+
+
+def test_calibration_job_and_report_names_taken_are_degraded_not_taken_over(
+        cluster_api: Any) -> None:
+    """The calibration Job and its report ConfigMap go through the same ownership check as
+    the pool's objects: someone else's Job or ConfigMap of that name survives, unchanged and
+    unowned, and the InferenceDeployment is Degraded/NameCollision."""
+    kube = Kube(cluster_api)
+    core, batch = client.CoreV1Api(cluster_api), client.BatchV1Api(cluster_api)
+    ours_ns, theirs_ns, name = "deputy-kvq-a", "deputy-kvq-b", "chat"
+    for ns in (ours_ns, theirs_ns):
+        ensure_namespace(cluster_api, ns)
+        create_runtime_access(cluster_api, ns)
+    spec = _calibrating_spec()
+    model, revision = spec["model"]["name"], spec["model"]["revision"]
+
+    # 1. In ours_ns the Job is kvtune's; a victim ConfigMap holds the report's name.
+    report_name = calibration.cache_name(name, model, revision)
+    core.create_namespaced_config_map(ours_ns, {
+        "metadata": {"name": report_name, "labels": {"app": "victim"}},
+        "data": {calibration.REPORT_KEY: "{\"mine\": true}"}})
+    victim_cm = core.read_namespaced_config_map(report_name, ours_ns)
+    create_infd(cluster_api, ours_ns, name, spec)
+    rec.reconcile(get_infd(cluster_api, ours_ns, name), kube=kube)
+    kvq = get_infd(cluster_api, ours_ns, name)["status"]["kvQuality"]
+    assert kvq["phase"] == "Calibrating", kvq
+    job_name = kvq["job"]
+    # kwok ends the Job's pod; the test writes the report where the Job's command would.
+    pod = wait_for(lambda: next(iter(core.list_namespaced_pod(
+        ours_ns, label_selector=f"batch.kubernetes.io/job-name={job_name}").items), None),
+        "the calibration pod", 60)
+    report = {"weights": "checkpoint", "measurements": [
+        {"dtype": "fp8", "kl_mean": 3e-4, "top1_agreement": 0.99}]}
+    core.patch_namespaced_pod(pod.metadata.name, ours_ns, {"metadata": {"annotations": {
+        calibration.REPORT_ANNOTATION: json.dumps(report)}}})
+    wait_for(lambda: batch.read_namespaced_job(job_name, ours_ns).status.succeeded,
+             "the Job Complete (kwok ends its pod)", 60)
+    rec.reconcile(get_infd(cluster_api, ours_ns, name), kube=kube)
+    degraded = condition(get_infd(cluster_api, ours_ns, name), "Degraded")
+    assert degraded is not None and degraded["status"] == "True", degraded
+    assert degraded["reason"] == "NameCollision", degraded
+    assert f"ConfigMap {ours_ns}/{report_name} already exists" in degraded["message"]
+    assert "kvtune did not create it" in degraded["message"]
+    after = core.read_namespaced_config_map(report_name, ours_ns)
+    assert _unchanged(after) == _unchanged(victim_cm)
+    assert "kvtune" not in {m.manager for m in after.metadata.managed_fields or []}
+
+    # 2. In theirs_ns someone else's Job holds the calibration Job's name (same
+    #    InferenceDeployment name, model revision and dtypes: the same name).
+    batch.create_namespaced_job(theirs_ns, {
+        "metadata": {"name": job_name, "labels": {"app": "victim"}},
+        "spec": {"backoffLimit": 0, "template": {"spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "app", "image": "busybox"}]}}}})
+    victim_job = batch.read_namespaced_job(job_name, theirs_ns)
+    create_infd(cluster_api, theirs_ns, name, spec)
+    for _ in range(2):  # again: still nothing taken over
+        rec.reconcile(get_infd(cluster_api, theirs_ns, name), kube=kube)
+        degraded = condition(get_infd(cluster_api, theirs_ns, name), "Degraded")
+        assert degraded is not None and degraded["status"] == "True", degraded
+        assert degraded["reason"] == "NameCollision", degraded
+        assert f"Job {theirs_ns}/{job_name} already exists" in degraded["message"]
+    after_job = batch.read_namespaced_job(job_name, theirs_ns)
+    assert _unchanged(after_job) == _unchanged(victim_job)
+    assert after_job.spec.template.spec.containers[0].image == "busybox"
+    assert "kvtune" not in {m.manager for m in after_job.metadata.managed_fields or []}
+    # Nothing of the pool was applied while its calibration Job could not start.
+    assert client.AppsV1Api(cluster_api).list_namespaced_deployment(theirs_ns).items == []

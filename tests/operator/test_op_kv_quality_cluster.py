@@ -226,3 +226,45 @@ def test_a_calibration_that_leaves_no_report_keeps_the_wider_dtype(api: Any) -> 
     reconcile(get_infd(api, NS, name), kube=kube)
     jobs = batch.list_namespaced_job(NS, label_selector=f"kvtune.io/deployment={name}").items
     assert [j.metadata.name for j in jobs] == [job]
+
+
+def test_a_report_kept_under_the_former_name_still_counts(api: Any) -> None:
+    """Before the report ConfigMap was per InferenceDeployment it was named per model
+    revision: an upgraded operator finds this InferenceDeployment's report there (so it
+    neither starts a Job nor re-plans to the wider dtype) and moves it to the new name."""
+    name = "upgraded"
+    spec = copy.deepcopy(SAMPLE_SPEC)
+    spec["model"]["revision"] = "rev-upgraded"
+    spec["pools"] = [{"gpuClass": "H200", "replicas": 1, "tensorParallel": 1}]
+    spec.pop("rollout")
+    spec["workload"]["concurrentSequences"] = 200
+    spec["runtime"] = {"entrypoint": "kvtune",
+                       "image": "ghcr.io/kvtune/kvtune-vllm-h200:0.1.0-vllm0.33.0"}
+    create_infd(api, NS, name, spec)
+    owner = get_infd(api, NS, name)
+    model, revision = spec["model"]["name"], spec["model"]["revision"]
+    report = {"weights": "checkpoint", "measurements": [
+        {"dtype": d, "kl_mean": 3e-4, "top1_agreement": 0.99}
+        for d in ("fp8", "fp8_per_token_head", "int8_per_token_head")]}
+    old = calibration.shared_cache_name(model, revision)
+    cm = calibration.report_config_map(name=old, namespace=NS, model=model, revision=revision,
+                                       report=report,
+                                       labels={calibration.LABEL_DEPLOYMENT: name})
+    cm["metadata"]["ownerReferences"] = [kapply.owner_reference(owner)]
+    core = client.CoreV1Api(api)
+    core.create_namespaced_config_map(NS, cm)
+    obj = _reconcile_named(api, name)
+    kvq = obj["status"]["kvQuality"]
+    new = calibration.cache_name(name, model, revision)
+    assert kvq["phase"] == "Measured" and kvq["configMap"] == new, kvq
+    assert obj["status"]["pools"][0]["plan"]["kvCacheDtype"] == "fp8"
+    moved = json.loads(core.read_namespaced_config_map(new, NS).data[calibration.REPORT_KEY])
+    assert moved["measurements"] == report["measurements"]
+    jobs = client.BatchV1Api(api).list_namespaced_job(
+        NS, label_selector=f"kvtune.io/deployment={name}").items
+    assert jobs == []
+
+
+def _reconcile_named(api: Any, name: str) -> dict[str, Any]:
+    reconcile(get_infd(api, NS, name), kube=kapply.Kube(api))
+    return get_infd(api, NS, name)

@@ -52,24 +52,31 @@ served; get + delete to remove kvtune's own when spec.monitoring switches them o
 {{- end -}}
 
 {{/* The KV-quality calibration (docs/quality.md): the Job that measures a narrower KV dtype
-on the pool's nodes (server-side apply; list by label to find this InferenceDeployment's Jobs
-and read their status) and the report ConfigMap per model revision (server-side apply; read
-with the "reads" concern's get). The Job's pods are listed with the "pods" concern's list. */}}
+on the pool's nodes (server-side apply after the ownership check's get; list by label to find
+this InferenceDeployment's Jobs and read their status) and the report ConfigMap per
+InferenceDeployment and model revision (server-side apply; read with the "reads" concern's
+get). The Job's pods are listed with the "pods" concern's list. Granted by a Role in each
+runtime namespace only, in both modes (templates/rbac.yaml). */}}
 {{- define "kvtune.rules.calibration" -}}
 - apiGroups: [batch]
   resources: [jobs]
-  verbs: [list, create, patch]
+  verbs: [get, list, create, patch]
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [create, patch]
 {{- end -}}
 
 {{/* spec.routing (operator/routing.py): each pool's Gateway API Inference Extension
-InferencePool and its endpoint picker's configuration ConfigMap, server-side applied (get: the
-ownership check before an apply). Harmless where the CRDs are not installed. */}}
+InferencePool and its endpoint picker's configuration ConfigMap, and with spec.routing.gateway
+the InferenceDeployment's HTTPRoute (operator/http_route.py), server-side applied (get: the
+ownership check before an apply). The endpoint picker's Deployment and Service are "rendered".
+Granted only with the chart value routing.enabled. */}}
 {{- define "kvtune.rules.routing" -}}
 - apiGroups: [inference.networking.k8s.io]
   resources: [inferencepools]
+  verbs: [get, create, patch]
+- apiGroups: [gateway.networking.k8s.io]
+  resources: [httproutes]
   verbs: [get, create, patch]
 - apiGroups: [""]
   resources: [configmaps]
