@@ -382,6 +382,8 @@ def base_status(spec: InferenceDeploymentSpec, pool: PoolSpec, prev: PoolStatus 
         # What the runtime reported is refreshed by the runtime-reports timer only.
         runtime=prev.runtime if prev and spec.runtime.entrypoint == "kvtune" else None,
         profile=prev.profile if prev else None,
+        # The retune timer's reading of the pool's histograms stays until its next window.
+        observed_slo=prev.observed_slo if prev else None,
     )
 
 
