@@ -464,11 +464,11 @@ def sync_alert_rules(kube: kapply.Kube, body: Mapping[str, Any], memo: Any,
     namespace = body["metadata"]["namespace"]
     try:
         for kind, name in unwanted:
-            if alert_rules.delete_object(kube, namespace, kind, name):
+            if alert_rules.delete_object(kube, namespace, kind, name, body):
                 LOG.info("deleted %s %s/%s (switched off)", kind, namespace, name)
         skipped = []
         for obj in objects:
-            if alert_rules.apply_object(kube, obj):
+            if alert_rules.apply_object(kube, obj, body):
                 LOG.info("applied %s %s/%s", obj["kind"], namespace, obj["metadata"]["name"])
             else:
                 skipped.append(obj["kind"])
