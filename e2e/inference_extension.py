@@ -16,6 +16,7 @@ from kvtune.e2e.binaries import COMPONENTS, ensure_built, required_version
 from kvtune.e2e.errors import ClusterError
 
 MODULE = "sigs.k8s.io/gateway-api-inference-extension"
+GATEWAY_API_MODULE = "sigs.k8s.io/gateway-api"
 
 
 def pinned_version() -> str:
@@ -27,9 +28,9 @@ def endpoint_picker() -> Path:
     return ensure_built(["epp"])["epp"]
 
 
-def module_dir(version: str | None = None) -> Path:
+def module_dir(version: str | None = None, module: str = MODULE) -> Path:
     """The unpacked module in Go's module cache (downloaded on first use)."""
-    ref = f"{MODULE}@{version or pinned_version()}"
+    ref = f"{module}@{version or pinned_version()}"
     try:
         out = subprocess.run(["go", "mod", "download", "-json", ref], capture_output=True,
                              text=True, timeout=600, check=False)
@@ -54,4 +55,17 @@ def crd_paths(version: str | None = None) -> list[Path]:
     if not paths:
         raise ClusterError("gateway-api-inference-extension", f"{MODULE}: no CRDs under "
                            f"config/crd/bases")
+    return paths
+
+
+def gateway_api_crd_paths(channel: str = "experimental") -> list[Path]:
+    """Gateway API's CRD manifests of the release kvtune renders HTTPRoutes for
+    (``http_route.GATEWAY_API_VERSION``), of ``channel``: HTTPRoute's ``sessionPersistence``
+    is in the experimental channel only."""
+    from kvtune.operator.http_route import GATEWAY_API_VERSION
+
+    root = module_dir(GATEWAY_API_VERSION, GATEWAY_API_MODULE) / "config" / "crd" / channel
+    paths = sorted(p for p in root.glob("gateway.networking.*.yaml") if "_vap_" not in p.name)
+    if not paths:
+        raise ClusterError("gateway-api", f"{GATEWAY_API_MODULE}: no CRDs under {root}")
     return paths

@@ -506,15 +506,62 @@ class RolloutSpec(_Model):
         return max(1, round(seconds))
 
 
+HEADER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
+class GatewayRef(_Model):
+    """The Gateway API Gateway the InferenceDeployment's HTTPRoute attaches to."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$")
+    namespace: str | None = Field(default=None, max_length=63, pattern=_DNS_LABEL, description=(
+        "The Gateway's namespace; empty: the InferenceDeployment's (a Gateway elsewhere must "
+        "allow routes from this namespace in its listener's allowedRoutes)."))
+    section_name: str | None = Field(default=None, max_length=253, pattern=_DNS_LABEL,
+                                     description="One listener of the Gateway, by name.")
+
+
 class RoutingSpec(_Model):
     enabled: bool = Field(
         default=False,
         description="Render each pool's Gateway API Inference Extension objects: an "
-                    "InferencePool (inference.networking.k8s.io/v1) and its endpoint picker's "
-                    "configuration, whose prefix-cache scorer hashes in the plan's block size. "
-                    "Needs the operator's routing.enabled chart value (the cluster has the "
-                    "Inference Extension's CRDs).",
+                    "InferencePool (inference.networking.k8s.io/v1), its endpoint picker's "
+                    "configuration, whose prefix-cache scorer hashes in the plan's block size, "
+                    "and the endpoint picker's Deployment and Service. Needs the operator's "
+                    "routing.enabled chart value (the cluster has the Inference Extension's "
+                    "CRDs).",
     )
+    gateway: GatewayRef | None = Field(default=None, description=(
+        "Also render an HTTPRoute (gateway.networking.k8s.io/v1) named like the "
+        "InferenceDeployment, attached to this Gateway, whose backends are the pools' "
+        "InferencePools, weighted by replicas."))
+    session_header: str | None = Field(
+        default=None, min_length=1, max_length=128, pattern=HEADER_NAME_PATTERN, description=(
+            "Multi-turn traffic: the request header that names a session (e.g. "
+            "x-session-id). The HTTPRoute's rules then carry sessionPersistence of type Header "
+            "with this name (Gateway API's experimental channel; Extended support), so a "
+            "gateway that implements it keeps a session on one pool. Within a pool, the "
+            "endpoint picker keeps multi-turn traffic on the pods holding its prefix."))
+    length_header: str | None = Field(
+        default=None, min_length=1, max_length=128, pattern=HEADER_NAME_PATTERN, description=(
+            "A request header that states the prompt's length in tokens, set by the client "
+            "or a gateway transform (nothing in Gateway API or the Inference Extension v1.5.0 "
+            "counts a prompt's tokens). The HTTPRoute then sends a request longer than a "
+            "pool's max-model-len to the shortest pools that hold it (a RegularExpression "
+            "header match); requests without it go to every pool."))
+
+    @model_validator(mode="after")
+    def _route_needs_a_gateway(self) -> RoutingSpec:
+        if self.gateway is not None and not self.enabled:
+            raise ValueError("spec.routing.gateway is set but spec.routing.enabled=false: the "
+                             "HTTPRoute's backends are the InferencePools routing renders; "
+                             "set enabled: true or remove gateway")
+        for field, value in (("sessionHeader", self.session_header),
+                             ("lengthHeader", self.length_header)):
+            if value is not None and self.gateway is None:
+                raise ValueError(f"spec.routing.{field}={value!r} acts in the HTTPRoute, "
+                                 f"which needs spec.routing.gateway: name the Gateway, or "
+                                 f"remove {field}")
+        return self
 
 
 _LABELS_DESCRIPTION = ("Extra labels, e.g. the `release` label your Prometheus selects on "
@@ -770,6 +817,25 @@ class CostStatus(_Status):
     cost_per_million_requests_at_needed_replicas_usd: float | None = None
 
 
+class ObservedSLOStatus(_Status):
+    """The SLO attainment vLLM's histograms show for the pool over the retune timer's last
+    window, beside the goodput search's prediction (operator/slo_observed.py)."""
+
+    at: str
+    window_seconds: float
+    requests: int
+    scope: Literal["pool", "deployment"]  # the pool's own series, or the deployment's
+    ttft_within_slo: float | None = None  # at the bucket at or below the target
+    tpot_within_slo: float | None = None
+    ttft_bound_seconds: float | None = None
+    tpot_bound_seconds: float | None = None
+    # The most that can have met both targets (each read at the bucket at or above it).
+    attainment_upper_bound: float | None = None
+    predicted_attainment: float | None = None
+    verdict: str  # ObservedBelowPrediction, ObservedAsPredicted, InsufficientSample, ...
+    message: str
+
+
 class PoolStatus(_Status):
     name: str
     gpu_class: str
@@ -785,6 +851,10 @@ class PoolStatus(_Status):
     warnings: list[str] = []
     vllm_args: list[str] = []
     plan_hash: str | None = None
+    # Digest of what the plan in force was made from (rollout/plan.planning_inputs): while it
+    # holds, the plan is kept as it is, even by a kvtune whose planner would now choose
+    # otherwise (an operator upgrade never re-plans a running pool on its own).
+    plan_inputs: str | None = None
     revision: int = 0
     canary: CanaryStatus | None = None
     # A plan that failed its canary; kvtune does not try it again (another plan will be).
@@ -795,6 +865,7 @@ class PoolStatus(_Status):
     # rate: the attainment, the rate one replica sustains and the replicas needed.
     slo_at_risk: str | None = None
     cost: CostStatus | None = None  # the chosen configuration's, when the class has a price
+    observed_slo: ObservedSLOStatus | None = None  # written by the retune timer
 
 
 class TokenQuantilesStatus(_Status):

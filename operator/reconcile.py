@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kvtune.operator import apply as kapply
-from kvtune.operator import calibration_flow
+from kvtune.operator import calibration_flow, http_route
 from kvtune.operator import conditions as cond
 from kvtune.operator import pools as gpu_pools
 from kvtune.operator import status as status_writer
@@ -45,7 +45,7 @@ from kvtune.operator.api import (
     ProfileStatus,
 )
 from kvtune.operator.locks import object_lock
-from kvtune.operator.render import object_name
+from kvtune.operator.render import LABEL_DEPLOYMENT, object_name
 from kvtune.operator.rollout import observe
 from kvtune.operator.rollout.outcome import Event, PoolContext
 from kvtune.operator.rollout.plan import PlanInput, policy_for, resolve_model
@@ -273,12 +273,17 @@ def _reconcile_locked(
             given=plans.get(pool.pool_name) if pool.pool_name in profiles else None,
             gate=gate,
         ), discovered))
-    if mode == "auto":
+    if mode == "auto" and may_have_removed_pools(generation, previous,
+                                                 {p.pool_name for p in spec.pools}):
         for deleted in kapply.prune_pools(kube, body, {p.pool_name for p in spec.pools}):
             events.append(Event("Normal", "PoolRemoved", f"deleted {deleted}: its pool is no "
                                 "longer in the spec"))
 
     failures = [o.failure for o in outcomes if o.failure]
+    if mode == "auto":
+        refused = _apply_route(kube, body, spec, [o.status for o in outcomes])
+        if refused is not None:
+            failures.append(refused)
     if gate.collision is not None:
         failures.append((cond.NAME_COLLISION, gate.collision))
     rolling = [f"{o.status.name}: {o.rolling}" for o in outcomes if o.rolling]
@@ -332,7 +337,43 @@ def _reconcile_locked(
         pool_summary=pool_summary([o.status for o in outcomes]), kv_quality=gate.status(),
     ))
     # Rollouts are followed by the rollout timer (refresh_rollout), not by retries.
-    return finish(status, retry_after=NO_NODES_RETRY_SECONDS if waiting else None)
+    retries = [o.retry_after for o in outcomes if o.retry_after is not None]
+    if waiting:
+        retries.append(NO_NODES_RETRY_SECONDS)
+    return finish(status, retry_after=min(retries) if retries else None)
+
+
+def _apply_route(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeploymentSpec,
+                 pools: list[PoolStatus]) -> tuple[str, str] | None:
+    """Apply the HTTPRoute of ``spec.routing.gateway`` over the pools that are routed; the
+    failure (reason, message) when the API server refused it."""
+    meta = body["metadata"]
+    route = http_route.route_for(
+        name=meta["name"], namespace=meta["namespace"],
+        labels={LABEL_DEPLOYMENT: meta["name"]}, routing=spec.routing, pools=pools,
+        inference_pool_name={p.pool_name: object_name(meta["name"], p.pool_name)
+                             for p in spec.pools})
+    if route is None:
+        return None
+    try:
+        kapply.apply_pool(kube, [route], body)
+    except kapply.ApplyError as exc:
+        reason = cond.NAME_COLLISION if isinstance(exc, kapply.NameCollision) \
+            else cond.APPLY_FAILED
+        return reason, (f"spec.routing.gateway: the HTTPRoute {meta['name']}: {exc} (Gateway "
+                        f"API's CRDs {http_route.GATEWAY_API_VERSION} or later, experimental "
+                        f"channel for sessionHeader, must be installed)")
+    return None
+
+
+def may_have_removed_pools(generation: int | None, previous: InferenceDeploymentStatus,
+                           pools: set[str]) -> bool:
+    """Whether children of a pool no longer in the spec may exist (prune lists three kinds
+    in the namespace: at 1,000 objects, three lists of 1,000 per reconcile). Not while the
+    spec is its first (generation 1: every pool ever applied is in it) and status names no
+    other pool (a pool an older kvtune named otherwise, or a spec edited while the operator
+    was down, is named there or bumps the generation)."""
+    return generation != 1 or any(p.name not in pools for p in previous.pools)
 
 
 def base_status(spec: InferenceDeploymentSpec, pool: PoolSpec, prev: PoolStatus | None,
@@ -346,10 +387,14 @@ def base_status(spec: InferenceDeploymentSpec, pool: PoolSpec, prev: PoolStatus 
         reasons=list(prev.reasons) if prev else [], vllm_args=list(prev.vllm_args) if prev
         else [], plan_hash=prev.plan_hash if prev else None, revision=prev.revision if prev
         else 0, canary=prev.canary if prev else None,
+        plan_inputs=prev.plan_inputs if prev else None,
+        warnings=list(prev.warnings) if prev else [],
         rejected_plan_hash=prev.rejected_plan_hash if prev else None,
         # What the runtime reported is refreshed by the runtime-reports timer only.
         runtime=prev.runtime if prev and spec.runtime.entrypoint == "kvtune" else None,
         profile=prev.profile if prev else None,
+        # The retune timer's reading of the pool's histograms stays until its next window.
+        observed_slo=prev.observed_slo if prev else None,
     )
 
 
@@ -364,13 +409,13 @@ def refresh_rollout(body: Mapping[str, Any], *, kube: kapply.Kube,
     Progressing/Ready and the pools' messages; nothing is planned or applied. Called when a
     child Deployment changes. Returns whether status was written.
 
-    The patch carries the resourceVersion it was computed from, so it never overwrites a
-    status a concurrent reconcile wrote meanwhile."""
+    The patch carries the resourceVersion of ``body``, so it never overwrites a status
+    written since (a concurrent reconcile's, or any newer one): ``body`` is not read again
+    (the timer's copy is the watch's latest; with 1,000 objects rolling out, one GET less per
+    look). A copy that was already old just writes nothing, and the next look has a newer
+    one."""
     meta = body["metadata"]
     with object_lock(meta["namespace"], meta["name"]):
-        fresh = kapply.read_inference_deployment(kube, meta["namespace"], meta["name"])
-        if fresh is None:
-            return False
-        refreshed = observe.refresh(status_writer.read(fresh), meta["namespace"], kube, now)
-        return refreshed is not None and status_writer.write(kube, fresh, refreshed,
+        refreshed = observe.refresh(status_writer.read(body), meta["namespace"], kube, now)
+        return refreshed is not None and status_writer.write(kube, body, refreshed,
                                                              guarded=True)

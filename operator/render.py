@@ -228,7 +228,8 @@ def render_pool(inp: RenderInput) -> list[dict[str, Any]]:
     if inp.pod_template is not None:
         pod_where = "spec.runtime.podTemplate (ConfigMap template)"
         try:
-            rendered = template_sandbox.render_yaml(inp.pod_template, context)
+            rendered = template_sandbox.render_yaml(inp.pod_template, context,
+                                                    tenant=inp.namespace)
         except template_sandbox.SandboxError as exc:
             raise RenderError(f"{pod_where}: {exc}") from exc
         pod = _check_pod_template(rendered, pod_where)

@@ -50,6 +50,13 @@ _PREFIX_WEIGHT_LOW_REUSE = 1
 _LOW_REUSE_HIT_RATE = 0.1
 
 
+# Multi-turn traffic: keep a request on the pods holding at least 80% of its prefix (the
+# filter's default threshold), exploring elsewhere 1% of the time so other pods warm up
+# (pkg/epp/framework/plugins/scheduling/filter/prefixcacheaffinity, v1.5.0).
+AFFINITY_FILTER = "prefix-cache-affinity-filter"
+AFFINITY_PARAMETERS = {"affinityThreshold": 0.8, "explorationProbability": 0.01}
+
+
 # Set by the chart's routing.enabled: the cluster serves the Inference Extension's CRDs.
 ROUTING_ENV = "KVTUNE_ROUTING"
 
@@ -74,8 +81,13 @@ def prefix_weight(prefix_hit_rate: float | None) -> tuple[int, str]:
                                    f"{_PREFIX_WEIGHT_SHARED}, the Inference Extension's default")
 
 
-def epp_config(pool_plan: PoolPlan, *, prefix_hit_rate: float | None = None) -> dict[str, Any]:
-    """The endpoint picker's configuration for one pool's plan."""
+def epp_config(pool_plan: PoolPlan, *, prefix_hit_rate: float | None = None,
+               multi_turn: bool = False) -> dict[str, Any]:
+    """The endpoint picker's configuration for one pool's plan. With multi-turn traffic the
+    ``prefix-cache-affinity-filter`` first narrows the candidates to the pods that hold most
+    of the request's prefix (a conversation's history is its prefix, so a session stays where
+    its KV blocks are), then the load scorers pick among them; with none above the threshold
+    it keeps all (v1.5.0 has no scorer keyed on a session header: see ``http_route``)."""
     plan = pool_plan.plan
     weight, _ = prefix_weight(prefix_hit_rate)
     producer: dict[str, Any] = {
@@ -86,31 +98,33 @@ def epp_config(pool_plan: PoolPlan, *, prefix_hit_rate: float | None = None) -> 
     blocks = pool_plan.expected.num_gpu_blocks
     if blocks > 0:
         producer["lruCapacityPerServer"] = blocks
+    plugins: list[dict[str, Any]] = [
+        {"type": "approx-prefix-cache-producer", "parameters": producer},
+        {"type": "prefix-cache-scorer"},
+        {"type": "queue-scorer"},
+        {"type": "kv-cache-utilization-scorer"},
+        {"type": "max-score-picker"},
+    ]
+    profile: list[dict[str, Any]] = [
+        {"pluginRef": "prefix-cache-scorer", "weight": weight},
+        {"pluginRef": "queue-scorer", "weight": 2},
+        {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
+        {"pluginRef": "max-score-picker"},
+    ]
+    if multi_turn:
+        plugins.insert(1, {"type": AFFINITY_FILTER, "parameters": AFFINITY_PARAMETERS})
+        profile.insert(0, {"pluginRef": AFFINITY_FILTER})
     return {
         "apiVersion": EPP_CONFIG_API,
         "kind": "EndpointPickerConfig",
-        "plugins": [
-            {"type": "approx-prefix-cache-producer", "parameters": producer},
-            {"type": "prefix-cache-scorer"},
-            {"type": "queue-scorer"},
-            {"type": "kv-cache-utilization-scorer"},
-            {"type": "max-score-picker"},
-        ],
-        "schedulingProfiles": [{
-            "name": "default",
-            "plugins": [
-                {"pluginRef": "prefix-cache-scorer", "weight": weight},
-                {"pluginRef": "queue-scorer", "weight": 2},
-                {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
-                {"pluginRef": "max-score-picker"},
-            ],
-        }],
+        "plugins": plugins,
+        "schedulingProfiles": [{"name": "default", "plugins": profile}],
     }
 
 
 def routing_objects(*, name: str, namespace: str, pool: str, pool_plan: PoolPlan,
-                    labels: dict[str, str],
-                    prefix_hit_rate: float | None = None) -> list[dict[str, Any]]:
+                    labels: dict[str, str], prefix_hit_rate: float | None = None,
+                    multi_turn: bool = False) -> list[dict[str, Any]]:
     """The pool's InferencePool, its endpoint picker's ConfigMap, Deployment and Service."""
     plan = pool_plan.plan
     pool_name = object_name(name, pool)
@@ -133,8 +147,8 @@ def routing_objects(*, name: str, namespace: str, pool: str, pool_plan: PoolPlan
                                   "port": {"number": EPP_PORT}, "failureMode": "FailOpen"},
         },
     }
-    config_text = yaml.safe_dump(epp_config(pool_plan, prefix_hit_rate=prefix_hit_rate),
-                                 sort_keys=False)
+    config_text = yaml.safe_dump(epp_config(pool_plan, prefix_hit_rate=prefix_hit_rate,
+                                            multi_turn=multi_turn), sort_keys=False)
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",

@@ -14,7 +14,11 @@ parsed (anchors can expand a few bytes into gigabytes), in a separate Python pro
   SIGTERM handled at once);
 - results, good and bad, are remembered by a digest of template and context, so a template
   that failed is not run again until it or the plan changes (one tenant's bad template costs
-  its CPU budget once, not on every resync).
+  its CPU budget once, not on every resync);
+- per tenant (namespace) at most one render in flight and a CPU budget per minute
+  (``operator/render_fairness.py``): beyond them a render is deferred (``RenderDeferred``,
+  nothing waits), so one tenant's many slow templates never hold both slots while another
+  tenant's object waits.
 
 The child is this file run as a script (``python -I``: no environment variables, no user
 site, not the script's folder on ``sys.path``), importing only the standard library,
@@ -25,9 +29,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import subprocess
 import sys
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -43,10 +49,30 @@ CACHE_TEXT_BYTES = 64 * 1024  # larger results are not remembered
 _SLOTS = threading.BoundedSemaphore(CONCURRENT)
 _CACHE: OrderedDict[str, tuple[bool, Any]] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
+LOG = logging.getLogger("kvtune.operator.template_sandbox")
 
 
 class SandboxError(Exception):
     """The template failed, or broke a limit; the message says which."""
+
+    def __init__(self, message: str, cpu_seconds: float | None = None) -> None:
+        super().__init__(message)
+        self.cpu_seconds = cpu_seconds  # what the child reported; None: it broke a limit
+
+
+class RenderDeferred(Exception):
+    """The tenant's render budget says not now (not the template's fault: never cached)."""
+
+    def __init__(self, reason: str, retry_after_seconds: float) -> None:
+        super().__init__(f"rendering deferred: {reason}; retried in "
+                         f"{retry_after_seconds:.0f} s")
+        self.retry_after_seconds = retry_after_seconds
+
+
+if __name__ != "__main__":  # the child (this file as a script) imports no kvtune module
+    from kvtune.operator.render_fairness import TenantBudget
+
+    BUDGET = TenantBudget()
 
 
 def _digest(source: str, context: dict[str, Any]) -> str:
@@ -64,9 +90,10 @@ def _remember(key: str, ok: bool, value: Any) -> None:
             _CACHE.popitem(last=False)
 
 
-def render_yaml(source: str, context: dict[str, Any]) -> Any:
+def render_yaml(source: str, context: dict[str, Any], *, tenant: str) -> Any:
     """The template rendered with ``context`` and parsed as YAML (plain data); raises
-    ``SandboxError`` naming the failure or the limit it broke."""
+    ``SandboxError`` naming the failure or the limit it broke, ``RenderDeferred`` when
+    ``tenant`` (the namespace) must wait for its turn or its CPU budget."""
     key = _digest(source, context)
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
@@ -75,16 +102,27 @@ def render_yaml(source: str, context: dict[str, Any]) -> Any:
         if ok:
             return json.loads(json.dumps(value))  # a copy: callers change it in place
         raise SandboxError(str(value))
+    deferred = BUDGET.admit(tenant, time.monotonic())
+    if deferred is not None:
+        LOG.info("render for namespace %s deferred %.0f s: %s", tenant,
+                 deferred.retry_after_seconds, deferred.reason)
+        raise RenderDeferred(deferred.reason, deferred.retry_after_seconds)
+    used = float(CPU_SECONDS)  # a child that reported nothing broke a limit
     try:
-        value = _run_child(source, context)
+        value, used = _run_child(source, context)
     except SandboxError as exc:
+        if exc.cpu_seconds is not None:
+            used = exc.cpu_seconds
         _remember(key, False, str(exc))
         raise
+    finally:
+        BUDGET.finish(tenant, time.monotonic(), used)
     _remember(key, True, value)
     return json.loads(json.dumps(value))
 
 
-def _run_child(source: str, context: dict[str, Any]) -> Any:
+def _run_child(source: str, context: dict[str, Any]) -> tuple[Any, float]:
+    """The rendered value and the CPU seconds the child used (start-up included)."""
     payload = json.dumps({"source": source, "context": context}).encode()
     argv = [sys.executable, "-I", str(Path(__file__).resolve()), str(MEMORY_BYTES),
             str(CPU_SECONDS), str(OUTPUT_BYTES)]
@@ -108,9 +146,10 @@ def _run_child(source: str, context: dict[str, Any]) -> Any:
         tail = proc.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
         raise SandboxError(f"the renderer failed (exit {proc.returncode}): "
                            f"{tail[0][:300]}") from None
+    used = float(answer.get("cpu_seconds", CPU_SECONDS))
     if "error" in answer:
-        raise SandboxError(str(answer["error"])[:1000])
-    return answer["value"]
+        raise SandboxError(str(answer["error"])[:1000], cpu_seconds=used)
+    return answer["value"], used
 
 
 # --- the child ------------------------------------------------------------------------------
@@ -158,6 +197,7 @@ def _child(memory_bytes: int, cpu_seconds: int, output_bytes: int) -> dict[str, 
 
 if __name__ == "__main__":
     result = _child(*(int(a) for a in sys.argv[1:4]))
+    result["cpu_seconds"] = time.process_time()  # charged to the tenant's budget
     try:
         sys.stdout.write(json.dumps(result))
     except MemoryError:

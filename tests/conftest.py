@@ -36,3 +36,18 @@ def prometheus() -> Iterator[PrometheusServer]:
 
     with running_prometheus() as server:
         yield server
+
+
+# --- the template sandbox's per-namespace budget (operator/render_fairness.py) --------------
+@pytest.fixture(autouse=True)
+def fresh_template_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with no namespace's render CPU charged: in-process renders of earlier
+    tests (same namespace names, within a minute) must not defer this test's renders. The
+    budget itself is tested in tests/operator/test_op_render_fairness.py."""
+    import sys
+
+    sandbox = sys.modules.get("kvtune.operator.template_sandbox")
+    if sandbox is not None:
+        from kvtune.operator.render_fairness import TenantBudget
+
+        monkeypatch.setattr(sandbox, "BUDGET", TenantBudget())

@@ -23,6 +23,7 @@ class PoolOutcome:
     failure: tuple[str, str] | None = None  # (reason, message)
     rolling: str | None = None  # what a rollout still waits for
     no_nodes: bool = False
+    retry_after: float | None = None  # seconds until this pool should be reconciled again
 
 
 @dataclass

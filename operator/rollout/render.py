@@ -17,7 +17,7 @@ from typing import Any
 from kvtune.operator import apply as kapply
 from kvtune.operator import conditions as cond
 from kvtune.operator import pools as gpu_pools
-from kvtune.operator import routing
+from kvtune.operator import routing, template_sandbox
 from kvtune.operator.api import PoolStatus
 from kvtune.operator.render import (
     ANNOTATION_PLAN_HASH,
@@ -100,6 +100,10 @@ def render(ctx: PoolContext, planned: Planned,
         ANNOTATION_PLAN_HASH)
     try:
         objects = render_pool(inp)
+    except template_sandbox.RenderDeferred as exc:  # the tenant's turn or budget: retried
+        outcome = ctx.failed(cond.TEMPLATE_RENDER_DEFERRED, f"pool {pool.pool_name}: "
+                             f"spec.runtime.podTemplate: {exc}; nothing was changed")
+        return dataclasses.replace(outcome, retry_after=exc.retry_after_seconds)
     except RenderError as exc:
         return ctx.failed(cond.INVALID_POD_TEMPLATE, f"pool {pool.pool_name}: {exc}; nothing "
                           f"was changed")
@@ -117,7 +121,8 @@ def render(ctx: PoolContext, planned: Planned,
         objects = [*objects, *routing.routing_objects(
             name=ctx.name, namespace=ctx.namespace, pool=pool.pool_name,
             pool_plan=planned.pool_plan, labels=dict(deployment["metadata"]["labels"]),
-            prefix_hit_rate=planned.pool_plan.expected.prefix_hit_rate)]
+            prefix_hit_rate=planned.pool_plan.expected.prefix_hit_rate,
+            multi_turn=planned.multi_turn)]
     return Rendered(
         render_input=inp, status=status,
         objects=[o for o in objects if o["kind"] not in RUNTIME_ACCESS_KINDS],

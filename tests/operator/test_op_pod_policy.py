@@ -194,7 +194,8 @@ def test_sigterm_stops_a_process_whose_template_loops(tmp_path: Any) -> None:
         "from kvtune.operator import template_sandbox as ts\n"
         "signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))\n"
         "t = threading.Thread(target=lambda: ts.render_yaml("
-        "'{% for i in range(99997) %}{% for j in range(99999) %}{% endfor %}{% endfor %}', {}),"
+        "'{% for i in range(99997) %}{% for j in range(99999) %}{% endfor %}{% endfor %}', {},"
+        " tenant='llm'),"
         " daemon=True)\n"
         "t.start()\n"
         "print('rendering', flush=True)\n"
@@ -211,7 +212,7 @@ def test_sigterm_stops_a_process_whose_template_loops(tmp_path: Any) -> None:
 
 def test_sandbox_results_are_copies(pool_plan: PoolPlan) -> None:
     context = {"image": "i", "command": ["c"], "args": ["a"], "gpus": 1}
-    first = template_sandbox.render_yaml(BASE, copy.deepcopy(context))
+    first = template_sandbox.render_yaml(BASE, copy.deepcopy(context), tenant="llm")
     first["spec"]["containers"].clear()
-    again = template_sandbox.render_yaml(BASE, copy.deepcopy(context))
+    again = template_sandbox.render_yaml(BASE, copy.deepcopy(context), tenant="llm")
     assert again["spec"]["containers"][0]["name"] == "vllm"

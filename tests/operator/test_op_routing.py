@@ -125,3 +125,16 @@ def test_the_endpoint_pickers_access_is_read_only_and_namespaced() -> None:
                          "inferencemodelrewrites"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
                                     "namespace": "llm"}]
+
+
+def test_multi_turn_traffic_keeps_a_request_on_the_pods_holding_its_prefix() -> None:
+    plain = routing.epp_config(make_pool_plan())
+    assert routing.AFFINITY_FILTER not in str(plain)
+    config = routing.epp_config(make_pool_plan(), multi_turn=True)
+    (affinity,) = [p for p in config["plugins"] if p["type"] == routing.AFFINITY_FILTER]
+    assert affinity["parameters"]["affinityThreshold"] == 0.8
+    # A filter first: the load scorers then choose among the pods that hold the prefix.
+    profile = config["schedulingProfiles"][0]["plugins"]
+    assert profile[0] == {"pluginRef": routing.AFFINITY_FILTER}
+    assert [p["pluginRef"] for p in profile[1:]] == [
+        p["pluginRef"] for p in plain["schedulingProfiles"][0]["plugins"]]

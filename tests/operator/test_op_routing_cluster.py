@@ -20,15 +20,20 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from op_cluster_helpers import (
+    OperatorProcess,
+    condition,
+    create_infd,
     create_objects,
     ensure_namespace,
+    get_infd,
     install_crd,
     service_account_kubeconfig,
+    wait_for,
 )
-from op_samples import make_pool_plan
+from op_samples import SAMPLE_SPEC, make_pool_plan
 
-from kvtune.e2e.inference_extension import crd_paths
-from kvtune.operator import endpoint_picker, routing
+from kvtune.e2e.inference_extension import crd_paths, gateway_api_crd_paths
+from kvtune.operator import endpoint_picker, http_route, routing
 
 NS = "routing"
 LABELS = {"kvtune.io/deployment": "bot", "kvtune.io/pool": "h200"}
@@ -54,10 +59,10 @@ def _apply(api_client: Any, obj: dict[str, Any]) -> dict[str, Any]:
     return json.loads(held.data)  # type: ignore[no-any-return]
 
 
-def _rendered(block_size: int = 32) -> dict[str, dict[str, Any]]:
+def _rendered(block_size: int = 32, multi_turn: bool = False) -> dict[str, dict[str, Any]]:
     objects = routing.routing_objects(name="bot", namespace=NS, pool="h200",
                                       pool_plan=make_pool_plan(block_size=block_size),
-                                      labels=LABELS)
+                                      labels=LABELS, multi_turn=multi_turn)
     return {o["kind"]: o for o in objects}
 
 
@@ -167,6 +172,15 @@ def test_the_endpoint_picker_loads_the_rendered_configuration(local_cluster: Any
     assert "Instantiated all plugins" in log
     assert "approx-prefix-cache-producer" in log
 
+    # Multi-turn traffic: the prefix-cache affinity filter runs first in the profile.
+    multi_turn = _rendered(32, multi_turn=True)
+    config.write_text(multi_turn["ConfigMap"]["data"][routing.EPP_CONFIG_KEY])
+    code, log = _run_endpoint_picker(kubeconfig, _epp_args(multi_turn["Deployment"], config),
+                                     tmp_path / "epp-multi-turn.log",
+                                     lambda t: "Instantiated all plugins" in t, 120)
+    assert code is None, f"the endpoint picker exited ({code}) on the multi-turn config:\n{log}"
+    assert routing.AFFINITY_FILTER in log
+
     # The same configuration with a block size the producer refuses: the picker refuses to
     # start, so the check above is not vacuous.
     broken = text.replace("blockSizeTokens: 32", "blockSizeTokens: 0")
@@ -225,3 +239,104 @@ def test_the_endpoint_picker_runs_with_only_the_access_the_chart_grants(
                                      lambda t: "forbidden" in t.lower(), 120)
     assert "forbidden" in log.lower(), log[-3000:]
     assert "starting collection" not in log
+
+
+@pytest.mark.cluster
+def test_the_http_route_is_held_as_rendered_by_gateway_apis_experimental_crds(
+        local_cluster: Any) -> None:
+    """Session persistence is in Gateway API's experimental channel: with its CRDs the server
+    holds the route's every field (a field the schema lacks would be pruned)."""
+    api_client = _setup(local_cluster)
+    for path in gateway_api_crd_paths("experimental"):
+        install_crd(api_client, path)
+    pools = [http_route.PoolRoute("bot-h100", 8192, 3), http_route.PoolRoute("bot-h200", 32768, 2),
+             http_route.PoolRoute("bot-b200", 131072, 1)]
+    route = http_route.http_route(name="bot", namespace=NS, labels=LABELS,
+                                  gateway=http_route.GatewayRef("inference-gateway"),
+                                  pools=pools, session_header="x-session-id",
+                                  length_header="x-prompt-tokens")
+    custom = client.CustomObjectsApi(api_client)
+    args = ("gateway.networking.k8s.io", "v1", NS, "httproutes")
+    custom.patch_namespaced_custom_object(*args, "bot", route, field_manager="kvtune",
+                                          force=True, _content_type=APPLY)
+    held = custom.get_namespaced_custom_object(*args, "bot")
+    # The server writes the CRD's defaults (a backendRef's port is optional for an
+    # InferencePool); every rendered field is held as rendered.
+    for got, want in zip(held["spec"]["rules"], route["spec"]["rules"], strict=True):
+        assert got["sessionPersistence"] == want["sessionPersistence"]
+        assert got["matches"] == want["matches"]
+        assert [{k: b[k] for k in want["backendRefs"][0]} for b in got["backendRefs"]] == \
+            want["backendRefs"]
+    assert held["spec"]["parentRefs"] == route["spec"]["parentRefs"]
+
+    # The schema's own rules run: a cookie configuration on a Header session is refused.
+    broken = json.loads(json.dumps(route))
+    broken["spec"]["rules"][0]["sessionPersistence"]["cookieConfig"] = {
+        "lifetimeType": "Session"}
+    with pytest.raises(ApiException) as refused:
+        custom.patch_namespaced_custom_object(*args, "bot", broken, field_manager="kvtune",
+                                              force=True, _content_type=APPLY)
+    assert refused.value.status == 422
+    assert "cookieConfig can only be set with type Cookie" in refused.value.body
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_the_operator_renders_each_pools_picker_and_the_route_over_the_pools(
+        local_cluster: Any, tmp_path: Path) -> None:
+    """`kvtune operator` with routing: per pool the InferencePool, the endpoint picker's
+    configuration, Deployment and Service; over the pools the HTTPRoute, attached to the named
+    Gateway, with session persistence and the length rules from the pools' plans."""
+    import copy
+
+    ns = "op-routing"
+    api_client = _setup(local_cluster)
+    install_crd(api_client)
+    for path in gateway_api_crd_paths("experimental"):
+        install_crd(api_client, path)
+    ensure_namespace(api_client, ns)
+    proc = OperatorProcess(Path(local_cluster.kubeconfig_path), [ns], tmp_path / "op.log",
+                           env={routing.ROUTING_ENV: "true"})
+    proc.start()
+    try:
+        spec = copy.deepcopy(SAMPLE_SPEC)
+        spec["routing"] = {"enabled": True, "gateway": {"name": "inference-gateway"},
+                           "sessionHeader": "x-session-id", "lengthHeader": "x-prompt-tokens"}
+        create_infd(api_client, ns, "bot", spec)
+
+        def ready() -> dict[str, Any] | None:
+            obj = get_infd(api_client, ns, "bot")
+            cond = condition(obj, "Ready")
+            return obj if cond is not None and cond["status"] == "True" else None
+
+        obj = wait_for(ready, "Ready=True", 120, proc.log)
+    finally:
+        proc.stop()
+    custom = client.CustomObjectsApi(api_client)
+    apps, core = client.AppsV1Api(api_client), client.CoreV1Api(api_client)
+    pools = {p["name"]: p for p in obj["status"]["pools"]}
+    assert len(pools) == 2
+    for name, pool in pools.items():
+        inference_pool = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL,
+                                                             f"bot-{name}")
+        assert inference_pool["metadata"]["labels"][routing.LABEL_MAX_MODEL_LEN] == \
+            str(pool["plan"]["maxModelLen"])
+        picker = inference_pool["spec"]["endpointPickerRef"]["name"]
+        deployment = apps.read_namespaced_deployment(picker, ns)
+        assert core.read_namespaced_service(picker, ns).spec.selector == \
+            deployment.spec.selector.match_labels
+        assert deployment.metadata.owner_references[0].name == "bot"
+        # The pool's model servers are not the picker's pods.
+        assert deployment.spec.template.metadata.labels.get("kvtune.io/pool") is None
+
+    route = custom.get_namespaced_custom_object("gateway.networking.k8s.io", "v1", ns,
+                                                "httproutes", "bot")
+    assert route["metadata"]["ownerReferences"][0]["name"] == "bot"
+    assert route["spec"]["parentRefs"][0]["name"] == "inference-gateway"
+    catch_all = route["spec"]["rules"][-1]
+    assert {b["name"]: b["weight"] for b in catch_all["backendRefs"]} == {
+        f"bot-{name}": pool["replicas"] for name, pool in pools.items()}
+    lengths = {pool["plan"]["maxModelLen"] for pool in pools.values()}
+    assert len(route["spec"]["rules"]) == len(lengths)  # a rule per longer tier, + catch-all
+    for rule in route["spec"]["rules"]:
+        assert rule["sessionPersistence"] == {"type": "Header", "sessionName": "x-session-id"}

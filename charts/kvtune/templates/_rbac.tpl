@@ -67,11 +67,16 @@ runtime namespace only, in both modes (templates/rbac.yaml). */}}
 {{- end -}}
 
 {{/* spec.routing (operator/routing.py): each pool's Gateway API Inference Extension
-InferencePool and its endpoint picker's configuration ConfigMap, server-side applied (get: the
-ownership check before an apply). Granted only with the chart value routing.enabled. */}}
+InferencePool and its endpoint picker's configuration ConfigMap, and with spec.routing.gateway
+the InferenceDeployment's HTTPRoute (operator/http_route.py), server-side applied (get: the
+ownership check before an apply). The endpoint picker's Deployment and Service are "rendered".
+Granted only with the chart value routing.enabled. */}}
 {{- define "kvtune.rules.routing" -}}
 - apiGroups: [inference.networking.k8s.io]
   resources: [inferencepools]
+  verbs: [get, create, patch]
+- apiGroups: [gateway.networking.k8s.io]
+  resources: [httproutes]
   verbs: [get, create, patch]
 - apiGroups: [""]
   resources: [configmaps]

@@ -1,0 +1,95 @@
+"""The HTTPRoute in front of an InferenceDeployment's pools (pure rendering): session
+persistence by header, and requests routed by their stated length to pools that hold them."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from pydantic import ValidationError
+
+from kvtune.operator import http_route
+from kvtune.operator.api import RoutingSpec
+from kvtune.operator.http_route import GatewayRef, PoolRoute
+
+POOLS = [PoolRoute("bot-short", 8192, 4), PoolRoute("bot-mid", 32768, 2),
+         PoolRoute("bot-long", 131072, 1), PoolRoute("bot-mid2", 32768, 3)]
+
+
+def _route(**kw: object) -> dict:  # type: ignore[type-arg]
+    return http_route.http_route(name="bot", namespace="llm", labels={"a": "b"},
+                                 gateway=GatewayRef("inference-gateway", "gw", "http"),
+                                 pools=POOLS, **kw)  # type: ignore[arg-type]
+
+
+def _destination(route: dict, headers: dict[str, str]) -> list[str]:  # type: ignore[type-arg]
+    """Where Gateway API sends a request: the first rule whose every header match holds
+    (the rules are disjoint, so list order only decides for the catch-all)."""
+    for rule in route["spec"]["rules"]:
+        for match in rule["matches"]:
+            if all(h["name"] in headers and re.fullmatch(h["value"], headers[h["name"]])
+                   for h in match.get("headers", [])):
+                return [b["name"] for b in rule["backendRefs"]]
+    raise AssertionError("no rule matched")
+
+
+@pytest.mark.parametrize(("low", "high"), [(1, 9), (5, 123), (8193, 16384), (99, 1000),
+                                           (1, None), (10, None), (32769, None)])
+def test_the_length_pattern_matches_exactly_the_range(low: int, high: int | None) -> None:
+    pattern = re.compile(http_route.integer_range_pattern(low, high))
+    for n in range(0, 140_000, 7):
+        assert bool(pattern.fullmatch(str(n))) == (n >= low and (high is None or n <= high)), n
+    for n in (low, high or low):
+        assert pattern.fullmatch(str(n))
+        assert not pattern.fullmatch(f"0{n}") and not pattern.fullmatch(f"-{n}")
+        assert not pattern.fullmatch(f"{n} ") and not pattern.fullmatch(f"x{n}")
+    # Anchored: a gateway that searches instead of matching the whole value agrees.
+    assert not pattern.search("abc") and (high is None or not pattern.search(str(high + 1)))
+
+
+@pytest.mark.parametrize(("tokens", "pools"), [
+    ("100", ["bot-long", "bot-mid", "bot-mid2", "bot-short"]),  # every pool holds it
+    ("8192", ["bot-long", "bot-mid", "bot-mid2", "bot-short"]),
+    ("8193", ["bot-mid", "bot-mid2"]),  # the shortest pools that hold it
+    ("32768", ["bot-mid", "bot-mid2"]),
+    ("32769", ["bot-long"]),
+    ("131072", ["bot-long"]),
+    ("999999", ["bot-long"]),  # longer than any pool: the longest (vLLM refuses it there)
+    ("many", ["bot-long", "bot-mid", "bot-mid2", "bot-short"]),
+])
+def test_a_request_goes_to_the_shortest_pools_that_hold_its_stated_length(
+        tokens: str, pools: list[str]) -> None:
+    route = _route(length_header="x-prompt-tokens")
+    assert _destination(route, {"x-prompt-tokens": tokens}) == pools
+    # Without the header: every pool, weighted by replicas.
+    assert _destination(route, {}) == sorted(p.inference_pool for p in POOLS)
+    weights = {b["name"]: b["weight"] for b in route["spec"]["rules"][-1]["backendRefs"]}
+    assert weights == {p.inference_pool: p.replicas for p in POOLS}
+
+
+def test_session_persistence_by_header_on_every_rule() -> None:
+    route = _route(session_header="x-session-id", length_header="x-prompt-tokens")
+    assert len(route["spec"]["rules"]) == 3  # two longer tiers and the catch-all
+    for rule in route["spec"]["rules"]:
+        assert rule["sessionPersistence"] == {"type": "Header", "sessionName": "x-session-id"}
+    plain = _route()
+    assert [r.get("sessionPersistence") for r in plain["spec"]["rules"]] == [None]
+    assert plain["spec"]["parentRefs"] == [{"group": "gateway.networking.k8s.io",
+                                            "kind": "Gateway", "name": "inference-gateway",
+                                            "namespace": "gw", "sectionName": "http"}]
+    for ref in plain["spec"]["rules"][0]["backendRefs"]:
+        assert (ref["group"], ref["kind"]) == ("inference.networking.k8s.io", "InferencePool")
+
+
+@pytest.mark.parametrize(("routing", "needle"), [
+    ({"gateway": {"name": "gw"}}, "spec.routing.gateway is set but spec.routing.enabled=false"),
+    ({"enabled": True, "sessionHeader": "x-session-id"}, "spec.routing.sessionHeader="),
+    ({"enabled": True, "lengthHeader": "x-tokens"}, "spec.routing.lengthHeader="),
+    ({"enabled": True, "gateway": {"name": "gw"}, "sessionHeader": "x session"},
+     "sessionHeader"),
+])
+def test_routing_fields_that_cannot_act_are_refused(routing: dict, needle: str  # type: ignore[type-arg]
+                                                   ) -> None:
+    with pytest.raises(ValidationError) as refused:
+        RoutingSpec.model_validate(routing)
+    assert needle in str(refused.value)
