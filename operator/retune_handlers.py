@@ -465,11 +465,11 @@ def sync_alert_rules(kube: kapply.Kube, body: Mapping[str, Any], memo: Any,
     namespace = body["metadata"]["namespace"]
     try:
         for kind, name in unwanted:
-            if alert_rules.delete_object(kube, namespace, kind, name):
+            if alert_rules.delete_object(kube, namespace, kind, name, body):
                 LOG.info("deleted %s %s/%s (switched off)", kind, namespace, name)
         skipped = []
         for obj in objects:
-            if alert_rules.apply_object(kube, obj):
+            if alert_rules.apply_object(kube, obj, body):
                 LOG.info("applied %s %s/%s", obj["kind"], namespace, obj["metadata"]["name"])
             else:
                 skipped.append(obj["kind"])
@@ -506,7 +506,8 @@ class _Backoff:
 
 
 # A periodic (not kopf) timer: kopf's would put a finalizer on every object (periodic.py).
-@periodic.timer(id="retune", interval=INTERVAL_SECONDS, initial_delay=INTERVAL_SECONDS)
+@periodic.timer(id="retune", interval=INTERVAL_SECONDS, initial_delay=INTERVAL_SECONDS,
+                spread=True)
 def retune_timer(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     backoff: _Backoff = memo.setdefault("retune_backoff", _Backoff())
     now = time.time()
