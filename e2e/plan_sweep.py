@@ -195,7 +195,11 @@ def _weights_mismatch(request: PlanRequest, args: list[str]) -> str:
     if checkpoint is None and bits < 16 and flag is None:
         return (f"weights sized at {bits} bits, but without --quantization vLLM loads this "
                 f"{request.model.torch_dtype} checkpoint at 16 bits")
-    if checkpoint is not None and flag is not None:
+    if checkpoint is not None and checkpoint.config_file is not None and flag != \
+            checkpoint.method:
+        return (f"{checkpoint.method} settings only in {checkpoint.config_file}: vLLM reads "
+                f"them only with --quantization={checkpoint.method}, not {flag}")
+    if checkpoint is not None and checkpoint.config_file is None and flag is not None:
         return (f"--quantization={flag} on a {checkpoint.method} checkpoint: vLLM refuses a "
                 "method other than the checkpoint's")
     return ""

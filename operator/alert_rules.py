@@ -2,7 +2,9 @@
 renders them: the PrometheusRule of its alerts, a PodMonitor or ServiceMonitor per pool) when
 the cluster runs the Prometheus operator. The edge half: server-side apply, owned by the
 InferenceDeployment (garbage-collected with it), repeated only when the objects change; an
-object switched off in ``spec.monitoring`` is deleted.
+object switched off in ``spec.monitoring`` is deleted. Like every child (``operator/apply.py``)
+an object of that name that kvtune did not create for this InferenceDeployment is never
+taken over or deleted (``NameCollision``).
 
 Without the ``monitoring.coreos.com`` API nothing is applied; ``kvtune alerts --format rules``
 writes the same rules for a stock Prometheus, which scrapes the pods by their
@@ -16,6 +18,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kvtune.operator import apply as kapply
@@ -36,9 +39,32 @@ def digest(objects: Any) -> str:
     return hashlib.sha256(json.dumps(objects, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def apply_object(kube: kapply.Kube, obj: dict[str, Any]) -> bool:
-    """Server-side apply; False when the cluster does not serve this kind (nothing to do)."""
+def _read(kube: kapply.Kube, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+    """The object, or None when there is none (or its kind is not served: a 404 either way)."""
+    try:
+        current = kube.custom.get_namespaced_custom_object(
+            GROUP, VERSION, namespace, monitors.PLURALS[kind], name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise kapply.ApplyError(f"cannot read {kind} {namespace}/{name} to check who owns it: "
+                                f"{exc.status} {exc.reason}") from exc
+    assert isinstance(current, dict), type(current)
+    return current
+
+
+def apply_object(kube: kapply.Kube, obj: dict[str, Any], owner: Mapping[str, Any]) -> bool:
+    """Server-side apply; False when the cluster does not serve this kind (nothing to do).
+    ``NameCollision`` when an object of that name is not kvtune's for ``owner``."""
     meta = obj["metadata"]
+    existing = _read(kube, meta["namespace"], obj["kind"], meta["name"])
+    if existing is not None:
+        whose = kapply.foreign_owner(existing, owner, meta.get("labels"))
+        if whose is not None:
+            raise kapply.NameCollision(
+                f"{obj['kind']} {meta['namespace']}/{meta['name']} already exists and kvtune "
+                f"did not create it for InferenceDeployment {owner['metadata']['name']} "
+                f"({whose}); kvtune leaves it alone: rename it or the InferenceDeployment")
     try:
         kube.custom.patch_namespaced_custom_object(
             GROUP, VERSION, meta["namespace"], monitors.PLURALS[obj["kind"]], meta["name"], obj,
@@ -55,26 +81,27 @@ def apply_object(kube: kapply.Kube, obj: dict[str, Any]) -> bool:
     return True
 
 
-def delete_object(kube: kapply.Kube, namespace: str, kind: str, name: str) -> bool:
-    """Delete kvtune's object of this kind and name (only one kvtune manages); False when
-    there was none."""
+def delete_object(kube: kapply.Kube, namespace: str, kind: str, name: str,
+                  owner: Mapping[str, Any]) -> bool:
+    """Delete kvtune's object of this kind and name for ``owner`` (its controller reference;
+    a ``managed-by: kvtune`` label alone proves nothing); False when there was none or it is
+    not kvtune's."""
     plural = monitors.PLURALS[kind]
+    current = _read(kube, namespace, kind, name)
+    if current is None or kapply.foreign_owner(current, owner) is not None:
+        return False
     try:
-        current = kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural,
-                                                           name)
-        assert isinstance(current, dict), type(current)
-        labels = (current.get("metadata") or {}).get("labels") or {}
-        if labels.get("app.kubernetes.io/managed-by") != "kvtune":
-            return False
-        kube.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+        kube.custom.delete_namespaced_custom_object(
+            GROUP, VERSION, namespace, plural, name, body=client.V1DeleteOptions(
+                preconditions=client.V1Preconditions(uid=current["metadata"]["uid"])))
     except ApiException as exc:
-        if exc.status == 404:
+        if exc.status in (404, 409):  # gone meanwhile, or replaced by another object
             return False
         raise kapply.ApplyError(
             f"cannot delete {kind} {namespace}/{name}: {exc.status} {exc.reason}") from exc
     return True
 
 
-def apply_rule(kube: kapply.Kube, rule: dict[str, Any]) -> bool:
+def apply_rule(kube: kapply.Kube, rule: dict[str, Any], owner: Mapping[str, Any]) -> bool:
     """Server-side apply of a PrometheusRule (kept for callers that render one rule)."""
-    return apply_object(kube, rule)
+    return apply_object(kube, rule, owner)

@@ -817,6 +817,25 @@ class CostStatus(_Status):
     cost_per_million_requests_at_needed_replicas_usd: float | None = None
 
 
+class ObservedSLOStatus(_Status):
+    """The SLO attainment vLLM's histograms show for the pool over the retune timer's last
+    window, beside the goodput search's prediction (operator/slo_observed.py)."""
+
+    at: str
+    window_seconds: float
+    requests: int
+    scope: Literal["pool", "deployment"]  # the pool's own series, or the deployment's
+    ttft_within_slo: float | None = None  # at the bucket at or below the target
+    tpot_within_slo: float | None = None
+    ttft_bound_seconds: float | None = None
+    tpot_bound_seconds: float | None = None
+    # The most that can have met both targets (each read at the bucket at or above it).
+    attainment_upper_bound: float | None = None
+    predicted_attainment: float | None = None
+    verdict: str  # ObservedBelowPrediction, ObservedAsPredicted, InsufficientSample, ...
+    message: str
+
+
 class PoolStatus(_Status):
     name: str
     gpu_class: str
@@ -832,6 +851,10 @@ class PoolStatus(_Status):
     warnings: list[str] = []
     vllm_args: list[str] = []
     plan_hash: str | None = None
+    # Digest of what the plan in force was made from (rollout/plan.planning_inputs): while it
+    # holds, the plan is kept as it is, even by a kvtune whose planner would now choose
+    # otherwise (an operator upgrade never re-plans a running pool on its own).
+    plan_inputs: str | None = None
     revision: int = 0
     canary: CanaryStatus | None = None
     # A plan that failed its canary; kvtune does not try it again (another plan will be).
@@ -842,6 +865,7 @@ class PoolStatus(_Status):
     # rate: the attainment, the rate one replica sustains and the replicas needed.
     slo_at_risk: str | None = None
     cost: CostStatus | None = None  # the chosen configuration's, when the class has a price
+    observed_slo: ObservedSLOStatus | None = None  # written by the retune timer
 
 
 class TokenQuantilesStatus(_Status):

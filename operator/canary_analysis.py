@@ -93,7 +93,7 @@ class CanaryAnalysis(BaseModel):
 Check = tuple[str, str, bool]
 
 
-def _noise(p1: float, n1: float, p2: float, n2: float) -> float:
+def binomial_noise(p1: float, n1: float, p2: float, n2: float) -> float:
     """The one-sided 99 % bound on the difference of two binomial shares by chance alone."""
     variance = p1 * (1 - p1) / max(n1, 1.0) + p2 * (1 - p2) / max(n2, 1.0)
     return _Z_ONE_SIDED_99 * math.sqrt(variance)
@@ -106,7 +106,7 @@ def _attainment(name: str, stable: float | None, canary: float | None, n_stable:
     if stable is None or canary is None:
         return reason, f"{name}: no SLO or no data", False
     drop = stable - canary
-    margin = max(settings.min_drop, _noise(stable, n_stable, canary, n_canary))
+    margin = max(settings.min_drop, binomial_noise(stable, n_stable, canary, n_canary))
     at = f" (read at the {bound_seconds:g} s bucket)" if bound_seconds is not None else ""
     if drop > margin and canary < settings.objective:
         return reason, (f"{name} within SLO{at}: canary {canary:.1%} vs stable {stable:.1%}, "

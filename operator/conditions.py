@@ -24,8 +24,11 @@ RUNTIME_AS_PLANNED = "RuntimeAsPlanned"
 # rate (the message has the numbers); set only once a pool's plan comes from the search.
 SLO_AT_RISK = "SLOAtRisk"
 SLO_PREDICTED_MET = "SLOPredictedMet"  # SLOAtRisk=False
+# True when vLLM's own histograms show a pool attaining its SLO clearly less than the
+# goodput search predicted (beyond noise, after a minimum sample; operator/slo_observed.py).
+SLO_BELOW_PREDICTION = "SLOBelowPrediction"
 CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, PROFILE_STALE, RUNTIME_AS_PLANNED,
-                   SLO_AT_RISK)
+                   SLO_AT_RISK, SLO_BELOW_PREDICTION)
 
 # Reasons.
 ALL_POOLS_APPLIED = "AllPoolsApplied"  # Ready=True: every pool's runtime carries its plan

@@ -105,6 +105,10 @@ class ObservedFigures(BaseModel):
     block_size: int | None = None
     context_quantiles: tuple[QuantileEstimate, ...] = ()
     output_quantiles: tuple[QuantileEstimate, ...] = ()
+    # The latency histograms themselves: the share within an SLO target is read from them
+    # (operator/slo_observed.py).
+    ttft_buckets: Buckets = []
+    tpot_buckets: Buckets = []
 
 
 class ProfileResult(BaseModel):
@@ -169,6 +173,7 @@ def build_profile(raw: RawWindow, settings: ProfilingSettings) -> ProfileResult:
         waiting_mean=raw.waiting_mean, ttft=_latency(raw.ttft_buckets),
         tpot=_latency(raw.tpot_buckets), num_gpu_blocks=raw.num_gpu_blocks,
         block_size=raw.block_size, context_quantiles=ctx, output_quantiles=out,
+        ttft_buckets=raw.ttft_buckets, tpot_buckets=raw.tpot_buckets,
     )
     window = f"{raw.window_seconds:.0f}s"
     if not have_lengths:

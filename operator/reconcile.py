@@ -384,10 +384,14 @@ def base_status(spec: InferenceDeploymentSpec, pool: PoolSpec, prev: PoolStatus 
         reasons=list(prev.reasons) if prev else [], vllm_args=list(prev.vllm_args) if prev
         else [], plan_hash=prev.plan_hash if prev else None, revision=prev.revision if prev
         else 0, canary=prev.canary if prev else None,
+        plan_inputs=prev.plan_inputs if prev else None,
+        warnings=list(prev.warnings) if prev else [],
         rejected_plan_hash=prev.rejected_plan_hash if prev else None,
         # What the runtime reported is refreshed by the runtime-reports timer only.
         runtime=prev.runtime if prev and spec.runtime.entrypoint == "kvtune" else None,
         profile=prev.profile if prev else None,
+        # The retune timer's reading of the pool's histograms stays until its next window.
+        observed_slo=prev.observed_slo if prev else None,
     )
 
 

@@ -34,6 +34,7 @@ from kvtune.operator import (
     retune,
     retune_state,
     selectors,
+    slo_observed,
 )
 from kvtune.operator import apply as kapply
 from kvtune.operator import reconcile as rec
@@ -363,14 +364,79 @@ def retune_once(
         drift_threshold=settings.drift_threshold, dwell_seconds=settings.dwell_seconds,
         pools=[t.status() for t in ticks],
     )
+    seen_slo, slo_condition = observed_slo(spec, previous, own, result, min_requests)
+    events = [RetuneEvent(event_type, f"Retune{reason}", message)]
+    was = conditions.get_condition(previous.conditions, conditions.SLO_BELOW_PREDICTION)
+    if slo_condition is not None and slo_condition[0] == "True" and (
+            was is None or was.status != "True"):
+        events.append(RetuneEvent("Warning", conditions.SLO_BELOW_PREDICTION,
+                                  slo_condition[2]))
     status_writer.write_profile_report(
         kube, namespace, name, stale=(False, result.reason, result.message),
         report=status_writer.ProfileReport(
             observed=retune_state.observed_status(result.observed), trusted=result.trusted,
-            profile_message=result.message, retune=retune_status))
+            profile_message=result.message, retune=retune_status,
+            observed_slo=seen_slo, slo_condition=slo_condition))
     return RetuneOutcome(reason, message, rolled_out=rolled_out, profile=result,
-                         pool_profiles={t.name: t.choice for t in ticks},
-                         events=[RetuneEvent(event_type, f"Retune{reason}", message)])
+                         pool_profiles={t.name: t.choice for t in ticks}, events=events)
+
+
+def observed_slo(spec: api.InferenceDeploymentSpec, previous: api.InferenceDeploymentStatus,
+                 own: Mapping[str, ProfileResult], wide: ProfileResult, min_requests: int
+                 ) -> tuple[dict[str, api.ObservedSLOStatus], tuple[str, str, str] | None]:
+    """Per pool, the SLO attainment its histograms showed over the window beside the goodput
+    search's prediction for the plan it ran (operator/slo_observed.py), and the
+    SLOBelowPrediction condition (None: no pool has a prediction to compare with). A pool
+    without its own series is judged on the deployment's only when it is the only pool."""
+    from kvtune.tuner.planner.decide_max_num_seqs import DEFAULT_TPOT_SECONDS
+    from kvtune.tuner.planner.search import DEFAULT_SETTINGS, DEFAULT_TTFT_SECONDS
+
+    policy = plan_stage.policy_for(spec)
+    # The targets the search scored against (its defaults where the spec sets none).
+    ttft = policy.slo.ttft_p95_seconds or DEFAULT_TTFT_SECONDS
+    tpot = policy.slo.tpot_p95_seconds or DEFAULT_TPOT_SECONDS
+    predicted_requests = max(DEFAULT_SETTINGS.rungs)  # the finalists' stream (the operator's)
+    prev_pools = {p.name: p for p in previous.pools}
+    out: dict[str, api.ObservedSLOStatus] = {}
+    below: list[str] = []
+    fine: list[str] = []
+    short: list[str] = []
+    at = conditions.now_rfc3339()
+    for pool in spec.pools:
+        name = pool.pool_name
+        source = own.get(name) or (wide if len(spec.pools) == 1 else None)
+        if source is None:
+            continue
+        scope: ProfileScope = "pool" if name in own else "deployment"
+        obs = source.observed
+        seen = slo_observed.observe(obs.ttft_buckets, obs.tpot_buckets, obs.requests,
+                                    obs.window_seconds, ttft, tpot)
+        prev = prev_pools.get(name)
+        predicted = prev.expected.slo_attainment if prev and prev.expected else None
+        verdict = slo_observed.judge(seen, predicted, predicted_requests, min_requests)
+        out[name] = api.ObservedSLOStatus(
+            at=at, window_seconds=obs.window_seconds, requests=obs.requests, scope=scope,
+            ttft_within_slo=finite(seen.ttft_within_slo),
+            tpot_within_slo=finite(seen.tpot_within_slo),
+            ttft_bound_seconds=seen.ttft_bound_seconds,
+            tpot_bound_seconds=seen.tpot_bound_seconds,
+            attainment_upper_bound=finite(seen.attainment_upper_bound),
+            predicted_attainment=predicted, verdict=verdict.verdict,
+            message=verdict.message)
+        line = f"pool {name}: {verdict.message}"
+        if verdict.below:
+            below.append(line)
+        elif verdict.verdict == slo_observed.AS_PREDICTED:
+            fine.append(line)
+        elif verdict.verdict == slo_observed.INSUFFICIENT_SAMPLE:
+            short.append(line)
+    if below:
+        return out, ("True", slo_observed.BELOW_PREDICTION, " | ".join(below))
+    if fine:
+        return out, ("False", slo_observed.AS_PREDICTED, " | ".join(fine))
+    if short:
+        return out, ("Unknown", slo_observed.INSUFFICIENT_SAMPLE, " | ".join(short))
+    return out, None
 
 
 def sync_alert_rules(kube: kapply.Kube, body: Mapping[str, Any], memo: Any,
@@ -398,11 +464,11 @@ def sync_alert_rules(kube: kapply.Kube, body: Mapping[str, Any], memo: Any,
     namespace = body["metadata"]["namespace"]
     try:
         for kind, name in unwanted:
-            if alert_rules.delete_object(kube, namespace, kind, name):
+            if alert_rules.delete_object(kube, namespace, kind, name, body):
                 LOG.info("deleted %s %s/%s (switched off)", kind, namespace, name)
         skipped = []
         for obj in objects:
-            if alert_rules.apply_object(kube, obj):
+            if alert_rules.apply_object(kube, obj, body):
                 LOG.info("applied %s %s/%s", obj["kind"], namespace, obj["metadata"]["name"])
             else:
                 skipped.append(obj["kind"])

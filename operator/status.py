@@ -24,6 +24,7 @@ from kvtune.operator import conditions
 from kvtune.operator.api import (
     DeploymentProfileStatus,
     InferenceDeploymentStatus,
+    ObservedSLOStatus,
     ObservedStatus,
     ProfileStatus,
     RetuneStatus,
@@ -41,6 +42,11 @@ class ProfileReport:
     trusted: bool
     profile_message: str
     retune: RetuneStatus
+
+    # Per pool: the SLO attainment its histograms showed beside the prediction, and the
+    # SLOBelowPrediction condition (status, reason, message) when it is to be set.
+    observed_slo: Mapping[str, ObservedSLOStatus] | None = None
+    slo_condition: tuple[str, str, str] | None = None
 
     def fields(self) -> dict[str, Any]:
         return {"observed": self.observed, "trusted": self.trusted,
@@ -124,10 +130,18 @@ def write_profile_report(kube: kapply.Kube, namespace: str, name: str, *,
                                      reason, message,
                                      generation=fresh["metadata"].get("generation"))
     profile = current.profile or DeploymentProfileStatus(source="declared")
+    pools = current.pools
     if report is not None:
         profile = profile.model_copy(update=report.fields())
+        seen = report.observed_slo or {}
+        pools = [p.model_copy(update={"observed_slo": seen[p.name]}) if p.name in seen else p
+                 for p in pools]
+        if report.slo_condition is not None:
+            conds = conditions.set_condition(conds, conditions.SLO_BELOW_PREDICTION,
+                                             *report.slo_condition,
+                                             generation=fresh["metadata"].get("generation"))
     return write(kube, fresh, current.model_copy(update={"conditions": conds,
-                                                         "profile": profile}))
+                                                         "profile": profile, "pools": pools}))
 
 
 def with_timer_part(profile: ProfileStatus,

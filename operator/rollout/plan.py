@@ -7,6 +7,7 @@ a drifted pool once and hands the plan to the reconcile seam, which does not pla
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -119,6 +120,66 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
     return result
 
 
+def planning_inputs(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
+                    profile: WorkloadProfile, policy: PlanPolicy,
+                    evidence: KVQualityEvidence | None) -> str:
+    """Digest of what a pool's plan is made from: the spec's planning inputs (model, weights,
+    GPU class, TP, vLLM version, policy: SLO, pins, quality), the profile it is planned for
+    and the KV-quality evidence. A catalog model counts by its id (an upgrade that corrects
+    a catalog fact does not re-plan running pools); a model from a ConfigMap by its facts."""
+    from_config_map = spec.model.config is not None
+    payload = {
+        "model": model.model_dump(mode="json") if from_config_map else spec.model.name,
+        "weights": spec.model.weights_dtype, "gpu": pool.gpu_declaration,
+        "tp": pool.tensor_parallel, "vllm": spec.runtime.vllm_version,
+        # Defaults left out: a field a later kvtune adds (at its default) changes no digest.
+        "profile": profile.model_dump(mode="json", exclude_defaults=True),
+        "policy": policy.model_dump(mode="json", exclude_defaults=True),
+        "evidence": evidence.model_dump(mode="json", exclude_defaults=True)
+        if evidence is not None else None,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()) \
+        .hexdigest()[:16]
+
+
+def plan_in_force(ctx: PoolContext, inputs: str) -> KVPlan | None:
+    """The running plan when it was made from ``inputs``: kept as it is. A status written
+    by a kvtune before ``planInputs`` counts as made from the current inputs when the spec
+    has not changed since (its observed generation)."""
+    base = ctx.base
+    if base.plan is None or base.plan_hash is None:
+        return None
+    if base.plan_inputs is None:
+        meta, status = ctx.body.get("metadata") or {}, ctx.body.get("status") or {}
+        if status.get("observedGeneration") != meta.get("generation"):
+            return None
+    elif base.plan_inputs != inputs:
+        return None
+    return running_plan(base)
+
+
+def _keep(pool_plan: PoolPlan, kept: KVPlan, base: PoolStatus) -> tuple[PoolPlan, str]:
+    """The new plan with the running knobs and expected figures put back, and the warning
+    that says what this kvtune would choose instead."""
+    from kvtune.tuner import knobs as knob_table
+
+    material, noise = knob_table.material_changes(kept.model_dump(), pool_plan.plan.model_dump())
+    update: dict[str, Any] = {"plan": kept}
+    if base.expected is not None:
+        # Status keeps most expected figures; the rest (weights and other non-KV bytes) do
+        # not depend on the KV knobs and are the new plan's.
+        stored = base.expected.model_dump()
+        update["expected"] = pool_plan.expected.model_copy(update={
+            k: v for k, v in stored.items() if k in type(pool_plan.expected).model_fields})
+    warning = (f"{KEPT_WARNING}: this kvtune would now plan {', '.join(material + noise)} "
+               "for the same inputs; the plan stays until a planning input (spec, profile, "
+               "KV-quality evidence) or an accepted retune changes")
+    return pool_plan.model_copy(update=update), warning
+
+
+KEPT_WARNING = "plan in force kept"
+
+
 def running_plan(prev: PoolStatus | None) -> KVPlan | None:
     """The plan a pool runs now, from its status (None: nothing yet, or a status an older
     kvtune wrote)."""
@@ -189,10 +250,11 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
     pool, base = ctx.pool, ctx.base
     try:
         gate = inp.gate
+        policy = calibration_flow.with_gate(inp.policy, gate) if gate is not None \
+            else inp.policy
+        evidence = gate.evidence if gate is not None else None
         pool_plan = inp.given if inp.given is not None else plan_one_pool(
-            ctx.spec, pool, inp.model, inp.profile,
-            calibration_flow.with_gate(inp.policy, gate) if gate is not None else inp.policy,
-            gate.evidence if gate is not None else None,
+            ctx.spec, pool, inp.model, inp.profile, policy, evidence,
             running=running_plan(ctx.base), pool_field=ctx.field)
     except UnknownName as exc:
         return ctx.failed(cond.INVALID_SPEC, f"{ctx.field}.gpuClass: {exc}")
@@ -203,10 +265,20 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
         return ctx.failed(cond.INVALID_SPEC,
                           f"{ctx.field} ({pool.gpu_class}): {spec_field_names(exc)}")
 
+    inputs = planning_inputs(ctx.spec, pool, inp.model, inp.profile, policy, evidence)
+    kept = plan_in_force(ctx, inputs)
+    kept_warning = None
+    if kept is not None and kept != pool_plan.plan:
+        pool_plan, kept_warning = _keep(pool_plan, kept, base)
     refused = plan_checks.check(ctx.spec, pool_plan, inp.profile)
     if refused is not None:
         return ctx.failed(*refused)
     knobs, expected, reasons = plan_status(pool_plan)
+    warnings = list(pool_plan.warnings)
+    if kept_warning is not None:
+        # The reasons and warnings the plan in force was made with stay beside it.
+        reasons = list(base.reasons)
+        warnings = [w for w in base.warnings if not w.startswith(KEPT_WARNING)] + [kept_warning]
     hash_ = plan_hash(pool_plan, ctx.spec.runtime.image)
     revision = base.revision if base.plan_hash == hash_ else base.revision + 1
     spec = ctx.spec
@@ -221,7 +293,7 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
     )
     status = base.model_copy(update={
         "gpu_class": pool_plan.gpu_class, "plan": knobs, "expected": expected,
-        "reasons": reasons, "warnings": list(pool_plan.warnings),
+        "reasons": reasons, "warnings": warnings, "plan_inputs": inputs,
         "slo_at_risk": slo_at_risk(pool_plan), "cost": gpu_prices.cost_status(pool_plan),
         "vllm_args": vllm_args(render_input),
         "plan_hash": hash_, "revision": revision, "message": "", "profile": inp.profile_used,

@@ -274,3 +274,81 @@ def test_rules_are_applied_once_the_prometheus_operator_comes_after_kvtune(
     assert "alert_rules_retry" not in memo
     assert listed("prometheusrules") == {f"{late}-kvtune"}
     assert listed("podmonitors") == {"late-h200", "late-h100"}
+
+
+@pytest.mark.cluster
+def test_someone_elses_rule_or_monitor_of_that_name_is_not_taken_over(
+        local_cluster: Any) -> None:
+    """A PrometheusRule and a PodMonitor with the names kvtune would give them, made by
+    someone else (even labelled managed-by: kvtune), are neither applied over (no owner
+    reference: deleting the InferenceDeployment would have garbage-collected them) nor
+    deleted when spec.monitoring switches them off."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+    from op_cluster_helpers import create_infd, ensure_namespace, get_infd, install_crd
+
+    from kvtune.operator import alert_rules
+    from kvtune.operator import apply as kapply
+    from kvtune.operator.retune_handlers import sync_alert_rules
+
+    api = local_cluster.api_client()
+    ext = client.ApiextensionsV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    ns, name = "op-monitors-deputy", "bot"
+    for kind, plural in (("PodMonitor", "podmonitors"), ("PrometheusRule", "prometheusrules")):
+        try:
+            ext.create_custom_resource_definition(_crd(kind, plural))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    install_crd(api)
+    ensure_namespace(api, ns)
+    create_infd(api, ns, name, _body()["spec"])
+    body = _body()
+    body["metadata"].update(namespace=ns, uid=get_infd(api, ns, name)["metadata"]["uid"])
+    victims = {
+        "prometheusrules": {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+                            "metadata": {"name": f"{name}-kvtune", "namespace": ns, "labels": {
+                                "app.kubernetes.io/managed-by": "kvtune"}},
+                            "spec": {"groups": [{"name": "theirs", "rules": []}]}},
+        "podmonitors": {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
+                        "metadata": {"name": f"{name}-h200", "namespace": ns,
+                                     "labels": {"app": "theirs"}},
+                        "spec": {"selector": {"matchLabels": {"app": "theirs"}}}},
+    }
+    deadline = time.monotonic() + 60
+    for plural, victim in victims.items():
+        while True:  # a CRD just created may answer 404 for a moment
+            try:
+                custom.create_namespaced_custom_object("monitoring.coreos.com", "v1", ns,
+                                                       plural, victim)
+                break
+            except ApiException as exc:
+                assert exc.status == 404 and time.monotonic() < deadline, exc
+                time.sleep(0.5)
+
+    def snapshot() -> list[Any]:
+        out = []
+        for plural, victim in victims.items():
+            obj = custom.get_namespaced_custom_object("monitoring.coreos.com", "v1", ns,
+                                                      plural, victim["metadata"]["name"])
+            out.append((obj["metadata"]["uid"], obj["metadata"].get("ownerReferences"),
+                        obj["metadata"]["labels"], obj["spec"]))
+        return out
+
+    before = snapshot()
+    objects, _ = alert_rules.rendered_objects(body)
+    rule = next(o for o in objects if o["kind"] == "PrometheusRule")
+    with pytest.raises(kapply.NameCollision, match="kvtune did not create it"):
+        alert_rules.apply_object(kapply.Kube(api), rule, body)
+    memo: dict[str, Any] = {}
+    sync_alert_rules(kapply.Kube(api), body, memo, now_seconds=0.0)
+    assert "alert_rules_digest" not in memo and memo["alert_rules_retry"].failures == 1
+    # Switched off: kvtune deletes only what it made for this InferenceDeployment.
+    sync_alert_rules(kapply.Kube(api), {**body, "spec": {**body["spec"], "monitoring": {
+        "scrape": {"enabled": False}, "prometheusRule": {"enabled": False}}}}, memo,
+        now_seconds=0.0)
+    assert snapshot() == before
+    assert before[0][1] is None and before[1][1] is None
+    custom.delete_namespaced_custom_object("kvtune.io", "v1alpha1", ns, "inferencedeployments",
+                                           name)

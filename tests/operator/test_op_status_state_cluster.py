@@ -207,3 +207,62 @@ def test_a_restart_or_an_unrelated_edit_keeps_the_plans_in_force(
         assert _revisions(cluster_api, ns) == after_retune
     finally:
         operator.stop()
+
+
+def test_a_kvtune_that_would_plan_otherwise_keeps_the_plan_in_force(
+    cluster_api: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An operator upgrade whose planner chooses otherwise for the same inputs (here: half
+    the max-num-seqs) keeps the running plan and says what it would choose; a change of a
+    planning input adopts the new planner's plan. A status written before ``planInputs``
+    existed counts as made from the current inputs while the spec is unchanged."""
+    from kubernetes import client
+
+    from kvtune.operator.rollout import plan as plan_stage
+
+    ns, name = "st-upgrade", "upgrade"
+    ensure_namespace(cluster_api, ns)
+    create_infd(cluster_api, ns, name, _spec())
+    kube = Kube(cluster_api)
+    rec.reconcile(get_infd(cluster_api, ns, name), kube=kube)
+    first = get_infd(cluster_api, ns, name)["status"]["pools"][0]
+    assert first["planInputs"] and first["revision"] == 1
+
+    # The status an older kvtune wrote: no planInputs.
+    older = get_infd(cluster_api, ns, name)["status"]
+    older["pools"] = [{k: v for k, v in p.items() if k != "planInputs"} for p in older["pools"]]
+    client.CustomObjectsApi(cluster_api).patch_namespaced_custom_object_status(
+        "kvtune.io", "v1alpha1", ns, "inferencedeployments", name, {"status": older})
+
+    real = plan_stage.plan_one_pool
+
+    def newer_planner(*args: Any, **kwargs: Any) -> Any:
+        made = real(*args, **kwargs)
+        return made.model_copy(update={"plan": made.plan.model_copy(
+            update={"max_num_seqs": max(1, made.plan.max_num_seqs // 2)})})
+
+    monkeypatch.setattr(plan_stage, "plan_one_pool", newer_planner)
+
+    def pool() -> dict[str, Any]:
+        return dict(get_infd(cluster_api, ns, name)["status"]["pools"][0])
+
+    for edit in (None, {"pools": [{"gpuClass": "H100", "replicas": 2}]}):
+        if edit is not None:  # replicas are no planning input
+            patch_spec(cluster_api, ns, name, edit)
+        rec.reconcile(get_infd(cluster_api, ns, name), kube=kube)
+        kept = pool()
+        assert (kept["revision"], kept["planHash"], kept["plan"], kept["vllmArgs"]) == \
+            (first["revision"], first["planHash"], first["plan"], first["vllmArgs"])
+        assert kept["planInputs"] == first["planInputs"]
+        said = [w for w in kept["warnings"] if w.startswith(plan_stage.KEPT_WARNING)]
+        assert len(said) == 1 and "max_num_seqs" in said[0], kept["warnings"]
+
+    # A planning input changes: the plan is made again, by the planner this kvtune has.
+    patch_spec(cluster_api, ns, name,
+               {"workload": {"contextTokens": {"p50": 1000, "p99": 6000, "max": 8192}}})
+    rec.reconcile(get_infd(cluster_api, ns, name), kube=kube)
+    moved = pool()
+    assert moved["revision"] == first["revision"] + 1
+    assert moved["planInputs"] != first["planInputs"]
+    assert moved["plan"]["maxNumSeqs"] <= max(1, first["plan"]["maxNumSeqs"] // 2) * 2
+    assert not [w for w in moved["warnings"] if w.startswith(plan_stage.KEPT_WARNING)]

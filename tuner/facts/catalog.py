@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtune.tuner.errors import InvalidInput, UnknownName
-from kvtune.tuner.facts.models import ModelArchitecture
+from kvtune.tuner.facts.models import QUANTIZATION_FILES, ModelArchitecture
 
 
 @cache
@@ -64,7 +64,36 @@ def load_config_json(path: Path, hf_id: str | None = None) -> ModelArchitecture:
             "object: pass the model's config.json (from its Hugging Face repository)",
         )
     name = hf_id or str(config.get("_name_or_path") or path.parent.name or path.stem)
-    return ModelArchitecture.from_hf_config(config, name, source=str(path))
+    return ModelArchitecture.from_hf_config(config, name, source=str(path),
+                                            quantization_file=_quantization_file(path, config))
+
+
+def _declares_quantization(config: dict[str, Any]) -> bool:
+    text = config.get("text_config")
+    return any(isinstance(c, dict) and (c.get("quantization_config") is not None
+                                         or c.get("compression_config") is not None)
+               for c in (config, text))
+
+
+def _quantization_file(path: Path, config: dict[str, Any]
+                       ) -> tuple[str, dict[str, Any]] | None:
+    """The quantization file beside ``config.json`` that vLLM reads when config.json has no
+    quantization_config (``models.QUANTIZATION_FILES``, in vLLM's order of preference)."""
+    if _declares_quantization(config):
+        return None
+    for name in QUANTIZATION_FILES:
+        candidate = path.parent / name
+        if not candidate.is_file():
+            continue
+        try:
+            doc = json.loads(candidate.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise InvalidInput(name, str(candidate), f"cannot read it as JSON: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise InvalidInput(name, str(candidate), "not a JSON object; pass the checkpoint's "
+                               "own file")
+        return name, doc
+    return None
 
 
 def get_model(id_or_path: str) -> ModelArchitecture:

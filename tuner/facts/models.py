@@ -102,6 +102,21 @@ class CheckpointQuantization(BaseModel):
     # fp8 block-wise scales (DeepSeek-V3: [128, 128]); group size for int4 methods.
     weight_block_size: tuple[int, ...] | None = None
     group_size: int | None = None
+    # The file the settings came from when config.json has none: AutoGPTQ's
+    # ``quantize_config.json``, AutoAWQ's ``quant_config.json``. vLLM 0.33 reads such a file
+    # only when ``--quantization`` names the method (weight_utils.get_quant_config), so the
+    # plan must render it. None: config.json's quantization_config (vLLM detects it), or
+    # ModelOpt's ``hf_quant_config.json``, which vLLM reads on its own
+    # (transformers_utils/config.py).
+    config_file: str | None = None
+    # GPTQ settings vLLM 0.33 refuses (auto_gptq.py): activation reordering with grouped
+    # scales (desc_act with group_size != -1), asymmetric weights.
+    group_activation_order: bool = False
+    symmetric: bool = True
+    # What vLLM 0.33 serves ``--kv-cache-dtype auto`` at on this checkpoint when it declares
+    # a KV-cache scheme (llm-compressor's kv_cache_scheme, ModelOpt's kv_cache_quant_algo):
+    # ``fp8`` / ``fp8_e4m3`` / ``nvfp4``; None: the model's 16-bit dtype (``kv_cache_scheme``).
+    kv_cache_dtype: str | None = None
 
 
 class ModelArchitecture(BaseModel):
@@ -207,6 +222,12 @@ class ModelArchitecture(BaseModel):
         per_table = self.vocab_size * self.hidden_size
         return per_table if self.tie_word_embeddings else 2 * per_table
 
+    @property
+    def auto_kv_cache_dtype(self) -> str | None:
+        """What ``--kv-cache-dtype auto`` means on this checkpoint when not its 16-bit dtype:
+        the KV-cache scheme it declares (``CheckpointQuantization.kv_cache_dtype``)."""
+        return self.quantization.kv_cache_dtype if self.quantization is not None else None
+
     @classmethod
     def from_hf_config(
         cls,
@@ -215,10 +236,13 @@ class ModelArchitecture(BaseModel):
         *,
         parameter_count: int | None = None,
         source: str = "",
+        quantization_file: tuple[str, Mapping[str, Any]] | None = None,
     ) -> ModelArchitecture:
-        """Parse a Hugging Face ``config.json`` (as a dict). Raises ``InvalidInput`` naming
+        """Parse a Hugging Face ``config.json`` (as a dict). ``quantization_file``: (name,
+        contents) of a quantization file beside it (``QUANTIZATION_FILES``), read only when
+        config.json has no quantization_config, as vLLM does. Raises ``InvalidInput`` naming
         the missing or malformed field."""
-        return _parse_hf_config(config, hf_id, parameter_count, source)
+        return _parse_hf_config(config, hf_id, parameter_count, source, quantization_file)
 
 
 # --- parsing -------------------------------------------------------------------------------
@@ -392,14 +416,121 @@ def _unconverted_layers(q: Mapping[str, Any], num_layers: int) -> tuple[int, int
     return len(attention), len(mlp)
 
 
-def _quantization(cfg: Mapping[str, Any], num_layers: int) -> CheckpointQuantization | None:
+# Quantization files vLLM 0.33 reads beside config.json when it has no quantization_config:
+# file -> the method whose settings it holds and whether vLLM reads it unasked.
+# - hf_quant_config.json: ModelOpt <= 0.29; read on its own (transformers_utils/config.py).
+# - quantize_config.json: AutoGPTQ; read by AutoGPTQConfig.get_config_filenames, i.e. only
+#   with --quantization gptq (model_loader/weight_utils.py get_quant_config).
+# - quant_config.json: AutoAWQ; likewise only with --quantization awq.
+QUANTIZATION_FILES: dict[str, tuple[str, bool]] = {
+    "hf_quant_config.json": ("modelopt", True),
+    "quantize_config.json": ("gptq", False),
+    "quant_config.json": ("awq", False),
+}
+# ModelOpt's quant_algo -> vLLM's method (model_arch_config_convertor.py
+# _normalize_quantization_config) and bits per weight.
+_MODELOPT_ALGOS: dict[str, tuple[str, int]] = {
+    "FP8": ("modelopt", 8), "FP8_PER_CHANNEL_PER_TOKEN": ("modelopt", 8),
+    "FP8_PB_WO": ("modelopt", 8), "NVFP4": ("modelopt_fp4", 4),
+}
+# get_kv_cache_quant_algo_string's map (vllm/utils/torch_utils.py).
+_MODELOPT_KV_DTYPES: dict[str, str] = {"fp8": "fp8_e4m3", "nvfp4": "nvfp4"}
+
+
+def _modelopt_method(q: Mapping[str, Any]) -> tuple[str, int] | None:
+    """(method, bits) of a ModelOpt config (``producer.name: modelopt`` or the legacy
+    ``quantization.modelopt_quant_config``), as vLLM normalises it; None: not ModelOpt."""
+    producer = q.get("producer")
+    inner = q.get("quantization")
+    legacy = isinstance(inner, Mapping) and "modelopt_quant_config" in inner
+    if not ((isinstance(producer, Mapping) and producer.get("name") == "modelopt") or legacy):
+        return None
+    algo = inner.get("quant_algo") if isinstance(inner, Mapping) else None
+    if algo is None:
+        return None
+    found = _MODELOPT_ALGOS.get(str(algo).upper())
+    if found is None:
+        # vLLM raises "Unknown ModelOpt quant algo" (MIXED_PRECISION's layers are per file).
+        raise InvalidInput(
+            "quantization_config.quantization.quant_algo", algo,
+            f"kvtune sizes ModelOpt {', '.join(_MODELOPT_ALGOS)} checkpoints; this one's "
+            "weights cannot be sized: pin kv_cache_memory_bytes or use another checkpoint")
+    return found
+
+
+def _kv_cache_dtype(q: Mapping[str, Any], method: str, top_level: bool) -> str | None:
+    """What vLLM 0.33 serves ``--kv-cache-dtype auto`` at on a checkpoint with this
+    quantization config (None: the model's 16-bit dtype):
+
+    - ModelOpt (``resolve_kv_cache_dtype_string`` / ``get_kv_cache_quant_algo_string`` in
+      vllm/utils/torch_utils.py, on the top-level config only): ``kv_cache_scheme`` or
+      ``kv_cache_quant_algo``; FP8 -> fp8_e4m3, NVFP4 -> nvfp4, a static float8 scheme ->
+      fp8_e4m3, a 4-bit float scheme -> nvfp4, anything else -> auto.
+    - compressed-tensors (``Attention.__init__``: a declared ``kv_cache_scheme`` makes auto
+      fp8; ``CompressedTensorsKVCacheMethod.validate_kv_cache_scheme`` accepts only 8-bit
+      float, per tensor or per attention head).
+    """
+    if method.startswith("modelopt"):
+        if not top_level:
+            return None
+        inner = q.get("quantization", q)
+        inner = inner if isinstance(inner, Mapping) else q
+        algo = (inner.get("kv_cache_scheme") or q.get("kv_cache_scheme")
+                or inner.get("kv_cache_quant_algo") or q.get("kv_cache_quant_algo"))
+        if isinstance(algo, Mapping):
+            if (algo.get("dynamic") is False and algo.get("num_bits") == 8
+                    and algo.get("type") == "float"):
+                algo = "fp8"
+            elif algo.get("num_bits") == 4 and algo.get("type") == "float":
+                algo = "nvfp4"
+            else:
+                return None
+        if isinstance(algo, str):
+            return _MODELOPT_KV_DTYPES.get(algo.lower())
+        return None
+    if method == "compressed-tensors":
+        scheme = q.get("kv_cache_scheme")
+        if scheme is None:
+            return None
+        if not isinstance(scheme, Mapping) or scheme.get("type") != "float" or (
+                scheme.get("num_bits") != 8):
+            raise InvalidInput(
+                "quantization_config.kv_cache_scheme", dict(scheme) if isinstance(
+                    scheme, Mapping) else scheme,
+                "vLLM 0.33 serves only 8-bit float KV-cache schemes (num_bits 8, type float); "
+                "use a checkpoint with an fp8 KV scheme or none")
+        if scheme.get("strategy") not in ("tensor", "attn_head"):
+            raise InvalidInput(
+                "quantization_config.kv_cache_scheme.strategy", scheme.get("strategy"),
+                "vLLM 0.33 serves fp8 KV scales per tensor or per attention head only; use "
+                "such a checkpoint")
+        return "fp8"
+    return None
+
+
+def _quantization(cfg: Mapping[str, Any], num_layers: int,
+                  quantization_file: tuple[str, Mapping[str, Any]] | None = None,
+                  top_level: bool = True) -> CheckpointQuantization | None:
     q = cfg.get("quantization_config")
+    config_file: str | None = None
+    if not isinstance(q, Mapping) and quantization_file is not None:
+        name, q = quantization_file
+        method_of_file, read_unasked = QUANTIZATION_FILES[name]
+        if "quant_method" not in q and _modelopt_method(q) is None:
+            # AutoGPTQ/AutoAWQ files name no method: AutoAWQ's keys (w_bit, zero_point) say
+            # AWQ in either file name, else the file name says it.
+            awq = "w_bit" in q or "zero_point" in q
+            q = {**q, "quant_method": "awq" if awq else method_of_file}
+        config_file = None if read_unasked else name
+        top_level = True
     if not isinstance(q, Mapping):
         return None
-    method = str(q.get("quant_method", "unknown")).lower()
-    bits = q.get("bits") or q.get("w_bit") or q.get("weight_bits")
+    modelopt = _modelopt_method(q)
+    method = modelopt[0] if modelopt else str(q.get("quant_method", "unknown")).lower()
+    method = method.replace("compressed_tensors", "compressed-tensors")
+    bits = modelopt[1] if modelopt else q.get("bits") or q.get("w_bit") or q.get("weight_bits")
     experts_only = False
-    if method in ("fp8", "fbgemm_fp8") or (
+    if method in ("fp8", "fbgemm_fp8", "modelopt") or (
             isinstance(q.get("fmt"), str) and "e4m3" in str(q.get("fmt"))):
         bits = 8
     if method == "bitsandbytes":
@@ -418,10 +549,11 @@ def _quantization(cfg: Mapping[str, Any], num_layers: int) -> CheckpointQuantiza
                 if isinstance(w, Mapping) and isinstance(w.get("num_bits"), int):
                     bits = w["num_bits"]
                     break
+    where = config_file or "config.json:quantization_config"
     if not isinstance(bits, int) or isinstance(bits, bool) or not 0 < bits <= 16:
         # Ignoring it would size a quantized checkpoint as a 16-bit one.
         raise InvalidInput(
-            "config.json:quantization_config", method,
+            where, method,
             "kvtune cannot tell how many bits this checkpoint stores per weight (no bits, "
             "w_bit, load_in_4bit/8bit or fp8 format); add \"bits\" to its quantization_config",
         )
@@ -436,6 +568,10 @@ def _quantization(cfg: Mapping[str, Any], num_layers: int) -> CheckpointQuantiza
         unquantized_mlp_layers=mlp_layers,
         weight_block_size=tuple(int(b) for b in block) if isinstance(block, list) else None,
         group_size=int(gsize) if isinstance(gsize, int) and gsize > 0 else None,
+        config_file=config_file,
+        group_activation_order=bool(q.get("desc_act")) and gsize != -1,
+        symmetric=q.get("sym") is not False,
+        kv_cache_dtype=_kv_cache_dtype(q, method, top_level),
     )
 
 
@@ -563,7 +699,8 @@ _STATE_SPACE_MARKERS: tuple[str, ...] = (
 
 
 def _parse_hf_config(
-    config: Mapping[str, Any], hf_id: str, parameter_count: int | None, source: str
+    config: Mapping[str, Any], hf_id: str, parameter_count: int | None, source: str,
+    quantization_file: tuple[str, Mapping[str, Any]] | None = None,
 ) -> ModelArchitecture:
     if not isinstance(config, Mapping):
         raise InvalidInput(
@@ -655,7 +792,9 @@ def _parse_hf_config(
             layer_groups=_layer_groups(cfg, num_layers, model_type, mla is not None),
             mla=mla,
             moe=moe,
-            quantization=_quantization(cfg, num_layers),
+            quantization=_quantization(
+                cfg, num_layers, quantization_file,
+                top_level=isinstance(config.get("quantization_config"), Mapping)),
             vision_parameter_count=vision,
             # vLLM's GptOssForCausalLM always builds sinks (config.json has no flag for them).
             attention_sinks=model_type == "gpt_oss",

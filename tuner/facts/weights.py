@@ -4,7 +4,11 @@ choice needs, or why vLLM cannot do it), and the weight memory per GPU that foll
 What each choice needs (vLLM 0.33.0, read from the wheel):
 
 - ``auto``: the checkpoint as stored. A ``quantization_config`` is detected by vLLM itself (no
-  flag); a float32 checkpoint is served at bfloat16 (``ModelArchitecture.served_dtype``).
+  flag); settings that live only in AutoGPTQ's ``quantize_config.json`` (or AutoAWQ's
+  ``quant_config.json``) are read only when ``--quantization gptq`` (``awq``) names the method
+  (``get_quant_config``), so that flag is rendered; vLLM refuses GPTQ with activation
+  reordering over grouped scales (``desc_act``) and asymmetric GPTQ (``AutoGPTQConfig``); a
+  float32 checkpoint is served at bfloat16 (``ModelArchitecture.served_dtype``).
   Methods vLLM 0.33 does not know (bitsandbytes) are refused; deprecated ones (Meta's
   ``fbgemm_fp8`` FP8 releases) need ``--allow-deprecated-quantization``
   (vllm/config/model.py ``_verify_quantization``).
@@ -122,14 +126,18 @@ def weights_load(model: ModelArchitecture, weights_dtype: str) -> WeightsLoad:
         )
     served = _served_16bit(model)
     if q is not None:
+        _refuse_what_vllm_refuses(model)
+        found = (f"vLLM reads {q.config_file} only with --quantization {q.method}"
+                 if q.config_file else "vLLM detects it from config.json")
         own = WeightsLoad(
             weights_dtype=name, served_dtype=served, bits=q.weight_bits,
             experts_only=q.experts_only, method=q.method,
+            quantization_flag=q.method if q.config_file else None,
             allow_deprecated_quantization=deprecated,
             note=(f"{model.hf_id} is stored as {q.method} ({q.weight_bits}-bit"
-                  f"{' experts' if q.experts_only else ''}); vLLM detects it from "
-                  "config.json" + ("; the method is deprecated in vLLM 0.33 and needs "
-                                   "--allow-deprecated-quantization" if deprecated else "")),
+                  f"{' experts' if q.experts_only else ''}); {found}"
+                  + ("; the method is deprecated in vLLM 0.33 and needs "
+                     "--allow-deprecated-quantization" if deprecated else "")),
         )
         is_float8 = q.weight_bits == 8 and (
             "fp8" in q.method or q.method in ("compressed-tensors", "modelopt", "quark"))
@@ -194,6 +202,27 @@ def weights_load(model: ModelArchitecture, weights_dtype: str) -> WeightsLoad:
         f"to int4 at load time) and {model.hf_id} is stored as {model.torch_dtype}: point "
         "kvtune at the AWQ/GPTQ checkpoint's config.json, or use fp8",
     )
+
+
+_GPTQ_METHODS = ("gptq", "auto_gptq", "gptq_marlin")
+
+
+def _refuse_what_vllm_refuses(model: ModelArchitecture) -> None:
+    """GPTQ settings AutoGPTQConfig (vLLM 0.33) raises on at start."""
+    q = model.quantization
+    if q is None or q.method not in _GPTQ_METHODS:
+        return
+    where = q.config_file or "config.json:quantization_config"
+    if q.group_activation_order:
+        raise InvalidInput(
+            f"{where}:desc_act", True,
+            f"vLLM 0.33 no longer serves GPTQ with activation reordering over grouped scales "
+            f"(desc_act true, group_size {q.group_size}); use a {model.hf_id} GPTQ checkpoint "
+            "quantized with desc_act false (static activation order)")
+    if not q.symmetric or q.weight_bits not in (4, 8):
+        raise InvalidInput(
+            f"{where}:bits/sym", f"{q.weight_bits}/{str(q.symmetric).lower()}",
+            "vLLM 0.33 serves symmetric 4- or 8-bit GPTQ only; use such a checkpoint")
 
 
 def weight_bits(model: ModelArchitecture, weights_dtype: str) -> int:
