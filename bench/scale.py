@@ -13,6 +13,11 @@ once and prints:
 
     .venv/bin/python bench/scale.py            # N = 1000
     .venv/bin/python bench/scale.py -n 100     # smaller
+    .venv/bin/python bench/scale.py -n 200 --profile /tmp/op.txt   # where the CPU goes
+
+``--profile FILE`` runs the operator under py-spy (``pip install py-spy``; sampling, all
+threads, idle waits left out) and writes its collapsed stacks to FILE; the figures of a
+profiled run are slower than the plain ones.
 
 A benchmark, not a test: it asserts nothing, it prints figures.
 """
@@ -66,28 +71,94 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _request_counts(api: Any) -> Counter[str]:
-    """apiserver_request_total summed by verb, from the apiserver's /metrics."""
+def _child_pid(pid: int) -> int:
+    """The first child of ``pid`` (the operator py-spy started), else ``pid`` itself."""
+    for _ in range(100):
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            return pid
+        if children:
+            return int(children[0])
+        time.sleep(0.1)
+    return pid
+
+
+def _label(labels: str, name: str) -> str:
+    marker = f'{name}="'
+    return labels.split(marker, 1)[1].split('"', 1)[0] if marker in labels else ""
+
+
+def _request_counts(api: Any) -> Counter[tuple[str, str]]:
+    """apiserver_request_total summed by (verb, resource[/subresource]), from the
+    apiserver's /metrics."""
     response = api.call_api("GET", f"{api.configuration.host}/metrics")
     response.read()
-    counts: Counter[str] = Counter()
+    counts: Counter[tuple[str, str]] = Counter()
     for line in response.data.decode().splitlines():
         if not line.startswith("apiserver_request_total{"):
             continue
         labels, value = line.rsplit(" ", 1)
-        verb = labels.split('verb="', 1)[1].split('"', 1)[0] if 'verb="' in labels else "?"
-        counts[verb] += int(float(value))
+        resource = _label(labels, "resource") or "-"
+        if _label(labels, "subresource"):
+            resource += "/" + _label(labels, "subresource")
+        dry = " (dry run)" if _label(labels, "dry_run") else ""
+        counts[(_label(labels, "verb") + dry, resource)] += int(float(value))
     return counts
 
 
-def _ready_names(custom: Any) -> set[str]:
-    items = custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]
-    ready = set()
-    for obj in items:
-        for c in (obj.get("status") or {}).get("conditions") or []:
-            if c.get("type") == "Ready" and c.get("status") == "True":
-                ready.add(obj["metadata"]["name"])
-    return ready
+class _Watcher:
+    """When each InferenceDeployment was first reconciled (status.observedGeneration set)
+    and first Ready, from a watch: a watch costs the API server little, where listing 1,000
+    objects every few seconds would load it as much as the operator does."""
+
+    def __init__(self, custom: Any) -> None:
+        self.custom = custom
+        self.reconciled: dict[str, float] = {}
+        self.ready: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+
+        while not self.stop.is_set():
+            listing = self.custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE,
+                                                                PLURAL)
+            for obj in listing["items"]:
+                self._see(obj)
+            version = listing["metadata"]["resourceVersion"]
+            try:
+                for event in watch.Watch().stream(
+                        self.custom.list_namespaced_custom_object, GROUP, VERSION, NAMESPACE,
+                        PLURAL, resource_version=version, timeout_seconds=60):
+                    self._see(event["object"])
+                    if self.stop.is_set():
+                        return
+            except ApiException as exc:
+                if exc.status != 410:  # 410: the version expired; list again
+                    raise
+
+    def _see(self, obj: dict[str, Any]) -> None:
+        name, status, now = obj["metadata"]["name"], obj.get("status") or {}, time.monotonic()
+        with self.lock:
+            if status.get("observedGeneration"):
+                self.reconciled.setdefault(name, now)
+            if any(c.get("type") == "Ready" and c.get("status") == "True"
+                   for c in status.get("conditions") or []):
+                self.ready.setdefault(name, now)
+
+    def counts(self, names: set[str]) -> tuple[int, int, float | None, float | None]:
+        """(reconciled, Ready, when the last was reconciled, when the last became Ready)."""
+        with self.lock:
+            reconciled = [self.reconciled[n] for n in names if n in self.reconciled]
+            ready = [self.ready[n] for n in names if n in self.ready]
+        return (len(reconciled), len(ready),
+                max(reconciled) if len(reconciled) == len(names) else None,
+                max(ready) if len(ready) == len(names) else None)
 
 
 def _create(custom: Any, name: str) -> None:
@@ -96,25 +167,32 @@ def _create(custom: Any, name: str) -> None:
         "metadata": {"name": name, "namespace": NAMESPACE}, "spec": SPEC})
 
 
-def _wait_ready(custom: Any, names: set[str], timeout_s: float, operator: subprocess.Popen[bytes],
-                peak: list[int]) -> float | None:
-    started = time.monotonic()
-    last_print = started
+def _wait_ready(watcher: _Watcher, names: set[str], timeout_s: float,
+                operator: subprocess.Popen[bytes], peak: list[int],
+                started: float | None = None,
+                milestones: dict[str, float] | None = None) -> float | None:
+    """Seconds from ``started`` until every one of ``names`` is Ready (None: timed out).
+    ``milestones["reconciled"]``: when the last was first reconciled (the operator's first
+    pass; the rest is the controllers, kwok and the rollout follower)."""
+    started = time.monotonic() if started is None else started
+    last_print = time.monotonic()
     while time.monotonic() - started < timeout_s:
         if operator.poll() is not None:
             raise SystemExit(f"the operator exited ({operator.returncode})")
-        ready = _ready_names(custom) & names
-        if ready == names:
-            return time.monotonic() - started
+        reconciled, ready, all_reconciled, all_ready = watcher.counts(names)
+        if all_reconciled is not None and milestones is not None:
+            milestones["reconciled"] = all_reconciled - started
+        if all_ready is not None:
+            return all_ready - started
         if time.monotonic() - last_print > 15:
             last_print = time.monotonic()
-            print(f"  … {len(ready)}/{len(names)} Ready after {last_print - started:.0f} s, "
-                  f"operator RSS {peak[0] / 2**20:.0f} MiB", flush=True)
-        time.sleep(2.0)
+            print(f"  … after {last_print - started:.0f} s: {reconciled} reconciled, {ready}/"
+                  f"{len(names)} Ready, operator RSS {peak[0] / 2**20:.0f} MiB", flush=True)
+        time.sleep(0.5)
     return None
 
 
-def run(n: int, timeout_s: float, workers: int) -> int:
+def run(n: int, timeout_s: float, workers: int, profile: Path | None = None) -> int:
     from kubernetes import client
 
     from kvtune.e2e import cluster as e2e_cluster
@@ -140,44 +218,55 @@ def run(n: int, timeout_s: float, workers: int) -> int:
         argv = [str(Path(sys.executable).parent / "kvtune"), "operator", "--kubeconfig",
                 str(cluster.kubeconfig_path), "--standalone", "--namespace", NAMESPACE,
                 "--metrics-port", "0"]
+        if profile is not None:
+            argv = [str(Path(sys.executable).parent / "py-spy"), "record", "--format", "raw",
+                    "--threads", "--rate", "50", "--output", str(profile), "--", *argv]
         with log.open("w") as out:
             operator = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        pid = _child_pid(operator.pid) if profile is not None else operator.pid
         peak = [0]
         stop = threading.Event()
 
         def sample() -> None:
             while not stop.wait(1.0):
-                peak[0] = max(peak[0], _rss_bytes(operator.pid))
+                peak[0] = max(peak[0], _rss_bytes(pid))
 
         threading.Thread(target=sample, daemon=True).start()
         try:
+            watcher = _Watcher(custom)
             _create(custom, "baseline")
-            baseline = _wait_ready(custom, {"baseline"}, 300, operator, peak)
+            baseline = _wait_ready(watcher, {"baseline"}, 300, operator, peak)
             if baseline is None:
                 print("the baseline object never became Ready; operator log tail:")
                 print("\n".join(log.read_text().splitlines()[-30:]))
                 return 1
-            rss_idle = _rss_bytes(operator.pid)
-            cpu_before = _cpu_seconds(operator.pid)
+            rss_idle = _rss_bytes(pid)
+            cpu_before = _cpu_seconds(pid)
             names = {f"bench-{i:04d}" for i in range(n)}
             before = _request_counts(api)
             started = time.monotonic()
             with ThreadPoolExecutor(workers) as pool:
                 list(pool.map(lambda name: _create(custom, name), sorted(names)))
             created = time.monotonic() - started
-            took = _wait_ready(custom, names, timeout_s, operator, peak)
+            marks: dict[str, float] = {}
+            took = _wait_ready(watcher, names, timeout_s, operator, peak, started, marks)
+            watcher.stop.set()
             elapsed = time.monotonic() - started
             after = _request_counts(api)
-            rss_end = _rss_bytes(operator.pid)
-            cpu = _cpu_seconds(operator.pid) - cpu_before
+            rss_end = _rss_bytes(pid)
+            cpu = _cpu_seconds(pid) - cpu_before
         finally:
             stop.set()
-            operator.terminate()
+            # Under py-spy: SIGINT to py-spy writes its profile and stops the operator.
+            operator.send_signal(signal.SIGINT if profile is not None else signal.SIGTERM)
             try:
                 operator.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 operator.kill()
         delta = after - before
+        by_verb: Counter[str] = Counter()
+        for (verb, _), count in delta.items():
+            by_verb[verb] += count
         total = sum(delta.values())
         load_after = os.getloadavg()
         print(f"kvtune scale bench: N={n} InferenceDeployments (1 pool, 1 replica, H200), "
@@ -187,12 +276,14 @@ def run(n: int, timeout_s: float, workers: int) -> int:
         print(f"  baseline (same run): 1 object Ready in {baseline:.1f} s")
         print(f"  created {n} objects in {created:.1f} s ({workers} client threads)")
         if took is None:
-            ready = len(_ready_names(custom) & names)
+            ready = watcher.counts(names)[1]
             print(f"  NOT all Ready within {timeout_s:.0f} s ({ready} Ready)")
         else:
             print(f"  all {n} Ready {took:.1f} s after the first create "
                   f"(goal < {GOAL_SECONDS:.0f} s: {took / GOAL_SECONDS:.2f}x the goal; "
                   f"{took / baseline:.1f}x the one-object baseline)")
+        print("  where the time went: " + ", ".join(
+            f"all {what} {at:.1f} s after the first create" for what, at in marks.items()))
         print(f"  operator RSS: peak {peak[0] / 1e6:.0f} MB, idle with 1 object "
               f"{rss_idle / 1e6:.0f} MB, at the end {rss_end / 1e6:.0f} MB "
               f"(goal < {GOAL_RSS_BYTES / 1e6:.0f} MB: {peak[0] / GOAL_RSS_BYTES:.2f}x)")
@@ -200,7 +291,10 @@ def run(n: int, timeout_s: float, workers: int) -> int:
               f"{cpu / elapsed:.0%} of one core over {elapsed:.0f} s)")
         print(f"  API requests (apiserver_request_total, all clients): {total} in "
               f"{elapsed:.0f} s = {total / elapsed:.0f}/s; by verb: " + ", ".join(
-                  f"{verb} {count}" for verb, count in delta.most_common()))
+                  f"{verb} {count}" for verb, count in by_verb.most_common()))
+        print("  the 16 most requested (verb, resource), per object: " + ", ".join(
+            f"{verb} {resource} {count / n:.1f}" for (verb, resource), count
+            in delta.most_common(16)))
         return 0 if took is not None else 1
 
 
@@ -212,8 +306,10 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="seconds to wait for all Ready (900)")
     parser.add_argument("--workers", type=int, default=8, help="client threads creating (8)")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="run the operator under py-spy; collapsed stacks to this file")
     args = parser.parse_args()
-    return run(args.n, args.timeout, args.workers)
+    return run(args.n, args.timeout, args.workers, args.profile)
 
 
 if __name__ == "__main__":

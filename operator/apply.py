@@ -25,10 +25,15 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from kvtune.operator import api
+from kvtune.operator import api, endpoint_picker
 from kvtune.operator.render import FIELD_MANAGER, LABEL_DEPLOYMENT, LABEL_POOL
 
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
+# Connections kept open to the API server. The client's default (5 per core) is fewer than
+# the operator's threads (kopf's handler threads, the periodic workers, the GPU-inventory
+# thread): a connection given back to a full pool is closed, and the next call pays a new
+# TLS handshake (a tenth of the operator's CPU at 200 objects, and as much on the server).
+CONNECTIONS = 32
 
 
 class ApplyError(Exception):
@@ -65,6 +70,7 @@ class Kube:
             except config.ConfigException:
                 config.load_kube_config(  # type: ignore[no-untyped-call]
                     client_configuration=cfg)
+        cfg.connection_pool_maxsize = CONNECTIONS
         return cls(client.ApiClient(cfg))
 
     @property
@@ -393,6 +399,59 @@ def prune_pools(kube: Kube, owner: Mapping[str, Any], keep: set[str]) -> list[st
                 except ApiException as exc:
                     if exc.status != 404:
                         raise
+    return deleted
+
+
+def _delete_ours(kube: Kube, owner: Mapping[str, Any], items: list[dict[str, Any]],
+                 deleter: Callable[..., Any], kind: str) -> list[str]:
+    deleted = []
+    namespace = owner["metadata"]["namespace"]
+    for item in items:
+        if foreign_owner(item, owner) is None:
+            try:
+                deleter(item["metadata"]["name"], namespace, _preload_content=False)
+                deleted.append(f"{kind}/{item['metadata']['name']}")
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+    return deleted
+
+
+def prune_routing(kube: Kube, owner: Mapping[str, Any], *, routing: bool, route: bool,
+                  keep: set[str], routing_rights: bool) -> list[str]:
+    """Delete kvtune's routing objects of ``owner`` that its spec no longer asks for; returns
+    the deleted names. Without ``routing``: the endpoint pickers' Deployments and Services
+    (they run, and cost a pod each), with ``routing_rights`` (the chart's routing.enabled)
+    also the InferencePools and the HTTPRoute; without ``route``: the HTTPRoute; the
+    InferencePools of pools not in ``keep``. The pickers' ConfigMaps are inert and stay until
+    the InferenceDeployment goes (owner reference). Only kvtune's own objects of ``owner``."""
+    namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
+    deleted: list[str] = []
+    if not routing:
+        selector = f"{LABEL_DEPLOYMENT}={name},{endpoint_picker.LABEL_PICKER}"
+        for kind, lister, deleter in (
+                ("Deployment", kube.apps.list_namespaced_deployment,
+                 kube.apps.delete_namespaced_deployment),
+                ("Service", kube.core.list_namespaced_service,
+                 kube.core.delete_namespaced_service)):
+            items = _json(lister(namespace, label_selector=selector, _preload_content=False))
+            deleted += _delete_ours(kube, owner, items.get("items", []), deleter, kind)
+    if not routing_rights:
+        return deleted
+    pools = _json(kube.custom.list_namespaced_custom_object(
+        *_INFERENCE_POOL, namespace, "inferencepools",
+        label_selector=f"{LABEL_DEPLOYMENT}={name}", _preload_content=False))
+    stale = [p for p in pools.get("items", [])
+             if not routing or (p["metadata"].get("labels") or {}).get(LABEL_POOL) not in keep]
+    deleted += _delete_ours(kube, owner, stale, lambda n, ns, **kw: (
+        kube.custom.delete_namespaced_custom_object(*_INFERENCE_POOL, ns, "inferencepools", n,
+                                                    **kw)), "InferencePool")
+    if not route:
+        existing = read_object(kube, "HTTPRoute", namespace, name)
+        if existing is not None:
+            deleted += _delete_ours(kube, owner, [existing], lambda n, ns, **kw: (
+                kube.custom.delete_namespaced_custom_object(*_HTTP_ROUTE, ns, "httproutes", n,
+                                                            **kw)), "HTTPRoute")
     return deleted
 
 

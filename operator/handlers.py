@@ -219,7 +219,8 @@ def _references_config_maps(spec: kopf.Spec, **_: Any) -> bool:
 
 
 @periodic.timer(id="referenced-configmaps", interval=CONFIGMAP_RESYNC_SECONDS,
-                initial_delay=CONFIGMAP_RESYNC_SECONDS, when=_references_config_maps)
+                initial_delay=CONFIGMAP_RESYNC_SECONDS, when=_references_config_maps,
+                spread=True)
 def resync_config_maps(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
                        **_: Any) -> None:
     """Reconcile again: an edited template or config.json changes the rendered objects (a

@@ -24,6 +24,13 @@ what Gateway API v1.5.1 with the Inference Extension v1.5.0 cannot:
   its own, and sends them to the shortest pools that hold them. Requests without the header
   go to every pool by replicas (the shortest pool may then refuse a long one, as without
   routing).
+
+Several weighted InferencePools in one rule is the Extension's own documented pattern (its
+``inferencepool-rollout`` guide); some gateways have mishandled it (each pool must keep its
+own endpoint picker: istio/istio#61594, higress-group/higress#4519), so check yours.
+kvtune renders no provider-specific object: the endpoint picker serves TLS with its own
+certificate (``--secure-serving``, its default), which, e.g., Istio must be told to accept
+(the Extension's chart renders a DestinationRule for ``provider.name=istio``).
 """
 
 from __future__ import annotations

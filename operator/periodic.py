@@ -29,6 +29,7 @@ import copy
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -56,6 +57,16 @@ class Timer:
     interval_seconds: float
     initial_delay_seconds: float = 0.0
     when: WhenFn | None = None
+    # The first run of each object comes at a point of one more interval chosen by its UID:
+    # a thousand objects created (or found by a restart) together are not all due in the
+    # same second, every interval after.
+    spread: bool = False
+
+    def first_due(self, first_seen: float, uid: str) -> float:
+        at = first_seen + self.initial_delay_seconds
+        if self.spread:
+            at += self.interval_seconds * (zlib.crc32(uid.encode()) % 1000) / 1000
+        return at
 
 
 @dataclass
@@ -70,11 +81,11 @@ TIMERS: list[Timer] = []
 
 
 def timer(*, id: str, interval: float, initial_delay: float = 0.0,
-          when: WhenFn | None = None) -> Callable[[TimerFn], TimerFn]:
+          when: WhenFn | None = None, spread: bool = False) -> Callable[[TimerFn], TimerFn]:
     """Register ``fn(body=, spec=, status=, memo=, logger=)`` to run every ``interval`` s for
-    each InferenceDeployment ``when`` accepts."""
+    each InferenceDeployment ``when`` accepts (``spread``: see ``Timer.spread``)."""
     def decorator(fn: TimerFn) -> TimerFn:
-        TIMERS.append(Timer(id, fn, float(interval), float(initial_delay), when))
+        TIMERS.append(Timer(id, fn, float(interval), float(initial_delay), when, spread))
         return fn
     return decorator
 
@@ -144,8 +155,11 @@ class Scheduler:
                 for timer_ in self.timers:
                     if (key, timer_.id) in self.running:
                         continue
-                    at = tracked.next_due.setdefault(
-                        timer_.id, tracked.first_seen + timer_.initial_delay_seconds)
+                    at = tracked.next_due.get(timer_.id)
+                    if at is None:
+                        uid = str((tracked.body.get("metadata") or {}).get("uid") or key)
+                        at = tracked.next_due[timer_.id] = timer_.first_due(
+                            tracked.first_seen, uid)
                     if now < at or not _accepts(timer_, tracked.body):
                         continue
                     self.running.add((key, timer_.id))

@@ -32,6 +32,7 @@ from kvtune.operator import apply as kapply
 from kvtune.operator import calibration_flow, http_route
 from kvtune.operator import conditions as cond
 from kvtune.operator import pools as gpu_pools
+from kvtune.operator import routing as routing_module
 from kvtune.operator import status as status_writer
 from kvtune.operator.api import (
     OBJECT_NAME_PATTERN,
@@ -273,10 +274,18 @@ def _reconcile_locked(
             given=plans.get(pool.pool_name) if pool.pool_name in profiles else None,
             gate=gate,
         ), discovered))
-    if mode == "auto":
+    if mode == "auto" and may_have_removed_pools(generation, previous,
+                                                 {p.pool_name for p in spec.pools}):
         for deleted in kapply.prune_pools(kube, body, {p.pool_name for p in spec.pools}):
             events.append(Event("Normal", "PoolRemoved", f"deleted {deleted}: its pool is no "
                                 "longer in the spec"))
+        for deleted in kapply.prune_routing(
+                kube, body, routing=spec.routing.enabled,
+                route=spec.routing.enabled and spec.routing.gateway is not None,
+                keep={p.pool_name for p in spec.pools},
+                routing_rights=routing_module.operator_enabled()):
+            events.append(Event("Normal", "RoutingRemoved", f"deleted {deleted}: "
+                                "spec.routing no longer asks for it"))
 
     failures = [o.failure for o in outcomes if o.failure]
     if mode == "auto":
@@ -365,6 +374,16 @@ def _apply_route(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDepl
     return None
 
 
+def may_have_removed_pools(generation: int | None, previous: InferenceDeploymentStatus,
+                           pools: set[str]) -> bool:
+    """Whether children of a pool no longer in the spec may exist (prune lists three kinds
+    in the namespace: at 1,000 objects, three lists of 1,000 per reconcile). Not while the
+    spec is its first (generation 1: every pool ever applied is in it) and status names no
+    other pool (a pool an older kvtune named otherwise, or a spec edited while the operator
+    was down, is named there or bumps the generation)."""
+    return generation != 1 or any(p.name not in pools for p in previous.pools)
+
+
 def base_status(spec: InferenceDeploymentSpec, pool: PoolSpec, prev: PoolStatus | None,
                 name: str) -> PoolStatus:
     """A pool's status before this reconcile's stages: what it runs now (a failing pool
@@ -398,13 +417,13 @@ def refresh_rollout(body: Mapping[str, Any], *, kube: kapply.Kube,
     Progressing/Ready and the pools' messages; nothing is planned or applied. Called when a
     child Deployment changes. Returns whether status was written.
 
-    The patch carries the resourceVersion it was computed from, so it never overwrites a
-    status a concurrent reconcile wrote meanwhile."""
+    The patch carries the resourceVersion of ``body``, so it never overwrites a status
+    written since (a concurrent reconcile's, or any newer one): ``body`` is not read again
+    (the timer's copy is the watch's latest; with 1,000 objects rolling out, one GET less per
+    look). A copy that was already old just writes nothing, and the next look has a newer
+    one."""
     meta = body["metadata"]
     with object_lock(meta["namespace"], meta["name"]):
-        fresh = kapply.read_inference_deployment(kube, meta["namespace"], meta["name"])
-        if fresh is None:
-            return False
-        refreshed = observe.refresh(status_writer.read(fresh), meta["namespace"], kube, now)
-        return refreshed is not None and status_writer.write(kube, fresh, refreshed,
+        refreshed = observe.refresh(status_writer.read(body), meta["namespace"], kube, now)
+        return refreshed is not None and status_writer.write(kube, body, refreshed,
                                                              guarded=True)

@@ -505,7 +505,8 @@ class _Backoff:
 
 
 # A periodic (not kopf) timer: kopf's would put a finalizer on every object (periodic.py).
-@periodic.timer(id="retune", interval=INTERVAL_SECONDS, initial_delay=INTERVAL_SECONDS)
+@periodic.timer(id="retune", interval=INTERVAL_SECONDS, initial_delay=INTERVAL_SECONDS,
+                spread=True)
 def retune_timer(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     backoff: _Backoff = memo.setdefault("retune_backoff", _Backoff())
     now = time.time()

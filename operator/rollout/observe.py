@@ -55,11 +55,20 @@ def _stuck(kube: kapply.Kube, deployment: Mapping[str, Any]) -> str | None:
         return reason
     meta = deployment.get("metadata") or {}
     selector = (deployment.get("spec") or {}).get("selector", {}).get("matchLabels") or {}
-    if not selector:
+    status = deployment.get("status") or {}
+    if not selector or not _new_pods_exist(meta, status):
         return None
     pods = kapply.list_pods(kube, meta.get("namespace", ""),
                             ",".join(f"{k}={v}" for k, v in sorted(selector.items())))
     return pod_problem(pods)
+
+
+def _new_pods_exist(meta: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+    """Whether the Deployment controller has made pods of the current template (until then
+    there is no pod to look at: listing the pool's pods, a list over the namespace's pods,
+    is skipped, as right after every apply)."""
+    return int(status.get("observedGeneration", 0)) >= int(meta.get("generation", 0)) \
+        and int(status.get("updatedReplicas", 0)) > 0
 
 
 def observe(ctx: PoolContext, planned: Planned, applied: Applied) -> PoolOutcome:

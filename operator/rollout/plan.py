@@ -7,6 +7,7 @@ a drifted pool once and hands the plan to the reconcile seam, which does not pla
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -34,8 +35,12 @@ from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan, UnknownName
 from kvtune.tuner.kv_quality import KVQualityEvidence, KVQualityPolicy
 from kvtune.tuner.plan import KVPlan, PoolPlan
 from kvtune.tuner.planner.policy import SLO, Pins, PlanPolicy
+from kvtune.tuner.planner.request import PlanRequest
 from kvtune.tuner.units import GiB
 from kvtune.tuner.workload import WorkloadProfile
+
+# Distinct plan requests kept (a request and its plan: a few kB each).
+PLAN_CACHE_SIZE = 512
 
 
 def policy_for(spec: InferenceDeploymentSpec) -> PlanPolicy:
@@ -101,7 +106,6 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
     else by the planner's rules. ``running``: the plan the pool runs now (ties go to the
     fewer changed knobs)."""
     from kvtune.tuner.facts.gpus import get_gpu_class
-    from kvtune.tuner.planner.planning import PlanRequest, plan_pool
     from kvtune.tuner.simulator.goodput_search import plan_by_goodput
 
     request = PlanRequest(
@@ -116,6 +120,18 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         searched: PoolPlan = priced(plan_by_goodput(request, running=running),
                                     gpu_prices.price_of(pool, pool_field))
         return searched
+    return _plan_by_rules(request)
+
+
+@functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
+def _plan_by_rules(request: PlanRequest) -> PoolPlan:
+    """``plan_pool``, once per request: a pure function of the request, which holds
+    everything a plan depends on (model, GPU class, tensor parallelism, weights dtype,
+    profile, policy with pins, SLO and KV-quality gate, evidence, vLLM version) and is
+    frozen and compared by value; so a thousand objects of one shape, a restart's resume
+    and every re-plan of an unchanged spec plan once. The plan is frozen: shared safely."""
+    from kvtune.tuner.planner.planning import plan_pool
+
     result: PoolPlan = plan_pool(request)
     return result
 

@@ -128,3 +128,30 @@ def test_kopf_peering_decisions_pause_and_resume() -> None:
         assert not s.active.is_set()
     finally:
         log.removeHandler(handler)
+
+
+def test_a_spread_timer_starts_each_object_at_its_own_point_of_one_interval() -> None:
+    """A thousand objects found together are not all due in the same second: a spread
+    timer's first run is at initial_delay + a UID-chosen share of one interval, the same
+    every time for one UID; an unspread timer's first run is at initial_delay."""
+    calls = Calls()
+    spread = periodic.Timer("slow", calls.fn, 60.0, initial_delay_seconds=60.0, spread=True)
+    firsts = [spread.first_due(1000.0, f"uid-{i}") for i in range(200)]
+    assert all(1060.0 <= t < 1120.0 for t in firsts)
+    assert len({round(t) for t in firsts}) > 40  # spread out, not bunched
+    assert spread.first_due(1000.0, "uid-7") == firsts[7]
+    plain = periodic.Timer("fast", calls.fn, 2.0, initial_delay_seconds=3.0)
+    assert plain.first_due(1000.0, "uid-7") == 1003.0
+
+    s = scheduler_with(spread)
+    s.set_active(True)
+    s.observe(None, body("a", uid="uid-7"))
+    first_seen = s.objects[("ns", "a")].first_seen
+    assert run_due(s, firsts[7] - 1000.0 + first_seen - 0.01) == []
+    assert run_due(s, firsts[7] - 1000.0 + first_seen) == ["a:slow"]
+
+
+def test_the_long_timers_are_spread_and_the_rollout_follower_is_not() -> None:
+    by_id = {t.id: t for t in periodic.TIMERS}
+    assert by_id["retune"].spread and by_id["referenced-configmaps"].spread
+    assert not by_id["rollout"].spread

@@ -38,3 +38,16 @@ def test_pods_that_need_a_person_are_named(pods: list[dict[str, Any]], needle: s
 ])
 def test_pods_still_on_their_way_are_not_a_problem(pods: list[dict[str, Any]]) -> None:
     assert pod_problem(pods) is None
+
+
+def test_no_pod_listing_before_the_controller_made_pods_of_the_current_template() -> None:
+    """Right after an apply (the controller has not seen the new generation) or before the
+    first pod of the new template exists, there is nothing to look at: the pool's pods (a
+    list over the namespace's pods) are not listed."""
+    from kvtune.operator.rollout.observe import _new_pods_exist
+
+    meta = {"generation": 3}
+    assert not _new_pods_exist(meta, {"observedGeneration": 2, "updatedReplicas": 1})
+    assert not _new_pods_exist(meta, {"observedGeneration": 3, "updatedReplicas": 0})
+    assert not _new_pods_exist(meta, {})
+    assert _new_pods_exist(meta, {"observedGeneration": 3, "updatedReplicas": 1})

@@ -1,0 +1,65 @@
+"""What keeps a thousand InferenceDeployments cheap (issue 11's scale goal; the figures are
+bench/scale.py's): one plan per distinct request, no prune listing while no pool can have
+been removed, enough kept connections for every operator thread."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvtune.operator import apply as kapply
+from kvtune.operator import handlers, periodic
+from kvtune.operator.api import InferenceDeploymentSpec, InferenceDeploymentStatus, PoolStatus
+from kvtune.operator.reconcile import may_have_removed_pools
+from kvtune.operator.rollout import plan as plan_stage
+from kvtune.operator.workloads import declared_profile
+
+SPEC: dict[str, Any] = {
+    "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+    "workload": {"profile": "chat"},
+    "pools": [{"gpuClass": "H200", "replicas": 1, "tensorParallel": 1}],
+}
+
+
+def _plan(spec_dict: dict[str, Any]) -> Any:
+    spec = InferenceDeploymentSpec.model_validate(spec_dict)
+    return plan_stage.plan_one_pool(spec, spec.pools[0], plan_stage.resolve_model(spec, "ns", None),
+                                    declared_profile(spec.workload), plan_stage.policy_for(spec))
+
+
+def test_objects_of_one_shape_plan_once_and_any_planning_input_plans_again() -> None:
+    plan_stage._plan_by_rules.cache_clear()
+    first = _plan(SPEC)
+    assert _plan({**SPEC, "tuning": {"mode": "recommend"}}) is first  # not a planning input
+    assert plan_stage._plan_by_rules.cache_info().hits == 1
+    pinned = _plan({**SPEC, "tuning": {"pin": {"maxNumSeqs": 96}}})
+    assert pinned is not first and pinned.plan.max_num_seqs == 96
+    other_gpu = _plan({**SPEC, "pools": [{"gpuClass": "H100"}]})
+    assert other_gpu.gpu_class != first.gpu_class
+    other_vllm = {**SPEC, "runtime": {"vllmVersion": "0.21.0"}}
+    assert _plan(other_vllm) is not first
+    assert _plan({**SPEC, "workload": {"profile": "long-context"}}) is not first
+    assert _plan({**SPEC, "pools": [{"gpuClass": "H200", "tensorParallel": 2}]}) is not first
+    assert plan_stage._plan_by_rules.cache_info().maxsize == plan_stage.PLAN_CACHE_SIZE
+
+
+def _status(*pools: str) -> InferenceDeploymentStatus:
+    return InferenceDeploymentStatus(pools=[
+        PoolStatus(name=p, gpu_class="H200", tensor_parallel=1, replicas=1, phase="Applied",
+                   deployment=f"x-{p}") for p in pools])
+
+
+def test_prune_lists_only_when_a_pool_may_have_been_removed() -> None:
+    # The first spec: every pool ever applied is in it.
+    assert not may_have_removed_pools(1, _status(), {"h200"})
+    assert not may_have_removed_pools(1, _status("h200"), {"h200"})
+    # Status names a pool the spec lacks (e.g. one an older kvtune named otherwise).
+    assert may_have_removed_pools(1, _status("h200", "old"), {"h200"})
+    # The spec changed: a pool may have gone, even with status not yet written.
+    assert may_have_removed_pools(2, _status(), {"h200"})
+    assert may_have_removed_pools(None, _status(), {"h200"})
+
+
+def test_every_operator_thread_keeps_its_connection() -> None:
+    """A connection given back to a full pool is closed: the next call pays a TLS
+    handshake, on both sides."""
+    assert kapply.CONNECTIONS >= handlers.HANDLER_THREADS + periodic.WORKERS + 1
