@@ -356,6 +356,9 @@ def _models_help() -> str:
 @click.option("--request-rate", type=click.FloatRange(min=0, min_open=True),
               help="Arrival rate, requests/s: with --workload or --context-tokens the goodput "
               "search replays traffic made from the profile at this rate.")
+@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Replicas sharing the traffic's rate (--trace, --request-rate): each is "
+              "planned on its share, and SLO at risk counts the replicas the traffic needs.")
 @click.option("--search/--no-search", default=True, show_default=True,
               help="Choose the knobs by simulated SLO-goodput when the traffic's rate is "
               "known (--trace, --request-rate); --no-search: the rules alone.")
@@ -420,7 +423,8 @@ def plan(**opts: Any) -> None:
             # The search replays hundreds of requests per candidate: seconds of work.
             with Progress("plan", opts["progress"]) as shown:
                 pool = priced(plan_by_goodput(
-                    request, trace=trace, progress=lambda step: shown(step.text())),
+                    request, trace=trace, progress=lambda step: shown(step.text()),
+                    replicas=opts["replicas"]),
                     price_for(request.gpu.name, prices))
         else:
             pool = plan_pool(request)

@@ -204,6 +204,12 @@ class WorkloadSpec(_Model):
         default=None, ge=1, le=100_000,
         description="Sequences per replica that must fit at the high-percentile context.",
     )
+    request_rate_per_second: float | None = Field(
+        default=None, gt=0, le=1_000_000,
+        description="Requests per second the deployment expects, all pools together: with it "
+        "kvtune plans by the goodput search (simulated SLO-goodput) before it has observed "
+        "any traffic; an observed rate replaces it.",
+    )
 
 
 class SLOSpec(_Model):

@@ -418,13 +418,13 @@ def _delete_ours(kube: Kube, owner: Mapping[str, Any], items: list[dict[str, Any
 
 
 def prune_routing(kube: Kube, owner: Mapping[str, Any], *, routing: bool, route: bool,
-                  keep: set[str], routing_rights: bool) -> list[str]:
+                  keep: set[str]) -> list[str]:
     """Delete kvtune's routing objects of ``owner`` that its spec no longer asks for; returns
     the deleted names. Without ``routing``: the endpoint pickers' Deployments and Services
-    (they run, and cost a pod each), with ``routing_rights`` (the chart's routing.enabled)
-    also the InferencePools and the HTTPRoute; without ``route``: the HTTPRoute; the
-    InferencePools of pools not in ``keep``. The pickers' ConfigMaps are inert and stay until
-    the InferenceDeployment goes (owner reference). Only kvtune's own objects of ``owner``."""
+    (they run, and cost a pod each), the InferencePools and the HTTPRoute; without ``route``:
+    the HTTPRoute; the InferencePools of pools not in ``keep``. The pickers' ConfigMaps are
+    inert and stay until the InferenceDeployment goes (owner reference). Only kvtune's own
+    objects of ``owner``; needs the chart's routing rights (routing.enabled)."""
     namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
     deleted: list[str] = []
     if not routing:
@@ -436,8 +436,6 @@ def prune_routing(kube: Kube, owner: Mapping[str, Any], *, routing: bool, route:
                  kube.core.delete_namespaced_service)):
             items = _json(lister(namespace, label_selector=selector, _preload_content=False))
             deleted += _delete_ours(kube, owner, items.get("items", []), deleter, kind)
-    if not routing_rights:
-        return deleted
     pools = _json(kube.custom.list_namespaced_custom_object(
         *_INFERENCE_POOL, namespace, "inferencepools",
         label_selector=f"{LABEL_DEPLOYMENT}={name}", _preload_content=False))

@@ -279,11 +279,13 @@ def _reconcile_locked(
         for deleted in kapply.prune_pools(kube, body, {p.pool_name for p in spec.pools}):
             events.append(Event("Normal", "PoolRemoved", f"deleted {deleted}: its pool is no "
                                 "longer in the spec"))
+        # Only where the chart enabled routing (its rights, and the only place kvtune made
+        # routing objects): no extra calls per reconcile elsewhere.
+        routed = routing_module.operator_enabled()
         for deleted in kapply.prune_routing(
                 kube, body, routing=spec.routing.enabled,
                 route=spec.routing.enabled and spec.routing.gateway is not None,
-                keep={p.pool_name for p in spec.pools},
-                routing_rights=routing_module.operator_enabled()):
+                keep={p.pool_name for p in spec.pools}) if routed else []:
             events.append(Event("Normal", "RoutingRemoved", f"deleted {deleted}: "
                                 "spec.routing no longer asks for it"))
 
