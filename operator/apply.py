@@ -26,7 +26,7 @@ from urllib.parse import quote, urlencode
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from kvtune.operator import api, monitors
+from kvtune.operator import api, endpoint_picker, monitors
 from kvtune.operator.render import FIELD_MANAGER, LABEL_DEPLOYMENT, LABEL_POOL
 
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
@@ -418,6 +418,49 @@ def prune_pools(kube: Kube, owner: Mapping[str, Any], keep: set[str]) -> list[st
                 except ApiException as exc:
                     if exc.status != 404:
                         raise
+    return deleted
+
+
+def _delete_ours(kube: Kube, owner: Mapping[str, Any], items: list[dict[str, Any]],
+                 kind: str) -> list[str]:
+    deleted = []
+    namespace = owner["metadata"]["namespace"]
+    for item in items:
+        if foreign_owner(item, owner) is None:
+            try:
+                kube.request("DELETE", path(kind, namespace, item["metadata"]["name"]))
+                deleted.append(f"{kind}/{item['metadata']['name']}")
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+    return deleted
+
+
+def prune_routing(kube: Kube, owner: Mapping[str, Any], *, routing: bool, route: bool,
+                  keep: set[str]) -> list[str]:
+    """Delete kvtune's routing objects of ``owner`` that its spec no longer asks for; returns
+    the deleted names. Without ``routing``: the endpoint pickers' Deployments and Services
+    (they run, and cost a pod each), the InferencePools and the HTTPRoute; without ``route``:
+    the HTTPRoute; the InferencePools of pools not in ``keep``. The pickers' ConfigMaps are
+    inert and stay until the InferenceDeployment goes (owner reference). Only kvtune's own
+    objects of ``owner``; needs the chart's routing rights (routing.enabled)."""
+    namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
+    deleted: list[str] = []
+    if not routing:
+        selector = f"{LABEL_DEPLOYMENT}={name},{endpoint_picker.LABEL_PICKER}"
+        for kind in ("Deployment", "Service"):
+            items = kube.request("GET", path(kind, namespace),
+                                 query={"labelSelector": selector})
+            deleted += _delete_ours(kube, owner, items.get("items", []), kind)
+    pools = kube.request("GET", path("InferencePool", namespace),
+                         query={"labelSelector": f"{LABEL_DEPLOYMENT}={name}"})
+    stale = [p for p in pools.get("items", [])
+             if not routing or (p["metadata"].get("labels") or {}).get(LABEL_POOL) not in keep]
+    deleted += _delete_ours(kube, owner, stale, "InferencePool")
+    if not route:
+        existing = read_object(kube, "HTTPRoute", namespace, name)
+        if existing is not None:
+            deleted += _delete_ours(kube, owner, [existing], "HTTPRoute")
     return deleted
 
 

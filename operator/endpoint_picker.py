@@ -29,6 +29,7 @@ no RBAC object and needs no right on pods beyond its own ``list``.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from typing import Any
 
@@ -49,13 +50,31 @@ CONFIG_DIR = "/config"
 # through this EPP finish before it goes.
 TERMINATION_GRACE_SECONDS = 130
 # The Extension's chart defaults, validated there by scale tests at high QPS (p90 scheduling
-# under 100 ms); no CPU limit so scheduling spikes can burst.
-RESOURCES = {"requests": {"cpu": "4", "memory": "8Gi"}, "limits": {"memory": "16Gi"}}
+# under 100 ms); no CPU limit so scheduling spikes can burst. The chart's
+# routing.endpointPicker.resources (the same default) replaces them.
+RESOURCES: dict[str, Any] = {"requests": {"cpu": "4", "memory": "8Gi"},
+                             "limits": {"memory": "16Gi"}}
+RESOURCES_ENV = "KVTUNE_EPP_RESOURCES"
 _RBAC = "rbac.authorization.k8s.io"
 
 
 def image() -> str:
     return os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE
+
+
+def resources() -> dict[str, Any]:
+    """The pickers' container resources: the chart's ``routing.endpointPicker.resources``."""
+    text = os.environ.get(RESOURCES_ENV)
+    if not text:
+        return RESOURCES
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict):
+        raise ValueError(f"{RESOURCES_ENV}={text[:80]!r} is not a JSON object; set the chart "
+                         f"value routing.endpointPicker.resources (requests/limits)")
+    return value
 
 
 def config_hash(config_text: str) -> str:
@@ -97,7 +116,7 @@ def deployment(*, picker: str, namespace: str, pool_name: str, labels: dict[str,
             {"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         ],
-        "resources": RESOURCES,
+        "resources": resources(),
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
                             "seccompProfile": {"type": "RuntimeDefault"}},

@@ -32,6 +32,7 @@ from kvtune.operator import apply as kapply
 from kvtune.operator import calibration_flow, http_route
 from kvtune.operator import conditions as cond
 from kvtune.operator import pools as gpu_pools
+from kvtune.operator import routing as routing_module
 from kvtune.operator import status as status_writer
 from kvtune.operator.api import (
     OBJECT_NAME_PATTERN,
@@ -278,6 +279,15 @@ def _reconcile_locked(
         for deleted in kapply.prune_pools(kube, body, {p.pool_name for p in spec.pools}):
             events.append(Event("Normal", "PoolRemoved", f"deleted {deleted}: its pool is no "
                                 "longer in the spec"))
+        # Only where the chart enabled routing (its rights, and the only place kvtune made
+        # routing objects): no extra calls per reconcile elsewhere.
+        routed = routing_module.operator_enabled()
+        for deleted in kapply.prune_routing(
+                kube, body, routing=spec.routing.enabled,
+                route=spec.routing.enabled and spec.routing.gateway is not None,
+                keep={p.pool_name for p in spec.pools}) if routed else []:
+            events.append(Event("Normal", "RoutingRemoved", f"deleted {deleted}: "
+                                "spec.routing no longer asks for it"))
 
     failures = [o.failure for o in outcomes if o.failure]
     if mode == "auto":
@@ -395,6 +405,9 @@ def base_status(spec: InferenceDeploymentSpec, pool: PoolSpec, prev: PoolStatus 
         profile=prev.profile if prev else None,
         # The retune timer's reading of the pool's histograms stays until its next window.
         observed_slo=prev.observed_slo if prev else None,
+        # What routing was applied with (the stable plan's max-model-len) until the main
+        # Deployment takes another plan; dropped with spec.routing.
+        routing=prev.routing if prev and spec.routing.enabled else None,
     )
 
 

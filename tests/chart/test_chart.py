@@ -385,6 +385,8 @@ def test_endpoint_picker_access_objects_are_the_operators_own(
     env = {e["name"]: e.get("value") for e in
            deploy["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env[endpoint_picker.IMAGE_ENV] == endpoint_picker.DEFAULT_IMAGE
+    # The chart's default resources are the operator's own default (one source each side).
+    assert json.loads(env[endpoint_picker.RESOURCES_ENV]) == endpoint_picker.RESOURCES
 
 
 def test_admission_policy_guards_the_operators_own_writes(helm: Path) -> None:

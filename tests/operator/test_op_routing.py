@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from op_samples import make_pool_plan
 
@@ -138,3 +139,17 @@ def test_multi_turn_traffic_keeps_a_request_on_the_pods_holding_its_prefix() -> 
     assert profile[0] == {"pluginRef": routing.AFFINITY_FILTER}
     assert [p["pluginRef"] for p in profile[1:]] == [
         p["pluginRef"] for p in plain["schedulingProfiles"][0]["plugins"]]
+
+
+def test_the_pickers_resources_come_from_the_chart(monkeypatch: pytest.MonkeyPatch) -> None:
+    def container() -> dict:  # type: ignore[type-arg]
+        kinds = _by_kind(routing.routing_objects(name="bot", namespace="llm", pool="h200",
+                                                 pool_plan=make_pool_plan(), labels=LABELS))
+        return kinds["Deployment"]["spec"]["template"]["spec"]["containers"][0]  # type: ignore[no-any-return]
+
+    assert container()["resources"] == endpoint_picker.RESOURCES
+    monkeypatch.setenv(endpoint_picker.RESOURCES_ENV, '{"requests": {"cpu": "500m"}}')
+    assert container()["resources"] == {"requests": {"cpu": "500m"}}
+    monkeypatch.setenv(endpoint_picker.RESOURCES_ENV, "[1]")
+    with pytest.raises(ValueError, match=r"routing\.endpointPicker\.resources"):
+        container()

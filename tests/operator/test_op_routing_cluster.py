@@ -27,6 +27,7 @@ from op_cluster_helpers import (
     ensure_namespace,
     get_infd,
     install_crd,
+    patch_spec,
     service_account_kubeconfig,
     wait_for,
 )
@@ -310,33 +311,70 @@ def test_the_operator_renders_each_pools_picker_and_the_route_over_the_pools(
             return obj if cond is not None and cond["status"] == "True" else None
 
         obj = wait_for(ready, "Ready=True", 120, proc.log)
+        custom = client.CustomObjectsApi(api_client)
+        apps, core = client.AppsV1Api(api_client), client.CoreV1Api(api_client)
+        pools = {p["name"]: p for p in obj["status"]["pools"]}
+        assert len(pools) == 2
+        for name, pool in pools.items():
+            inference_pool = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL,
+                                                                 f"bot-{name}")
+            assert inference_pool["metadata"]["labels"][routing.LABEL_MAX_MODEL_LEN] == \
+                str(pool["plan"]["maxModelLen"])
+            picker = inference_pool["spec"]["endpointPickerRef"]["name"]
+            deployment = apps.read_namespaced_deployment(picker, ns)
+            assert core.read_namespaced_service(picker, ns).spec.selector == \
+                deployment.spec.selector.match_labels
+            assert deployment.metadata.owner_references[0].name == "bot"
+            # The pool's model servers are not the picker's pods.
+            assert deployment.spec.template.metadata.labels.get("kvtune.io/pool") is None
+
+        route = custom.get_namespaced_custom_object("gateway.networking.k8s.io", "v1", ns,
+                                                    "httproutes", "bot")
+        assert route["metadata"]["ownerReferences"][0]["name"] == "bot"
+        assert route["spec"]["parentRefs"][0]["name"] == "inference-gateway"
+        catch_all = route["spec"]["rules"][-1]
+        assert {b["name"]: b["weight"] for b in catch_all["backendRefs"]} == {
+            f"bot-{name}": pool["replicas"] for name, pool in pools.items()}
+        lengths = {pool["plan"]["maxModelLen"] for pool in pools.values()}
+        assert len(route["spec"]["rules"]) == len(lengths)  # a rule per longer tier, + catch-all
+        for rule in route["spec"]["rules"]:
+            assert rule["sessionPersistence"] == {"type": "Header", "sessionName": "x-session-id"}
+
+        # A pool leaves the spec: its picker and its InferencePool go, the route follows.
+        gone = sorted(pools)[0]
+        kept = [p for p in spec["pools"] if p.get("name", p["gpuClass"].lower()) != gone]
+        patch_spec(api_client, ns, "bot", {"pools": kept})
+
+        def pool_gone() -> bool:
+            names = {p["metadata"]["name"] for p in custom.list_namespaced_custom_object(
+                GROUP, VERSION, ns, PLURAL)["items"]}
+            backends = {b["name"] for b in custom.get_namespaced_custom_object(
+                "gateway.networking.k8s.io", "v1", ns, "httproutes", "bot")["spec"]["rules"][-1][
+                "backendRefs"]}
+            return f"bot-{gone}" not in names and backends == names and len(names) == 1
+
+        wait_for(pool_gone, f"pool {gone}'s InferencePool pruned", 120, proc.log)
+        assert not [d for d in apps.list_namespaced_deployment(ns).items
+                    if d.metadata.name == f"bot-{gone}-epp"]
+
+        # Routing off: the pickers (a running pod each), the pools and the route go.
+        patch_spec(api_client, ns, "bot", {"routing": {"enabled": False, "gateway": None,
+                                                       "sessionHeader": None,
+                                                       "lengthHeader": None}})
+
+        def routing_gone() -> bool:
+            pickers = apps.list_namespaced_deployment(
+                ns, label_selector=endpoint_picker.LABEL_PICKER).items
+            services = core.list_namespaced_service(
+                ns, label_selector=endpoint_picker.LABEL_PICKER).items
+            pools_left = custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
+            routes = custom.list_namespaced_custom_object("gateway.networking.k8s.io", "v1", ns,
+                                                          "httproutes")["items"]
+            return not (pickers or services or pools_left or routes)
+
+        wait_for(routing_gone, "routing objects pruned", 120, proc.log)
+        # The model servers keep running.
+        assert [d.metadata.name for d in apps.list_namespaced_deployment(ns).items] == [
+            f"bot-{name}" for name in sorted(pools) if name != gone]
     finally:
         proc.stop()
-    custom = client.CustomObjectsApi(api_client)
-    apps, core = client.AppsV1Api(api_client), client.CoreV1Api(api_client)
-    pools = {p["name"]: p for p in obj["status"]["pools"]}
-    assert len(pools) == 2
-    for name, pool in pools.items():
-        inference_pool = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL,
-                                                             f"bot-{name}")
-        assert inference_pool["metadata"]["labels"][routing.LABEL_MAX_MODEL_LEN] == \
-            str(pool["plan"]["maxModelLen"])
-        picker = inference_pool["spec"]["endpointPickerRef"]["name"]
-        deployment = apps.read_namespaced_deployment(picker, ns)
-        assert core.read_namespaced_service(picker, ns).spec.selector == \
-            deployment.spec.selector.match_labels
-        assert deployment.metadata.owner_references[0].name == "bot"
-        # The pool's model servers are not the picker's pods.
-        assert deployment.spec.template.metadata.labels.get("kvtune.io/pool") is None
-
-    route = custom.get_namespaced_custom_object("gateway.networking.k8s.io", "v1", ns,
-                                                "httproutes", "bot")
-    assert route["metadata"]["ownerReferences"][0]["name"] == "bot"
-    assert route["spec"]["parentRefs"][0]["name"] == "inference-gateway"
-    catch_all = route["spec"]["rules"][-1]
-    assert {b["name"]: b["weight"] for b in catch_all["backendRefs"]} == {
-        f"bot-{name}": pool["replicas"] for name, pool in pools.items()}
-    lengths = {pool["plan"]["maxModelLen"] for pool in pools.values()}
-    assert len(route["spec"]["rules"]) == len(lengths)  # a rule per longer tier, + catch-all
-    for rule in route["spec"]["rules"]:
-        assert rule["sessionPersistence"] == {"type": "Header", "sessionName": "x-session-id"}

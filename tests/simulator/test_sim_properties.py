@@ -47,6 +47,7 @@ def workloads(draw: st.DrawFn) -> tuple[list[SimRequest], EngineConfig]:
         enable_prefix_caching=draw(st.booleans()),
         allocation="contiguous" if max_model_len <= usable_tokens and draw(st.booleans())
         else "paged",
+        async_scheduling=draw(st.booleans()),
     )
     return reqs, config
 

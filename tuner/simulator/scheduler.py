@@ -17,14 +17,22 @@ Each engine step (``vllm/v1/core/sched/scheduler.py``, FCFS policy, chunked pref
 3. The step's time comes from ``timing.StepCostModel``; every request whose computed tokens
    caught up samples one token; those done free their blocks in reverse order.
 
-Speed: decode-only stretches are not stepped one by one. When every running request is
-decoding and no waiting request can be admitted, the next ``k`` steps are identical in
-shape (every sequence one token longer), so they are taken at once: ``k`` is the number of
-steps until the first request finishes, the next arrival could be admitted, or the free
-blocks would run out (then the exact step handles the preemption); their time is a closed
-form (``decode_run_seconds``), each request's new blocks are taken from the free queue in
-one call (the same blocks, in a different per-request order, as step by step: nothing is
-freed or touched in between). The cost is per event and per block, not per token.
+Speed (``decode_runs=True``, the default; ``False`` steps every request of every step
+exactly, the reference the differential tests hold against vLLM):
+
+- a running request that decodes steadily joins the *decoding cohort* (``cohort.py``),
+  whose members advance together by one clock: a step costs O(1) for all of them, plus
+  the work of the requests that do something else (a prefill chunk, an admission, a finish);
+- a step that could preempt (the new blocks do not all fit) or that the token budget cuts
+  before a member is taken exactly (the cohort's members are written back first);
+- decode-only stretches are not stepped one by one. When every running request is
+  decoding and no waiting request can be admitted, the next ``k`` steps are identical in
+  shape (every sequence one token longer), so they are taken at once: ``k`` is the number
+  of steps until the first request finishes, the next arrival could be admitted, or the
+  free blocks would run out (then the exact step handles the preemption); their time is a
+  closed form (``decode_run_seconds``), the new blocks are taken from the free queue in one
+  call (the same blocks, in a different per-request order, as step by step: nothing is
+  freed or touched in between). The cost is per event and per block, not per token.
 
 ``contiguous`` allocation is the pre-PagedAttention baseline: a request reserves
 ``max_model_len`` token slots when admitted and holds them to the end (no prefix caching,
@@ -56,6 +64,7 @@ import numpy as np
 
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.simulator.blocks import BlockPool
+from kvtune.tuner.simulator.cohort import DecodeCohort
 from kvtune.tuner.simulator.metrics import SimResult, TimeSeries
 from kvtune.tuner.simulator.prefix import KeySpace
 from kvtune.tuner.simulator.timing import StepCostModel
@@ -114,6 +123,9 @@ class RequestState:
         "admitted",
         "blocks",
         "cached_tokens",
+        "cohort_generated",
+        "cohort_tick",
+        "cohort_tokens",
         "finish_seconds",
         "first_token_seconds",
         "generated",
@@ -151,6 +163,11 @@ class RequestState:
         # At first admission: when (step start) and how many prompt tokens were prefix hits.
         self.scheduled_seconds = float("nan")
         self.cached_tokens = 0
+        # Membership of the decoding cohort (cohort.py): the tick it joined at (-1: not a
+        # member), and its tokens and generated tokens then.
+        self.cohort_tick = -1
+        self.cohort_tokens = 0
+        self.cohort_generated = 0
 
 
 StepHook = Callable[["Scheduler"], None]
@@ -165,8 +182,11 @@ PROGRESS_REPORTS = 20
 class Scheduler:
     """Replays ``requests`` (sorted by arrival) under ``config``; ``run()`` returns the result.
 
-    ``on_step`` (tests) is called after every simulated step or decode run; ``on_progress``
-    with (finished, all) requests every ``PROGRESS_REPORTS``-th of them and at the end.
+    ``on_step`` (tests) is called after every simulated step or decode run, with every
+    request's fields up to date; ``on_progress`` with (finished, all) requests every
+    ``PROGRESS_REPORTS``-th of them and at the end. ``last_scheduled``, ``last_preempted``
+    and ``last_blocks_in_use`` describe the last step only when stepping exactly
+    (``decode_runs=False``).
     """
 
     def __init__(
@@ -224,6 +244,10 @@ class Scheduler:
         self.last_scheduled: list[tuple[RequestState, int]] = []
         self.last_preempted: list[RequestState] = []
         self.last_blocks_in_use = 0
+        # The fast path: the decoding cohort, and the running requests outside it (running
+        # order).
+        self.cohort = DecodeCohort(self.block_size)
+        self._active: list[RequestState] = []
 
     def _new_state(self, r: SimRequest) -> RequestState:
         # vLLM rejects a prompt that leaves no room for one output token and stops a
@@ -339,9 +363,9 @@ class Scheduler:
                 continue
             next_arrival = states[idx].req.arrival_seconds if idx < n else None
             self.events += 1
-            if not (self.decode_runs and self._decode_run(next_arrival)):
-                self._step(next_arrival)
+            self._advance(next_arrival)
             if self.on_step is not None:
+                self.cohort.sync_all()
                 self.on_step(self)
             if self.on_progress is not None and self.finished >= next_report:
                 self.on_progress(min(self.finished, n), n)
@@ -349,6 +373,35 @@ class Scheduler:
         if self.on_progress is not None:
             self.on_progress(n, n)  # requests with no output tokens never run
         return self._result()
+
+    def _advance(self, next_arrival: float | None) -> None:
+        """One loop iteration: a decode run, a cohort step, or an exact step."""
+        if not self.decode_runs:
+            self._step(next_arrival)
+            return
+        if self._cohort_run(next_arrival) or self._cohort_step(next_arrival):
+            return
+        # The exact step, with every request in its fields; then the cohort re-forms.
+        self.cohort.leave_all()
+        self._step(next_arrival)
+        self._regroup()
+
+    def _joins(self, st: RequestState) -> bool:
+        """Whether ``st`` decodes steadily from the next step on (cohort.py): it sampled in
+        the step just taken, is not done, and has no shareable block left to cache."""
+        return (st.last_sample_step == self.steps and st.generated < st.output_tokens
+                and st.num_computed == st.num_tokens - 1
+                and st.num_cached_blocks >= len(st.hashes))
+
+    def _regroup(self) -> None:
+        cohort = self.cohort
+        active: list[RequestState] = []
+        for st in self.running:
+            if self._joins(st):
+                cohort.join(st)
+            else:
+                active.append(st)
+        self._active = active
 
     def _sample(self, dt: float, fragmented_slots: int, allocated_slots: int) -> None:
         usage = self.pool.get_usage()
@@ -381,6 +434,42 @@ class Scheduler:
             self._retire(st)
         keep = {id(st) for st in done}
         self.running = [st for st in self.running if id(st) not in keep]
+
+    def _admit(self, budget: int, scheduled: list[tuple[RequestState, int]]) -> int:
+        """Admit waiting requests in order while the budget, max-num-seqs and the
+        full-sequence block check allow (appended to ``running`` and ``scheduled``);
+        returns the budget left."""
+        waiting = self.waiting
+        running = self.running
+        pool = self.pool
+        bs = self.block_size
+        max_num_seqs = self.config.max_num_seqs
+        while budget > 0 and waiting and len(running) < max_num_seqs:
+            st = waiting[0]
+            hits = self._lookup(st)
+            if self._admission_blocks(st, hits) > pool.get_num_free_blocks():
+                break
+            computed = len(hits) * bs
+            num_new = min(st.num_tokens - computed, budget)
+            if not st.admitted:
+                st.admitted = True
+                st.scheduled_seconds = self.now
+                st.cached_tokens = computed
+                self.query_tokens += st.num_tokens
+                self.hit_tokens += computed
+            else:
+                self.resume_hit_tokens += computed
+            pool.touch(hits)
+            st.blocks = hits
+            st.num_cached_blocks = len(hits)
+            st.num_computed = computed
+            ok = self._allocate(st, num_new)
+            assert ok, "the full-sequence check admitted a request whose chunk does not fit"
+            waiting.popleft()
+            running.append(st)
+            scheduled.append((st, num_new))
+            budget -= num_new
+        return budget
 
     def _step(self, next_arrival: float | None) -> None:
         """One exact engine step."""
@@ -426,32 +515,7 @@ class Scheduler:
             i += 1
 
         if not preempted:
-            waiting = self.waiting
-            while budget > 0 and waiting and len(running) < cfg.max_num_seqs:
-                st = waiting[0]
-                hits = self._lookup(st)
-                if self._admission_blocks(st, hits) > pool.get_num_free_blocks():
-                    break
-                computed = len(hits) * bs
-                num_new = min(st.num_tokens - computed, budget)
-                if not st.admitted:
-                    st.admitted = True
-                    st.scheduled_seconds = self.now
-                    st.cached_tokens = computed
-                    self.query_tokens += st.num_tokens
-                    self.hit_tokens += computed
-                else:
-                    self.resume_hit_tokens += computed
-                pool.touch(hits)
-                st.blocks = hits
-                st.num_cached_blocks = len(hits)
-                st.num_computed = computed
-                ok = self._allocate(st, num_new)
-                assert ok, "the full-sequence check admitted a request whose chunk does not fit"
-                waiting.popleft()
-                running.append(st)
-                scheduled.append((st, num_new))
-                budget -= num_new
+            budget = self._admit(budget, scheduled)
 
         self.last_scheduled = scheduled
         self.last_blocks_in_use = self._usable_blocks - pool.get_num_free_blocks()
@@ -503,39 +567,28 @@ class Scheduler:
         if any_done and not cfg.async_scheduling:
             self._finish_done()
 
-    def _decode_run(self, next_arrival: float | None) -> bool:
-        """Take k identical decode steps at once, if the state allows; False if not."""
-        running = self.running
-        if not running or len(running) > self.config.max_num_batched_tokens:
-            return False  # not every sequence gets its token each step: step exactly
-        last = running[-1]
-        if last.num_computed != last.num_tokens - 1 or not last.generated:
-            return False  # the newest is still in prefill (the common reason; checked first)
-        k = 1 << 62
-        context = 0
-        alloc_before = 0
-        for st in running:
-            if st.num_computed != st.num_tokens - 1 or not st.generated:
-                return False  # a prefill chunk is in flight (its last token is the first)
-            left = st.output_tokens - st.generated
-            if left < k:
-                k = left
-            context += st.num_tokens
-            alloc_before += len(st.blocks)
+    def _cohort_run(self, next_arrival: float | None) -> bool:
+        """Take k identical decode steps at once, if every running request is a member of
+        the cohort and the state allows; False if not."""
+        cohort = self.cohort
+        n = cohort.size
+        if self._active or not n or n > self.config.max_num_batched_tokens:
+            return False  # someone is not decoding, or not every member gets its token
+        k = cohort.steps_to_next_finish()
         if k <= 1 or (self.waiting and self._head_admissible()):
             return False
-        n = len(running)
         overlapped = self.config.async_scheduling
+        context = cohort.context_tokens()
         if next_arrival is not None and not self.waiting and n < self.config.max_num_seqs:
             k = min(k, self.cost.decode_steps_to_reach(
                 n, context, next_arrival - self.now, k, overlapped))
         free = self.pool.get_num_free_blocks()
         # Cheap bound first: k steps add at most ceil(k / bs) blocks to each sequence.
-        if n * -(-k // self.block_size) > free and self._new_blocks_for(k) > free:
+        if n * -(-k // self.block_size) > free and cohort.new_blocks_for(k) > free:
             lo, hi = 0, k  # fits(lo), not fits(hi)
             while hi - lo > 1:
                 mid = (lo + hi) // 2
-                if self._new_blocks_for(mid) <= free:
+                if cohort.new_blocks_for(mid) <= free:
                     lo = mid
                 else:
                     hi = mid
@@ -546,61 +599,139 @@ class Scheduler:
         if k <= 1:
             return False  # the exact step handles it (and any preemption)
         dt = self.cost.decode_run_seconds(n, context, k, overlapped)
-        pool = self.pool
-        bs = self.block_size
-        any_done = False
-        # KV slots after the k-th step: each sequence's tokens + k - 1.
-        needs = [-(-(st.num_tokens + k - 1) // bs) - len(st.blocks) for st in running]
-        total = sum(x for x in needs if x > 0)
-        caching = any(st.num_cached_blocks < len(st.hashes) for st in running)
-        # The run's new blocks in one pool call when no request caches a shareable block
-        # during the run (the common case): the same blocks to the same requests as one
-        # call per request, because caching would be the only thing in between.
-        fresh = pool.get_new_blocks(total) if total and not caching else _NO_BLOCKS
-        taken = 0
-        steps_after = self.steps + k
-        for st, need in zip(running, needs, strict=True):
-            nt = st.num_tokens
-            slots = nt + k - 1
-            if need > 0:
-                if caching:
-                    got = pool.get_new_blocks(need)
-                else:
-                    got = fresh[taken:taken + need]
-                    taken += need
-                st.blocks = np.concatenate((st.blocks, got))
-            st.num_tokens = nt + k
-            st.num_computed = slots
-            generated = st.generated + k
-            st.generated = generated
-            st.tail_unprocessed = True
-            st.last_sample_step = steps_after
-            if generated >= st.output_tokens:
-                any_done = True
-            full = slots // bs
-            if full > st.num_cached_blocks:
-                if caching and st.num_cached_blocks < len(st.hashes):
-                    pool.cache_full_blocks(st.blocks, st.hashes, st.num_cached_blocks, full)
-                st.num_cached_blocks = full
-        alloc = alloc_before + total
-        used = context + n * (k - 1)
+        fresh = self.pool.get_new_blocks(cohort.new_blocks_for(k))
         self.now += dt
         self.steps += k
-        self._sample(dt, alloc * bs - used, alloc * bs)
-        if any_done and not overlapped:
-            self._finish_done()  # async: they leave once the next step is scheduled
+        done = cohort.advance(k, fresh, self.steps)
+        bs = self.block_size
+        self._sample(dt, cohort.blocks_held * bs - cohort.computed_tokens(),
+                     cohort.blocks_held * bs)
+        if done:
+            self._leave_done(done)
         return True
 
-    def _new_blocks_for(self, k: int) -> int:
-        if k <= 0:
-            return 0
+    def _leave_done(self, done: list[RequestState]) -> None:
+        """Members that sampled their last token leave the cohort; synchronous scheduling
+        frees them now, async once the next step is scheduled (``_step``'s doc)."""
+        for st in done:
+            self.cohort.leave(st)
+        if not self.config.async_scheduling:
+            self._finish_done()  # every request done in the step, in running order
+        self._active = [st for st in self.running if st.cohort_tick < 0]
+
+    def _cohort_step(self, next_arrival: float | None) -> bool:
+        """One engine step with the cohort's members decoding and the other running
+        requests (``_active``) scheduled as ``_step`` does; False (nothing changed) when the
+        step could preempt or the token budget would cut a member off."""
+        cfg = self.config
+        cohort = self.cohort
+        running = self.running
+        active = self._active
+        budget = cfg.max_num_batched_tokens
+        members = cohort.size
         bs = self.block_size
-        total = 0
-        for st in self.running:
-            need = -(-(st.num_tokens + k - 1) // bs) - len(st.blocks)
-            if need > 0:
-                total += need
-        return total
+        plan: list[tuple[RequestState, int]] = []
+        member_blocks = cohort.blocks_needed_now()
+        need = member_blocks
+        taken = 0  # tokens of active requests
+        cut = False
+        for i, st in enumerate(active):
+            if st.generated >= st.output_tokens:
+                continue  # async: it finished in the step before
+            ahead = running.index(st) - i if members else 0  # members before it
+            left = budget - ahead - taken
+            if left <= 0:
+                if left < 0 or members > ahead:
+                    return False  # a member would get no token
+                cut = True
+                break
+            rem = st.num_tokens - st.num_computed
+            num_new = rem if rem <= left else left
+            more = -(-(st.num_computed + num_new) // bs) - len(st.blocks)
+            if more > 0:
+                need += more
+            plan.append((st, num_new))
+            taken += num_new
+            if num_new < rem:
+                if members > ahead:
+                    return False
+                cut = True
+                break
+        if not cut and taken + members > budget:
+            return False
+        pool = self.pool
+        if need > pool.get_num_free_blocks():
+            return False  # someone may be preempted: the exact step decides
+
+        # Allocation: the same blocks from the front of the free queue as request by
+        # request (nothing is freed or touched before the admissions); members' first.
+        fresh = pool.get_new_blocks(member_blocks)
+        for st, num_new in plan:
+            ok = self._allocate(st, num_new)
+            assert ok, "the block count said the chunk fits"
+        budget -= taken + members
+        num_planned = len(plan)
+        if budget > 0:
+            budget = self._admit(budget, plan)
+            for st, _ in plan[num_planned:]:
+                active.append(st)
+        finishing = cfg.async_scheduling and any(
+            st.generated >= st.output_tokens for st in active)
+        if finishing:
+            self._finish_done()
+            active = self._active = [st for st in active if st.generated < st.output_tokens]
+        if not plan and not members:
+            if finishing:
+                return True  # an empty batch: the finished requests left, schedule again
+            assert next_arrival is not None, "simulator deadlock: nothing scheduled, no arrivals"
+            self.now = max(self.now, next_arrival)
+            return True
+
+        context = cohort.context_tokens()
+        num_tokens = members
+        kv_read = context
+        pairs = float(context)  # a member: num_computed + 1 pairs, its token count
+        for st, num_new in plan:
+            num_tokens += num_new
+            kv_read += st.num_computed + num_new
+            pairs += num_new * st.num_computed + num_new * (num_new + 1) / 2.0
+        dt = self.cost.step_seconds(num_tokens, kv_read, pairs, cfg.async_scheduling)
+        self.now += dt
+        self.steps += 1
+        step = self.steps
+        done = cohort.advance(1, fresh, step) if members else []
+        any_done = False
+        for st, num_new in plan:
+            st.num_computed += num_new
+            if st.num_computed >= st.num_tokens:
+                st.tail_unprocessed = st.generated > 0 and st.last_sample_step == step - 1
+                st.last_sample_step = step
+                st.generated += 1
+                st.num_tokens += 1
+                if st.generated == 1 and st.first_token_seconds != st.first_token_seconds:
+                    st.first_token_seconds = self.now
+                if st.generated >= st.output_tokens:
+                    any_done = True
+        alloc = cohort.blocks_held
+        used = cohort.computed_tokens()
+        for st in active:
+            alloc += len(st.blocks)
+            used += st.num_computed
+        self._sample(dt, alloc * bs - used, alloc * bs)
+        if done:
+            self._leave_done(done)  # with the others done in this step, in running order
+            active = self._active
+        elif any_done and not cfg.async_scheduling:
+            self._finish_done()
+            active = self._active = [st for st in active if st.generated < st.output_tokens]
+        joined = False
+        for st, _ in plan:
+            if st.last_sample_step == step and self._joins(st):
+                cohort.join(st)
+                joined = True
+        if joined:
+            self._active = [st for st in active if st.cohort_tick < 0]
+        return True
 
     def _result(self) -> SimResult:
         busy = self._busy_seconds or 1.0

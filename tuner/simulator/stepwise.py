@@ -129,8 +129,8 @@ class StepwiseScheduler(Scheduler):
             next_arrival = pending[0].req.arrival_seconds if pending else None
             before = list(self.running)
             self.events += 1
-            if not (self.decode_runs and self._decode_run(next_arrival)):
-                self._step(next_arrival)
+            self._advance(next_arrival)
+            self.cohort.sync_all()  # the report reads every running request's fields
             self._report(before)
 
     def _report(self, before: Sequence[RequestState]) -> None:

@@ -69,15 +69,17 @@ runtime namespace only, in both modes (templates/rbac.yaml). */}}
 {{/* spec.routing (operator/routing.py): each pool's Gateway API Inference Extension
 InferencePool and its endpoint picker's configuration ConfigMap, and with spec.routing.gateway
 the InferenceDeployment's HTTPRoute (operator/http_route.py), server-side applied (get: the
-ownership check before an apply). The endpoint picker's Deployment and Service are "rendered".
-Granted only with the chart value routing.enabled. */}}
+ownership check before an apply; list + delete: kvtune's own InferencePools of pools removed
+from the spec, and everything routing rendered once spec.routing turns it off). The endpoint
+picker's Deployment and Service are "rendered". Granted only with the chart value
+routing.enabled. */}}
 {{- define "kvtune.rules.routing" -}}
 - apiGroups: [inference.networking.k8s.io]
   resources: [inferencepools]
-  verbs: [get, create, patch]
+  verbs: [get, list, create, patch, delete]
 - apiGroups: [gateway.networking.k8s.io]
   resources: [httproutes]
-  verbs: [get, create, patch]
+  verbs: [get, create, patch, delete]
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, create, patch]
