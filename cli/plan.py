@@ -119,9 +119,11 @@ def dtype_comparison(request: PlanRequest) -> list[dict[str, Any]]:
     runtime = get_runtime(request.vllm_version)
     sessions = kv_capacity_by_dtype(request)
     served = weights_load(request.model, request.weights_dtype).served_dtype
-    base = kv_bytes_per_token(request.model, "auto", request.tensor_parallel,
+    # 16-bit KV: "auto", or by name where the checkpoint's KV scheme makes auto fp8.
+    kv16 = served if request.model.auto_kv_cache_dtype is not None else "auto"
+    base = kv_bytes_per_token(request.model, kv16, request.tensor_parallel,
                               model_dtype=served)
-    base_sessions = sessions.get("auto") or 0
+    base_sessions = sessions.get(kv16) or 0
     rows = []
     for name, count in sessions.items():
         bits = runtime.dtype(name).bits
@@ -354,6 +356,9 @@ def _models_help() -> str:
 @click.option("--request-rate", type=click.FloatRange(min=0, min_open=True),
               help="Arrival rate, requests/s: with --workload or --context-tokens the goodput "
               "search replays traffic made from the profile at this rate.")
+@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Replicas sharing the traffic's rate (--trace, --request-rate): each is "
+              "planned on its share, and SLO at risk counts the replicas the traffic needs.")
 @click.option("--search/--no-search", default=True, show_default=True,
               help="Choose the knobs by simulated SLO-goodput when the traffic's rate is "
               "known (--trace, --request-rate); --no-search: the rules alone.")
@@ -418,7 +423,8 @@ def plan(**opts: Any) -> None:
             # The search replays hundreds of requests per candidate: seconds of work.
             with Progress("plan", opts["progress"]) as shown:
                 pool = priced(plan_by_goodput(
-                    request, trace=trace, progress=lambda step: shown(step.text())),
+                    request, trace=trace, progress=lambda step: shown(step.text()),
+                    replicas=opts["replicas"]),
                     price_for(request.gpu.name, prices))
         else:
             pool = plan_pool(request)

@@ -302,7 +302,8 @@ def retune_once(
             t.new_plan = plan_stage.plan_one_pool(spec, by_name[t.name], model, t.observed,
                                                   policy, kv_evidence,
                                                   running=plans.get(t.name),
-                                                  pool_field=f"spec.pools[{index[t.name]}]")
+                                                  pool_field=f"spec.pools[{index[t.name]}]",
+                                                  scope=t.choice.scope)
             t.material, why = retune.plan_change_matters(plans.get(t.name), t.new_plan.plan)
             if t.material:
                 t.reason = retune.PLAN_CHANGED

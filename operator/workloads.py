@@ -59,6 +59,8 @@ def declared_profile(workload: WorkloadSpec) -> WorkloadProfile:
         update["shared_prefix_tokens"] = workload.shared_prefix_tokens
     if workload.multi_turn is not None:
         update["multi_turn"] = workload.multi_turn
+    if workload.request_rate_per_second is not None:
+        update["request_rate_per_second"] = workload.request_rate_per_second
     return WorkloadProfile.model_validate({**base.model_dump(), **update})
 
 

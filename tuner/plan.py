@@ -145,7 +145,10 @@ class SearchSummary(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    observed_rate_per_second: float
+    observed_rate_per_second: float  # all of the pool's traffic
+    # The replicas sharing it, and one replica's share (what the search replayed).
+    replicas: int = 1
+    rate_per_replica_per_second: float = 0.0
     # The concurrency the traffic needs (arrival rate x time in the engine at the SLO).
     littles_law_sequences: int
     goodput_requests_per_second: float

@@ -25,6 +25,7 @@ from kvtune.operator.api import (
     PlanStatus,
     PoolSpec,
     PoolStatus,
+    ProfileScope,
     ProfileStatus,
     RolloutSpec,
 )
@@ -99,8 +100,8 @@ def resolve_model(spec: InferenceDeploymentSpec, namespace: str, kube: kapply.Ku
 def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
                   profile: WorkloadProfile, policy: PlanPolicy,
                   kv_quality_evidence: KVQualityEvidence | None = None,
-                  running: KVPlan | None = None, pool_field: str = "spec.pools[]"
-                  ) -> PoolPlan:
+                  running: KVPlan | None = None, pool_field: str = "spec.pools[]",
+                  scope: ProfileScope = "deployment") -> PoolPlan:
     """The pool's plan: by the goodput search on traffic made from the observed profile
     when Prometheus gave one with an arrival rate (the same function as ``kvtune plan``),
     else by the planner's rules. ``running``: the plan the pool runs now (ties go to the
@@ -114,11 +115,13 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         weights_dtype=spec.model.weights_dtype, profile=profile, policy=policy,
         vllm_version=spec.runtime.vllm_version, kv_quality_evidence=kv_quality_evidence,
     )
-    if profile.source == "prometheus" and profile.request_rate_per_second:
+    if profile.source in ("prometheus", "declared") and profile.request_rate_per_second:
         from kvtune.tuner.planner.cost import priced
 
-        searched: PoolPlan = priced(plan_by_goodput(request, running=running),
-                                    gpu_prices.price_of(pool, pool_field))
+        searched: PoolPlan = priced(
+            plan_by_goodput(request, running=running,
+                            replicas=sharing_replicas(spec, pool, scope)),
+            gpu_prices.price_of(pool, pool_field))
         return searched
     return _plan_by_rules(request)
 
@@ -196,6 +199,15 @@ def _keep(pool_plan: PoolPlan, kept: KVPlan, base: PoolStatus) -> tuple[PoolPlan
 KEPT_WARNING = "plan in force kept"
 
 
+def sharing_replicas(spec: InferenceDeploymentSpec, pool: PoolSpec,
+                     scope: ProfileScope) -> int:
+    """How many replicas share the profile's arrival rate: the pool's own when the rate was
+    observed on its own series, else every pool's (the deployment's traffic is spread over
+    all of them)."""
+    n = pool.replicas if scope == "pool" else sum(p.replicas for p in spec.pools)
+    return max(1, n)
+
+
 def running_plan(prev: PoolStatus | None) -> KVPlan | None:
     """The plan a pool runs now, from its status (None: nothing yet, or a status an older
     kvtune wrote)."""
@@ -271,7 +283,9 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
         evidence = gate.evidence if gate is not None else None
         pool_plan = inp.given if inp.given is not None else plan_one_pool(
             ctx.spec, pool, inp.model, inp.profile, policy, evidence,
-            running=running_plan(ctx.base), pool_field=ctx.field)
+            running=running_plan(ctx.base), pool_field=ctx.field,
+            scope=(inp.profile_used.scope or "deployment") if inp.profile_used is not None
+            else "deployment")
     except UnknownName as exc:
         return ctx.failed(cond.INVALID_SPEC, f"{ctx.field}.gpuClass: {exc}")
     except NoFeasiblePlan as exc:

@@ -82,3 +82,26 @@ def test_status_carries_the_chosen_cost_at_the_pools_own_price_or_the_charts() -
     listed = gpu_prices.cost_status(rec.plan_one_pool(spec, h100, model, observed, policy))
     assert listed is not None and listed.usd_per_gpu_hour == 3.0
     assert gpu_prices.cost_status(rec.plan_one_pool(spec, nvl, model, observed, policy)) is None
+
+
+def test_a_declared_rate_is_searched_and_shared_by_the_replicas() -> None:
+    from kvtune.operator.workloads import declared_profile
+
+    body = copy.deepcopy(SAMPLE_SPEC)
+    body["pools"] = [{"gpuClass": "H100", "replicas": 1}]
+    body["workload"] = {"profile": "rag", "requestRatePerSecond": 30}
+    body["slo"] = {"ttftP95": "1s", "tpotP95": "30ms"}
+    spec = InferenceDeploymentSpec.model_validate(body)
+    (pool,) = spec.pools
+    model = rec.resolve_model(spec, "llm", None)
+    declared = declared_profile(spec.workload)
+    assert declared.source == "declared" and declared.request_rate_per_second == 30
+    one = rec.plan_one_pool(spec, pool, model, declared, rec.policy_for(spec))
+    assert one.search is not None and not one.search.slo_met
+    needed = one.search.replicas_needed
+    assert needed is not None and needed >= 2
+    assert rec.slo_at_risk(one) is not None
+    more = spec.model_copy(update={"pools": [pool.model_copy(update={"replicas": needed})]})
+    enough = rec.plan_one_pool(more, more.pools[0], model, declared, rec.policy_for(more))
+    assert enough.search is not None and enough.search.replicas == needed
+    assert enough.search.slo_met and rec.slo_at_risk(enough) is None

@@ -183,3 +183,26 @@ def test_default_prices_cite_their_source_and_overrides_are_checked() -> None:
         with pytest.raises(InvalidInput, match=r"^--gpu-price=.*CLASS=USD"):
             parse_overrides([bad], "--gpu-price")
 
+
+
+def test_replicas_share_the_rate_and_enough_of_them_meet_the_slo() -> None:
+    # RAG traffic one H100 cannot serve within the SLO: the search says how many replicas
+    # the traffic needs; planned for that many (each on its share), the SLO is met.
+    request = _request("H100", "rag", 30.0, 1.0, 0.03)
+    one = plan_by_goodput(request, settings=QUICK).search
+    assert one is not None and not one.slo_met and one.replicas == 1
+    assert one.replicas_needed is not None and one.replicas_needed >= 2
+    assert any(f"needs {one.replicas_needed} replicas" in w
+               for w in plan_by_goodput(request, settings=QUICK).warnings)
+    enough = plan_by_goodput(request, settings=QUICK, replicas=one.replicas_needed).search
+    assert enough is not None and enough.slo_met, enough
+    assert enough.replicas == one.replicas_needed
+    assert enough.observed_rate_per_second == pytest.approx(one.observed_rate_per_second)
+    assert enough.rate_per_replica_per_second == pytest.approx(
+        one.observed_rate_per_second / one.replicas_needed)
+    # Fewer than needed: still at risk, and still the same total count of replicas needed
+    # (within the bisection's resolution).
+    if one.replicas_needed > 2:
+        fewer = plan_by_goodput(request, settings=QUICK, replicas=2).search
+        assert fewer is not None and not fewer.slo_met
+        assert fewer.replicas_needed is not None and fewer.replicas_needed > 2

@@ -225,8 +225,9 @@ def _dtypes(run: PlanRun) -> list[str]:
         return [run.pins.kv_cache_dtype]
     out: list[str] = []
     bits_seen: set[int] = set()
+    skip = kv_dtype_options.aliases(run)
     for name in kv_dtype_options.allowed(run):
-        if name in kv_dtype_options.ALIASES:
+        if name in skip:
             continue
         bits = _precision_bits(run, name)
         if bits not in bits_seen:
@@ -335,9 +336,12 @@ def _why_lost(loser: _Scored, best: _Scored, run: PlanRun, tie: float, reference
 def search(
     request: PlanRequest, scorer: GoodputScorer, running: KVPlan | None = None,
     settings: SearchSettings | None = None, progress: SearchProgressHook | None = None,
+    replicas: int = 1,
 ) -> PoolPlan:
     """Plan one pool by SLO-goodput (module doc). Raises what ``plan_pool`` raises.
-    ``progress`` is told after every score (``SearchProgress``)."""
+    ``progress`` is told after every score (``SearchProgress``). ``scorer`` replays one
+    replica's share of the traffic; ``replicas``: how many share it (the replicas needed
+    are counted against all of it)."""
     settings = settings or DEFAULT_SETTINGS
     base_pool = plan_pool(request)
     base = base_pool.plan
@@ -391,13 +395,16 @@ def search(
     has_slo = slo.ttft_p95_seconds is not None or slo.tpot_p95_seconds is not None
     meets = best.score.slo_attainment >= settings.slo_attainment
     max_scale: float | None = None
-    replicas: int | None = None
+    needed: int | None = None
     if not meets:
         max_scale = _sustainable_scale(book, best.plan, final_n, settings, progress,
                                        considered)
-        replicas = math.ceil(1.0 / max_scale) if max_scale > 0 else None
+        # Each replica gets 1/replicas of the traffic and sustains max_scale of its share.
+        needed = math.ceil(replicas / max_scale - 1e-9) if max_scale > 0 else None
     summary = SearchSummary(
-        observed_rate_per_second=rate,
+        observed_rate_per_second=rate * replicas,
+        replicas=replicas,
+        rate_per_replica_per_second=rate,
         littles_law_sequences=littles_law_sequences(request, rate),
         goodput_requests_per_second=best.score.goodput_requests_per_second,
         slo_attainment=best.score.slo_attainment,
@@ -406,7 +413,7 @@ def search(
         slo_met=meets,
         slo_set=has_slo,
         max_rate_within_slo_per_second=(rate * max_scale if max_scale is not None else None),
-        replicas_needed=replicas,
+        replicas_needed=needed,
         candidates=considered,
         simulated_requests=book.simulated_requests,
         requests_per_candidate=final_n,
@@ -556,9 +563,11 @@ def _quality_quote(run: PlanRun, dtype: str) -> str:
 
 def slo_at_risk_message(summary: SearchSummary) -> str:
     """One line with the numbers: the SLO cannot be met at the observed rate."""
+    over = (f" over {summary.replicas} replicas ({summary.rate_per_replica_per_second:.2f} "
+            f"req/s each)" if summary.replicas > 1 else "")
     msg = (f"SLO at risk: the best configuration meets the SLO for "
            f"{summary.slo_attainment:.1%} of requests at the observed "
-           f"{summary.observed_rate_per_second:.2f} req/s (needs "
+           f"{summary.observed_rate_per_second:.2f} req/s{over} (needs "
            f"{SLO_ATTAINMENT:.0%})")
     rate = summary.max_rate_within_slo_per_second
     if rate is not None and rate > 0:

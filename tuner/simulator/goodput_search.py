@@ -106,8 +106,9 @@ _cache: OrderedDict[str, PoolPlan] = OrderedDict()
 
 
 def _key(request: PlanRequest, reqs: Sequence[SimRequest], running: KVPlan | None,
-         settings: SearchSettings) -> str:
+         settings: SearchSettings, replicas: int = 1) -> str:
     h = hashlib.sha256()
+    h.update(f"replicas={replicas}".encode())
     h.update(request.model_dump_json().encode())
     h.update(repr([(r.arrival_seconds, r.prompt_tokens, r.output_tokens, r.segments)
                    for r in reqs]).encode())
@@ -119,11 +120,13 @@ def _key(request: PlanRequest, reqs: Sequence[SimRequest], running: KVPlan | Non
 def plan_by_goodput(
     request: PlanRequest, trace: Trace | None = None, running: KVPlan | None = None,
     seed: int = 0, settings: SearchSettings = DEFAULT_SETTINGS,
-    progress: SearchProgressHook | None = None,
+    progress: SearchProgressHook | None = None, replicas: int = 1,
 ) -> PoolPlan:
     """The pool's plan chosen by simulated SLO-goodput (module doc). Without an arrival rate
     (no trace, none in the profile) there is no traffic to replay: the rule-based plan,
-    with a warning saying so. ``progress`` follows the search (not on a cache hit)."""
+    with a warning saying so. ``progress`` follows the search (not on a cache hit).
+    ``replicas``: how many replicas share the traffic; each is planned on its share (the
+    stream's gaps stretched ``replicas`` times: a random split, in expectation)."""
     if trace is None and not request.profile.request_rate_per_second:
         base = plan_pool(request)
         return base.model_copy(update={"warnings": (
@@ -132,14 +135,19 @@ def plan_by_goodput(
             "search (observe traffic, or pass --trace or --request-rate)")})
     if trace is not None and len(trace.requests) < 2:
         raise InvalidInput("--trace", trace.name, "needs at least 2 requests to replay")
+    if replicas < 1:
+        raise InvalidInput("replicas", replicas, "plan for at least one replica")
     reqs = traffic(request, trace, max(settings.rungs), seed)
-    key = _key(request, reqs, running, settings)
+    if replicas > 1:
+        reqs = tuple(dataclasses.replace(r, arrival_seconds=r.arrival_seconds * replicas)
+                     for r in reqs)
+    key = _key(request, reqs, running, settings, replicas)
     hit = _cache.get(key)
     if hit is not None:
         _cache.move_to_end(key)
         return hit
     result = search(request, TrafficScorer(reqs), running=running, settings=settings,
-                    progress=progress)
+                    progress=progress, replicas=replicas)
     _cache[key] = result
     while len(_cache) > _CACHE_SIZE:
         _cache.popitem(last=False)
