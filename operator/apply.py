@@ -193,6 +193,22 @@ def list_nodes(kube: Kube) -> list[dict[str, Any]]:
 
 def read_config_map_key(kube: Kube, namespace: str, name: str, key: str, *, field: str) -> str:
     """The text under ``key`` of a ConfigMap; errors name the spec field that pointed there."""
+    return config_map_key(read_config_map_data(kube, namespace, name, field=field),
+                          namespace, name, key, field=field)
+
+
+def config_map_key(data: Mapping[str, str], namespace: str, name: str, key: str, *,
+                   field: str) -> str:
+    """``data[key]`` of a ConfigMap read by ``read_config_map_data``, or a one-line error."""
+    if key not in data:
+        raise LookupError(f"{field}: ConfigMap {namespace}/{name} has no key {key!r} "
+                          f"(keys: {sorted(data)}); set configMapRef.key")
+    return str(data[key])
+
+
+def read_config_map_data(kube: Kube, namespace: str, name: str, *, field: str
+                         ) -> dict[str, str]:
+    """Every key of a ConfigMap's data; errors name the spec field that pointed there."""
     try:
         cm = kube.request("GET", path("ConfigMap", namespace, name))
     except ApiException as exc:
@@ -201,10 +217,7 @@ def read_config_map_key(kube: Kube, namespace: str, name: str, key: str, *, fiel
                               f"fix the name") from exc
         raise
     data = cm.get("data") or {}
-    if key not in data:
-        raise LookupError(f"{field}: ConfigMap {namespace}/{name} has no key {key!r} "
-                          f"(keys: {sorted(data)}); set configMapRef.key")
-    return str(data[key])
+    return {str(k): str(v) for k, v in data.items()}
 
 
 def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
