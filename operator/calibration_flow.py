@@ -134,8 +134,7 @@ def with_gate(policy: PlanPolicy, gate: Gate) -> PlanPolicy:
 
 def _read_config_map(kube: kapply.Kube, namespace: str, name: str) -> dict[str, Any] | None:
     try:
-        return kapply._json(kube.core.read_namespaced_config_map(
-            name, namespace, _preload_content=False))
+        return kube.request("GET", kapply.path("ConfigMap", namespace, name))
     except ApiException as exc:
         if exc.status == 404:
             return None
@@ -145,8 +144,9 @@ def _read_config_map(kube: kapply.Kube, namespace: str, name: str) -> dict[str, 
 def _jobs(kube: kapply.Kube, namespace: str, deployment: str) -> list[dict[str, Any]]:
     selector = (f"{calibration.LABEL_DEPLOYMENT}={deployment},"
                 f"{calibration.LABEL_KV_QUALITY}=calibration")
-    items: list[dict[str, Any]] = kapply._json(kube.batch.list_namespaced_job(
-        namespace, label_selector=selector, _preload_content=False)).get("items", [])
+    items: list[dict[str, Any]] = kube.request(
+        "GET", kapply.path("Job", namespace), query={"labelSelector": selector}
+    ).get("items", [])
     return items
 
 
