@@ -525,6 +525,10 @@ def _quantization(cfg: Mapping[str, Any], num_layers: int,
                   quantization_file: tuple[str, Mapping[str, Any]] | None = None,
                   top_level: bool = True) -> CheckpointQuantization | None:
     q = cfg.get("quantization_config")
+    if not isinstance(q, Mapping):
+        # Older llm-compressor exports name it compression_config; vLLM reads that when
+        # quantization_config is absent (weight_utils.get_quant_config).
+        q = cfg.get("compression_config")
     config_file: str | None = None
     if not isinstance(q, Mapping) and quantization_file is not None:
         name, q = quantization_file
