@@ -119,9 +119,11 @@ def dtype_comparison(request: PlanRequest) -> list[dict[str, Any]]:
     runtime = get_runtime(request.vllm_version)
     sessions = kv_capacity_by_dtype(request)
     served = weights_load(request.model, request.weights_dtype).served_dtype
-    base = kv_bytes_per_token(request.model, "auto", request.tensor_parallel,
+    # 16-bit KV: "auto", or by name where the checkpoint's KV scheme makes auto fp8.
+    kv16 = served if request.model.auto_kv_cache_dtype is not None else "auto"
+    base = kv_bytes_per_token(request.model, kv16, request.tensor_parallel,
                               model_dtype=served)
-    base_sessions = sessions.get("auto") or 0
+    base_sessions = sessions.get(kv16) or 0
     rows = []
     for name, count in sessions.items():
         bits = runtime.dtype(name).bits

@@ -842,6 +842,21 @@ class ObservedSLOStatus(_Status):
     message: str
 
 
+class PoolRoutingStatus(_Status):
+    """The pool's routing objects (spec.routing) as applied and as the cluster sees them.
+
+    ``max_model_len`` is what the pool's InferencePool and endpoint picker were applied with:
+    the plan its stable pods run. It moves only when the pool's main Deployment takes a plan,
+    so during a canary the HTTPRoute's length rules keep the stable plan's length (status'
+    ``plan`` is then the canary's). The rest is refreshed by the operator
+    (operator/routing_status.py)."""
+
+    max_model_len: int
+    endpoint_picker: str  # its Deployment and Service
+    endpoint_picker_available: bool | None = None  # None: not read yet
+    message: str = ""
+
+
 class PoolStatus(_Status):
     name: str
     gpu_class: str
@@ -872,6 +887,7 @@ class PoolStatus(_Status):
     slo_at_risk: str | None = None
     cost: CostStatus | None = None  # the chosen configuration's, when the class has a price
     observed_slo: ObservedSLOStatus | None = None  # written by the retune timer
+    routing: PoolRoutingStatus | None = None  # spec.routing.enabled, once applied
 
 
 class TokenQuantilesStatus(_Status):
@@ -988,7 +1004,10 @@ class RetuneStatus(_Status):
     pools: list[RetunePoolStatus] = []
 
 
-KVQualityPhase = Literal["Measured", "Calibrating", "Failed", "Disabled", "NotNeeded"]
+# Unverified: a narrower KV dtype is planned that no measurement covers and none can be made
+# here (no calibration image, or calibration Jobs are forbidden in the namespace).
+KVQualityPhase = Literal["Measured", "Calibrating", "Failed", "Disabled", "NotNeeded",
+                         "Unverified"]
 
 
 class KVQualityDtypeStatus(_Status):

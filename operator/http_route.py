@@ -160,17 +160,27 @@ def http_route(*, name: str, namespace: str, labels: dict[str, str], gateway: Ga
 _ROUTED_PHASES = ("Applied", "Canary")
 
 
+def routed_max_model_len(pool: PoolStatus) -> int | None:
+    """The max-model-len the pool's stable pods run: what its routing was applied with. During
+    a canary, ``pool.plan`` is the canary's plan, not yet promoted; the stable pods, which
+    serve all but the canary's share, still refuse what is longer than their own. Without
+    that record (a status written before kvtune kept it) the plan in status, as before."""
+    if pool.routing is not None:
+        return pool.routing.max_model_len
+    return pool.plan.max_model_len if pool.plan is not None else None
+
+
 def route_for(*, name: str, namespace: str, labels: dict[str, str], routing: RoutingSpec,
               pools: Sequence[PoolStatus], inference_pool_name: dict[str, str]
               ) -> dict[str, Any] | None:
-    """The InferenceDeployment's HTTPRoute from its pools' status (their plans' max-model-len
-    and replicas); None without ``spec.routing.gateway`` or a pool whose InferencePool is
-    applied."""
+    """The InferenceDeployment's HTTPRoute from its pools' status (the max-model-len their
+    stable pods run, ``routed_max_model_len``, and replicas); None without
+    ``spec.routing.gateway`` or a pool whose InferencePool is applied."""
     if not routing.enabled or routing.gateway is None:
         return None
-    routed = [PoolRoute(inference_pool_name[p.name], p.plan.max_model_len, p.replicas)
-              for p in pools if p.phase in _ROUTED_PHASES and p.plan is not None
-              and p.name in inference_pool_name]
+    routed = [PoolRoute(inference_pool_name[p.name], length, p.replicas)
+              for p in pools if p.phase in _ROUTED_PHASES and p.name in inference_pool_name
+              and (length := routed_max_model_len(p)) is not None]
     if not routed:
         return None
     gateway = GatewayRef(routing.gateway.name, routing.gateway.namespace,

@@ -405,6 +405,9 @@ def base_status(spec: InferenceDeploymentSpec, pool: PoolSpec, prev: PoolStatus 
         profile=prev.profile if prev else None,
         # The retune timer's reading of the pool's histograms stays until its next window.
         observed_slo=prev.observed_slo if prev else None,
+        # What routing was applied with (the stable plan's max-model-len) until the main
+        # Deployment takes another plan; dropped with spec.routing.
+        routing=prev.routing if prev and spec.routing.enabled else None,
     )
 
 

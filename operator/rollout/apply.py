@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtune.operator import apply as kapply
-from kvtune.operator.api import PoolStatus
+from kvtune.operator import routing
+from kvtune.operator.api import PoolRoutingStatus, PoolStatus
 from kvtune.operator.render import model_server, object_name
 from kvtune.operator.rollout.canary import CanaryResult
 from kvtune.operator.rollout.outcome import Event, PoolContext, PoolOutcome
@@ -56,5 +57,20 @@ def apply(ctx: PoolContext, planned: Planned, rendered: Rendered,
                                 f"{object_name(ctx.name, pool.pool_name)} rolls out plan "
                                 f"revision {planned.revision}"))
     deployment = model_server(applied)
-    return Applied(deployment=deployment,
-                   status=rendered.status.model_copy(update={"canary": None}))
+    return Applied(deployment=deployment, status=rendered.status.model_copy(update={
+        "canary": None, "routing": routed(ctx, planned, rendered)}))
+
+
+def routed(ctx: PoolContext, planned: Planned, rendered: Rendered) -> PoolRoutingStatus | None:
+    """The pool's routing as just applied with its main Deployment: the plan's max-model-len
+    (what the HTTPRoute's length rules use until the next plan is applied here, canary or
+    not); the picker's availability as last read (the routing status refresh reads it)."""
+    if not any(o["kind"] == "InferencePool" for o in rendered.objects):
+        return None
+    picker = routing.epp_name(ctx.name, ctx.pool.pool_name)
+    before = rendered.status.routing
+    available = before.endpoint_picker_available if before is not None \
+        and before.endpoint_picker == picker else None
+    return PoolRoutingStatus(max_model_len=planned.pool_plan.plan.max_model_len,
+                             endpoint_picker=picker, endpoint_picker_available=available,
+                             message=before.message if available is not None and before else "")

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from kvtune.operator import http_route
-from kvtune.operator.api import RoutingSpec
+from kvtune.operator.api import PlanStatus, PoolRoutingStatus, PoolStatus, RoutingSpec
 from kvtune.operator.http_route import GatewayRef, PoolRoute
 
 POOLS = [PoolRoute("bot-short", 8192, 4), PoolRoute("bot-mid", 32768, 2),
@@ -93,3 +93,44 @@ def test_routing_fields_that_cannot_act_are_refused(routing: dict, needle: str  
     with pytest.raises(ValidationError) as refused:
         RoutingSpec.model_validate(routing)
     assert needle in str(refused.value)
+
+
+def _pool_status(name: str, phase: str, plan_len: int, routed_len: int | None,
+                 replicas: int) -> PoolStatus:
+    plan = PlanStatus(block_size=16, kv_cache_dtype="auto", gpu_memory_utilization=0.9,
+                      max_model_len=plan_len, max_num_seqs=64, max_num_batched_tokens=8192,
+                      enable_prefix_caching=True)
+    routing = None if routed_len is None else PoolRoutingStatus(
+        max_model_len=routed_len, endpoint_picker=f"bot-{name}-epp")
+    return PoolStatus(name=name, gpu_class="H200", tensor_parallel=1, replicas=replicas,
+                      phase=phase, plan=plan, routing=routing)  # type: ignore[arg-type]
+
+
+def test_during_a_canary_the_length_rules_keep_the_plan_the_stable_pods_run() -> None:
+    """The long pool's canary plans 4k (not yet promoted) while its stable pods, which serve
+    all but the canary's share, still hold 128k: a 100k request must still go to the long
+    pool, not to the 8k pool as if the long one held only 4k."""
+    spec = RoutingSpec.model_validate({"enabled": True, "gateway": {"name": "gw"},
+                                       "lengthHeader": "x-prompt-tokens"})
+    names = {"short": "bot-short", "long": "bot-long"}
+
+    def route(long_phase: str, long_routed: int | None) -> dict:  # type: ignore[type-arg]
+        pools = [_pool_status("short", "Applied", 8192, 8192, 4),
+                 _pool_status("long", long_phase, 4096, long_routed, 1)]
+        out = http_route.route_for(name="bot", namespace="llm", labels={}, routing=spec,
+                                   pools=pools, inference_pool_name=names)
+        assert out is not None
+        return out
+
+    canary = route("Canary", 131072)
+    assert _destination(canary, {"x-prompt-tokens": "100000"}) == ["bot-long"]
+    assert _destination(canary, {"x-prompt-tokens": "8193"}) == ["bot-long"]
+    assert _destination(canary, {"x-prompt-tokens": "8192"}) == ["bot-long", "bot-short"]
+    # Promoted: the main Deployment took the 4k plan, and the route follows it: the 8k pool
+    # now holds the longest requests.
+    promoted = route("Applied", 4096)
+    assert _destination(promoted, {"x-prompt-tokens": "100000"}) == ["bot-short"]
+    assert _destination(promoted, {"x-prompt-tokens": "4097"}) == ["bot-short"]
+    # A status written before kvtune recorded the routed length: the plan in status, as before.
+    assert http_route.routed_max_model_len(
+        _pool_status("long", "Canary", 4096, None, 1)) == 4096

@@ -24,6 +24,10 @@ Per layer and per token, for one stored K/V state:
 ``heads_per_rank = max(1, num_kv_heads // tensor_parallel)``: vLLM replicates KV heads when
 TP exceeds them.
 
+``auto`` is the model's 16-bit dtype, except on a checkpoint that declares a KV-cache scheme
+(llm-compressor's ``kv_cache_scheme``, ModelOpt's ``kv_cache_quant_algo``): vLLM 0.33 then
+serves auto at that scheme (fp8), and it is sized so (``resolve_auto``).
+
 Worked example, Llama 3.3 70B (80 layers, 8 KV heads, head_dim 128):
 
 - bf16, TP 1: 80 * 2 * 8 * 128 * 2 = 327,680 bytes per token (the article's "0.32 MB").
@@ -70,6 +74,14 @@ def _head_size(model: ModelArchitecture) -> int:
     return model.mla.latent_dim if model.mla is not None else model.head_dim
 
 
+def resolve_auto(model: ModelArchitecture, kv_cache_dtype: str) -> str:
+    """``kv_cache_dtype`` as vLLM 0.33 stores it on this checkpoint: ``auto`` becomes the KV
+    scheme the checkpoint declares (``ModelArchitecture.auto_kv_cache_dtype``), if any."""
+    if kv_cache_dtype == "auto" and model.auto_kv_cache_dtype is not None:
+        return model.auto_kv_cache_dtype
+    return kv_cache_dtype
+
+
 def layer_kv_bytes_per_token(
     model: ModelArchitecture,
     kv_cache_dtype: str,
@@ -80,6 +92,7 @@ def layer_kv_bytes_per_token(
     """Bytes one token occupies in one attention layer on one GPU."""
     if tensor_parallel < 1:
         raise InvalidInput("tensor_parallel", tensor_parallel, "must be 1 or more")
+    kv_cache_dtype = resolve_auto(model, kv_cache_dtype)
     heads = _kv_heads_per_rank(model, tensor_parallel)
     head = _head_size(model)
     # K and V sides; MLA stores one latent and no separate V.

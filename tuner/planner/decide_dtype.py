@@ -33,11 +33,12 @@ from kvtune.tuner.planner.checks import (
 
 # The candidate dtypes live below the decision (``infeasible`` asks them too).
 from kvtune.tuner.planner.kv_dtype_options import (
-    ALIASES,
     PRECISION_FLOOR_BITS,
+    aliases,
     allowed,
     narrowest,
     options,
+    sixteen_bit,
 )
 
 if TYPE_CHECKING:
@@ -66,8 +67,9 @@ def decide(
 ) -> tuple[str, tuple[int, str, str]]:
     """The dtype, and max-model-len with its (code, message) after pre-flight."""
     seqs_for_memory = run.seqs_for_memory
-    base_dtype = "auto" if run.backends.dtype_unusable(run.runtime.dtype("auto")) is None else (
-        run.pins.kv_cache_dtype or "auto"
+    kv16 = sixteen_bit(run)
+    base_dtype = kv16 if run.backends.dtype_unusable(run.runtime.dtype(kv16)) is None else (
+        run.pins.kv_cache_dtype or kv16
     )
     bs_probe = run.pins.block_size or run.backends.smallest_block(base_dtype)
     if run.req.policy.target_concurrent_sequences is not None:
@@ -138,8 +140,9 @@ def choose(
     floor_bits = PRECISION_FLOOR_BITS[floor_name]
     verdicts: list[CandidateVerdict] = []
     feasible: list[tuple[KVCacheDType, int]] = []
+    skip = aliases(run)
     for dtype in options(run):
-        if dtype.name in ALIASES:
+        if dtype.name in skip:
             continue
         unusable = run.backends.dtype_unusable(dtype)
         if unusable is not None:

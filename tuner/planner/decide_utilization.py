@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.plan import Reason
-from kvtune.tuner.planner import budget, infeasible
+from kvtune.tuner.planner import budget, infeasible, kv_dtype_options
 
 if TYPE_CHECKING:
     from kvtune.tuner.planner.planrun import PlanRun
@@ -56,7 +56,8 @@ def decide(run: PlanRun) -> float:
 def check_room(run: PlanRun, batched: int, utilization: float, max_model_len: int) -> None:
     """Weights and fixed overheads alone must fit before any KV question makes sense."""
     gib, gpu = run.gib, run.gpu
-    probe = run.memory("auto", 16, run.seqs_for_memory, batched, utilization)
+    probe = run.memory(kv_dtype_options.sixteen_bit(run), 16, run.seqs_for_memory, batched,
+                       utilization)
     if probe.kv_budget_bytes <= 0:
         raise infeasible.no_fit(run, max_model_len, batched, utilization, ())
     pinned_kv = run.pins.kv_cache_memory_bytes

@@ -53,7 +53,7 @@ def no_fit(
     gib = run.gib
     # Bytes are quoted at the policy's narrowest allowed dtype (what could have fitted).
     floor_bits = kv_dtype_options.PRECISION_FLOOR_BITS[run.req.policy.lowest_kv_precision]
-    allowed = kv_dtype_options.allowed(run) or ["auto"]
+    allowed = kv_dtype_options.allowed(run) or [kv_dtype_options.sixteen_bit(run)]
     narrowest = run.pins.kv_cache_dtype or kv_dtype_options.narrowest(run, allowed)
     bs = run.backends.smallest_block(narrowest)
     mem = run.memory(narrowest, bs, run.seqs_for_memory, batched, utilization)

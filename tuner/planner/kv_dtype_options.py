@@ -32,9 +32,30 @@ DTYPE_PREFERENCE: tuple[str, ...] = (
 ALIASES = ("float16", "bfloat16", "fp8_e4m3")
 
 
+def sixteen_bit(run: PlanRun) -> str:
+    """The name of 16-bit KV in a plan: ``auto``, except on a checkpoint that declares a
+    KV-cache scheme, where vLLM 0.33's auto is that scheme (fp8) and 16-bit KV must be asked
+    for by name (the served dtype; an explicit dtype wins over the checkpoint's scheme,
+    vllm/model_executor/layers/attention/attention.py)."""
+    return run.model_dtype if run.model.auto_kv_cache_dtype is not None else "auto"
+
+
+def aliases(run: PlanRun) -> tuple[str, ...]:
+    """Dtypes that another candidate speaks for (``ALIASES``), and on a checkpoint that
+    declares a KV scheme ``auto`` itself (its scheme's dtype speaks for it) in place of the
+    16-bit dtype named by ``sixteen_bit``."""
+    rep = sixteen_bit(run)
+    if rep == "auto":
+        return ALIASES
+    return (*(a for a in ALIASES if a != rep), "auto")
+
+
 def options(run: PlanRun) -> list[KVCacheDType]:
-    """The runtime's dtypes in kvtune's preference order."""
-    names = [n for n in DTYPE_PREFERENCE if n in run.runtime.kv_cache_dtype_names]
+    """The runtime's dtypes in kvtune's preference order (16-bit first, as ``sixteen_bit``
+    names it)."""
+    rep = sixteen_bit(run)
+    preference = [rep if n == "auto" else n for n in DTYPE_PREFERENCE]
+    names = [n for n in preference if n in run.runtime.kv_cache_dtype_names]
     names += [n for n in run.runtime.kv_cache_dtype_names if n not in names]
     return [run.runtime.dtype(n) for n in names]
 

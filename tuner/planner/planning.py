@@ -174,8 +174,9 @@ def kv_capacity_by_dtype(request: PlanRequest) -> dict[str, int]:
                                                  request.gpu.name)
     util = budget.default_gpu_memory_utilization(request.gpu)
     mml, _, _ = decide_max_model_len.target(run)
+    skip = kv_dtype_options.aliases(run)
     for d in kv_dtype_options.options(run):
-        if d.name in kv_dtype_options.ALIASES or run.backends.dtype_unusable(d) is not None:
+        if d.name in skip or run.backends.dtype_unusable(d) is not None:
             continue
         bs = run.backends.smallest_block(d.name)
         mem = run.memory(d.name, bs, MAX_NUM_SEQS_CEILING, batched, util)

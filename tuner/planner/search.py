@@ -225,8 +225,9 @@ def _dtypes(run: PlanRun) -> list[str]:
         return [run.pins.kv_cache_dtype]
     out: list[str] = []
     bits_seen: set[int] = set()
+    skip = kv_dtype_options.aliases(run)
     for name in kv_dtype_options.allowed(run):
-        if name in kv_dtype_options.ALIASES:
+        if name in skip:
             continue
         bits = _precision_bits(run, name)
         if bits not in bits_seen:

@@ -66,6 +66,13 @@ def validate(
                 f"vLLM {runtime.vllm_version} accepts "
                 f"{', '.join(runtime.kv_cache_dtype_names)}",
             )
+        declared = model.auto_kv_cache_dtype
+        if pins.kv_cache_dtype == "auto" and declared is not None:
+            # vLLM 0.33 honours the checkpoint's KV scheme at auto (sized so); 16-bit KV
+            # must be named.
+            warnings.append(
+                f"kv-cache-dtype auto on {model.hf_id} is {declared}: the checkpoint declares "
+                f"that KV-cache scheme; pin {weights.served_dtype} for 16-bit KV")
         dtype = runtime.dtype(pins.kv_cache_dtype)
         reason = backends.dtype_unusable(dtype)
         if reason is not None:
