@@ -18,7 +18,6 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kvtune.operator import apply as kapply
@@ -42,8 +41,7 @@ def digest(objects: Any) -> str:
 def _read(kube: kapply.Kube, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
     """The object, or None when there is none (or its kind is not served: a 404 either way)."""
     try:
-        current = kube.custom.get_namespaced_custom_object(
-            GROUP, VERSION, namespace, monitors.PLURALS[kind], name)
+        current = kube.request("GET", kapply.path(kind, namespace, name))
     except ApiException as exc:
         if exc.status == 404:
             return None
@@ -66,11 +64,9 @@ def apply_object(kube: kapply.Kube, obj: dict[str, Any], owner: Mapping[str, Any
                 f"did not create it for InferenceDeployment {owner['metadata']['name']} "
                 f"({whose}); kvtune leaves it alone: rename it or the InferenceDeployment")
     try:
-        kube.custom.patch_namespaced_custom_object(
-            GROUP, VERSION, meta["namespace"], monitors.PLURALS[obj["kind"]], meta["name"], obj,
-            field_manager=FIELD_MANAGER, force=True,
-            _content_type="application/apply-patch+yaml",
-        )
+        kube.request("PATCH", kapply.path(obj["kind"], meta["namespace"], meta["name"]),
+                     query={"fieldManager": FIELD_MANAGER, "force": True}, body=obj,
+                     content_type=kapply.APPLY_CONTENT_TYPE)
     except ApiException as exc:
         # Server-side apply creates missing objects: a 404 means the API is not served.
         if exc.status == 404:
@@ -86,14 +82,12 @@ def delete_object(kube: kapply.Kube, namespace: str, kind: str, name: str,
     """Delete kvtune's object of this kind and name for ``owner`` (its controller reference;
     a ``managed-by: kvtune`` label alone proves nothing); False when there was none or it is
     not kvtune's."""
-    plural = monitors.PLURALS[kind]
     current = _read(kube, namespace, kind, name)
     if current is None or kapply.foreign_owner(current, owner) is not None:
         return False
     try:
-        kube.custom.delete_namespaced_custom_object(
-            GROUP, VERSION, namespace, plural, name, body=client.V1DeleteOptions(
-                preconditions=client.V1Preconditions(uid=current["metadata"]["uid"])))
+        kube.request("DELETE", kapply.path(kind, namespace, name),
+                     body={"preconditions": {"uid": current["metadata"]["uid"]}})
     except ApiException as exc:
         if exc.status in (404, 409):  # gone meanwhile, or replaced by another object
             return False

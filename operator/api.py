@@ -1004,7 +1004,10 @@ class RetuneStatus(_Status):
     pools: list[RetunePoolStatus] = []
 
 
-KVQualityPhase = Literal["Measured", "Calibrating", "Failed", "Disabled", "NotNeeded"]
+# Unverified: a narrower KV dtype is planned that no measurement covers and none can be made
+# here (no calibration image, or calibration Jobs are forbidden in the namespace).
+KVQualityPhase = Literal["Measured", "Calibrating", "Failed", "Disabled", "NotNeeded",
+                         "Unverified"]
 
 
 class KVQualityDtypeStatus(_Status):

@@ -18,14 +18,15 @@ deleted by a prune or a canary clean-up.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote, urlencode
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from kvtune.operator import api, endpoint_picker
+from kvtune.operator import api, endpoint_picker, monitors
 from kvtune.operator.render import FIELD_MANAGER, LABEL_DEPLOYMENT, LABEL_POOL
 
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
@@ -50,11 +51,85 @@ class NameCollision(ApplyError):
     InferenceDeployment (and pool); the message says whose it is and the fix."""
 
 
+# Where each kind kvtune reads or writes is served: (API path prefix, plural). The one
+# source of the paths the operator calls (docs/rbac.md lists the verbs).
+RESOURCES: dict[str, tuple[str, str]] = {
+    "Deployment": ("/apis/apps/v1", "deployments"),
+    "Service": ("/api/v1", "services"),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
+    # spec.runtime.entrypoint: kvtune (operator/runtime_access.py)
+    "ServiceAccount": ("/api/v1", "serviceaccounts"),
+    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
+    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+    # spec.routing (operator/routing.py): the endpoint picker's configuration and pool;
+    # the calibration report (operator/calibration_flow.py); the runtime's reports
+    "ConfigMap": ("/api/v1", "configmaps"),
+    # spec.quality.calibration (operator/calibration_flow.py)
+    "Job": ("/apis/batch/v1", "jobs"),
+    # The Gateway API Inference Extension's InferencePool and Gateway API's HTTPRoute
+    # (spec.routing.gateway, operator/http_route.py).
+    "InferencePool": ("/apis/inference.networking.k8s.io/v1", "inferencepools"),
+    "HTTPRoute": ("/apis/gateway.networking.k8s.io/v1", "httproutes"),
+    # spec.monitoring (operator/alert_rules.py): the Prometheus operator's kinds
+    **{kind: (f"/apis/{monitors.GROUP}/{monitors.VERSION}", plural)
+       for kind, plural in monitors.PLURALS.items()},
+    # Read only, or created only
+    "Pod": ("/api/v1", "pods"),
+    "Node": ("/api/v1", "nodes"),
+    "Event": ("/api/v1", "events"),
+    api.KIND: (f"/apis/{api.GROUP}/{api.VERSION}", api.PLURAL),
+}
+# The kinds kvtune applies as a pool's (or an InferenceDeployment's) children.
+APPLIED_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "ServiceAccount", "Role",
+                 "RoleBinding", "ConfigMap", "Job", "InferencePool", "HTTPRoute")
+
+
+def path(kind: str, namespace: str | None = None, name: str | None = None,
+         subresource: str | None = None) -> str:
+    """The API path of ``kind`` (a collection without ``name``; cluster-wide without
+    ``namespace``)."""
+    prefix, plural = RESOURCES[kind]
+    where = f"{prefix}/namespaces/{quote(namespace, safe='')}" if namespace else prefix
+    out = f"{where}/{plural}"
+    if name is not None:
+        out += f"/{quote(name, safe='')}"
+    if subresource is not None:
+        out += f"/{subresource}"
+    return out
+
+
 @dataclass
 class Kube:
-    """The typed API groups kvtune uses (see docs/rbac.md for the verbs)."""
+    """The operator's connection to the API server (see docs/rbac.md for the verbs).
+
+    The operator calls the REST API through ``request`` (plain JSON in and out), not through
+    the kubernetes client's typed API classes: importing those builds a pydantic model for
+    every Kubernetes kind (about 90 MB resident, a third of the operator's memory at 1,000
+    objects) and validates every call's arguments, for no use here. The typed groups
+    (``core``, ``apps``, …) stay for the tests and the CLI."""
 
     api_client: client.ApiClient
+
+    def request(self, method: str, api_path: str, *, query: Mapping[str, Any] | None = None,
+                body: Any = None, content_type: str = "application/json") -> dict[str, Any]:
+        """One call; the reply's JSON. A reply outside 2xx raises the client's
+        ``ApiException`` (``status``, ``reason``, ``body``), as its typed calls do."""
+        if query:
+            api_path += "?" + urlencode({k: str(v).lower() if isinstance(v, bool) else v
+                                         for k, v in query.items()})
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        # param_serialize adds the default headers and the credentials (a service account's
+        # token is re-read when it rotates); the body goes as is (it is plain JSON already).
+        method, url, headers, _, _ = self.api_client.param_serialize(
+            method, api_path, header_params=headers, auth_settings=["BearerToken"])
+        response = self.api_client.call_api(method, url, headers, body)
+        response.read()  # type: ignore[no-untyped-call]
+        if not 200 <= response.status <= 299:
+            raise ApiException.from_response(http_resp=response, body=None, data=None)
+        data: dict[str, Any] = json.loads(response.data or b"{}")
+        return data
 
     @classmethod
     def connect(cls, kubeconfig: str | None = None) -> Kube:
@@ -112,25 +187,37 @@ def _reason(exc: ApiException) -> str:
 
 
 def list_nodes(kube: Kube) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = _json(kube.core.list_node(_preload_content=False))["items"]
+    items: list[dict[str, Any]] = kube.request("GET", path("Node"))["items"]
     return items
 
 
 def read_config_map_key(kube: Kube, namespace: str, name: str, key: str, *, field: str) -> str:
     """The text under ``key`` of a ConfigMap; errors name the spec field that pointed there."""
+    return config_map_key(read_config_map_data(kube, namespace, name, field=field),
+                          namespace, name, key, field=field)
+
+
+def config_map_key(data: Mapping[str, str], namespace: str, name: str, key: str, *,
+                   field: str) -> str:
+    """``data[key]`` of a ConfigMap read by ``read_config_map_data``, or a one-line error."""
+    if key not in data:
+        raise LookupError(f"{field}: ConfigMap {namespace}/{name} has no key {key!r} "
+                          f"(keys: {sorted(data)}); set configMapRef.key")
+    return str(data[key])
+
+
+def read_config_map_data(kube: Kube, namespace: str, name: str, *, field: str
+                         ) -> dict[str, str]:
+    """Every key of a ConfigMap's data; errors name the spec field that pointed there."""
     try:
-        cm = _json(kube.core.read_namespaced_config_map(name, namespace,
-                                                        _preload_content=False))
+        cm = kube.request("GET", path("ConfigMap", namespace, name))
     except ApiException as exc:
         if exc.status == 404:
             raise LookupError(f"{field}: ConfigMap {namespace}/{name} not found; create it or "
                               f"fix the name") from exc
         raise
     data = cm.get("data") or {}
-    if key not in data:
-        raise LookupError(f"{field}: ConfigMap {namespace}/{name} has no key {key!r} "
-                          f"(keys: {sorted(data)}); set configMapRef.key")
-    return str(data[key])
+    return {str(k): str(v) for k, v in data.items()}
 
 
 def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -145,63 +232,16 @@ def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-# The Gateway API Inference Extension's InferencePool and Gateway API's HTTPRoute.
-_INFERENCE_POOL = ("inference.networking.k8s.io", "v1")
-_HTTP_ROUTE = ("gateway.networking.k8s.io", "v1")
-
-
-def _patcher(kube: Kube, kind: str) -> Callable[..., Any]:
-    patchers: dict[str, Callable[..., Any]] = {
-        "Deployment": kube.apps.patch_namespaced_deployment,
-        "Service": kube.core.patch_namespaced_service,
-        "PodDisruptionBudget": kube.policy.patch_namespaced_pod_disruption_budget,
-        # spec.runtime.entrypoint: kvtune (operator/runtime_access.py)
-        "ServiceAccount": kube.core.patch_namespaced_service_account,
-        "Role": kube.rbac.patch_namespaced_role,
-        "RoleBinding": kube.rbac.patch_namespaced_role_binding,
-        # spec.routing (operator/routing.py): the endpoint picker's configuration and pool
-        "ConfigMap": kube.core.patch_namespaced_config_map,
-        # spec.quality.calibration (operator/calibration_flow.py)
-        "Job": kube.batch.patch_namespaced_job,
-        "InferencePool": lambda name, namespace, body, **kw:
-            kube.custom.patch_namespaced_custom_object(
-                *_INFERENCE_POOL, namespace, "inferencepools", name, body, **kw),
-        # spec.routing.gateway (operator/http_route.py)
-        "HTTPRoute": lambda name, namespace, body, **kw:
-            kube.custom.patch_namespaced_custom_object(
-                *_HTTP_ROUTE, namespace, "httproutes", name, body, **kw),
-    }
-    if kind not in patchers:
+def _kind_path(kind: str, namespace: str, name: str) -> str:
+    if kind not in APPLIED_KINDS:
         raise ApplyError(f"kvtune does not apply objects of kind {kind!r}")
-    return patchers[kind]
-
-
-def _reader(kube: Kube, kind: str) -> Callable[..., Any]:
-    readers: dict[str, Callable[..., Any]] = {
-        "Deployment": kube.apps.read_namespaced_deployment,
-        "Service": kube.core.read_namespaced_service,
-        "PodDisruptionBudget": kube.policy.read_namespaced_pod_disruption_budget,
-        "ServiceAccount": kube.core.read_namespaced_service_account,
-        "Role": kube.rbac.read_namespaced_role,
-        "RoleBinding": kube.rbac.read_namespaced_role_binding,
-        "ConfigMap": kube.core.read_namespaced_config_map,
-        "Job": kube.batch.read_namespaced_job,
-        "InferencePool": lambda name, namespace, **kw:
-            kube.custom.get_namespaced_custom_object(
-                *_INFERENCE_POOL, namespace, "inferencepools", name, **kw),
-        "HTTPRoute": lambda name, namespace, **kw:
-            kube.custom.get_namespaced_custom_object(
-                *_HTTP_ROUTE, namespace, "httproutes", name, **kw),
-    }
-    if kind not in readers:
-        raise ApplyError(f"kvtune does not apply objects of kind {kind!r}")
-    return readers[kind]
+    return path(kind, namespace, name)
 
 
 def read_object(kube: Kube, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
     """The object as the server holds it; None when there is none."""
     try:
-        return _json(_reader(kube, kind)(name, namespace, _preload_content=False))
+        return kube.request("GET", _kind_path(kind, namespace, name))
     except ApiException as exc:
         if exc.status == 404:
             return None
@@ -258,12 +298,12 @@ def apply_object(kube: Kube, obj: dict[str, Any], *, dry_run: bool = False,
     """Server-side apply as kvtune. ``force`` takes back fields another manager set: only
     for an object that is kvtune's own (``check_ours``)."""
     meta = obj["metadata"]
-    kwargs: dict[str, Any] = {"field_manager": FIELD_MANAGER, "force": force,
-                              "_content_type": APPLY_CONTENT_TYPE, "_preload_content": False}
+    query: dict[str, Any] = {"fieldManager": FIELD_MANAGER, "force": force}
     if dry_run:
-        kwargs["dry_run"] = "All"
+        query["dryRun"] = "All"
     try:
-        return _json(_patcher(kube, obj["kind"])(meta["name"], meta["namespace"], obj, **kwargs))
+        return kube.request("PATCH", _kind_path(obj["kind"], meta["namespace"], meta["name"]),
+                            query=query, body=obj, content_type=APPLY_CONTENT_TYPE)
     except ApiException as exc:
         if exc.status == 409 and not force:
             raise NameCollision(
@@ -307,8 +347,7 @@ def apply_each(
 
 def read_deployment(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
     try:
-        return _json(kube.apps.read_namespaced_deployment(name, namespace,
-                                                          _preload_content=False))
+        return kube.request("GET", path("Deployment", namespace, name))
     except ApiException as exc:
         if exc.status == 404:
             return None
@@ -336,8 +375,8 @@ def rollout_done(deployment: Mapping[str, Any]) -> tuple[bool, str]:
 
 def list_pods(kube: Kube, namespace: str, label_selector: str) -> list[dict[str, Any]]:
     """The pods matching ``label_selector`` (the runtime reports are in their annotations)."""
-    items: list[dict[str, Any]] = _json(kube.core.list_namespaced_pod(
-        namespace, label_selector=label_selector, _preload_content=False)).get("items", [])
+    items: list[dict[str, Any]] = kube.request(
+        "GET", path("Pod", namespace), query={"labelSelector": label_selector}).get("items", [])
     return items
 
 
@@ -355,10 +394,9 @@ def delete_deployment(kube: Kube, namespace: str, name: str,
                             f"create it for InferenceDeployment {owner['metadata']['name']} "
                             f"({whose})")
     try:
-        kube.apps.delete_namespaced_deployment(
-            name, namespace, propagation_policy="Background", _preload_content=False,
-            body=client.V1DeleteOptions(preconditions=client.V1Preconditions(
-                uid=existing["metadata"]["uid"])))
+        kube.request("DELETE", path("Deployment", namespace, name), body={
+            "propagationPolicy": "Background",
+            "preconditions": {"uid": existing["metadata"]["uid"]}})
     except ApiException as exc:
         if exc.status in (404, 409):  # gone meanwhile, or replaced by another object
             return False
@@ -382,20 +420,14 @@ def prune_pools(kube: Kube, owner: Mapping[str, Any], keep: set[str]) -> list[st
     namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
     selector = f"{LABEL_DEPLOYMENT}={name}"
     deleted: list[str] = []
-    listing: list[tuple[Callable[..., Any], Callable[..., Any]]] = [
-        (kube.apps.list_namespaced_deployment, kube.apps.delete_namespaced_deployment),
-        (kube.core.list_namespaced_service, kube.core.delete_namespaced_service),
-        (kube.policy.list_namespaced_pod_disruption_budget,
-         kube.policy.delete_namespaced_pod_disruption_budget),
-    ]
-    for lister, deleter in listing:
-        items = _json(lister(namespace, label_selector=selector, _preload_content=False))
+    for kind in ("Deployment", "Service", "PodDisruptionBudget"):
+        items = kube.request("GET", path(kind, namespace), query={"labelSelector": selector})
         for item in items.get("items", []):
             labels = item["metadata"].get("labels") or {}
             if labels.get(LABEL_POOL) not in keep and foreign_owner(item, owner) is None:
                 try:
-                    deleter(item["metadata"]["name"], namespace, _preload_content=False)
-                    deleted.append(f"{item.get('kind') or 'object'}/{item['metadata']['name']}")
+                    kube.request("DELETE", path(kind, namespace, item["metadata"]["name"]))
+                    deleted.append(f"{kind}/{item['metadata']['name']}")
                 except ApiException as exc:
                     if exc.status != 404:
                         raise
@@ -403,13 +435,13 @@ def prune_pools(kube: Kube, owner: Mapping[str, Any], keep: set[str]) -> list[st
 
 
 def _delete_ours(kube: Kube, owner: Mapping[str, Any], items: list[dict[str, Any]],
-                 deleter: Callable[..., Any], kind: str) -> list[str]:
+                 kind: str) -> list[str]:
     deleted = []
     namespace = owner["metadata"]["namespace"]
     for item in items:
         if foreign_owner(item, owner) is None:
             try:
-                deleter(item["metadata"]["name"], namespace, _preload_content=False)
+                kube.request("DELETE", path(kind, namespace, item["metadata"]["name"]))
                 deleted.append(f"{kind}/{item['metadata']['name']}")
             except ApiException as exc:
                 if exc.status != 404:
@@ -429,27 +461,19 @@ def prune_routing(kube: Kube, owner: Mapping[str, Any], *, routing: bool, route:
     deleted: list[str] = []
     if not routing:
         selector = f"{LABEL_DEPLOYMENT}={name},{endpoint_picker.LABEL_PICKER}"
-        for kind, lister, deleter in (
-                ("Deployment", kube.apps.list_namespaced_deployment,
-                 kube.apps.delete_namespaced_deployment),
-                ("Service", kube.core.list_namespaced_service,
-                 kube.core.delete_namespaced_service)):
-            items = _json(lister(namespace, label_selector=selector, _preload_content=False))
-            deleted += _delete_ours(kube, owner, items.get("items", []), deleter, kind)
-    pools = _json(kube.custom.list_namespaced_custom_object(
-        *_INFERENCE_POOL, namespace, "inferencepools",
-        label_selector=f"{LABEL_DEPLOYMENT}={name}", _preload_content=False))
+        for kind in ("Deployment", "Service"):
+            items = kube.request("GET", path(kind, namespace),
+                                 query={"labelSelector": selector})
+            deleted += _delete_ours(kube, owner, items.get("items", []), kind)
+    pools = kube.request("GET", path("InferencePool", namespace),
+                         query={"labelSelector": f"{LABEL_DEPLOYMENT}={name}"})
     stale = [p for p in pools.get("items", [])
              if not routing or (p["metadata"].get("labels") or {}).get(LABEL_POOL) not in keep]
-    deleted += _delete_ours(kube, owner, stale, lambda n, ns, **kw: (
-        kube.custom.delete_namespaced_custom_object(*_INFERENCE_POOL, ns, "inferencepools", n,
-                                                    **kw)), "InferencePool")
+    deleted += _delete_ours(kube, owner, stale, "InferencePool")
     if not route:
         existing = read_object(kube, "HTTPRoute", namespace, name)
         if existing is not None:
-            deleted += _delete_ours(kube, owner, [existing], lambda n, ns, **kw: (
-                kube.custom.delete_namespaced_custom_object(*_HTTP_ROUTE, ns, "httproutes", n,
-                                                            **kw)), "HTTPRoute")
+            deleted += _delete_ours(kube, owner, [existing], "HTTPRoute")
     return deleted
 
 
@@ -462,10 +486,8 @@ def patch_status(kube: Kube, namespace: str, name: str, status: dict[str, Any],
     if resource_version is not None:
         body["metadata"] = {"resourceVersion": resource_version}
     try:
-        kube.custom.patch_namespaced_custom_object_status(
-            api.GROUP, api.VERSION, namespace, api.PLURAL, name, body,
-            _content_type="application/merge-patch+json", _preload_content=False,
-        )
+        kube.request("PATCH", path(api.KIND, namespace, name, "status"), body=body,
+                     content_type="application/merge-patch+json")
     except ApiException as exc:
         if exc.status in (404, 409):  # deleted meanwhile, or a newer write won
             return False
@@ -480,7 +502,7 @@ def post_event(kube: Kube, owner: Mapping[str, Any], type_: str, reason: str,
 
     meta = owner["metadata"]
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    kube.core.create_namespaced_event(meta["namespace"], {  # type: ignore[arg-type]
+    kube.request("POST", path("Event", meta["namespace"]), body={
         "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
         "involvedObject": {"apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.KIND,
                            "name": meta["name"], "namespace": meta["namespace"],
@@ -488,26 +510,22 @@ def post_event(kube: Kube, owner: Mapping[str, Any], type_: str, reason: str,
         "type": type_, "reason": reason, "message": message[:1024],
         "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
         "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-    }, _preload_content=False)
+    })
 
 
 def list_inference_deployments(kube: Kube, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
     """Every InferenceDeployment in ``namespaces`` (all namespaces when empty)."""
     if not namespaces:
-        return list(_json(kube.custom.list_cluster_custom_object(
-            api.GROUP, api.VERSION, api.PLURAL, _preload_content=False)).get("items", []))
+        return list(kube.request("GET", path(api.KIND)).get("items", []))
     items: list[dict[str, Any]] = []
     for namespace in namespaces:
-        items += _json(kube.custom.list_namespaced_custom_object(
-            api.GROUP, api.VERSION, namespace, api.PLURAL, _preload_content=False)
-        ).get("items", [])
+        items += kube.request("GET", path(api.KIND, namespace)).get("items", [])
     return items
 
 
 def read_inference_deployment(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
     try:
-        return _json(kube.custom.get_namespaced_custom_object(
-            api.GROUP, api.VERSION, namespace, api.PLURAL, name, _preload_content=False))
+        return kube.request("GET", path(api.KIND, namespace, name))
     except ApiException as exc:
         if exc.status == 404:
             return None

@@ -44,6 +44,9 @@ class Gate:
     # The report ConfigMap's name is taken by an object kvtune did not create for this
     # InferenceDeployment: the report is not stored (Degraded/NameCollision), only used.
     collision: str | None = None
+    # "pool (dtype)" per pool whose plan keeps a narrower dtype no measurement covers, where
+    # no calibration can run (no image, or 403): status says Unverified, not NotNeeded.
+    unverified: list[str] = field(default_factory=list)
 
     @property
     def evidence(self) -> kv_quality.KVQualityEvidence | None:
@@ -83,6 +86,10 @@ class Gate:
             phase, message = "Measured", f"report in configmap/{self.config_map}"
         elif not self.quality.calibration.enabled:
             phase, message = "Disabled", "spec.quality.calibration.enabled is false"
+        elif self.unverified:
+            phase, message = "Unverified", (
+                f"the planned narrower KV dtype is not measured for revision {self.revision} "
+                f"(pool {', pool '.join(self.unverified)}) and cannot be measured here")
         else:
             phase, message = "NotNeeded", "no narrower KV dtype is planned"
         if self.notes:
@@ -127,8 +134,7 @@ def with_gate(policy: PlanPolicy, gate: Gate) -> PlanPolicy:
 
 def _read_config_map(kube: kapply.Kube, namespace: str, name: str) -> dict[str, Any] | None:
     try:
-        return kapply._json(kube.core.read_namespaced_config_map(
-            name, namespace, _preload_content=False))
+        return kube.request("GET", kapply.path("ConfigMap", namespace, name))
     except ApiException as exc:
         if exc.status == 404:
             return None
@@ -138,8 +144,9 @@ def _read_config_map(kube: kapply.Kube, namespace: str, name: str) -> dict[str, 
 def _jobs(kube: kapply.Kube, namespace: str, deployment: str) -> list[dict[str, Any]]:
     selector = (f"{calibration.LABEL_DEPLOYMENT}={deployment},"
                 f"{calibration.LABEL_KV_QUALITY}=calibration")
-    items: list[dict[str, Any]] = kapply._json(kube.batch.list_namespaced_job(
-        namespace, label_selector=selector, _preload_content=False)).get("items", [])
+    items: list[dict[str, Any]] = kube.request(
+        "GET", kapply.path("Job", namespace), query={"labelSelector": selector}
+    ).get("items", [])
     return items
 
 
@@ -205,7 +212,8 @@ def prepare(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeploymen
 
 
 def maybe_start(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeploymentSpec,
-                gate: Gate, pool_plan: PoolPlan, deployment: Mapping[str, Any]) -> bool:
+                gate: Gate, pool_plan: PoolPlan, deployment: Mapping[str, Any], *,
+                pool_name: str) -> bool:
     """Start the calibration Job when the pool's plan chose a narrower dtype no measurement
     covers. True: the caller must plan the pool again with the held policy."""
     quality = gate.quality
@@ -217,8 +225,7 @@ def maybe_start(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeplo
     if image is None:
         note = ("no calibration image: set spec.quality.calibration.image to an image with "
                 "kvtune, torch and transformers, or use runtime.entrypoint: kvtune")
-        if note not in gate.notes:
-            gate.notes.append(note)
+        _note_unverified(gate, pool_name, pool_plan, note)
         return False
     dtypes = calibration.dtypes_to_measure(pool_plan, gate.evidence)
     meta = body["metadata"]
@@ -239,11 +246,19 @@ def maybe_start(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeplo
         note = (f"kvtune may not run calibration Jobs in namespace {meta['namespace']} (403): "
                 f"add it to the chart value runtime.namespaces; until then the narrower dtype "
                 f"is unverified")
-        if note not in gate.notes:
-            gate.notes.append(note)
+        _note_unverified(gate, pool_name, pool_plan, note)
         return False
     gate.started_jobs.append(name)
     return True
+
+
+def _note_unverified(gate: Gate, pool_name: str, pool_plan: PoolPlan, note: str) -> None:
+    """The pool keeps an unmeasured narrower dtype, and ``note`` says why none is measured."""
+    if note not in gate.notes:
+        gate.notes.append(note)
+    entry = f"{pool_name}: {pool_plan.plan.kv_cache_dtype}"
+    if entry not in gate.unverified:
+        gate.unverified.append(entry)
 
 
 def _unverified(pool_plan: PoolPlan, gate: Gate) -> bool:

@@ -27,11 +27,15 @@ SLO_PREDICTED_MET = "SLOPredictedMet"  # SLOAtRisk=False
 # True when vLLM's own histograms show a pool attaining its SLO clearly less than the
 # goodput search predicted (beyond noise, after a minimum sample; operator/slo_observed.py).
 SLO_BELOW_PREDICTION = "SLOBelowPrediction"
+# Set by the retune timer's monitoring sync (retune_handlers.sync_alert_rules) only once a
+# monitoring object's name was taken by an object kvtune did not create: False/NameCollision,
+# then True/MonitoringApplied when nothing collides any more.
+MONITORING_READY = "MonitoringReady"
 # spec.routing.enabled: whether each pool's endpoint picker is available (its ServiceAccount
 # exists) and the gateway accepted the HTTPRoute (operator/routing_status.py).
 ROUTING_READY = "RoutingReady"
 CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, PROFILE_STALE, RUNTIME_AS_PLANNED,
-                   SLO_AT_RISK, SLO_BELOW_PREDICTION, ROUTING_READY)
+                   SLO_AT_RISK, SLO_BELOW_PREDICTION, MONITORING_READY, ROUTING_READY)
 
 # Reasons.
 ALL_POOLS_APPLIED = "AllPoolsApplied"  # Ready=True: every pool's runtime carries its plan
@@ -52,6 +56,7 @@ APPLY_FAILED = "ApplyFailed"
 # An object of a child's kind and name exists that kvtune did not create for this
 # InferenceDeployment and pool: it is left alone (never adopted or overwritten).
 NAME_COLLISION = "NameCollision"
+MONITORING_APPLIED = "MonitoringApplied"  # MonitoringReady=True: no name collides (any more)
 RECONCILE_FAILED = "ReconcileFailed"  # an unexpected error (the API server, a bug): retried
 AS_EXPECTED = "AsExpected"  # Degraded=False
 # RuntimeAsPlanned: every reporting pod runs the plan's memory fraction (within 5 points).

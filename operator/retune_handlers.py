@@ -444,7 +444,9 @@ def sync_alert_rules(kube: kapply.Kube, body: Mapping[str, Any], memo: Any,
                      *, now_seconds: float | None = None) -> None:
     """Apply the deployment's PrometheusRule and its pools' PodMonitors/ServiceMonitors when
     their rendering changed, and delete the ones spec.monitoring switched off (best effort:
-    a monitoring problem is logged, it never stops profiling or re-tuning).
+    a monitoring problem never stops profiling or re-tuning). A name taken by an object
+    kvtune did not create is on the InferenceDeployment (``report_monitoring_collisions``);
+    anything else is logged.
 
     The rendering's digest is remembered only once every object was applied: an apply the
     API server answered 404 (its CRD not installed, or not served yet: the Prometheus
@@ -463,31 +465,58 @@ def sync_alert_rules(kube: kapply.Kube, body: Mapping[str, Any], memo: Any,
     if retry is not None and retry.digest == digest and now < retry.next_attempt:
         return
     namespace = body["metadata"]["namespace"]
+    collisions: list[str] = []
     try:
         for kind, name in unwanted:
             if alert_rules.delete_object(kube, namespace, kind, name, body):
                 LOG.info("deleted %s %s/%s (switched off)", kind, namespace, name)
         skipped = []
         for obj in objects:
-            if alert_rules.apply_object(kube, obj, body):
+            try:
+                applied = alert_rules.apply_object(kube, obj, body)
+            except kapply.NameCollision as exc:  # the others are still applied
+                collisions.append(str(exc))
+                continue
+            if applied:
                 LOG.info("applied %s %s/%s", obj["kind"], namespace, obj["metadata"]["name"])
             else:
                 skipped.append(obj["kind"])
+        report_monitoring_collisions(kube, body, collisions)
     except Exception as exc:
         LOG.exception("cannot apply the monitoring objects")
         why = f"{type(exc).__name__}: {exc}"
     else:
-        if not skipped:
+        if not skipped and not collisions:
             memo["alert_rules_digest"] = digest
             memo.pop("alert_rules_retry", None)
             return
-        why = (f"the API server does not serve {', '.join(sorted(set(skipped)))} "
-               f"(monitoring.coreos.com: no Prometheus operator yet)")
+        why = "; ".join(collisions + ([
+            f"the API server does not serve {', '.join(sorted(set(skipped)))} "
+            f"(monitoring.coreos.com: no Prometheus operator yet)"] if skipped else []))
     failures = retry.failures + 1 if retry is not None and retry.digest == digest else 1
     delay = min(INTERVAL_SECONDS * 2 ** (failures - 1), MAX_BACKOFF_SECONDS)
     memo["alert_rules_retry"] = _AlertRulesRetry(digest, failures, now + delay)
     LOG.info("monitoring objects of %s/%s not all applied (%s); next try in %.0fs",
              namespace, body["metadata"]["name"], why, delay)
+
+
+def report_monitoring_collisions(kube: kapply.Kube, body: Mapping[str, Any],
+                                 collisions: list[str]) -> None:
+    """MonitoringReady=False/NameCollision naming each object whose name is taken, and one
+    Warning Event when that appears or changes (not one per retry); True/MonitoringApplied
+    once nothing collides. An object that never collided gets no condition."""
+    meta = body["metadata"]
+    if not collisions:
+        status_writer.write_condition(
+            kube, meta["namespace"], meta["name"], conditions.MONITORING_READY, "True",
+            conditions.MONITORING_APPLIED, "no monitoring object's name is taken by another "
+            "object", only_if_present=True)
+        return
+    message = " | ".join(collisions)
+    if status_writer.write_condition(kube, meta["namespace"], meta["name"],
+                                     conditions.MONITORING_READY, "False",
+                                     conditions.NAME_COLLISION, message):
+        kapply.post_event(kube, body, "Warning", conditions.NAME_COLLISION, message)
 
 
 @dataclass(frozen=True)

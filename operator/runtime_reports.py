@@ -162,14 +162,12 @@ def refresh(body: Mapping[str, Any], *, kube: kapply.Kube,
 def read_reports(kube: kapply.Kube, namespace: str) -> dict[str, str] | None:
     """The reports ConfigMap's data (pod name -> JSON report); None when it does not exist."""
     try:
-        # Unparsed (_preload_content=False): the HTTP response, whose .data is the JSON bytes.
-        cm: Any = kube.core.read_namespaced_config_map(REPORTS_CONFIG_MAP, namespace,
-                                                       _preload_content=False)
+        cm = kube.request("GET", kapply.path("ConfigMap", namespace, REPORTS_CONFIG_MAP))
     except ApiException as exc:
         if exc.status == 404:
             return None
         raise
-    data = json.loads(cm.data).get("data") or {}
+    data = cm.get("data") or {}
     return {str(k): str(v) for k, v in data.items()}
 
 

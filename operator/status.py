@@ -144,6 +144,27 @@ def write_profile_report(kube: kapply.Kube, namespace: str, name: str, *,
                                                          "profile": profile, "pools": pools}))
 
 
+def write_condition(kube: kapply.Kube, namespace: str, name: str, type_: str, status: str,
+                    reason: str, message: str, *, only_if_present: bool = False) -> bool:
+    """One condition set on the freshest status (the retune timer's monitoring report).
+    ``only_if_present``: leave an absent condition absent (a report of "all is well" that
+    nobody asked for). Returns whether the condition's status, reason or message changed and
+    was stored, so a caller posts one Event per change, not one per retry."""
+    fresh = kapply.read_inference_deployment(kube, namespace, name)
+    if fresh is None:
+        return False
+    current = read(fresh)
+    before = conditions.get_condition(current.conditions, type_)
+    if before is None and only_if_present:
+        return False
+    if before is not None and (before.status, before.reason, before.message) == (
+            status, reason, message):
+        return False
+    conds = conditions.set_condition(current.conditions, type_, status, reason, message,
+                                     generation=fresh["metadata"].get("generation"))
+    return write(kube, fresh, current.model_copy(update={"conditions": conds}), guarded=True)
+
+
 def with_timer_part(profile: ProfileStatus,
                     previous: DeploymentProfileStatus | None) -> DeploymentProfileStatus:
     """``profile`` (what the reconcile seam planned on) as ``status.profile``, keeping the

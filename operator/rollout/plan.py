@@ -11,6 +11,7 @@ import functools
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,22 +72,14 @@ def resolve_model(spec: InferenceDeploymentSpec, namespace: str, kube: kapply.Ku
     Only catalog ids are looked up (never a path): the model name is user input.
     """
     from kvtune.tuner.facts.catalog import get_model, list_models
-    from kvtune.tuner.facts.models import ModelArchitecture
 
     if spec.model.config is not None:
         ref = spec.model.config.config_map_ref
         if kube is None:
             raise LookupError("spec.model.config: no API access to read the ConfigMap")
-        text = kapply.read_config_map_key(kube, namespace, ref.name, ref.key,
-                                          field="spec.model.config.configMapRef")
-        try:
-            config = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise LookupError(f"spec.model.config.configMapRef: ConfigMap {ref.name} key "
-                              f"{ref.key!r} is not JSON ({exc}); put the model's config.json "
-                              f"there") from exc
-        return ModelArchitecture.from_hf_config(config, spec.model.name,
-                                                source=f"configmap/{ref.name}")
+        data = kapply.read_config_map_data(kube, namespace, ref.name,
+                                           field="spec.model.config.configMapRef")
+        return model_from_config_map(spec.model.name, data, namespace, ref.name, ref.key)
     known = {m.lower() for m in list_models()} | {m.split("/")[-1].lower() for m in list_models()}
     if spec.model.name.lower() not in known:
         raise UnknownName(
@@ -95,6 +88,27 @@ def resolve_model(spec: InferenceDeploymentSpec, namespace: str, kube: kapply.Ku
             "holding its config.json, or use a catalog id (`kvtune plan --list-models`).",
         )
     return get_model(spec.model.name)
+
+
+def model_from_config_map(model_name: str, data: Mapping[str, str], namespace: str,
+                          config_map: str, key: str) -> Any:
+    """The model from a ConfigMap holding its ``config.json`` under ``key``, and beside it,
+    under their own names, the quantization files vLLM reads when config.json has none
+    (``quantize_config.json``, ``quant_config.json``, ``hf_quant_config.json``)."""
+    from kvtune.tuner.facts.catalog import quantization_file
+    from kvtune.tuner.facts.models import ModelArchitecture
+
+    field = "spec.model.config.configMapRef"
+    text = kapply.config_map_key(data, namespace, config_map, key, field=field)
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise LookupError(f"{field}: ConfigMap {config_map} key {key!r} is not JSON ({exc}); "
+                          "put the model's config.json there") from exc
+    beside = (quantization_file(config, data.get, where=f"configmap/{config_map}")
+              if isinstance(config, dict) else None)  # from_hf_config refuses a non-object
+    return ModelArchitecture.from_hf_config(config, model_name, source=f"configmap/{config_map}",
+                                            quantization_file=beside)
 
 
 def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,

@@ -34,7 +34,8 @@ def rollout_pool(ctx: PoolContext, inp: PlanInput,
         deployment = model_server(rendered.objects)
         try:
             started = calibration_flow.maybe_start(ctx.kube, ctx.body, ctx.spec, gate,
-                                                   planned.pool_plan, deployment)
+                                                   planned.pool_plan, deployment,
+                                                   pool_name=ctx.pool.pool_name)
         except kapply.ApplyError as exc:
             return ctx.apply_failed(exc, f"pool {ctx.pool.pool_name}: the KV-quality "
                                     f"calibration Job: {exc}")

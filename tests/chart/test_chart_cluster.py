@@ -703,8 +703,8 @@ def test_outside_the_runtime_namespaces_a_pool_rolls_out_without_a_calibration_j
         releases: dict[str, str], admin: Any, local_cluster: Any) -> None:
     """The operator, as the cluster-mode release's token, reconciles an InferenceDeployment
     whose plan wants an unmeasured fp8 KV cache in a namespace outside runtime.namespaces:
-    the Job is refused (403), which is no failure: no Job, a note in status.kvQuality, the
-    pool applied and not Degraded."""
+    the Job is refused (403), which is no failure: no Job, status.kvQuality Unverified with
+    the reason, the pool applied and not Degraded."""
     from kubernetes import client
     from op_samples import SAMPLE_SPEC
 
@@ -735,6 +735,8 @@ def test_outside_the_runtime_namespaces_a_pool_rolls_out_without_a_calibration_j
         degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
         assert degraded["status"] == "False", degraded
         kvq = status["kvQuality"]
+        # The planned fp8 stays unmeasured: Unverified, not NotNeeded.
+        assert kvq["phase"] == "Unverified" and "pool h200: fp8" in kvq["message"], kvq
         assert f"may not run calibration Jobs in namespace {ns} (403)" in kvq["message"], kvq
         assert "runtime.namespaces" in kvq["message"]
         assert client.BatchV1Api(admin).list_namespaced_job(ns).items == []

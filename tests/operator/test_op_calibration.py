@@ -199,3 +199,34 @@ def test_the_retune_timer_sees_the_gate_from_status() -> None:
     other = calibration.status(model=model, revision="old", phase="Failed", job="j0")
     policy, evidence = from_status(spec, other)
     assert not policy.require_measurement and evidence is None
+
+
+def test_a_narrower_dtype_that_cannot_be_measured_here_is_unverified_not_not_needed() -> None:
+    """No calibration image (a plain vLLM pod, no spec.quality.calibration.image): the pool
+    keeps its planned fp8 unmeasured, and status.kvQuality says so instead of NotNeeded. The
+    no-image path makes no API call (the 403 path is tested on the real apiserver in
+    tests/chart/test_chart_cluster.py)."""
+    from op_samples import SAMPLE_SPEC
+
+    from kvtune.operator.api import InferenceDeploymentSpec, QualitySpec
+    from kvtune.operator.calibration_flow import Gate, maybe_start
+
+    spec = InferenceDeploymentSpec.model_validate(SAMPLE_SPEC)
+    body = {"metadata": {"name": "chat", "namespace": "llm", "uid": "u1"}}
+    plain = _deployment(entrypoint="vllm", template=None)
+
+    def gate() -> Gate:
+        return Gate(model="m", revision="r", config_map="kvtune-kvq-x", quality=QualitySpec())
+
+    narrow = gate()
+    assert not maybe_start(None, body, spec, narrow, make_pool_plan(), plain,  # type: ignore[arg-type]
+                           pool_name="h200")
+    status = narrow.status()
+    assert status.phase == "Unverified", status
+    assert "pool h200: fp8" in status.message and "revision r" in status.message
+    assert "spec.quality.calibration.image" in status.message  # the reason and the fix
+
+    wide = gate()
+    assert not maybe_start(None, body, spec, wide, make_pool_plan(kv_cache_dtype="auto"),  # type: ignore[arg-type]
+                           plain, pool_name="h200")
+    assert wide.status().phase == "NotNeeded"

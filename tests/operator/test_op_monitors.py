@@ -282,7 +282,8 @@ def test_someone_elses_rule_or_monitor_of_that_name_is_not_taken_over(
     """A PrometheusRule and a PodMonitor with the names kvtune would give them, made by
     someone else (even labelled managed-by: kvtune), are neither applied over (no owner
     reference: deleting the InferenceDeployment would have garbage-collected them) nor
-    deleted when spec.monitoring switches them off."""
+    deleted when spec.monitoring switches them off. The collision is on the object:
+    MonitoringReady=False/NameCollision and one Warning Event, True once resolved."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
     from op_cluster_helpers import create_infd, ensure_namespace, get_infd, install_crd
@@ -336,19 +337,62 @@ def test_someone_elses_rule_or_monitor_of_that_name_is_not_taken_over(
                         obj["metadata"]["labels"], obj["spec"]))
         return out
 
+    def monitoring_ready() -> dict[str, Any] | None:
+        conds = (get_infd(api, ns, name).get("status") or {}).get("conditions") or []
+        return next((c for c in conds if c["type"] == "MonitoringReady"), None)
+
+    def collision_events() -> list[Any]:
+        events = client.CoreV1Api(api).list_namespaced_event(
+            ns, field_selector=f"involvedObject.name={name}").items
+        return [e for e in events if e.reason == "NameCollision"]
+
+    kube = kapply.Kube(api)
     before = snapshot()
     objects, _ = alert_rules.rendered_objects(body)
     rule = next(o for o in objects if o["kind"] == "PrometheusRule")
     with pytest.raises(kapply.NameCollision, match="kvtune did not create it"):
-        alert_rules.apply_object(kapply.Kube(api), rule, body)
-    memo: dict[str, Any] = {}
-    sync_alert_rules(kapply.Kube(api), body, memo, now_seconds=0.0)
-    assert "alert_rules_digest" not in memo and memo["alert_rules_retry"].failures == 1
-    # Switched off: kvtune deletes only what it made for this InferenceDeployment.
-    sync_alert_rules(kapply.Kube(api), {**body, "spec": {**body["spec"], "monitoring": {
-        "scrape": {"enabled": False}, "prometheusRule": {"enabled": False}}}}, memo,
+        alert_rules.apply_object(kube, rule, body)
+    # Switched off: kvtune deletes only what it made for this InferenceDeployment; nothing
+    # collides then, and an object that never collided gets no MonitoringReady at all.
+    sync_alert_rules(kube, {**body, "spec": {**body["spec"], "monitoring": {
+        "scrape": {"enabled": False}, "prometheusRule": {"enabled": False}}}}, {},
         now_seconds=0.0)
     assert snapshot() == before
     assert before[0][1] is None and before[1][1] is None
+    assert monitoring_ready() is None
+
+    memo: dict[str, Any] = {}
+    sync_alert_rules(kube, body, memo, now_seconds=0.0)
+    assert "alert_rules_digest" not in memo and memo["alert_rules_retry"].failures == 1
+    assert snapshot() == before
+    # Surfaced on the object: the condition names each kind/name and the fix; one Event.
+    cond = monitoring_ready()
+    assert cond is not None and (cond["status"], cond["reason"]) == ("False", "NameCollision")
+    for taken in (f"PrometheusRule {ns}/{name}-kvtune", f"PodMonitor {ns}/{name}-h200"):
+        assert taken in cond["message"], cond
+    assert "rename it or the InferenceDeployment" in cond["message"]
+    [event] = collision_events()
+    assert event.type == "Warning" and event.message == cond["message"]
+    # The retry (its backoff passed) finds the same collision: no second Event.
+    sync_alert_rules(kube, body, memo, now_seconds=10_000.0)
+    assert memo["alert_rules_retry"].failures == 2
+    assert len(collision_events()) == 1 and monitoring_ready() == cond
+
+    # Resolved (the other objects gone): kvtune's own objects are applied, the condition
+    # turns True, and no further Warning is posted.
+    for plural, victim in victims.items():
+        custom.delete_namespaced_custom_object("monitoring.coreos.com", "v1", ns, plural,
+                                               victim["metadata"]["name"])
+    sync_alert_rules(kube, body, memo, now_seconds=20_000.0)
+    assert "alert_rules_digest" in memo and "alert_rules_retry" not in memo
+    for plural, victim in victims.items():
+        owners = custom.get_namespaced_custom_object(
+            "monitoring.coreos.com", "v1", ns, plural,
+            victim["metadata"]["name"])["metadata"]["ownerReferences"]
+        assert [o["uid"] for o in owners] == [body["metadata"]["uid"]]
+    cond = monitoring_ready()
+    assert cond is not None and (cond["status"], cond["reason"]) == ("True",
+                                                                     "MonitoringApplied")
+    assert len(collision_events()) == 1
     custom.delete_namespaced_custom_object("kvtune.io", "v1alpha1", ns, "inferencedeployments",
                                            name)

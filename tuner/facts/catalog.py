@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Callable
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -64,8 +65,20 @@ def load_config_json(path: Path, hf_id: str | None = None) -> ModelArchitecture:
             "object: pass the model's config.json (from its Hugging Face repository)",
         )
     name = hf_id or str(config.get("_name_or_path") or path.parent.name or path.stem)
-    return ModelArchitecture.from_hf_config(config, name, source=str(path),
-                                            quantization_file=_quantization_file(path, config))
+    return ModelArchitecture.from_hf_config(
+        config, name, source=str(path),
+        quantization_file=quantization_file(config, lambda f: _read_beside(path, f),
+                                            where=str(path.parent)))
+
+
+def _read_beside(config_path: Path, name: str) -> str | None:
+    candidate = config_path.parent / name
+    if not candidate.is_file():
+        return None
+    try:
+        return candidate.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInput(name, str(candidate), f"cannot read it: {exc}") from exc
 
 
 def _declares_quantization(config: dict[str, Any]) -> bool:
@@ -75,23 +88,25 @@ def _declares_quantization(config: dict[str, Any]) -> bool:
                for c in (config, text))
 
 
-def _quantization_file(path: Path, config: dict[str, Any]
-                       ) -> tuple[str, dict[str, Any]] | None:
+def quantization_file(config: dict[str, Any], read: Callable[[str], str | None], where: str
+                      ) -> tuple[str, dict[str, Any]] | None:
     """The quantization file beside ``config.json`` that vLLM reads when config.json has no
-    quantization_config (``models.QUANTIZATION_FILES``, in vLLM's order of preference)."""
+    quantization_config (``models.QUANTIZATION_FILES``, in vLLM's order of preference).
+    ``read(name)`` gives a file's text or None (a folder on disk, a ConfigMap's keys);
+    ``where`` names that place in errors."""
     if _declares_quantization(config):
         return None
     for name in QUANTIZATION_FILES:
-        candidate = path.parent / name
-        if not candidate.is_file():
+        text = read(name)
+        if text is None:
             continue
         try:
-            doc = json.loads(candidate.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise InvalidInput(name, str(candidate), f"cannot read it as JSON: {exc}") from exc
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidInput(name, where, f"cannot read it as JSON: {exc}") from exc
         if not isinstance(doc, dict):
-            raise InvalidInput(name, str(candidate), "not a JSON object; pass the checkpoint's "
-                               "own file")
+            raise InvalidInput(name, where, "not a JSON object; pass the checkpoint's own "
+                               "file")
         return name, doc
     return None
 

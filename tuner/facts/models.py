@@ -113,6 +113,10 @@ class CheckpointQuantization(BaseModel):
     # scales (desc_act with group_size != -1), asymmetric weights.
     group_activation_order: bool = False
     symmetric: bool = True
+    # Settings vLLM's config class requires and the file lacks (AutoGPTQConfig.from_config:
+    # bits, group_size, desc_act, sym; AutoAWQConfig: w_bit/bits, q_group_size/group_size,
+    # zero_point): vLLM raises "Cannot find any of [...]" at start.
+    missing_settings: tuple[str, ...] = ()
     # What vLLM 0.33 serves ``--kv-cache-dtype auto`` at on this checkpoint when it declares
     # a KV-cache scheme (llm-compressor's kv_cache_scheme, ModelOpt's kv_cache_quant_algo):
     # ``fp8`` / ``fp8_e4m3`` / ``nvfp4``; None: the model's 16-bit dtype (``kv_cache_scheme``).
@@ -427,6 +431,15 @@ QUANTIZATION_FILES: dict[str, tuple[str, bool]] = {
     "quantize_config.json": ("gptq", False),
     "quant_config.json": ("awq", False),
 }
+# What vLLM 0.33's config classes read with get_from_keys (required; any one key of a group).
+_GPTQ_SETTINGS: tuple[tuple[str, ...], ...] = (("bits",), ("group_size",), ("desc_act",),
+                                               ("sym",))
+_AWQ_SETTINGS: tuple[tuple[str, ...], ...] = (("w_bit", "bits"), ("q_group_size", "group_size"),
+                                              ("zero_point",))
+_REQUIRED_SETTINGS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "gptq": _GPTQ_SETTINGS, "auto_gptq": _GPTQ_SETTINGS, "gptq_marlin": _GPTQ_SETTINGS,
+    "awq": _AWQ_SETTINGS, "auto_awq": _AWQ_SETTINGS, "awq_marlin": _AWQ_SETTINGS,
+}
 # ModelOpt's quant_algo -> vLLM's method (model_arch_config_convertor.py
 # _normalize_quantization_config) and bits per weight.
 _MODELOPT_ALGOS: dict[str, tuple[str, int]] = {
@@ -512,6 +525,10 @@ def _quantization(cfg: Mapping[str, Any], num_layers: int,
                   quantization_file: tuple[str, Mapping[str, Any]] | None = None,
                   top_level: bool = True) -> CheckpointQuantization | None:
     q = cfg.get("quantization_config")
+    if not isinstance(q, Mapping):
+        # Older llm-compressor exports name it compression_config; vLLM reads that when
+        # quantization_config is absent (weight_utils.get_quant_config).
+        q = cfg.get("compression_config")
     config_file: str | None = None
     if not isinstance(q, Mapping) and quantization_file is not None:
         name, q = quantization_file
@@ -557,6 +574,8 @@ def _quantization(cfg: Mapping[str, Any], num_layers: int,
             "kvtune cannot tell how many bits this checkpoint stores per weight (no bits, "
             "w_bit, load_in_4bit/8bit or fp8 format); add \"bits\" to its quantization_config",
         )
+    required = _REQUIRED_SETTINGS.get(method, ())
+    missing = tuple(" or ".join(keys) for keys in required if not any(k in q for k in keys))
     block = q.get("weight_block_size")
     gsize = q.get("group_size") or q.get("q_group_size")
     attention_layers, mlp_layers = _unconverted_layers(q, num_layers)
@@ -572,6 +591,7 @@ def _quantization(cfg: Mapping[str, Any], num_layers: int,
         group_activation_order=bool(q.get("desc_act")) and gsize != -1,
         symmetric=q.get("sym") is not False,
         kv_cache_dtype=_kv_cache_dtype(q, method, top_level),
+        missing_settings=missing,
     )
 
 

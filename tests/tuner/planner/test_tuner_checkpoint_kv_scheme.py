@@ -136,3 +136,12 @@ def test_an_unknown_modelopt_kv_algo_falls_back_to_16_bit_as_vllm_does() -> None
     model = _model(config)
     assert model.auto_kv_cache_dtype is None
     assert kv_bytes_per_token(model, "auto", 1) == BF16_TOKEN
+
+
+def test_an_older_compression_config_is_read_as_vllm_reads_it() -> None:
+    # llm-compressor's first exports: the same settings under compression_config.
+    config = copy.deepcopy(LLAMA_8B_FP8_KV)
+    config["compression_config"] = config.pop("quantization_config")
+    model = _model(config)
+    assert model.quantization is not None and model.quantization.weight_bits == 8
+    assert model.auto_kv_cache_dtype == "fp8"
