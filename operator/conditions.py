@@ -72,6 +72,7 @@ ROUTE_REFS_UNRESOLVED = "RouteRefsUnresolved"  # the gateway's ResolvedRefs=Fals
 ENDPOINT_PICKER_UNAVAILABLE = "EndpointPickerUnavailable"  # a pool's picker is not available
 # The namespace has no ServiceAccount kvtune-endpoint-picker (the chart's runtime.namespaces).
 ENDPOINT_PICKER_ACCESS_MISSING = "EndpointPickerAccessMissing"
+ROUTING_UNREADABLE = "RoutingStatusUnreadable"  # Unknown: a read was refused (the message)
 
 
 def now_rfc3339() -> str:

@@ -134,7 +134,17 @@ def verdict(pools: Sequence[PoolStatus], *, access_missing: str | None,
 
 def evaluate(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeploymentSpec,
              pools: Sequence[PoolStatus]) -> tuple[list[PoolStatus], Verdict]:
-    """The pools with their pickers' availability read, and RoutingReady."""
+    """The pools with their pickers' availability read, and RoutingReady; a read the API
+    server refuses makes RoutingReady Unknown, never a failed reconcile."""
+    try:
+        return _evaluate(kube, body, spec, pools)
+    except kapply.ApplyError as exc:
+        return list(pools), ("Unknown", cond.ROUTING_UNREADABLE,
+                             f"kvtune could not read the routing objects' state: {exc}")
+
+
+def _evaluate(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeploymentSpec,
+              pools: Sequence[PoolStatus]) -> tuple[list[PoolStatus], Verdict]:
     namespace = body["metadata"]["namespace"]
     access_missing = None
     try:
