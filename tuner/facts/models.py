@@ -122,6 +122,10 @@ class CheckpointQuantization(BaseModel):
     # a KV-cache scheme (llm-compressor's kv_cache_scheme, ModelOpt's kv_cache_quant_algo):
     # ``fp8`` / ``fp8_e4m3`` / ``nvfp4``; None: the model's 16-bit dtype (``kv_cache_scheme``).
     kv_cache_dtype: str | None = None
+    # That declaration in words (``kv_scheme.DeclaredKVScheme.words``, e.g. "compressed-tensors
+    # float8 tensor"): the KV-quality gate quotes it as the checkpoint's evidence of
+    # calibrated k/v scales.
+    kv_cache_scheme: str | None = None
 
 
 class ModelArchitecture(BaseModel):
@@ -468,16 +472,20 @@ def _modelopt_method(q: Mapping[str, Any]) -> tuple[str, int] | None:
     return found
 
 
-def _kv_cache_dtype(q: Mapping[str, Any], method: str, top_level: bool) -> str | None:
+def _kv_cache_dtype(q: Mapping[str, Any], method: str, top_level: bool
+                    ) -> tuple[str | None, str | None]:
     """What vLLM 0.33 serves ``--kv-cache-dtype auto`` at on a checkpoint with this
-    quantization config (None: the model's 16-bit dtype); a scheme vLLM refuses is refused
-    here. The parsing and vLLM's rules: ``kv_scheme.declared_kv_scheme``."""
+    quantization config (None: the model's 16-bit dtype), and the declared scheme in words
+    when vLLM serves it; a scheme vLLM refuses is refused here. The parsing and vLLM's
+    rules: ``kv_scheme.declared_kv_scheme``."""
     declared = declared_kv_scheme(q, method, top_level)
     if declared is None:
-        return None
+        return None, None
     if declared.refusal is not None:
         raise declared.refusal
-    return declared.auto_dtype
+    if declared.auto_dtype is None:
+        return None, None
+    return declared.auto_dtype, declared.words
 
 
 def _quantization(cfg: Mapping[str, Any], num_layers: int,
@@ -538,6 +546,7 @@ def _quantization(cfg: Mapping[str, Any], num_layers: int,
     block = q.get("weight_block_size")
     gsize = q.get("group_size") or q.get("q_group_size")
     attention_layers, mlp_layers = _unconverted_layers(q, num_layers)
+    kv_cache_dtype, kv_cache_scheme = _kv_cache_dtype(q, method, top_level)
     return CheckpointQuantization(
         method=method,
         weight_bits=bits,
@@ -549,7 +558,8 @@ def _quantization(cfg: Mapping[str, Any], num_layers: int,
         config_file=config_file,
         group_activation_order=bool(q.get("desc_act")) and gsize != -1,
         symmetric=q.get("sym") is not False,
-        kv_cache_dtype=_kv_cache_dtype(q, method, top_level),
+        kv_cache_dtype=kv_cache_dtype,
+        kv_cache_scheme=kv_cache_scheme,
         missing_settings=missing,
     )
 
