@@ -51,6 +51,7 @@ from kvtune.tuner.plan import (
 )
 from kvtune.tuner.planner import (
     decide_block_size,
+    decide_dtype,
     decide_max_num_seqs,
     expected,
     kv_dtype_options,
@@ -562,7 +563,7 @@ def _pool_plan(run: PlanRun, base_pool: PoolPlan, best: _Scored, summary: Search
 def _quality_quote(run: PlanRun, dtype: str) -> str:
     """The KV-quality evidence on a dtype the search chose (its candidates came through the
     same gate, ``kv_dtype_options.allowed``)."""
-    verdict = kv_quality.gate_one(dtype, run.req.kv_quality_evidence, run.req.policy.kv_quality)
+    verdict = decide_dtype.quality_gate(run, dtype)
     return "" if verdict.code == kv_quality.REFERENCE else f"; quality: {verdict.detail}"
 
 
