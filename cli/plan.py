@@ -35,6 +35,7 @@ from kvtune.tuner.kv_quality import (
     DEFAULT_MAX_KV_QUANTIZATION_KL,
     KVQualityEvidence,
     KVQualityPolicy,
+    checkpoint_scheme,
     evidence_from_report,
     gate_one,
 )
@@ -138,8 +139,9 @@ def dtype_comparison(request: PlanRequest) -> list[dict[str, Any]]:
             "concurrent_sequences": count,
             "vs_16bit": round(count / base_sessions, 2) if base_sessions else None,
             # The KV-quality gate's verdict on this dtype (docs/quality.md).
-            "quality": gate_one(name, request.kv_quality_evidence,
-                                request.policy.kv_quality).model_dump(
+            "quality": gate_one(name, request.kv_quality_evidence, request.policy.kv_quality,
+                                checkpoint_scheme(request.model.quantization, name)
+                                ).model_dump(
                                     include={"allowed", "code", "detail"}),
         })
     return rows

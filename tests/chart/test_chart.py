@@ -369,6 +369,28 @@ def test_calibration_is_granted_per_runtime_namespace_never_cluster_wide(
     assert any("inferencepools" in r["resources"] for r in routed)
 
 
+@pytest.mark.parametrize("args", [[], NAMESPACED], ids=["cluster", "namespaced"])
+def test_the_operator_may_only_read_the_endpoint_pickers_service_account(
+        helm: Path, args: list[str]) -> None:
+    """RoutingReady's check that kvtune-endpoint-picker exists: get on that one name, granted
+    only with routing.enabled; no list, no other ServiceAccount, no write."""
+    from kvtune.operator import endpoint_picker
+
+    kind = "Role" if args else "ClusterRole"
+
+    def service_account_rules(extra: list[str]) -> list[dict[str, Any]]:
+        return [r for d in by_kind(render(helm, *args, *extra), kind)
+                if d["metadata"]["name"] not in ("kvtune-runtime-reporter",
+                                                 "kvtune-endpoint-picker")
+                for r in d["rules"] if "serviceaccounts" in r["resources"]]
+
+    assert service_account_rules([]) == []
+    rules = service_account_rules(["--set", "routing.enabled=true"])
+    assert rules and all(r == {"apiGroups": [""], "resources": ["serviceaccounts"],
+                               "resourceNames": [endpoint_picker.SERVICE_ACCOUNT],
+                               "verbs": ["get"]} for r in rules)
+
+
 @pytest.mark.parametrize(("args", "namespaces"), [
     ([], set()),  # cluster mode: nowhere unless listed
     (["--set", "runtime.namespaces={llm}"], {"llm"}),

@@ -718,3 +718,44 @@ def test_the_runtimes_token_may_write_its_reports_and_nothing_else(
             ns, _deployment(ns, privileged=False)),
     }
     assert _refused(attacks) == []
+
+
+def test_with_routing_the_operator_reads_only_the_endpoint_pickers_service_account(
+        helm: Path, admin: Any) -> None:
+    """The chart's routing concern (routing.enabled), bound to a probe account in the real
+    API server's authorizer: RoutingReady's check may get the ServiceAccount
+    kvtune-endpoint-picker and the HTTPRoute (its status comes with it), and no other
+    ServiceAccount, no list, no write."""
+    from kubernetes import client
+
+    out = subprocess.run([str(helm), "template", "kvtune", str(CHART), "-n", RELEASE_NS,
+                          "--set", "routing.enabled=true"],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    (concern,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "ClusterRole"
+                  and any("serviceaccounts" in r["resources"] for r in d["rules"])]
+    probe = "kvtune-routing-probe"
+    rbac = client.RbacAuthorizationV1Api(admin)
+    rbac.create_cluster_role({"metadata": {"name": probe}, "rules": concern["rules"]})
+    rbac.create_cluster_role_binding({
+        "metadata": {"name": probe},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": probe},
+        "subjects": [{"kind": "ServiceAccount", "name": probe, "namespace": RELEASE_NS}]})
+    try:
+        get_sa = ("get", "", "serviceaccounts", "", "llm")
+        assert wait_for(lambda: access_allowed(admin, probe, get_sa,
+                                               name="kvtune-endpoint-picker"),
+                        "the probe's binding to take effect", 30)
+        assert access_allowed(admin, probe, ("get", "gateway.networking.k8s.io", "httproutes",
+                                             "", "llm"), name="chat")
+        for denied, name in [(get_sa, "default"), (get_sa, "kvtune-runtime"), (get_sa, None),
+                             (("list", "", "serviceaccounts", "", "llm"), None),
+                             (("watch", "", "serviceaccounts", "", "llm"), None),
+                             (("patch", "", "serviceaccounts", "", "llm"),
+                              "kvtune-endpoint-picker"),
+                             (("create", "", "serviceaccounts", "token", "llm"),
+                              "kvtune-endpoint-picker")]:
+            assert not access_allowed(admin, probe, denied, name=name), (denied, name)
+    finally:
+        rbac.delete_cluster_role_binding(probe)
+        rbac.delete_cluster_role(probe)
