@@ -485,3 +485,56 @@ def test_routing_ready_follows_the_pickers_the_gateway_and_the_pickers_account(
         assert "runtime.namespaces" in message and ns in message
     finally:
         proc.stop()
+
+
+@pytest.mark.cluster
+def test_a_refused_routing_read_makes_routing_ready_unknown_not_a_failed_reconcile(
+        local_cluster: Any, tmp_path: Path) -> None:
+    """RoutingReady's reads as an account the API server refuses (403): Unknown, naming the
+    read; with get on Deployments and HTTPRoutes but not on the pickers' ServiceAccount (a
+    chart from before that right) the pickers' state still decides."""
+    from kvtune.operator import apply as kapply
+    from kvtune.operator import routing_status
+    from kvtune.operator.api import InferenceDeploymentSpec, PoolRoutingStatus, PoolStatus
+
+    ns = "routing-unreadable"
+    api_client = _setup(local_cluster)
+    for path in gateway_api_crd_paths("experimental"):
+        install_crd(api_client, path)
+    ensure_namespace(api_client, ns)
+    client.CoreV1Api(api_client).create_namespaced_service_account(
+        ns, {"metadata": {"name": "probe"}})
+    kube = kapply.Kube.connect(str(service_account_kubeconfig(
+        api_client, Path(local_cluster.kubeconfig_path), ns, "probe", tmp_path / "probe.yaml")))
+    spec = InferenceDeploymentSpec.model_validate({**SAMPLE_SPEC, "routing": {
+        "enabled": True, "gateway": {"name": "inference-gateway"}}})
+    pools = [PoolStatus(name="h200", gpu_class="H200", tensor_parallel=1, replicas=1,
+                        phase="Applied", routing=PoolRoutingStatus(
+                            max_model_len=32768, endpoint_picker="bot-h200-epp"))]
+    body = {"metadata": {"name": "bot", "namespace": ns}}
+
+    _, verdict = routing_status.evaluate(kube, body, spec, pools)
+    assert verdict[:2] == ("Unknown", "RoutingStatusUnreadable")
+    assert "Deployment routing-unreadable/bot-h200-epp" in verdict[2]
+
+    create_objects(api_client, [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": "probe", "namespace": ns},
+         "rules": [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get"]},
+                   {"apiGroups": ["gateway.networking.k8s.io"], "resources": ["httproutes"],
+                    "verbs": ["get"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "probe", "namespace": ns},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "probe"},
+         "subjects": [{"kind": "ServiceAccount", "name": "probe", "namespace": ns}]}])
+
+    def readable() -> tuple[list[PoolStatus], tuple[str, str, str]] | None:
+        out = routing_status.evaluate(kube, body, spec, pools)
+        return None if out[1][1] == "RoutingStatusUnreadable" else out
+
+    pools_read, verdict = wait_for(readable, "the probe's Role to take effect", 30)
+    # No picker Deployment exists: that is what it says, not the (unreadable) account.
+    assert verdict[:2] == ("False", "EndpointPickerUnavailable")
+    assert pools_read[0].routing is not None
+    assert pools_read[0].routing.endpoint_picker_available is False
+    assert "bot-h200-epp does not exist" in verdict[2]
