@@ -141,6 +141,10 @@ class _Watcher:
             except ApiException as exc:
                 if exc.status != 410:  # 410: the version expired; list again
                     raise
+            except Exception:  # the control plane stopping under an open watch
+                if self.stop.is_set():
+                    return
+                raise
 
     def _see(self, obj: dict[str, Any]) -> None:
         name, status, now = obj["metadata"]["name"], obj.get("status") or {}, time.monotonic()
