@@ -11,6 +11,8 @@ import socket
 
 import click
 
+from kvtune.operator import render_fairness
+
 # Handler modules other parts of kvtune add; each is registered when it is installed.
 OPTIONAL_HANDLER_MODULES = ("kvtune.operator.retune_handlers",)
 
@@ -24,6 +26,13 @@ def load_handlers() -> list[str]:
             importlib.import_module(name)
             loaded.append(name)
     return loaded
+
+
+def render_limits(in_flight: int, cpu_seconds: float, window_seconds: float,
+                  spread_seconds: float) -> render_fairness.Limits:
+    """The template render budget per namespace from the ``--template-*`` options."""
+    return render_fairness.Limits(in_flight=in_flight, cpu_seconds=cpu_seconds,
+                                  window_seconds=window_seconds, spread_seconds=spread_seconds)
 
 
 @click.command()
@@ -55,17 +64,34 @@ def load_handlers() -> list[str]:
               help="Price of one GPU of a class per hour for the cost figures in status "
               "(repeatable; the chart's gpuPrices). A pool's gpuPriceUsdPerHour overrides it; "
               "without either, kvtune's list prices (tuner/facts/data/gpu_prices.json).")
+@click.option("--template-renders-in-flight", type=click.IntRange(1, 64),
+              default=render_fairness.IN_FLIGHT_PER_TENANT, show_default=True,
+              help="Renders of one namespace's pod templates that may run at once (the "
+              "chart's templates.rendersInFlightPerNamespace); beyond it a render is deferred.")
+@click.option("--template-cpu-seconds", type=click.FloatRange(0, 3600, min_open=True),
+              default=render_fairness.CPU_SECONDS_PER_WINDOW, show_default=True,
+              help="Renderer CPU seconds one namespace's templates may use per window (the "
+              "chart's templates.cpuSecondsPerWindow).")
+@click.option("--template-cpu-window-seconds", type=click.FloatRange(1, 86400),
+              default=render_fairness.WINDOW_SECONDS, show_default=True,
+              help="The sliding window of --template-cpu-seconds (templates.cpuWindowSeconds).")
+@click.option("--template-retry-spread-seconds", type=click.FloatRange(0, 600),
+              default=render_fairness.SPREAD_SECONDS, show_default=True,
+              help="Seconds between one namespace's deferred renders' retries "
+              "(templates.retrySpreadSeconds).")
 @click.option("--verbose", "-v", is_flag=True)
 def operator(kubeconfig: str | None, namespaces: tuple[str, ...], metrics_port: int,
              metrics_address: str, standalone: bool, peering_name: str | None,
              liveness_endpoint: str | None, priority: int | None, pod_security: str,
              service_accounts: tuple[str, ...], gpu_prices: tuple[str, ...],
+             template_renders_in_flight: int, template_cpu_seconds: float,
+             template_cpu_window_seconds: float, template_retry_spread_seconds: float,
              verbose: bool) -> None:
     """Run the kvtune operator until interrupted."""
     import kopf
 
     from kvtune.operator import gpu_prices as prices
-    from kvtune.operator import handlers, metrics, pod_policy
+    from kvtune.operator import handlers, metrics, pod_policy, template_sandbox
     from kvtune.tuner.errors import KVTuneError
     from kvtune.tuner.facts.prices import parse_overrides
 
@@ -73,6 +99,10 @@ def operator(kubeconfig: str | None, namespaces: tuple[str, ...], metrics_port: 
         prices.CONFIG.overrides = parse_overrides(gpu_prices, "--gpu-price")
     except KVTuneError as exc:
         raise click.BadParameter(str(exc), param_hint="--gpu-price") from None
+    # The operator's settings are taken before anything connects.
+    template_sandbox.BUDGET.configure(render_limits(
+        template_renders_in_flight, template_cpu_seconds, template_cpu_window_seconds,
+        template_retry_spread_seconds))
 
     if standalone and peering_name:
         raise click.UsageError("--standalone and --peering exclude each other; pick one")

@@ -25,7 +25,7 @@ from kvtune.cli.options import (
     weights_dtype_option,
 )
 from kvtune.cli.progress import Progress, progress_option
-from kvtune.tuner.errors import KVTuneError
+from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan
 from kvtune.tuner.facts import catalog, gpus
 from kvtune.tuner.facts.capabilities import PINNED_VLLM_VERSION, get_runtime
 from kvtune.tuner.facts.kvmemory import kv_bytes_per_token
@@ -35,11 +35,12 @@ from kvtune.tuner.kv_quality import (
     DEFAULT_MAX_KV_QUANTIZATION_KL,
     KVQualityEvidence,
     KVQualityPolicy,
+    checkpoint_scheme,
     evidence_from_report,
     gate_one,
 )
 from kvtune.tuner.plan import PoolPlan
-from kvtune.tuner.planner.cost import priced
+from kvtune.tuner.planner.cost import priced, rank_by_cost
 from kvtune.tuner.planner.planning import PlanRequest, kv_capacity_by_dtype, plan_pool
 from kvtune.tuner.planner.policy import SLO, PlanPolicy
 from kvtune.tuner.planner.presets import (
@@ -138,8 +139,9 @@ def dtype_comparison(request: PlanRequest) -> list[dict[str, Any]]:
             "concurrent_sequences": count,
             "vs_16bit": round(count / base_sessions, 2) if base_sessions else None,
             # The KV-quality gate's verdict on this dtype (docs/quality.md).
-            "quality": gate_one(name, request.kv_quality_evidence,
-                                request.policy.kv_quality).model_dump(
+            "quality": gate_one(name, request.kv_quality_evidence, request.policy.kv_quality,
+                                checkpoint_scheme(request.model.quantization, name)
+                                ).model_dump(
                                     include={"allowed", "code", "detail"}),
         })
     return rows
@@ -319,6 +321,72 @@ def _print_front(console: Any, pool: PoolPlan) -> None:
                       "million requests")
 
 
+def gpu_comparison(pool: PoolPlan, others: list[tuple[str, PoolPlan | str]]
+                   ) -> list[dict[str, Any]]:
+    """The GPU classes planned for the same traffic, cheapest per million requests meeting
+    the SLO first (``cost.rank_by_cost``); classes that do not fit last, with why."""
+    planned = [pool, *(p for _, p in others if isinstance(p, PoolPlan))]
+    rows: list[dict[str, Any]] = []
+    for p in rank_by_cost(planned):
+        s = p.search
+        c = s.cost if s is not None else None
+        rows.append({
+            "gpu_class": p.gpu_class, "tensor_parallel": p.tensor_parallel,
+            "usd_per_gpu_hour": c.usd_per_gpu_hour if c else None,
+            "price_source": c.price_source if c else None,
+            "goodput_requests_per_second": s.goodput_requests_per_second if s else None,
+            "slo_attainment": s.slo_attainment if s else None,
+            "slo_met": s.slo_met if s else None,
+            "replicas_needed": s.replicas_needed if s else None,
+            "cost_per_million_output_tokens_usd":
+                c.cost_per_million_output_tokens_usd if c else None,
+            "cost_per_million_good_requests_usd":
+                c.cost_per_million_good_requests_usd if c else None,
+            "cost_per_million_requests_at_needed_replicas_usd":
+                c.cost_per_million_requests_at_needed_replicas_usd if c else None,
+            "vllm_args": p.vllm_args(),
+        })
+    rows += [{"gpu_class": name, "refused": why} for name, why in others
+             if isinstance(why, str)]
+    return rows
+
+
+def with_comparison(text: str, pool: PoolPlan, others: list[tuple[str, PoolPlan | str]],
+                    fmt: str) -> str:
+    rows = gpu_comparison(pool, others)
+    if fmt in ("json", "yaml"):
+        import yaml
+
+        doc = json.loads(text) if fmt == "json" else yaml.safe_load(text)
+        doc["gpu_comparison"] = rows
+        return (json.dumps(doc, indent=2) + "\n" if fmt == "json"
+                else str(yaml.safe_dump(doc, sort_keys=False)))
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(record=True, width=120, file=open("/dev/null", "w"))  # noqa: SIM115
+    table = Table(title="GPU classes for this traffic, cheapest per million requests meeting "
+                  "the SLO first")
+    for col in ("GPU class", "$/GPU-hour", "goodput req/s", "SLO met", "replicas needed",
+                "$/M output tok", "$/M good req"):
+        table.add_column(col, justify="left" if col == "GPU class" else "right")
+    for r in rows:
+        if "refused" in r:
+            table.add_row(r["gpu_class"], "-", "-", "-", "-", "-", r["refused"][:60])
+            continue
+        needed = r["replicas_needed"]
+        table.add_row(
+            f"{r['gpu_class']} x TP {r['tensor_parallel']}",
+            "-" if r["usd_per_gpu_hour"] is None else f"${r['usd_per_gpu_hour']:g}",
+            f"{r['goodput_requests_per_second']:.2f}", f"{r['slo_attainment']:.1%}",
+            "-" if needed is None else str(needed),
+            _money(r["cost_per_million_output_tokens_usd"]),
+            _money(r["cost_per_million_requests_at_needed_replicas_usd"]
+                   or r["cost_per_million_good_requests_usd"]))
+    console.print(table)
+    return text + console.export_text()
+
+
 Renderer = Callable[[PoolPlan, PlanRequest], str]
 # Output formats; another source (e.g. a live cluster) may register more.
 RENDERERS: dict[str, Renderer] = {
@@ -356,6 +424,10 @@ def _models_help() -> str:
 @click.option("--request-rate", type=click.FloatRange(min=0, min_open=True),
               help="Arrival rate, requests/s: with --workload or --context-tokens the goodput "
               "search replays traffic made from the profile at this rate.")
+@click.option("--compare-gpu", "compare_gpu", multiple=True, metavar="CLASS",
+              help="Also plan the traffic on this GPU class (repeat) and rank the classes by "
+              "the cost of a million requests meeting the SLO (needs --trace or "
+              "--request-rate; prices from --gpu-price or the list prices).")
 @click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
               help="Replicas sharing the traffic's rate (--trace, --request-rate): each is "
               "planned on its share, and SLO at risk counts the replicas the traffic needs.")
@@ -418,7 +490,14 @@ def plan(**opts: Any) -> None:
         if opts["request_rate"] is not None:
             request = request.model_copy(update={"profile": request.profile.model_copy(
                 update={"request_rate_per_second": opts["request_rate"]})})
-        if opts["search"] and (opts["trace"] is not None or opts["request_rate"] is not None):
+        searching = opts["search"] and (opts["trace"] is not None
+                                        or opts["request_rate"] is not None)
+        if opts["compare_gpu"] and (not searching or opts["output"] not in
+                                    ("table", "json", "yaml")):
+            raise click.UsageError("--compare-gpu compares the goodput search's cost: it needs "
+                                   "--trace or --request-rate and -o table, json or yaml")
+        others: list[tuple[str, PoolPlan | str]] = []
+        if searching:
             trace = load_trace(opts["trace"]) if opts["trace"] is not None else None
             # The search replays hundreds of requests per candidate: seconds of work.
             with Progress("plan", opts["progress"]) as shown:
@@ -426,9 +505,19 @@ def plan(**opts: Any) -> None:
                     request, trace=trace, progress=lambda step: shown(step.text()),
                     replicas=opts["replicas"]),
                     price_for(request.gpu.name, prices))
+                for name in opts["compare_gpu"]:
+                    other = request.model_copy(update={"gpu": gpus.get_gpu_class(name)})
+                    try:
+                        others.append((name, priced(plan_by_goodput(
+                            other, trace=trace, progress=lambda step: shown(step.text()),
+                            replicas=opts["replicas"]), price_for(other.gpu.name, prices))))
+                    except NoFeasiblePlan as exc:
+                        others.append((name, f"does not fit: {exc}"))
         else:
             pool = plan_pool(request)
         text = render(pool, request, opts["output"])
+        if opts["compare_gpu"]:
+            text = with_comparison(text, pool, others, opts["output"])
     except KVTuneError as exc:
         # Bad input (a model, GPU or pin that cannot work) exits 1; click's usage errors 2.
         click.echo(f"error: {exc}", err=True)

@@ -31,8 +31,11 @@ SLO_BELOW_PREDICTION = "SLOBelowPrediction"
 # monitoring object's name was taken by an object kvtune did not create: False/NameCollision,
 # then True/MonitoringApplied when nothing collides any more.
 MONITORING_READY = "MonitoringReady"
+# spec.routing.enabled: whether each pool's endpoint picker is available (its ServiceAccount
+# exists) and the gateway accepted the HTTPRoute (operator/routing_status.py).
+ROUTING_READY = "RoutingReady"
 CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, PROFILE_STALE, RUNTIME_AS_PLANNED,
-                   SLO_AT_RISK, SLO_BELOW_PREDICTION, MONITORING_READY)
+                   SLO_AT_RISK, SLO_BELOW_PREDICTION, MONITORING_READY, ROUTING_READY)
 
 # Reasons.
 ALL_POOLS_APPLIED = "AllPoolsApplied"  # Ready=True: every pool's runtime carries its plan
@@ -61,6 +64,15 @@ AS_PLANNED = "AsPlanned"
 AWAITING_REPORTS = "AwaitingRuntimeReports"  # Unknown: no pod of the current plan reported
 GPU_MEMORY_LOWERED = "GpuMemoryLowered"  # the runtime lowered the fraction: less KV cache
 RUNTIME_REFUSED = "RuntimeRefused"  # the runtime refused to start vLLM: the plan cannot fit
+# RoutingReady reasons.
+ROUTED = "Routed"  # True: pickers available; the gateway accepted the route (or there is none)
+AWAITING_GATEWAY = "AwaitingGateway"  # Unknown: no gateway has reported on the route yet
+ROUTE_NOT_ACCEPTED = "RouteNotAccepted"  # the gateway's Accepted=False, with its reason
+ROUTE_REFS_UNRESOLVED = "RouteRefsUnresolved"  # the gateway's ResolvedRefs=False
+ENDPOINT_PICKER_UNAVAILABLE = "EndpointPickerUnavailable"  # a pool's picker is not available
+# The namespace has no ServiceAccount kvtune-endpoint-picker (the chart's runtime.namespaces).
+ENDPOINT_PICKER_ACCESS_MISSING = "EndpointPickerAccessMissing"
+ROUTING_UNREADABLE = "RoutingStatusUnreadable"  # Unknown: a read was refused (the message)
 
 
 def now_rfc3339() -> str:

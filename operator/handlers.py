@@ -29,7 +29,7 @@ from typing import Any
 
 import kopf
 
-from kvtune.operator import api, metrics, periodic, runtime_reports
+from kvtune.operator import api, metrics, periodic, routing, routing_status, runtime_reports
 from kvtune.operator import apply as kapply
 from kvtune.operator import pools as gpu_pools
 from kvtune.operator import reconcile as rec
@@ -42,6 +42,9 @@ ROLLOUT_POLL_SECONDS = 2.0
 CONFIGMAP_RESYNC_SECONDS = float(os.environ.get("KVTUNE_CONFIGMAP_RESYNC_SECONDS", "60"))
 # How often the pods' runtime reports are read (a pod reports once, when it starts).
 RUNTIME_REPORT_SECONDS = float(os.environ.get("KVTUNE_RUNTIME_REPORT_SECONDS", "15"))
+# How often the pickers' availability and the gateway's word on the route are read back
+# (spec.routing.enabled): one GET per pool, one for the route and one for the ServiceAccount.
+ROUTING_STATUS_SECONDS = float(os.environ.get("KVTUNE_ROUTING_STATUS_SECONDS", "30"))
 # A replica that dies without a word (kill -9, a lost node) holds its peering entry this
 # long; the standby takes over when it expires. kopf's default is 60 s; keep-alives are sent
 # every lifetime - 10 s, so 20 s means one every 10 s.
@@ -239,6 +242,20 @@ def read_runtime_reports(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     timer listing the pools' pods by label, not a pod watch, so the operator needs no watch
     on pods and a report written while it was down is still read."""
     for event in runtime_reports.refresh(body, kube=memo.kube):
+        kapply.post_event(memo.kube, body, event.type, event.reason, event.message)
+
+
+def _routes(spec: kopf.Spec, **_: Any) -> bool:
+    return bool((spec.get("routing") or {}).get("enabled")) and routing.operator_enabled()
+
+
+@periodic.timer(id="routing-status", interval=ROUTING_STATUS_SECONDS, when=_routes,
+                initial_delay=ROUTING_STATUS_SECONDS, spread=True)
+def read_routing_status(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """The endpoint pickers' availability and the gateway's status.parents on the HTTPRoute
+    into RoutingReady (operator/routing_status.py): both change without any change to the
+    InferenceDeployment, and no watch on Deployments or HTTPRoutes is needed."""
+    for event in routing_status.refresh(body, kube=memo.kube):
         kapply.post_event(memo.kube, body, event.type, event.reason, event.message)
 
 

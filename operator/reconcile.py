@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kvtune.operator import apply as kapply
-from kvtune.operator import calibration_flow, http_route
+from kvtune.operator import calibration_flow, http_route, routing_status
 from kvtune.operator import conditions as cond
 from kvtune.operator import pools as gpu_pools
 from kvtune.operator import routing as routing_module
@@ -198,6 +198,8 @@ def _reconcile_locked(
 
     if spec.runtime.entrypoint != "kvtune":  # no runtime reports without kvtune's entrypoint
         conditions = [c for c in conditions if c.type != cond.RUNTIME_AS_PLANNED]
+    if not spec.routing.enabled or spec.tuning.mode != "auto":  # no routing objects applied
+        conditions = [c for c in conditions if c.type != cond.ROUTING_READY]
 
     mode = spec.tuning.mode
     if mode == "off":
@@ -338,13 +340,24 @@ def _reconcile_locked(
               "the goodput search predicts every searched pool meets the SLO at the observed "
               "rate")
 
+    pool_statuses = [o.status for o in outcomes]
+    if mode == "auto" and spec.routing.enabled:
+        # The pickers' availability and the gateway's word on the route, as they are now
+        # (the routing-status timer follows them between reconciles).
+        pool_statuses, routing_ready = routing_status.evaluate(kube, body, spec, pool_statuses)
+        warning = routing_status.warning(conditions, routing_ready)
+        if warning is not None:
+            events.append(warning)
+        conditions = cond.set_condition(conditions, cond.ROUTING_READY, *routing_ready,
+                                        generation=generation, now=now)
+
     # What other parts keep in status (the retune timer's part of status.profile, the
     # KV-quality evidence) stays as it is.
     status = previous.model_copy(update=dict(
         observed_generation=generation, mode=mode, conditions=conditions,
         profile=status_writer.with_timer_part(used_profile_status, previous.profile),
-        pools=[o.status for o in outcomes],
-        pool_summary=pool_summary([o.status for o in outcomes]), kv_quality=gate.status(),
+        pools=pool_statuses,
+        pool_summary=pool_summary(pool_statuses), kv_quality=gate.status(),
     ))
     # Rollouts are followed by the rollout timer (refresh_rollout), not by retries.
     retries = [o.retry_after for o in outcomes if o.retry_after is not None]

@@ -23,10 +23,34 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
+# The defaults; the operator takes them from the chart's `templates` values
+# (`kvtune operator --template-*`, cli/operator_cmd.py), set with ``TenantBudget.configure``.
 IN_FLIGHT_PER_TENANT = 1
 CPU_SECONDS_PER_WINDOW = 6.0  # three renders at the sandbox's 2 s CPU limit a minute
 WINDOW_SECONDS = 60.0
 SPREAD_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """One tenant's render budget (the module docstring says what each limit does)."""
+
+    in_flight: int = IN_FLIGHT_PER_TENANT
+    cpu_seconds: float = CPU_SECONDS_PER_WINDOW
+    window_seconds: float = WINDOW_SECONDS
+    spread_seconds: float = SPREAD_SECONDS
+
+    def __post_init__(self) -> None:
+        for name, value, low in (("in_flight", self.in_flight, 1),
+                                 ("window_seconds", self.window_seconds, 1.0)):
+            if value < low:
+                raise ValueError(f"render budget {name}={value}: must be at least {low}")
+        if self.cpu_seconds <= 0:
+            raise ValueError(f"render budget cpu_seconds={self.cpu_seconds}: must be above 0 "
+                             f"(no render could ever start)")
+        if self.spread_seconds < 0:
+            raise ValueError(f"render budget spread_seconds={self.spread_seconds}: must not "
+                             f"be negative")
 
 
 @dataclass(frozen=True)
@@ -57,6 +81,19 @@ class TenantBudget:
         self.spread_seconds = spread_seconds
         self._tenants: dict[str, _Tenant] = {}
         self._lock = threading.Lock()
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.in_flight, self.cpu_seconds, self.window_seconds,
+                      self.spread_seconds)
+
+    def configure(self, limits: Limits) -> None:
+        """Take the operator's settings (what was charged so far stays charged)."""
+        with self._lock:
+            self.in_flight = limits.in_flight
+            self.cpu_seconds = limits.cpu_seconds
+            self.window_seconds = limits.window_seconds
+            self.spread_seconds = limits.spread_seconds
 
     def admit(self, tenant: str, now: float) -> Deferred | None:
         """None: the render may start (call ``finish`` when it ends); else why not yet."""

@@ -41,6 +41,7 @@ from kvtune.operator import reconcile as rec
 from kvtune.operator import status as status_writer
 from kvtune.operator.api import ProfileScope
 from kvtune.operator.durations import parse_duration
+from kvtune.operator.locks import object_lock
 from kvtune.operator.profiling import (
     PoolProfile,
     ProfileResult,
@@ -506,16 +507,20 @@ def report_monitoring_collisions(kube: kapply.Kube, body: Mapping[str, Any],
     Warning Event when that appears or changes (not one per retry); True/MonitoringApplied
     once nothing collides. An object that never collided gets no condition."""
     meta = body["metadata"]
-    if not collisions:
-        status_writer.write_condition(
-            kube, meta["namespace"], meta["name"], conditions.MONITORING_READY, "True",
-            conditions.MONITORING_APPLIED, "no monitoring object's name is taken by another "
-            "object", only_if_present=True)
-        return
     message = " | ".join(collisions)
-    if status_writer.write_condition(kube, meta["namespace"], meta["name"],
-                                     conditions.MONITORING_READY, "False",
-                                     conditions.NAME_COLLISION, message):
+    # Under the object's lock: the reconcile seam reads the status and writes it whole, and
+    # must not drop this condition written in between.
+    with object_lock(meta["namespace"], meta["name"]):
+        if not collisions:
+            status_writer.write_condition(
+                kube, meta["namespace"], meta["name"], conditions.MONITORING_READY, "True",
+                conditions.MONITORING_APPLIED, "no monitoring object's name is taken by "
+                "another object", only_if_present=True)
+            return
+        changed = status_writer.write_condition(
+            kube, meta["namespace"], meta["name"], conditions.MONITORING_READY, "False",
+            conditions.NAME_COLLISION, message)
+    if changed:
         kapply.post_event(kube, body, "Warning", conditions.NAME_COLLISION, message)
 
 

@@ -24,6 +24,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from kvtune.tuner.facts import catalog
+from kvtune.tuner.facts.kv_scheme import declared_kv_scheme
+
 _LAYER = re.compile(r"layers\.(\d+)\.")
 _SCALE_SUFFIXES = (".k_scale", ".v_scale", ".kv_scale", ".q_scale")
 
@@ -63,23 +66,24 @@ class CheckpointKVScales(BaseModel):
                 "k_scale = v_scale = 1.0 (it has no flag that computes them at start-up)")
 
 
-def kv_scheme(config: dict[str, Any]) -> tuple[str | None, str | None]:
-    """(quantization method, KV scheme in words) from a config.json's quantization_config."""
+def kv_scheme(config: dict[str, Any], quantization_file: dict[str, Any] | None = None
+              ) -> tuple[str | None, str | None]:
+    """(quantization method, KV scheme in words) from a config.json's quantization_config (an
+    older llm-compressor export's compression_config), else from ``quantization_file``: the
+    file beside it that vLLM reads (ModelOpt's hf_quant_config.json). The scheme is parsed by
+    the tuner's facts (``kvtune.tuner.facts.kv_scheme``), the one reader of it: the planner
+    sizes ``--kv-cache-dtype auto`` from the same declaration."""
     qc = config.get("quantization_config")
+    if not isinstance(qc, dict):
+        qc = config.get("compression_config")
+    if not isinstance(qc, dict):
+        qc = quantization_file
     if not isinstance(qc, dict):
         return None, None
     method = qc.get("quant_method")
-    scheme = qc.get("kv_cache_scheme")
-    if isinstance(scheme, dict):
-        # compressed-tensors (llm-compressor): {"type": "float", "num_bits": 8, "strategy":
-        # "tensor" | "attn_head", "symmetric": true}, the only kind vLLM accepts
-        # (compressed_tensors.py validate_kv_cache_scheme, line 1103).
-        return method, (f"{method} {scheme.get('type')}{scheme.get('num_bits')} "
-                        f"{scheme.get('strategy')}")
-    algo = qc.get("kv_cache_quant_algo")
-    if isinstance(algo, str) and algo:
-        return method, f"{method} {algo}"  # ModelOpt (modelopt.py line 336)
-    return method if isinstance(method, str) else None, None
+    declared = declared_kv_scheme(qc)
+    return (method if isinstance(method, str) else None,
+            declared.words if declared is not None else None)
 
 
 def scale_tensor_names(index: dict[str, Any]) -> list[str]:
@@ -93,7 +97,9 @@ def read(model_dir: Path) -> CheckpointKVScales:
     model.safetensors' header)."""
     config_path = model_dir / "config.json" if model_dir.is_dir() else model_dir
     config = json.loads(config_path.read_text())
-    method, scheme = kv_scheme(config)
+    found = catalog.quantization_file(config, lambda name: _text(config_path.parent / name),
+                                      str(config_path.parent))
+    method, scheme = kv_scheme(config, found[1] if found else None)
     text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) \
         else config
     layers = text_config.get("num_hidden_layers")
@@ -113,6 +119,10 @@ def read(model_dir: Path) -> CheckpointKVScales:
         quantization_method=method, kv_scheme=scheme, scale_tensors=len(kv_names),
         layers_with_scales=len(layer_ids), layers=layers if isinstance(layers, int) else None,
         index_read=index_read)
+
+
+def _text(path: Path) -> str | None:
+    return path.read_text() if path.is_file() else None
 
 
 def safetensors_header(path: Path) -> dict[str, Any]:

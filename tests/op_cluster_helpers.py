@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import subprocess
@@ -143,37 +144,113 @@ def create_runtime_access(api_client: Any, namespace: str) -> None:
     (operator/runtime_access.py); the runtime pods cannot start without them."""
     from kvtune.operator import runtime_access
 
-    core, rbac = client.CoreV1Api(api_client), client.RbacAuthorizationV1Api(api_client)
-    create = {"ServiceAccount": core.create_namespaced_service_account,
-              "ConfigMap": core.create_namespaced_config_map,
-              "Role": rbac.create_namespaced_role,
-              "RoleBinding": rbac.create_namespaced_role_binding}
-    for obj in runtime_access.namespace_objects(namespace):
-        try:
-            create[obj["kind"]](namespace, obj)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
+    create_objects(api_client, runtime_access.namespace_objects(namespace))
+
+
+def service_account_token(api_client: Any, namespace: str, sa: str) -> str:
+    """A short-lived token of ServiceAccount ``namespace/sa`` (the TokenRequest API), as the
+    kubelet mounts it into the account's pods."""
+    got = client.CoreV1Api(api_client).create_namespaced_service_account_token(
+        sa, namespace, client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)))
+    return str(got.status.token)
+
+
+def service_account_config(api_client: Any, kubeconfig: Path, namespace: str,
+                           sa: str) -> dict[str, Any]:
+    """A kubeconfig (as a dict) that authenticates as ServiceAccount ``namespace/sa`` by a
+    TokenRequest token, on ``kubeconfig``'s cluster."""
+    cluster = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]
+    return {
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "local", "cluster": cluster}],
+        "users": [{"name": sa, "user": {"token": service_account_token(
+            api_client, namespace, sa)}}],
+        "contexts": [{"name": sa, "context": {"cluster": "local", "user": sa}}],
+        "current-context": sa,
+    }
 
 
 def service_account_kubeconfig(api_client: Any, kubeconfig: Path, namespace: str, sa: str,
                                path: Path) -> Path:
-    """A kubeconfig that authenticates as ServiceAccount ``namespace/sa`` with a short-lived
-    TokenRequest token (what the kubelet mounts into its pods), on ``kubeconfig``'s cluster."""
-    token = client.CoreV1Api(api_client).create_namespaced_service_account_token(
-        sa, namespace, client.AuthenticationV1TokenRequest(
-            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))
-    ).status.token
-    cluster = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "local", "cluster": cluster}],
-        "users": [{"name": sa, "user": {"token": token}}],
-        "contexts": [{"name": sa, "context": {"cluster": "local", "user": sa}}],
-        "current-context": sa,
-    }))
+    """``service_account_config`` written to ``path`` (for a `kvtune operator` process)."""
+    path.write_text(yaml.safe_dump(service_account_config(api_client, kubeconfig, namespace,
+                                                          sa)))
     path.chmod(0o600)
     return path
+
+
+def service_account_client(api_client: Any, kubeconfig: Path, namespace: str, sa: str) -> Any:
+    """An ApiClient authenticated as ServiceAccount ``namespace/sa``, as its pod would be."""
+    from kubernetes import config as kube_config
+
+    return kube_config.new_client_from_config_dict(
+        service_account_config(api_client, kubeconfig, namespace, sa))
+
+
+def cluster_ca_pem(kubeconfig: Path) -> bytes:
+    """The cluster's CA certificate (PEM) from ``kubeconfig``."""
+    cfg = yaml.safe_load(kubeconfig.read_text())
+    return base64.b64decode(cfg["clusters"][0]["cluster"]["certificate-authority-data"])
+
+
+def service_account_dir(api_client: Any, kubeconfig: Path, namespace: str, sa: str,
+                        path: Path) -> Path:
+    """What the kubelet mounts at /var/run/secrets/kubernetes.io/serviceaccount for a pod of
+    ServiceAccount ``namespace/sa``: ``token``, ``namespace`` and ``ca.crt``, in ``path``."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "token").write_text(service_account_token(api_client, namespace, sa))
+    (path / "namespace").write_text(namespace)
+    (path / "ca.crt").write_bytes(cluster_ca_pem(kubeconfig))
+    return path
+
+
+def prepare_namespaces(local_cluster: Any, *namespaces: str,
+                       runtime_access: tuple[str, ...] = ()) -> Any:
+    """The usual module fixture: an admin ApiClient, the InferenceDeployment CRD installed,
+    ``namespaces`` created, and in ``runtime_access`` what the chart creates there for
+    entrypoint kvtune's pods (``create_runtime_access``)."""
+    api = local_cluster.api_client()
+    install_crd(api)
+    for ns in namespaces:
+        ensure_namespace(api, ns)
+    for ns in runtime_access:
+        create_runtime_access(api, ns)
+    return api
+
+
+class PeeringReplica:
+    """One `kvtune operator --peering` process: a stand-in for one pod of the chart's
+    Deployment (``argv`` is its whole command line)."""
+
+    def __init__(self, argv: list[str], log: Path) -> None:
+        self.log = log
+        with log.open("w") as out:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def active(self) -> bool:
+        """kopf starts paused and logs each change: "Resuming operations" when it may
+        handle objects, "Pausing operations" when a peer of higher priority appears."""
+        state = False
+        for line in self.text().splitlines():
+            if "Resuming operations" in line:
+                state = True
+            elif "Pausing operations" in line or "Pausing all operators" in line:
+                state = False
+        return state
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def create_objects(api_client: Any, objects: list[dict[str, Any]]) -> None:

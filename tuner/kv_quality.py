@@ -19,9 +19,12 @@ top-1 agreement drops below ~97%; 0.01 lets the former through and stops the lat
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from kvtune.tuner.facts.models import CheckpointQuantization
 
 DEFAULT_MAX_KV_QUANTIZATION_KL = 0.01  # nats, mean over calibration positions
 SIXTEEN_BIT = frozenset({"auto", "bfloat16", "float16"})
@@ -84,13 +87,17 @@ class DtypeGate(BaseModel):
     detail: str
 
 
-def gate_one(dtype: str, evidence: KVQualityEvidence | None, policy: KVQualityPolicy
-             ) -> DtypeGate:
+def gate_one(dtype: str, evidence: KVQualityEvidence | None, policy: KVQualityPolicy,
+             checkpoint_scheme: str | None = None) -> DtypeGate:
+    """``checkpoint_scheme``: the KV-cache scheme the checkpoint's config declares for this
+    dtype, in words (``CheckpointQuantization.kv_cache_scheme``): its exports carry calibrated
+    k/v scales, which vLLM uses for the dtype. Evidence from the checkpoint, quoted; it allows
+    nothing a measurement would not (an unmeasured dtype stays unverified)."""
     if dtype in SIXTEEN_BIT:
         return DtypeGate(dtype=dtype, allowed=True, code=REFERENCE,
                          detail="16-bit KV is the reference")
     limit = policy.max_kv_quantization_kl
-    scales = _scales_note(dtype, evidence)
+    scales = _scales_note(dtype, evidence, checkpoint_scheme)
     measured = evidence.find(dtype) if evidence is not None else None
     if measured is not None and evidence is not None and not evidence.random_weights:
         figures = (f"measured KL {measured.kl_mean:.2e} nats vs 16-bit KV{scales}, top-1 "
@@ -104,6 +111,11 @@ def gate_one(dtype: str, evidence: KVQualityEvidence | None, policy: KVQualityPo
                          detail=f"{figures}; exceeds quality.maxKVQuantizationKL {limit:g}")
     why = ("measured only on random weights (mechanics, not quality)"
            if measured is not None else "no KV-quality measurement for this model revision")
+    if scales.startswith(_CALIBRATED):
+        # The checkpoint's own evidence, said as such: calibrated scales keep fp8 from
+        # dividing by 1.0, but only a measurement on this model verifies its quality.
+        why = (f"by measurement ({why}); the checkpoint carries calibrated KV scales"
+               f"{scales.removeprefix(_CALIBRATED)}")
     if policy.require_measurement:
         return DtypeGate(dtype=dtype, allowed=False, code=UNVERIFIED_REQUIRED,
                          detail=f"unverified: {why}; {policy.required_by} keeps it out "
@@ -114,19 +126,36 @@ def gate_one(dtype: str, evidence: KVQualityEvidence | None, policy: KVQualityPo
 
 # Per-tensor dtypes: vLLM divides by a static k_scale/v_scale (the checkpoint's, else 1.0).
 STATIC_SCALE_DTYPES = frozenset({"fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4", "nvfp4_4over6"})
+_CALIBRATED = " with the checkpoint's calibrated k/v scales"
 
 
-def _scales_note(dtype: str, evidence: KVQualityEvidence | None) -> str:
+def _scales_note(dtype: str, evidence: KVQualityEvidence | None,
+                 checkpoint_scheme: str | None = None) -> str:
     """What makes per-tensor fp8 safe in vLLM 0.33.0 is calibrated scales in the checkpoint:
     it has no flag that computes them at start-up (``--calculate-kv-scales`` is gone), so
-    without them it divides by 1.0 (kv_cache.py lines 125-129)."""
-    if dtype not in STATIC_SCALE_DTYPES or evidence is None \
-            or evidence.checkpoint_kv_scales is None:
+    without them it divides by 1.0 (kv_cache.py lines 125-129). The tensors a report counted
+    win over the config's declaration (a declaration may promise scales a file lacks)."""
+    if dtype not in STATIC_SCALE_DTYPES:
         return ""
+    if evidence is None or evidence.checkpoint_kv_scales is None:
+        if checkpoint_scheme is None:
+            return ""
+        return (f"{_CALIBRATED} (its config declares the KV scheme {checkpoint_scheme}; "
+                "vLLM uses them instead of 1.0)")
     if evidence.checkpoint_kv_scales:
-        return " with the checkpoint's calibrated k/v scales"
+        return _CALIBRATED
     return (" at k_scale = v_scale = 1.0 (no calibrated KV scales in the checkpoint; vLLM "
             "0.33.0 computes none at start-up)")
+
+
+def checkpoint_scheme(quantization: CheckpointQuantization | None, dtype: str) -> str | None:
+    """The KV-cache scheme a checkpoint declares for ``dtype`` (its calibrated k/v scales are
+    what vLLM uses for it), in words, for ``gate_one``; None for any other dtype."""
+    if quantization is None or quantization.kv_cache_dtype is None:
+        return None
+    declared = quantization.kv_cache_dtype
+    same = dtype == declared or SAME_LAYOUT.get(dtype) == declared
+    return quantization.kv_cache_scheme if same else None
 
 
 def gate(dtypes: Iterable[str], evidence: KVQualityEvidence | None,

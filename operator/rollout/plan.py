@@ -129,14 +129,14 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         weights_dtype=spec.model.weights_dtype, profile=profile, policy=policy,
         vllm_version=spec.runtime.vllm_version, kv_quality_evidence=kv_quality_evidence,
     )
-    if profile.source in ("prometheus", "declared") and profile.request_rate_per_second:
+    if searched(profile):
         from kvtune.tuner.planner.cost import priced
 
-        searched: PoolPlan = priced(
+        by_goodput: PoolPlan = priced(
             plan_by_goodput(request, running=running,
                             replicas=sharing_replicas(spec, pool, scope)),
             gpu_prices.price_of(pool, pool_field))
-        return searched
+        return by_goodput
     return _plan_by_rules(request)
 
 
@@ -155,7 +155,7 @@ def _plan_by_rules(request: PlanRequest) -> PoolPlan:
 
 def planning_inputs(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
                     profile: WorkloadProfile, policy: PlanPolicy,
-                    evidence: KVQualityEvidence | None) -> str:
+                    evidence: KVQualityEvidence | None, replicas: int = 1) -> str:
     """Digest of what a pool's plan is made from: the spec's planning inputs (model, weights,
     GPU class, TP, vLLM version, policy: SLO, pins, quality), the profile it is planned for
     and the KV-quality evidence. A catalog model counts by its id (an upgrade that corrects
@@ -171,6 +171,10 @@ def planning_inputs(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         "evidence": evidence.model_dump(mode="json", exclude_defaults=True)
         if evidence is not None else None,
     }
+    if replicas != 1:
+        # The goodput search plans each replica on its share of the rate: more replicas,
+        # another plan (left out at one, so digests from before replicas counted stay).
+        payload["replicas"] = replicas
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()) \
         .hexdigest()[:16]
 
@@ -211,6 +215,13 @@ def _keep(pool_plan: PoolPlan, kept: KVPlan, base: PoolStatus) -> tuple[PoolPlan
 
 
 KEPT_WARNING = "plan in force kept"
+
+
+def searched(profile: WorkloadProfile) -> bool:
+    """A pool is planned by the goodput search when its traffic has an arrival rate
+    (observed, or declared in ``spec.workload.requestRatePerSecond``)."""
+    return profile.source in ("prometheus", "declared") and bool(
+        profile.request_rate_per_second)
 
 
 def sharing_replicas(spec: InferenceDeploymentSpec, pool: PoolSpec,
@@ -309,7 +320,11 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
         return ctx.failed(cond.INVALID_SPEC,
                           f"{ctx.field} ({pool.gpu_class}): {spec_field_names(exc)}")
 
-    inputs = planning_inputs(ctx.spec, pool, inp.model, inp.profile, policy, evidence)
+    scope: ProfileScope = (inp.profile_used.scope or "deployment") \
+        if inp.profile_used is not None else "deployment"
+    inputs = planning_inputs(ctx.spec, pool, inp.model, inp.profile, policy, evidence,
+                             sharing_replicas(ctx.spec, pool, scope) if searched(inp.profile)
+                             else 1)
     kept = plan_in_force(ctx, inputs)
     kept_warning = None
     if kept is not None and kept != pool_plan.plan:

@@ -80,7 +80,9 @@ def test_default_render(helm: Path) -> None:
     (container,) = pod["containers"]
     assert container["args"] == [
         "operator", "--peering=kvtune", "--liveness=http://0.0.0.0:8081/healthz",
-        "--metrics-port=8080", "--metrics-address=0.0.0.0", "--pod-security=baseline"]
+        "--metrics-port=8080", "--metrics-address=0.0.0.0", "--pod-security=baseline",
+        "--template-renders-in-flight=1", "--template-cpu-seconds=6",
+        "--template-cpu-window-seconds=60", "--template-retry-spread-seconds=2"]
     assert pod["serviceAccountName"] == "kvtune"
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     # Peering: kopf's CRDs (crds/ folder) and this release's cluster-wide peering object.
@@ -118,6 +120,37 @@ def test_gpu_prices_reach_the_operator(helm: Path) -> None:
     args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
     assert [a for a in args if a.startswith("--gpu-price")] == [
         "--gpu-price=A100-80GB=1.1", "--gpu-price=H100=2.49"]
+
+
+def test_the_template_render_budget_reaches_the_operator(helm: Path) -> None:
+    """The chart's `templates` values become the operator's --template-* options, which the
+    operator's own parser reads back as the budget every sandboxed render asks."""
+    from kvtune.cli.operator_cmd import operator, render_limits
+    from kvtune.operator.render_fairness import Limits
+
+    def limits(*values: str) -> Limits:
+        (deploy,) = by_kind(render(helm, *values), "Deployment")
+        args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[0] == "operator"
+        ctx = operator.make_context("operator", args[1:])
+        return render_limits(ctx.params["template_renders_in_flight"],
+                             ctx.params["template_cpu_seconds"],
+                             ctx.params["template_cpu_window_seconds"],
+                             ctx.params["template_retry_spread_seconds"])
+
+    assert limits() == Limits()  # the chart's defaults are the operator's
+    assert limits("--set-json", 'templates={"rendersInFlightPerNamespace": 3, '
+                  '"cpuSecondsPerWindow": 1.5, "cpuWindowSeconds": 120, '
+                  '"retrySpreadSeconds": 0.5}') == Limits(
+        in_flight=3, cpu_seconds=1.5, window_seconds=120.0, spread_seconds=0.5)
+    # The schema refuses a budget no render could pass, naming the value.
+    for key, bad in (("rendersInFlightPerNamespace", "0"), ("cpuSecondsPerWindow", "0"),
+                     ("cpuWindowSeconds", "0"), ("retrySpreadSeconds", "-1"),
+                     ("cpuSecondsPerMinute", "6")):
+        out = run_helm(helm, "template", "kvtune", str(CHART), "--set-json",
+                       f"templates.{key}={bad}", check=False)
+        assert out.returncode != 0 and "/templates" in out.stderr and key in out.stderr, (
+            key, out.stderr)
 
 
 def test_namespaced_mode_uses_roles(helm: Path) -> None:
@@ -334,6 +367,28 @@ def test_calibration_is_granted_per_runtime_namespace_never_cluster_wide(
     routed = rules_of(render(helm, *args, "--set", "routing.enabled=true"),
                       "ClusterRole" if "operator.namespaced=true" not in args else "Role")
     assert any("inferencepools" in r["resources"] for r in routed)
+
+
+@pytest.mark.parametrize("args", [[], NAMESPACED], ids=["cluster", "namespaced"])
+def test_the_operator_may_only_read_the_endpoint_pickers_service_account(
+        helm: Path, args: list[str]) -> None:
+    """RoutingReady's check that kvtune-endpoint-picker exists: get on that one name, granted
+    only with routing.enabled; no list, no other ServiceAccount, no write."""
+    from kvtune.operator import endpoint_picker
+
+    kind = "Role" if args else "ClusterRole"
+
+    def service_account_rules(extra: list[str]) -> list[dict[str, Any]]:
+        return [r for d in by_kind(render(helm, *args, *extra), kind)
+                if d["metadata"]["name"] not in ("kvtune-runtime-reporter",
+                                                 "kvtune-endpoint-picker")
+                for r in d["rules"] if "serviceaccounts" in r["resources"]]
+
+    assert service_account_rules([]) == []
+    rules = service_account_rules(["--set", "routing.enabled=true"])
+    assert rules and all(r == {"apiGroups": [""], "resources": ["serviceaccounts"],
+                               "resourceNames": [endpoint_picker.SERVICE_ACCOUNT],
+                               "verbs": ["get"]} for r in rules)
 
 
 @pytest.mark.parametrize(("args", "namespaces"), [

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +21,8 @@ from typing import Any
 
 import pytest
 import yaml
+from op_cluster_helpers import PeeringReplica as Replica
+from op_cluster_helpers import service_account_client, service_account_kubeconfig
 from waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -215,60 +215,6 @@ def test_service_account_can_do_exactly_what_the_operator_needs(
         assert not access_allowed(admin, sa, ("list", "kvtune.io", PLURAL, "", "default"))
 
 
-def service_account_kubeconfig(admin: Any, local_cluster: Any, sa: str, path: Path) -> Path:
-    """A kubeconfig that authenticates as ``sa`` with a short-lived TokenRequest token."""
-    from kubernetes import client
-
-    token = client.CoreV1Api(admin).create_namespaced_service_account_token(
-        sa, RELEASE_NS, client.AuthenticationV1TokenRequest(
-            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))
-    ).status.token
-    admin_config = yaml.safe_load(local_cluster.kubeconfig_path.read_text())
-    cluster = admin_config["clusters"][0]["cluster"]
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "local", "cluster": cluster}],
-        "users": [{"name": sa, "user": {"token": token}}],
-        "contexts": [{"name": sa, "context": {"cluster": "local", "user": sa}}],
-        "current-context": sa,
-    }))
-    path.chmod(0o600)
-    return path
-
-
-class Replica:
-    """One `kvtune operator` process: a stand-in for one pod of the chart's Deployment."""
-
-    def __init__(self, argv: list[str], log: Path) -> None:
-        self.log = log
-        with log.open("w") as out:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-    def text(self) -> str:
-        return self.log.read_text()
-
-    def active(self) -> bool:
-        """kopf starts paused and logs each change: "Resuming operations" when it may
-        handle objects, "Pausing operations" when a peer of higher priority appears."""
-        state = False
-        for line in self.text().splitlines():
-            if "Resuming operations" in line:
-                state = True
-            elif "Pausing operations" in line or "Pausing all operators" in line:
-                state = False
-        return state
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
 def test_two_replicas_as_the_chart_service_account_reconcile_an_example(
     releases: dict[str, str], admin: Any, local_cluster: Any, tmp_path: Path
 ) -> None:
@@ -276,7 +222,8 @@ def test_two_replicas_as_the_chart_service_account_reconcile_an_example(
     from kubernetes import config as kube_config
 
     sa = releases["namespaced"]
-    kubeconfig = service_account_kubeconfig(admin, local_cluster, sa, tmp_path / "sa.kubeconfig")
+    kubeconfig = service_account_kubeconfig(admin, Path(local_cluster.kubeconfig_path),
+                                            RELEASE_NS, sa, tmp_path / "sa.kubeconfig")
     # The token really is the ServiceAccount's: the API server says who we are.
     as_sa = kube_config.new_client_from_config(config_file=str(kubeconfig))
     review = client.AuthenticationV1Api(as_sa).create_self_subject_review(
@@ -435,19 +382,7 @@ MALLORY = "mallory@example.com"
 def _token_client(admin: Any, local_cluster: Any, namespace: str, sa: str) -> Any:
     """An ApiClient authenticated as ``namespace/sa`` by a TokenRequest token, as the pod
     would be."""
-    from kubernetes import client
-    from kubernetes import config as kube_config
-
-    token = client.CoreV1Api(admin).create_namespaced_service_account_token(
-        sa, namespace, client.AuthenticationV1TokenRequest(
-            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))
-    ).status.token
-    cluster = yaml.safe_load(local_cluster.kubeconfig_path.read_text())["clusters"][0]
-    return kube_config.new_client_from_config_dict({
-        "apiVersion": "v1", "kind": "Config", "clusters": [cluster],
-        "users": [{"name": sa, "user": {"token": token}}],
-        "contexts": [{"name": sa, "context": {"cluster": cluster["name"], "user": sa}}],
-        "current-context": sa})
+    return service_account_client(admin, Path(local_cluster.kubeconfig_path), namespace, sa)
 
 
 def _deployment(namespace: str, *, privileged: bool = True, service_account: str | None = None,
@@ -783,3 +718,44 @@ def test_the_runtimes_token_may_write_its_reports_and_nothing_else(
             ns, _deployment(ns, privileged=False)),
     }
     assert _refused(attacks) == []
+
+
+def test_with_routing_the_operator_reads_only_the_endpoint_pickers_service_account(
+        helm: Path, admin: Any) -> None:
+    """The chart's routing concern (routing.enabled), bound to a probe account in the real
+    API server's authorizer: RoutingReady's check may get the ServiceAccount
+    kvtune-endpoint-picker and the HTTPRoute (its status comes with it), and no other
+    ServiceAccount, no list, no write."""
+    from kubernetes import client
+
+    out = subprocess.run([str(helm), "template", "kvtune", str(CHART), "-n", RELEASE_NS,
+                          "--set", "routing.enabled=true"],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    (concern,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "ClusterRole"
+                  and any("serviceaccounts" in r["resources"] for r in d["rules"])]
+    probe = "kvtune-routing-probe"
+    rbac = client.RbacAuthorizationV1Api(admin)
+    rbac.create_cluster_role({"metadata": {"name": probe}, "rules": concern["rules"]})
+    rbac.create_cluster_role_binding({
+        "metadata": {"name": probe},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": probe},
+        "subjects": [{"kind": "ServiceAccount", "name": probe, "namespace": RELEASE_NS}]})
+    try:
+        get_sa = ("get", "", "serviceaccounts", "", "llm")
+        assert wait_for(lambda: access_allowed(admin, probe, get_sa,
+                                               name="kvtune-endpoint-picker"),
+                        "the probe's binding to take effect", 30)
+        assert access_allowed(admin, probe, ("get", "gateway.networking.k8s.io", "httproutes",
+                                             "", "llm"), name="chat")
+        for denied, name in [(get_sa, "default"), (get_sa, "kvtune-runtime"), (get_sa, None),
+                             (("list", "", "serviceaccounts", "", "llm"), None),
+                             (("watch", "", "serviceaccounts", "", "llm"), None),
+                             (("patch", "", "serviceaccounts", "", "llm"),
+                              "kvtune-endpoint-picker"),
+                             (("create", "", "serviceaccounts", "token", "llm"),
+                              "kvtune-endpoint-picker")]:
+            assert not access_allowed(admin, probe, denied, name=name), (denied, name)
+    finally:
+        rbac.delete_cluster_role_binding(probe)
+        rbac.delete_cluster_role(probe)

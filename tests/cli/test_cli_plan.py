@@ -134,6 +134,28 @@ def test_plan_shows_the_front_with_costs_from_the_price_given() -> None:
     assert "mercatus" in out.lower()
 
 
+def test_compare_gpu_ranks_the_classes_by_cost_and_prices_reorder_them() -> None:
+    args = ("plan", "-m", "meta-llama/Llama-3.1-8B-Instruct", "-g", "H100", "--workload",
+            "chat", "--request-rate", "4", "--ttft-p95", "1", "--tpot-p95", "0.05",
+            "--compare-gpu", "H200", "-o", "json")
+
+    def order(prices: str) -> list[str]:
+        code, out, err = run(*args, "--gpu-price", prices)
+        assert code == 0, err
+        rows = json.loads(out)["gpu_comparison"]
+        assert {r["gpu_class"] for r in rows} == {"H100", "H200"}
+        assert all(r["slo_met"] for r in rows)
+        costs = [r["cost_per_million_good_requests_usd"] for r in rows]
+        assert costs == sorted(costs)
+        return [r["gpu_class"] for r in rows]
+
+    # Both classes meet the SLO at 4 req/s: the cheaper hour wins, whichever it is.
+    assert order("H100=1,H200=9") == ["H100", "H200"]
+    assert order("H100=9,H200=1") == ["H200", "H100"]
+    code, _, err = run(*args[:-2], "--no-search", "-o", "json")
+    assert code == 2 and "--compare-gpu" in err
+
+
 @pytest.mark.parametrize("price", ["H100", "H100=cheap", "H100=-2"])
 def test_a_bad_gpu_price_is_one_line_naming_the_option(price: str) -> None:
     code, _, err = run("plan", "-m", "meta-llama/Llama-3.1-8B-Instruct", "-g", "H100",

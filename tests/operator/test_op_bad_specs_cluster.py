@@ -22,9 +22,8 @@ from op_cluster_helpers import (
     PLURAL,
     VERSION,
     condition,
-    ensure_namespace,
     get_infd,
-    install_crd,
+    prepare_namespaces,
 )
 
 from kvtune.operator import reconcile as rec
@@ -37,10 +36,7 @@ RUNNING = "running"
 
 @pytest.fixture(scope="module")
 def cluster_api(local_cluster: Any) -> Any:
-    api = local_cluster.api_client()
-    install_crd(api)
-    ensure_namespace(api, NS)
-    return api
+    return prepare_namespaces(local_cluster, NS)
 
 
 def _body(case: BadSpec, name: str) -> dict[str, Any]:

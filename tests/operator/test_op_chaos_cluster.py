@@ -24,8 +24,8 @@ from op_cluster_helpers import (
     create_infd,
     ensure_namespace,
     get_infd,
-    install_crd,
     patch_spec,
+    prepare_namespaces,
     wait_for,
 )
 from op_samples import SAMPLE_SPEC
@@ -36,9 +36,7 @@ KILLS = 10
 
 @pytest.fixture(scope="module")
 def cluster_api(local_cluster: Any) -> Any:
-    api = local_cluster.api_client()
-    install_crd(api)
-    return api
+    return prepare_namespaces(local_cluster)
 
 
 def _spec(max_num_seqs: int) -> dict[str, Any]:

@@ -23,8 +23,8 @@ from op_cluster_helpers import (
     create_infd,
     ensure_namespace,
     get_infd,
-    install_crd,
     patch_spec,
+    prepare_namespaces,
     wait_for,
 )
 from op_samples import SAMPLE_SPEC
@@ -39,11 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def cluster_api(local_cluster: Any) -> Any:
-    api = local_cluster.api_client()
-    install_crd(api)
-    for ns in NAMESPACES:
-        ensure_namespace(api, ns)
-    return api
+    return prepare_namespaces(local_cluster, *NAMESPACES)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from op_cluster_helpers import (
     create_runtime_access,
     ensure_namespace,
     get_infd,
-    install_crd,
+    prepare_namespaces,
     wait_for,
 )
 from op_samples import SAMPLE_SPEC
@@ -39,10 +39,7 @@ NS = "deputy"
 
 @pytest.fixture(scope="module")
 def cluster_api(local_cluster: Any) -> Any:
-    api = local_cluster.api_client()
-    install_crd(api)
-    ensure_namespace(api, NS)
-    return api
+    return prepare_namespaces(local_cluster, NS)
 
 
 def _spec(**runtime: Any) -> dict[str, Any]:

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -29,13 +26,13 @@ from op_cluster_helpers import (
     PLURAL,
     VERSION,
     OperatorProcess,
+    PeeringReplica,
     condition,
     create_infd,
     create_runtime_access,
-    ensure_namespace,
     get_infd,
-    install_crd,
     patch_spec,
+    prepare_namespaces,
     wait_for,
 )
 from op_samples import SAMPLE_SPEC
@@ -74,11 +71,8 @@ def _gone(read: Any) -> bool:
 
 def test_with_no_operator_running_objects_and_their_namespace_delete(
         local_cluster: Any, tmp_path: Path) -> None:
-    api = local_cluster.api_client()
-    install_crd(api)
     ns, ns_doomed = "op-nofinalizer", "op-nofinalizer-ns"
-    for n in (ns, ns_doomed):
-        ensure_namespace(api, n)
+    api = prepare_namespaces(local_cluster, ns, ns_doomed)
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
     # An object as an older kvtune left it: with kopf's finalizer.
     custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, {
@@ -125,51 +119,22 @@ def test_with_no_operator_running_objects_and_their_namespace_delete(
     core.delete_namespace(ns)
 
 
-class Replica:
+def replica(kubeconfig: Path, ns: str, peering: str, priority: int,
+            log: Path) -> PeeringReplica:
     """`kvtune operator --peering` as one pod of the chart's Deployment would run it."""
-
-    def __init__(self, kubeconfig: Path, ns: str, peering: str, priority: int,
-                 log: Path) -> None:
-        self.log = log
-        argv = [str(Path(sys.executable).parent / "kvtune"), "operator", "--kubeconfig",
-                str(kubeconfig), "--namespace", ns, "--peering", peering, "--priority",
-                str(priority), "--metrics-port", "0"]
-        with log.open("w") as out:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-    def text(self) -> str:
-        return self.log.read_text()
-
-    def active(self) -> bool:
-        state = False
-        for line in self.text().splitlines():
-            if "Resuming operations" in line:
-                state = True
-            elif "Pausing operations" in line or "Pausing all operators" in line:
-                state = False
-        return state
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+    return PeeringReplica([str(Path(sys.executable).parent / "kvtune"), "operator",
+                           "--kubeconfig", str(kubeconfig), "--namespace", ns, "--peering",
+                           peering, "--priority", str(priority), "--metrics-port", "0"], log)
 
 
 @pytest.fixture
 def peering_ns(local_cluster: Any) -> Iterator[tuple[Any, str]]:
-    api = local_cluster.api_client()
-    install_crd(api)
+    ns = "op-failover"
+    api = prepare_namespaces(local_cluster, ns)
     ext = client.ApiextensionsV1Api(api)
     for crd in yaml.safe_load_all(PEERING_CRDS.read_text()):
         with contextlib.suppress(ApiException):  # 409: the chart test installed them
             ext.create_custom_resource_definition(crd)
-    ns = "op-failover"
-    ensure_namespace(api, ns)
     wait_for(lambda: any(c.type == "Established" and c.status == "True" for c in (
         ext.read_custom_resource_definition("kopfpeerings.kopf.dev").status.conditions
         or [])), "the KopfPeering CRD", 30)
@@ -187,11 +152,11 @@ def test_standby_takes_over_within_30s_after_the_active_replica_is_killed(
         local_cluster: Any, peering_ns: tuple[Any, str], tmp_path: Path) -> None:
     api, ns = peering_ns
     kubeconfig = Path(local_cluster.kubeconfig_path)
-    active = Replica(kubeconfig, ns, "kvtune", 200, tmp_path / "active.log")
+    active = replica(kubeconfig, ns, "kvtune", 200, tmp_path / "active.log")
     standby = None
     try:
         wait_for(active.active, "the first replica to become active", 90, active.log)
-        standby = Replica(kubeconfig, ns, "kvtune", 100, tmp_path / "standby.log")
+        standby = replica(kubeconfig, ns, "kvtune", 100, tmp_path / "standby.log")
         wait_for(lambda: len(client.CustomObjectsApi(api).get_namespaced_custom_object(
             "kopf.dev", "v1", ns, "kopfpeerings", "kvtune").get("status") or {}) == 2,
             "both replicas in the KopfPeering", 90, standby.log)

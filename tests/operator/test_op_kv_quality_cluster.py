@@ -11,7 +11,6 @@ the pool's GPU request, or nowhere.
 
 from __future__ import annotations
 
-import base64
 import copy
 import json
 import os
@@ -21,15 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 from op_cluster_helpers import (
     create_infd,
-    create_runtime_access,
-    ensure_namespace,
     get_infd,
-    install_crd,
     patch_spec,
+    prepare_namespaces,
+    service_account_dir,
 )
 from op_samples import SAMPLE_SPEC
 from waiting import wait_for
@@ -50,11 +47,8 @@ TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_si
 
 @pytest.fixture(scope="module")
 def api(local_cluster: Any) -> Any:
-    api_client = local_cluster.api_client()
-    install_crd(api_client)
-    ensure_namespace(api_client, NS)
-    create_runtime_access(api_client, NS)  # the chart's, for entrypoint kvtune's pods
-    return api_client
+    # With the chart's runtime access objects, for entrypoint kvtune's pods.
+    return prepare_namespaces(local_cluster, NS, runtime_access=(NS,))
 
 
 @pytest.fixture(scope="module")
@@ -91,15 +85,8 @@ def _run_the_jobs_command(job: dict[str, Any], pod: Any, checkpoint: Path, local
     args[args.index("--model") + 1] = str(checkpoint)
     args[args.index("--device") + 1] = "cpu"
     args[args.index("--termination-log") + 1] = str(tmp / "termination-log")
-    token = client.CoreV1Api(api).create_namespaced_service_account_token(
-        pod.spec.service_account_name, NS, {"spec": {"expirationSeconds": 3600}}).status.token
-    sa_dir = tmp / "serviceaccount"
-    sa_dir.mkdir()
-    (sa_dir / "token").write_text(token)
-    (sa_dir / "namespace").write_text(NS)
-    kubeconfig = yaml.safe_load(Path(local_cluster.kubeconfig_path).read_text())
-    (sa_dir / "ca.crt").write_bytes(base64.b64decode(
-        kubeconfig["clusters"][0]["cluster"]["certificate-authority-data"]))
+    sa_dir = service_account_dir(api, Path(local_cluster.kubeconfig_path), NS,
+                                 pod.spec.service_account_name, tmp / "serviceaccount")
     host, port = local_cluster.server.removeprefix("https://").rsplit(":", 1)
     env = {**os.environ, "POD_NAME": pod.metadata.name, "POD_NAMESPACE": NS,
            "KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port,

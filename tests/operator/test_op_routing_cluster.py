@@ -378,3 +378,163 @@ def test_the_operator_renders_each_pools_picker_and_the_route_over_the_pools(
             f"bot-{name}" for name in sorted(pools) if name != gone]
     finally:
         proc.stop()
+
+
+def _routing_ready(api_client: Any, ns: str, status: str, reason: str
+                   ) -> Callable[[], dict[str, Any] | None]:
+    def probe() -> dict[str, Any] | None:
+        obj = get_infd(api_client, ns, "bot")
+        cond = condition(obj, "RoutingReady")
+        return obj if cond is not None and (cond["status"], cond["reason"]) == (
+            status, reason) else None
+    return probe
+
+
+def _report_as_a_gateway(api_client: Any, ns: str, accepted: str, reason: str) -> None:
+    """What a gateway controller writes on the HTTPRoute it serves (Gateway API v1.5.1's
+    RouteParentStatus), through the status subresource."""
+    custom = client.CustomObjectsApi(api_client)
+    route = custom.get_namespaced_custom_object("gateway.networking.k8s.io", "v1", ns,
+                                                "httproutes", "bot")
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    generation = route["metadata"]["generation"]
+    route["status"] = {"parents": [{
+        "parentRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                      "name": "inference-gateway"},
+        "controllerName": "example.net/gateway-controller",
+        "conditions": [
+            {"type": "Accepted", "status": accepted, "reason": reason,
+             "message": f"route {reason}", "observedGeneration": generation,
+             "lastTransitionTime": at},
+            {"type": "ResolvedRefs", "status": "True", "reason": "ResolvedRefs",
+             "message": "", "observedGeneration": generation, "lastTransitionTime": at}]}]}
+    custom.replace_namespaced_custom_object_status("gateway.networking.k8s.io", "v1", ns,
+                                                   "httproutes", "bot", route)
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_routing_ready_follows_the_pickers_the_gateway_and_the_pickers_account(
+        local_cluster: Any, tmp_path: Path) -> None:
+    """`kvtune operator`: RoutingReady waits for a gateway once the picker is available (kwok
+    runs its pod), follows what a gateway controller writes on the route, names the chart value
+    when the pickers' ServiceAccount is gone; during a canary the pool's routed max-model-len
+    stays the stable plan's."""
+    import copy
+
+    ns = "op-routing-ready"
+    api_client = _setup(local_cluster)
+    install_crd(api_client)
+    for path in gateway_api_crd_paths("experimental"):
+        install_crd(api_client, path)
+    ensure_namespace(api_client, ns)
+    create_objects(api_client, endpoint_picker.namespace_objects(ns))
+    proc = OperatorProcess(Path(local_cluster.kubeconfig_path), [ns], tmp_path / "op.log",
+                           env={routing.ROUTING_ENV: "true",
+                                "KVTUNE_ROUTING_STATUS_SECONDS": "1"})
+    proc.start()
+    try:
+        spec = copy.deepcopy(SAMPLE_SPEC)
+        spec["pools"] = [{"gpuClass": "H200", "replicas": 2, "tensorParallel": 1}]
+        spec["routing"] = {"enabled": True, "gateway": {"name": "inference-gateway"}}
+        create_infd(api_client, ns, "bot", spec)
+
+        # The picker's pod runs (kwok), no gateway has written on the route.
+        obj = wait_for(_routing_ready(api_client, ns, "Unknown", "AwaitingGateway"),
+                       "RoutingReady=Unknown/AwaitingGateway", 120, proc.log)
+        assert "no gateway has reported" in condition(obj, "RoutingReady")["message"]  # type: ignore[index]
+        pool = obj["status"]["pools"][0]
+        assert pool["routing"]["endpointPicker"] == "bot-h200-epp"
+        assert pool["routing"]["endpointPickerAvailable"] is True
+        stable_len = pool["plan"]["maxModelLen"]
+        assert pool["routing"]["maxModelLen"] == stable_len
+
+        # A gateway refuses the route, then accepts it.
+        _report_as_a_gateway(api_client, ns, "False", "UnsupportedValue")
+        obj = wait_for(_routing_ready(api_client, ns, "False", "RouteNotAccepted"),
+                       "RoutingReady=False/RouteNotAccepted", 60, proc.log)
+        message = condition(obj, "RoutingReady")["message"]  # type: ignore[index]
+        assert "UnsupportedValue" in message and "example.net/gateway-controller" in message
+        events = client.CoreV1Api(api_client).list_namespaced_event(ns).items
+        assert any(e.reason == "RouteNotAccepted" for e in events)
+        _report_as_a_gateway(api_client, ns, "True", "Accepted")
+        wait_for(_routing_ready(api_client, ns, "True", "Routed"), "RoutingReady=True/Routed",
+                 60, proc.log)
+
+        # A new plan with a longer max-model-len goes to a canary (10 min analysis): the
+        # stable pods still run the old one, and so does what the route is built from.
+        longer = stable_len * 2
+        patch_spec(api_client, ns, "bot", {"tuning": {"mode": "auto", "pin": {
+            "blockSize": 32, "maxModelLen": longer}}})
+
+        def canary() -> dict[str, Any] | None:
+            obj = get_infd(api_client, ns, "bot")
+            pools = (obj.get("status") or {}).get("pools") or []
+            return obj if pools and pools[0]["phase"] == "Canary" else None
+
+        pool = wait_for(canary, "the new plan's canary", 120, proc.log)["status"]["pools"][0]
+        assert pool["plan"]["maxModelLen"] == longer
+        assert pool["routing"]["maxModelLen"] == stable_len
+
+        # The pickers' ServiceAccount goes (a namespace outside runtime.namespaces).
+        client.CoreV1Api(api_client).delete_namespaced_service_account(
+            endpoint_picker.SERVICE_ACCOUNT, ns)
+        obj = wait_for(_routing_ready(api_client, ns, "False", "EndpointPickerAccessMissing"),
+                       "RoutingReady=False/EndpointPickerAccessMissing", 60, proc.log)
+        message = condition(obj, "RoutingReady")["message"]  # type: ignore[index]
+        assert "runtime.namespaces" in message and ns in message
+    finally:
+        proc.stop()
+
+
+@pytest.mark.cluster
+def test_a_refused_routing_read_makes_routing_ready_unknown_not_a_failed_reconcile(
+        local_cluster: Any, tmp_path: Path) -> None:
+    """RoutingReady's reads as an account the API server refuses (403): Unknown, naming the
+    read; with get on Deployments and HTTPRoutes but not on the pickers' ServiceAccount (a
+    chart from before that right) the pickers' state still decides."""
+    from kvtune.operator import apply as kapply
+    from kvtune.operator import routing_status
+    from kvtune.operator.api import InferenceDeploymentSpec, PoolRoutingStatus, PoolStatus
+
+    ns = "routing-unreadable"
+    api_client = _setup(local_cluster)
+    for path in gateway_api_crd_paths("experimental"):
+        install_crd(api_client, path)
+    ensure_namespace(api_client, ns)
+    client.CoreV1Api(api_client).create_namespaced_service_account(
+        ns, {"metadata": {"name": "probe"}})
+    kube = kapply.Kube.connect(str(service_account_kubeconfig(
+        api_client, Path(local_cluster.kubeconfig_path), ns, "probe", tmp_path / "probe.yaml")))
+    spec = InferenceDeploymentSpec.model_validate({**SAMPLE_SPEC, "routing": {
+        "enabled": True, "gateway": {"name": "inference-gateway"}}})
+    pools = [PoolStatus(name="h200", gpu_class="H200", tensor_parallel=1, replicas=1,
+                        phase="Applied", routing=PoolRoutingStatus(
+                            max_model_len=32768, endpoint_picker="bot-h200-epp"))]
+    body = {"metadata": {"name": "bot", "namespace": ns}}
+
+    _, verdict = routing_status.evaluate(kube, body, spec, pools)
+    assert verdict[:2] == ("Unknown", "RoutingStatusUnreadable")
+    assert "Deployment routing-unreadable/bot-h200-epp" in verdict[2]
+
+    create_objects(api_client, [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": "probe", "namespace": ns},
+         "rules": [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get"]},
+                   {"apiGroups": ["gateway.networking.k8s.io"], "resources": ["httproutes"],
+                    "verbs": ["get"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "probe", "namespace": ns},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "probe"},
+         "subjects": [{"kind": "ServiceAccount", "name": "probe", "namespace": ns}]}])
+
+    def readable() -> tuple[list[PoolStatus], tuple[str, str, str]] | None:
+        out = routing_status.evaluate(kube, body, spec, pools)
+        return None if out[1][1] == "RoutingStatusUnreadable" else out
+
+    pools_read, verdict = wait_for(readable, "the probe's Role to take effect", 30)
+    # No picker Deployment exists: that is what it says, not the (unreadable) account.
+    assert verdict[:2] == ("False", "EndpointPickerUnavailable")
+    assert pools_read[0].routing is not None
+    assert pools_read[0].routing.endpoint_picker_available is False
+    assert "bot-h200-epp does not exist" in verdict[2]

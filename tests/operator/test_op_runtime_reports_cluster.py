@@ -12,7 +12,6 @@ packaging tests."""
 
 from __future__ import annotations
 
-import base64
 import copy
 import importlib.util
 import json
@@ -23,17 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from op_cluster_helpers import (
     OperatorProcess,
+    cluster_ca_pem,
     condition,
     create_infd,
-    create_runtime_access,
-    ensure_namespace,
     get_infd,
-    install_crd,
+    prepare_namespaces,
+    service_account_dir,
+    service_account_token,
     wait_for,
 )
 from op_samples import SAMPLE_SPEC
@@ -62,12 +61,8 @@ def _fake_nvml() -> Any:
 
 @pytest.fixture(scope="module")
 def cluster_api(local_cluster: Any) -> Any:
-    api = local_cluster.api_client()
-    install_crd(api)
-    for ns in (NS, OTHER_NS):
-        ensure_namespace(api, ns)
-    create_runtime_access(api, NS)  # what the chart creates; none in OTHER_NS
-    return api
+    # What the chart creates for the runtime in NS; none in OTHER_NS.
+    return prepare_namespaces(local_cluster, NS, OTHER_NS, runtime_access=(NS,))
 
 
 @pytest.fixture(scope="module")
@@ -102,27 +97,6 @@ def running(cluster_api: Any, operator: OperatorProcess) -> dict[str, Any]:
         NS, label_selector=f"kvtune.io/deployment={NAME}").items
         if p.status.phase == "Running"], "a Running pod", 60, operator.log)
     return {"infd": obj, "pod": pods[0]}
-
-
-def _token(api: Any, namespace: str, service_account: str) -> str:
-    """A token of the ServiceAccount (TokenRequest API), as the kubelet would mount it."""
-    got = client.CoreV1Api(api).create_namespaced_service_account_token(
-        service_account, namespace, {"spec": {"expirationSeconds": 3600}})
-    return str(got.status.token)
-
-
-def _ca_pem(kubeconfig: Path) -> bytes:
-    cfg = yaml.safe_load(kubeconfig.read_text())
-    return base64.b64decode(cfg["clusters"][0]["cluster"]["certificate-authority-data"])
-
-
-def _service_account_dir(tmp: Path, local_cluster: Any, token: str, namespace: str) -> Path:
-    sa_dir = tmp / "serviceaccount"
-    sa_dir.mkdir(parents=True, exist_ok=True)
-    (sa_dir / "token").write_text(token)
-    (sa_dir / "namespace").write_text(namespace)
-    (sa_dir / "ca.crt").write_bytes(_ca_pem(Path(local_cluster.kubeconfig_path)))
-    return sa_dir
 
 
 def _run_entrypoint(pod: Any, sa_dir: Path, server: str, tmp: Path, free_bytes: int) -> int:
@@ -197,8 +171,8 @@ def test_the_runtimes_report_shows_as_expected_vs_actual(
     pod = running["pod"]
     planned = running["infd"]["status"]["pools"][0]
     util = planned["plan"]["gpuMemoryUtilization"]
-    token = _token(cluster_api, NS, "kvtune-runtime")
-    sa_dir = _service_account_dir(tmp_path, local_cluster, token, NS)
+    sa_dir = service_account_dir(cluster_api, Path(local_cluster.kubeconfig_path), NS,
+                                 "kvtune-runtime", tmp_path / "serviceaccount")
 
     # 1. Another process holds GPU memory: 10 points less free than the plan asks for.
     free = int(H200_TOTAL * (util - 0.10)) + GIB
@@ -253,9 +227,9 @@ def test_the_runtimes_token_cannot_patch_any_pod(
     except ApiException as exc:
         if exc.status != 409:
             raise
-    token = _token(cluster_api, NS, "kvtune-runtime")
+    token = service_account_token(cluster_api, NS, "kvtune-runtime")
     ca = Path(local_cluster.kubeconfig_path).parent / "runtime-sa-ca.crt"
-    ca.write_bytes(_ca_pem(Path(local_cluster.kubeconfig_path)))
+    ca.write_bytes(cluster_ca_pem(Path(local_cluster.kubeconfig_path)))
     body = json.dumps({"metadata": {"annotations": {"pwn": "1"}}}).encode()
     # Its own pod included: the report goes to the ConfigMap, never into a pod.
     for namespace, pod in ((NS, running["pod"].metadata.name), (OTHER_NS, "bystander")):

@@ -20,8 +20,8 @@ from op_cluster_helpers import (
     create_infd,
     ensure_namespace,
     get_infd,
-    install_crd,
     patch_spec,
+    prepare_namespaces,
     wait_for,
 )
 from op_samples import SAMPLE_SPEC
@@ -42,9 +42,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def cluster_api(local_cluster: Any) -> Any:
-    api = local_cluster.api_client()
-    install_crd(api)
-    return api
+    return prepare_namespaces(local_cluster)
 
 
 def _traffic(p50: int, p99: int) -> ProfileResult:

@@ -21,9 +21,8 @@ from op_cluster_helpers import (
     OperatorProcess,
     condition,
     create_infd,
-    ensure_namespace,
     get_infd,
-    install_crd,
+    prepare_namespaces,
     wait_for,
 )
 from op_samples import SAMPLE_SPEC
@@ -53,10 +52,7 @@ def _spec() -> dict[str, Any]:
 
 
 def test_one_tenants_templates_starve_no_one(local_cluster: Any, tmp_path: Path) -> None:
-    api = local_cluster.api_client()
-    install_crd(api)
-    for ns in (ATTACKER, VICTIM):
-        ensure_namespace(api, ns)
+    api = prepare_namespaces(local_cluster, ATTACKER, VICTIM)
     core = client.CoreV1Api(api)
     operator = OperatorProcess(Path(local_cluster.kubeconfig_path), [ATTACKER, VICTIM],
                                tmp_path / "operator.log")
@@ -109,10 +105,7 @@ def test_many_slow_templates_of_one_tenant_do_not_queue_another(
     is Ready while A's renders are still being deferred: B did not queue behind A. Decisions,
     not durations, are asserted: the operator's log and the objects' conditions."""
     slow_ns, other_ns, count = "op-fair-tenant-a", "op-fair-tenant-b", 10
-    api = local_cluster.api_client()
-    install_crd(api)
-    for ns in (slow_ns, other_ns):
-        ensure_namespace(api, ns)
+    api = prepare_namespaces(local_cluster, slow_ns, other_ns)
     custom = client.CustomObjectsApi(api)
     operator = OperatorProcess(Path(local_cluster.kubeconfig_path), [slow_ns, other_ns],
                                tmp_path / "operator.log")

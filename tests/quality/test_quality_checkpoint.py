@@ -75,3 +75,41 @@ def test_scales_read_from_safetensors_as_vllm_applies_them(tmp_path: Path) -> No
     assert layer_scales(loaded, 1) == pytest.approx((0.03, 0.03, 0.03))
     # A layer without scales: 1.0 everywhere.
     assert layer_scales(loaded, 5) == (1.0, 1.0, 1.0)
+
+
+def test_the_scheme_is_read_by_the_tuners_parser_beside_config_json(tmp_path: Path) -> None:
+    # A ModelOpt <= 0.29 export keeps its KV scheme in hf_quant_config.json, which vLLM reads
+    # unasked; the quality report reads the same file as the planner's facts.
+    model_dir = _write(tmp_path, CONFIG, None)
+    (model_dir / "hf_quant_config.json").write_text(json.dumps({
+        "producer": {"name": "modelopt", "version": "0.27.0"},
+        "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}))
+    ev = checkpoint.read(model_dir)
+    assert ev.kv_scheme == "modelopt FP8"
+    assert ev.calibrated  # declared, and no index to contradict it
+    assert "declares a KV scheme (modelopt FP8)" in ev.summary()
+
+
+def test_a_scheme_vllm_refuses_is_still_described(tmp_path: Path) -> None:
+    # The planner refuses it (the one-line error); the quality report still says what the
+    # checkpoint declares.
+    ev = checkpoint.read(_write(tmp_path, {**CONFIG, "quantization_config": {
+        "quant_method": "compressed-tensors",
+        "kv_cache_scheme": {"type": "int", "num_bits": 4, "strategy": "tensor"}}}, None))
+    assert ev.kv_scheme == "compressed-tensors int4 tensor"
+
+
+def test_quality_and_the_planner_agree_on_the_declaration() -> None:
+    from kvtune.tuner.facts.models import ModelArchitecture
+
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+              "hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8,
+              "num_hidden_layers": 2, "num_key_value_heads": 2, "vocab_size": 1000,
+              "max_position_embeddings": 4096}
+    for q, declared in (
+            ({"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"},
+             True),
+            ({"quant_method": "modelopt", "quant_algo": "FP8"}, False)):
+        model = ModelArchitecture.from_hf_config({**config, "quantization_config": q}, "t/m")
+        _, words = checkpoint.kv_scheme({"quantization_config": q})
+        assert (words is not None) is declared is (model.auto_kv_cache_dtype is not None)

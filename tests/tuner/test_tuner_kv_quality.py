@@ -129,3 +129,32 @@ def test_require_measurement_keeps_16_bit_until_one_exists() -> None:
     assert ruled_out["fp8"] == UNVERIFIED_REQUIRED
     assert ruled_out["int4_per_token_head"] == UNVERIFIED_REQUIRED
     assert "quality.requireMeasurement keeps it out" in reason.message
+
+
+SCHEME = "compressed-tensors float8 tensor"
+
+
+def test_a_declared_kv_scheme_is_quoted_as_checkpoint_evidence_not_as_a_measurement() -> None:
+    from kvtune.tuner.kv_quality import gate_one
+
+    fp8 = gate_one("fp8", None, KVQualityPolicy(), checkpoint_scheme=SCHEME)
+    assert fp8.code == UNVERIFIED and fp8.allowed
+    assert fp8.detail.startswith("unverified: by measurement (no KV-quality measurement")
+    assert f"the checkpoint carries calibrated KV scales (its config declares the KV scheme " \
+           f"{SCHEME}; vLLM uses them instead of 1.0)" in fp8.detail
+    # It allows nothing a measurement would not: requireMeasurement still keeps fp8 out.
+    held = gate_one("fp8", None, KVQualityPolicy(require_measurement=True),
+                    checkpoint_scheme=SCHEME)
+    assert not held.allowed and held.code == UNVERIFIED_REQUIRED
+    assert "calibrated KV scales" in held.detail
+    # A measurement quotes the scales it ran at.
+    measured = gate_one("fp8", EVIDENCE, KVQualityPolicy(), checkpoint_scheme=SCHEME)
+    assert "vs 16-bit KV with the checkpoint's calibrated k/v scales (its config declares" \
+        in measured.detail
+    # A report that counted the tensors wins over the declaration.
+    counted = EVIDENCE.model_copy(update={"checkpoint_kv_scales": False})
+    short = gate_one("fp8", counted, KVQualityPolicy(), checkpoint_scheme=SCHEME)
+    assert "at k_scale = v_scale = 1.0" in short.detail and SCHEME not in short.detail
+    # Per-token-head dtypes compute their own scales: the note does not apply.
+    int8 = gate_one("int8_per_token_head", None, KVQualityPolicy(), checkpoint_scheme=SCHEME)
+    assert int8.detail == "unverified: no KV-quality measurement for this model revision"

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvtune.tuner.errors import InvalidInput
+from kvtune.tuner.facts.kv_scheme import declared_kv_scheme, modelopt_export
 
 AttentionKind = Literal["full", "sliding_window", "chunked", "mla"]
 ModelDType = Literal["bfloat16", "float16", "float32"]
@@ -113,10 +114,18 @@ class CheckpointQuantization(BaseModel):
     # scales (desc_act with group_size != -1), asymmetric weights.
     group_activation_order: bool = False
     symmetric: bool = True
+    # Settings vLLM's config class requires and the file lacks (AutoGPTQConfig.from_config:
+    # bits, group_size, desc_act, sym; AutoAWQConfig: w_bit/bits, q_group_size/group_size,
+    # zero_point): vLLM raises "Cannot find any of [...]" at start.
+    missing_settings: tuple[str, ...] = ()
     # What vLLM 0.33 serves ``--kv-cache-dtype auto`` at on this checkpoint when it declares
     # a KV-cache scheme (llm-compressor's kv_cache_scheme, ModelOpt's kv_cache_quant_algo):
     # ``fp8`` / ``fp8_e4m3`` / ``nvfp4``; None: the model's 16-bit dtype (``kv_cache_scheme``).
     kv_cache_dtype: str | None = None
+    # That declaration in words (``kv_scheme.DeclaredKVScheme.words``, e.g. "compressed-tensors
+    # float8 tensor"): the KV-quality gate quotes it as the checkpoint's evidence of
+    # calibrated k/v scales.
+    kv_cache_scheme: str | None = None
 
 
 class ModelArchitecture(BaseModel):
@@ -427,24 +436,29 @@ QUANTIZATION_FILES: dict[str, tuple[str, bool]] = {
     "quantize_config.json": ("gptq", False),
     "quant_config.json": ("awq", False),
 }
+# What vLLM 0.33's config classes read with get_from_keys (required; any one key of a group).
+_GPTQ_SETTINGS: tuple[tuple[str, ...], ...] = (("bits",), ("group_size",), ("desc_act",),
+                                               ("sym",))
+_AWQ_SETTINGS: tuple[tuple[str, ...], ...] = (("w_bit", "bits"), ("q_group_size", "group_size"),
+                                              ("zero_point",))
+_REQUIRED_SETTINGS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "gptq": _GPTQ_SETTINGS, "auto_gptq": _GPTQ_SETTINGS, "gptq_marlin": _GPTQ_SETTINGS,
+    "awq": _AWQ_SETTINGS, "auto_awq": _AWQ_SETTINGS, "awq_marlin": _AWQ_SETTINGS,
+}
 # ModelOpt's quant_algo -> vLLM's method (model_arch_config_convertor.py
 # _normalize_quantization_config) and bits per weight.
 _MODELOPT_ALGOS: dict[str, tuple[str, int]] = {
     "FP8": ("modelopt", 8), "FP8_PER_CHANNEL_PER_TOKEN": ("modelopt", 8),
     "FP8_PB_WO": ("modelopt", 8), "NVFP4": ("modelopt_fp4", 4),
 }
-# get_kv_cache_quant_algo_string's map (vllm/utils/torch_utils.py).
-_MODELOPT_KV_DTYPES: dict[str, str] = {"fp8": "fp8_e4m3", "nvfp4": "nvfp4"}
 
 
 def _modelopt_method(q: Mapping[str, Any]) -> tuple[str, int] | None:
     """(method, bits) of a ModelOpt config (``producer.name: modelopt`` or the legacy
     ``quantization.modelopt_quant_config``), as vLLM normalises it; None: not ModelOpt."""
-    producer = q.get("producer")
-    inner = q.get("quantization")
-    legacy = isinstance(inner, Mapping) and "modelopt_quant_config" in inner
-    if not ((isinstance(producer, Mapping) and producer.get("name") == "modelopt") or legacy):
+    if not modelopt_export(q):
         return None
+    inner = q.get("quantization")
     algo = inner.get("quant_algo") if isinstance(inner, Mapping) else None
     if algo is None:
         return None
@@ -458,60 +472,30 @@ def _modelopt_method(q: Mapping[str, Any]) -> tuple[str, int] | None:
     return found
 
 
-def _kv_cache_dtype(q: Mapping[str, Any], method: str, top_level: bool) -> str | None:
+def _kv_cache_dtype(q: Mapping[str, Any], method: str, top_level: bool
+                    ) -> tuple[str | None, str | None]:
     """What vLLM 0.33 serves ``--kv-cache-dtype auto`` at on a checkpoint with this
-    quantization config (None: the model's 16-bit dtype):
-
-    - ModelOpt (``resolve_kv_cache_dtype_string`` / ``get_kv_cache_quant_algo_string`` in
-      vllm/utils/torch_utils.py, on the top-level config only): ``kv_cache_scheme`` or
-      ``kv_cache_quant_algo``; FP8 -> fp8_e4m3, NVFP4 -> nvfp4, a static float8 scheme ->
-      fp8_e4m3, a 4-bit float scheme -> nvfp4, anything else -> auto.
-    - compressed-tensors (``Attention.__init__``: a declared ``kv_cache_scheme`` makes auto
-      fp8; ``CompressedTensorsKVCacheMethod.validate_kv_cache_scheme`` accepts only 8-bit
-      float, per tensor or per attention head).
-    """
-    if method.startswith("modelopt"):
-        if not top_level:
-            return None
-        inner = q.get("quantization", q)
-        inner = inner if isinstance(inner, Mapping) else q
-        algo = (inner.get("kv_cache_scheme") or q.get("kv_cache_scheme")
-                or inner.get("kv_cache_quant_algo") or q.get("kv_cache_quant_algo"))
-        if isinstance(algo, Mapping):
-            if (algo.get("dynamic") is False and algo.get("num_bits") == 8
-                    and algo.get("type") == "float"):
-                algo = "fp8"
-            elif algo.get("num_bits") == 4 and algo.get("type") == "float":
-                algo = "nvfp4"
-            else:
-                return None
-        if isinstance(algo, str):
-            return _MODELOPT_KV_DTYPES.get(algo.lower())
-        return None
-    if method == "compressed-tensors":
-        scheme = q.get("kv_cache_scheme")
-        if scheme is None:
-            return None
-        if not isinstance(scheme, Mapping) or scheme.get("type") != "float" or (
-                scheme.get("num_bits") != 8):
-            raise InvalidInput(
-                "quantization_config.kv_cache_scheme", dict(scheme) if isinstance(
-                    scheme, Mapping) else scheme,
-                "vLLM 0.33 serves only 8-bit float KV-cache schemes (num_bits 8, type float); "
-                "use a checkpoint with an fp8 KV scheme or none")
-        if scheme.get("strategy") not in ("tensor", "attn_head"):
-            raise InvalidInput(
-                "quantization_config.kv_cache_scheme.strategy", scheme.get("strategy"),
-                "vLLM 0.33 serves fp8 KV scales per tensor or per attention head only; use "
-                "such a checkpoint")
-        return "fp8"
-    return None
+    quantization config (None: the model's 16-bit dtype), and the declared scheme in words
+    when vLLM serves it; a scheme vLLM refuses is refused here. The parsing and vLLM's
+    rules: ``kv_scheme.declared_kv_scheme``."""
+    declared = declared_kv_scheme(q, method, top_level)
+    if declared is None:
+        return None, None
+    if declared.refusal is not None:
+        raise declared.refusal
+    if declared.auto_dtype is None:
+        return None, None
+    return declared.auto_dtype, declared.words
 
 
 def _quantization(cfg: Mapping[str, Any], num_layers: int,
                   quantization_file: tuple[str, Mapping[str, Any]] | None = None,
                   top_level: bool = True) -> CheckpointQuantization | None:
     q = cfg.get("quantization_config")
+    if not isinstance(q, Mapping):
+        # Older llm-compressor exports name it compression_config; vLLM reads that when
+        # quantization_config is absent (weight_utils.get_quant_config).
+        q = cfg.get("compression_config")
     config_file: str | None = None
     if not isinstance(q, Mapping) and quantization_file is not None:
         name, q = quantization_file
@@ -557,9 +541,12 @@ def _quantization(cfg: Mapping[str, Any], num_layers: int,
             "kvtune cannot tell how many bits this checkpoint stores per weight (no bits, "
             "w_bit, load_in_4bit/8bit or fp8 format); add \"bits\" to its quantization_config",
         )
+    required = _REQUIRED_SETTINGS.get(method, ())
+    missing = tuple(" or ".join(keys) for keys in required if not any(k in q for k in keys))
     block = q.get("weight_block_size")
     gsize = q.get("group_size") or q.get("q_group_size")
     attention_layers, mlp_layers = _unconverted_layers(q, num_layers)
+    kv_cache_dtype, kv_cache_scheme = _kv_cache_dtype(q, method, top_level)
     return CheckpointQuantization(
         method=method,
         weight_bits=bits,
@@ -571,7 +558,9 @@ def _quantization(cfg: Mapping[str, Any], num_layers: int,
         config_file=config_file,
         group_activation_order=bool(q.get("desc_act")) and gsize != -1,
         symmetric=q.get("sym") is not False,
-        kv_cache_dtype=_kv_cache_dtype(q, method, top_level),
+        kv_cache_dtype=kv_cache_dtype,
+        kv_cache_scheme=kv_cache_scheme,
+        missing_settings=missing,
     )
 
 

@@ -208,11 +208,18 @@ _GPTQ_METHODS = ("gptq", "auto_gptq", "gptq_marlin")
 
 
 def _refuse_what_vllm_refuses(model: ModelArchitecture) -> None:
-    """GPTQ settings AutoGPTQConfig (vLLM 0.33) raises on at start."""
+    """GPTQ/AWQ settings vLLM 0.33's AutoGPTQConfig/AutoAWQConfig raise on at start."""
     q = model.quantization
-    if q is None or q.method not in _GPTQ_METHODS:
+    if q is None:
         return
     where = q.config_file or "config.json:quantization_config"
+    if q.missing_settings:
+        raise InvalidInput(
+            f"{where}:{q.missing_settings[0]}", None,
+            f"vLLM 0.33 needs it to load {q.method} weights (its config class reads "
+            f"{', '.join(q.missing_settings)} without a default); use the checkpoint's own file")
+    if q.method not in _GPTQ_METHODS:
+        return
     if q.group_activation_order:
         raise InvalidInput(
             f"{where}:desc_act", True,

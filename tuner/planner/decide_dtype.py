@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 
 
 def quality_gate(run: PlanRun, name: str) -> kv_quality.DtypeGate:
-    return kv_quality.gate_one(name, run.req.kv_quality_evidence, run.req.policy.kv_quality)
+    return kv_quality.gate_one(name, run.req.kv_quality_evidence, run.req.policy.kv_quality,
+                               kv_quality.checkpoint_scheme(run.model.quantization, name))
 
 
 def quality_note(run: PlanRun, name: str) -> str:

@@ -72,7 +72,8 @@ class FreeKVCacheBlockQueue:
     out, the live entries are copied into a fresh array (amortized O(1) per block).
     """
 
-    __slots__ = ("_head", "_num_blocks", "_position", "_slots", "_tail", "num_free_blocks")
+    __slots__ = ("_head", "_index", "_num_blocks", "_position", "_slots", "_tail",
+                 "num_free_blocks")
 
     def __init__(self, num_blocks: int, block_ids: Sequence[int]) -> None:
         self._num_blocks = num_blocks
@@ -84,13 +85,15 @@ class FreeKVCacheBlockQueue:
 
     def _live(self) -> np.ndarray:
         window = self._slots[self._head:self._tail]
-        keep = self._position[window] == np.arange(self._head, self._tail)
+        keep = self._position[window] == self._index[self._head:self._tail]
         live: np.ndarray = window[keep]
         return live
 
     def _relayout(self, live: np.ndarray, extra: int) -> None:
         front = self._num_blocks + extra
         self._slots = np.zeros(front + len(live) + 2 * self._num_blocks + extra, np.int64)
+        # Slot numbers, sliced where a range of them is needed (no arange per call).
+        self._index = np.arange(len(self._slots), dtype=np.int64)
         self._slots[front:front + len(live)] = live
         self._position[live] = np.arange(front, front + len(live))
         self._head, self._tail = front, front + len(live)
@@ -124,7 +127,7 @@ class FreeKVCacheBlockQueue:
         end = min(tail, head + n)
         while True:
             window = self._slots[head:end]
-            live = np.flatnonzero(self._position[window] == np.arange(head, end))
+            live = (self._position[window] == self._index[head:end]).nonzero()[0]
             if len(live) >= n or end == tail:
                 break
             end = min(tail, end + 2 * (n - len(live)) + 16)
@@ -147,7 +150,7 @@ class FreeKVCacheBlockQueue:
             self._relayout(self._live(), k)
         t = self._tail
         self._slots[t:t + k] = ids
-        self._position[ids] = np.arange(t, t + k)
+        self._position[ids] = self._index[t:t + k]
         self._tail = t + k
         self.num_free_blocks += k
 
@@ -159,7 +162,7 @@ class FreeKVCacheBlockQueue:
             self._relayout(self._live(), k)
         h = self._head - k
         self._slots[h:h + k] = ids
-        self._position[ids] = np.arange(h, h + k)
+        self._position[ids] = self._index[h:h + k]
         self._head = h
         self.num_free_blocks += k
 
@@ -209,13 +212,24 @@ class BlockPool:
         self.num_hashed_blocks = 0
         # Counters for the report (vLLM's prefix-cache stats count tokens, not blocks).
         self.num_evicted_cached_blocks = 0
+        # Set by reserve_keys: the owner promises every key is below it (no max per call).
+        self._key_bound: int | None = None
 
-    def _room_for(self, keys: np.ndarray) -> None:
-        top = int(keys.max()) + 1
+    def reserve_keys(self, num_keys: int) -> None:
+        """Every key passed from now on is below ``num_keys`` (the owner's ``KeySpace``
+        size, raised whenever it grows): the map is sized here, not checked per call."""
+        self._key_bound = num_keys
+        self._grow_map(num_keys)
+
+    def _grow_map(self, top: int) -> None:
         if top > len(self.key_block):
             grown = np.zeros(max(top, 2 * len(self.key_block)), dtype=np.int64)
             grown[:len(self.key_block)] = self.key_block
             self.key_block = grown
+
+    def _room_for(self, keys: np.ndarray) -> None:
+        if self._key_bound is None:
+            self._grow_map(int(keys.max()) + 1)
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -248,9 +262,10 @@ class BlockPool:
         got: np.ndarray = self.key_block[keys]
         # A missing key maps to the null block, whose hash is NO_HASH: never a hit.
         hit = self.block_hash[got] == keys
-        if hit.all():
-            return got
-        out: np.ndarray = got[:int(np.argmin(hit))]
+        first_miss = int(hit.argmin())
+        if hit[first_miss]:
+            return got  # no miss
+        out: np.ndarray = got[:first_miss]
         return out
 
     def num_free_among(self, blocks: Ids) -> int:

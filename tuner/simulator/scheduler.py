@@ -219,6 +219,7 @@ class Scheduler:
         self._usable_blocks = num_blocks - 1
         for r in self.requests:
             self.states.append(self._new_state(r))
+        self.pool.reserve_keys(self.keyspace.num_keys)
         self.now = 0.0
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
@@ -314,6 +315,7 @@ class Scheduler:
             known = len(st.hashes)
             st.hashes = np.asarray(self.keyspace.keys(st.req.segments, st.num_tokens),
                                    np.int64)
+            self.pool.reserve_keys(self.keyspace.num_keys)
             self.pool.cache_full_blocks(st.blocks, st.hashes, known, st.num_cached_blocks)
         self._free(st)
         st.num_computed = 0
@@ -599,7 +601,8 @@ class Scheduler:
         if k <= 1:
             return False  # the exact step handles it (and any preemption)
         dt = self.cost.decode_run_seconds(n, context, k, overlapped)
-        fresh = self.pool.get_new_blocks(cohort.new_blocks_for(k))
+        need = cohort.new_blocks_for(k)
+        fresh = self.pool.get_new_blocks(need) if need else _NO_BLOCKS
         self.now += dt
         self.steps += k
         done = cohort.advance(k, fresh, self.steps)
@@ -631,6 +634,7 @@ class Scheduler:
         members = cohort.size
         bs = self.block_size
         plan: list[tuple[RequestState, int]] = []
+        more_blocks: list[int] = []  # per planned request, the new blocks it needs
         member_blocks = cohort.blocks_needed_now()
         need = member_blocks
         taken = 0  # tokens of active requests
@@ -650,7 +654,10 @@ class Scheduler:
             more = -(-(st.num_computed + num_new) // bs) - len(st.blocks)
             if more > 0:
                 need += more
+            else:
+                more = 0
             plan.append((st, num_new))
+            more_blocks.append(more)
             taken += num_new
             if num_new < rem:
                 if members > ahead:
@@ -663,12 +670,22 @@ class Scheduler:
         if need > pool.get_num_free_blocks():
             return False  # someone may be preempted: the exact step decides
 
-        # Allocation: the same blocks from the front of the free queue as request by
-        # request (nothing is freed or touched before the admissions); members' first.
-        fresh = pool.get_new_blocks(member_blocks)
-        for st, num_new in plan:
-            ok = self._allocate(st, num_new)
-            assert ok, "the block count said the chunk fits"
+        # Allocation (``_allocate`` for each): the same blocks from the front of the free
+        # queue as request by request, in one call (nothing is freed or touched before the
+        # admissions); members' first.
+        if need:
+            got = pool.get_new_blocks(need)
+            fresh = got[:member_blocks]
+            at = member_blocks
+            for (st, num_new), more in zip(plan, more_blocks, strict=True):
+                if more:
+                    st.blocks = np.concatenate((st.blocks, got[at:at + more]))
+                    at += more
+                self._cache(st, st.num_computed + num_new)
+        else:
+            fresh = _NO_BLOCKS
+            for st, num_new in plan:
+                self._cache(st, st.num_computed + num_new)
         budget -= taken + members
         num_planned = len(plan)
         if budget > 0:

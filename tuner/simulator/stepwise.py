@@ -99,6 +99,7 @@ class StepwiseScheduler(Scheduler):
             raise InvalidInput("arrival_seconds", req.arrival_seconds,
                                "requests must be submitted in arrival order")
         st = self._new_state(req)
+        self.pool.reserve_keys(self.keyspace.num_keys)
         if st.output_tokens == 0:
             return False
         self._pending.append(st)

@@ -134,6 +134,26 @@ class StepCostModel:
         if self.decode_run_seconds(num_seqs, context_tokens, max_steps, overlapped) < seconds:
             return max_steps
         lo, hi = 0, max_steps  # run(lo) < seconds <= run(hi)
+        # Steps only get longer along a run, so seconds / (first step) bounds the answer
+        # from above and seconds / (last step) from below: a bisection over a few steps
+        # instead of all of them (the bounds are checked, so rounding cannot mislead it).
+        a1, b1, a2, b2 = self._decode_lines(num_seqs, context_tokens)
+        overhead = self.efficiency.step_overhead_seconds
+
+        def step(j: int) -> float:
+            gpu = max(a1 + b1 * j, a2 + b2 * j)
+            return max(overhead, gpu) if overlapped else overhead + gpu
+
+        first = step(0)
+        if first > 0:
+            guess = min(max_steps, math.ceil(seconds / first))
+            if (guess < max_steps and self.decode_run_seconds(
+                    num_seqs, context_tokens, guess, overlapped) >= seconds):
+                hi = guess
+            low = max(0, math.ceil(seconds / step(hi - 1)) - 1)
+            if low > lo and self.decode_run_seconds(
+                    num_seqs, context_tokens, low, overlapped) < seconds:
+                lo = low
         while hi - lo > 1:
             mid = (lo + hi) // 2
             if self.decode_run_seconds(num_seqs, context_tokens, mid, overlapped) >= seconds:

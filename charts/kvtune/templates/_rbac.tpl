@@ -71,8 +71,10 @@ InferencePool and its endpoint picker's configuration ConfigMap, and with spec.r
 the InferenceDeployment's HTTPRoute (operator/http_route.py), server-side applied (get: the
 ownership check before an apply; list + delete: kvtune's own InferencePools of pools removed
 from the spec, and everything routing rendered once spec.routing turns it off). The endpoint
-picker's Deployment and Service are "rendered". Granted only with the chart value
-routing.enabled. */}}
+picker's Deployment and Service are "rendered". RoutingReady (operator/routing_status.py)
+reads the HTTPRoute's status with the get above, the pickers' Deployments with "rendered"'s
+get, and whether the pickers' ServiceAccount exists: get on that one name only. Granted only
+with the chart value routing.enabled. */}}
 {{- define "kvtune.rules.routing" -}}
 - apiGroups: [inference.networking.k8s.io]
   resources: [inferencepools]
@@ -83,6 +85,10 @@ routing.enabled. */}}
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, create, patch]
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  resourceNames: [kvtune-endpoint-picker]
+  verbs: [get]
 {{- end -}}
 
 {{/* Model configs (config.json) and pod templates that the spec references by name. */}}

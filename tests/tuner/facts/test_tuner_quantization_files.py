@@ -126,6 +126,19 @@ def test_gptq_settings_vllm_refuses_are_one_line(tmp_path: Path, change: dict[st
     assert len(lines) == 1 and field in lines[0] and fix in lines[0], lines
 
 
+def test_gptq_and_awq_files_without_a_setting_vllm_requires_are_one_line(
+        tmp_path: Path) -> None:
+    # AutoGPTQConfig.from_config reads sym with get_from_keys: no default, vLLM raises.
+    gptq = {k: v for k, v in GPTQ_FILE.items() if k != "sym"}
+    awq = {k: v for k, v in AWQ_FILE.items() if k != "zero_point"}
+    for name, doc, field in (("quantize_config.json", gptq, "quantize_config.json:sym"),
+                             ("quant_config.json", awq, "quant_config.json:zero_point")):
+        folder = checkpoint(tmp_path / name, LLAMA2_7B, **{name: doc})
+        result = CliRunner().invoke(cli, ["plan", "-m", str(folder), "-g", "L4"])
+        assert result.exit_code == 1, result.output
+        assert field in result.stderr and "without a default" in result.stderr
+
+
 def test_desc_act_with_one_group_per_channel_is_served(tmp_path: Path) -> None:
     # group_size -1: activation order is a no-op, vLLM clears desc_act (gptq_utils.py).
     folder = checkpoint(tmp_path, LLAMA2_7B, **{"quantize_config.json": {

@@ -167,7 +167,8 @@ def test_float32_checkpoints_are_served_at_16_bits() -> None:
 
 def test_checkpoint_quantization_is_honoured_or_refused() -> None:
     awq = ModelArchitecture.from_hf_config({**PHI_4, "torch_dtype": "float16",
-        "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}},
+        "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128,
+                                "version": "gemm", "zero_point": True}},
         "x", parameter_count=14_659_507_200)
     assert weights_load(awq, "auto").bits == 4
     assert weights_bytes_per_gpu(awq, "auto", 1) < 0.35 * 2 * 14_659_507_200

@@ -116,6 +116,9 @@ def test_the_dtype_table_compares_against_16_bit_by_name(tmp_path: Path) -> None
     assert "auto" not in rows  # it is fp8 here; fp8's row speaks for it
     assert rows["bfloat16"]["kv_bytes_per_token"] == BF16_TOKEN
     assert rows["bfloat16"]["vs_16bit"] == 1.0 and rows["fp8"]["vs_16bit"] > 1.9
+    # The gate's verdict in the table quotes the checkpoint's scales for fp8 only.
+    assert "the checkpoint carries calibrated KV scales" in rows["fp8"]["quality"]["detail"]
+    assert "calibrated" not in rows["int8_per_token_head"]["quality"]["detail"]
 
 
 @pytest.mark.parametrize(("scheme", "field"), [
@@ -136,3 +139,32 @@ def test_an_unknown_modelopt_kv_algo_falls_back_to_16_bit_as_vllm_does() -> None
     model = _model(config)
     assert model.auto_kv_cache_dtype is None
     assert kv_bytes_per_token(model, "auto", 1) == BF16_TOKEN
+
+
+def test_an_older_compression_config_is_read_as_vllm_reads_it() -> None:
+    # llm-compressor's first exports: the same settings under compression_config.
+    config = copy.deepcopy(LLAMA_8B_FP8_KV)
+    config["compression_config"] = config.pop("quantization_config")
+    model = _model(config)
+    assert model.quantization is not None and model.quantization.weight_bits == 8
+    assert model.auto_kv_cache_dtype == "fp8"
+
+
+@pytest.mark.parametrize(("config", "words"), [
+    (LLAMA_8B_FP8_KV, "compressed-tensors float8 tensor"), (LLAMA_8B_MODELOPT, "modelopt float8")])
+def test_unmeasured_fp8_quotes_the_checkpoints_calibrated_scales(
+        config: dict[str, Any], words: str) -> None:
+    # Issue 15: the checkpoint's own evidence is shown; fp8 stays unverified by measurement.
+    pool = plan_pool(_request(_model(config), lowest_kv_precision="fp8"))
+    assert pool.plan.kv_cache_dtype == "fp8"
+    reason = next(r for r in pool.reasons if r.knob == "kv-cache-dtype").message
+    assert "quality: unverified: by measurement (no KV-quality measurement" in reason
+    assert f"the checkpoint carries calibrated KV scales (its config declares the KV scheme " \
+           f"{words}; vLLM uses them instead of 1.0)" in reason
+    # The same shapes without the scheme: no such claim.
+    plain = copy.deepcopy(config)
+    plain["quantization_config"].pop("kv_cache_scheme")
+    bare = plan_pool(_request(_model(plain), lowest_kv_precision="fp8"))
+    reason = next(r for r in bare.reasons if r.knob == "kv-cache-dtype").message
+    assert "quality: unverified: no KV-quality measurement" in reason
+    assert "calibrated" not in reason
