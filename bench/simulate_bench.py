@@ -5,8 +5,9 @@ every trace) and of wall time, for:
 
 - ``now``: the simulator of this tree (decode runs and the decoding cohort);
 - ``before``: the simulator of an earlier commit (``--against``, default the commit before
-  the decoding cohort), its ``scheduler.py`` read with ``git show`` and run in this process
-  on the same requests (skipped, and said so, outside a git checkout);
+  the decoding cohort): its ``scheduler.py``, ``blocks.py`` and ``timing.py`` read with
+  ``git show`` and run in this process on the same requests (skipped, and said so, outside
+  a git checkout);
 - ``exact``: this tree stepping every request of every step (the reference the fast path is
   tested against), on the first ``--exact-requests`` requests of the Azure trace.
 
@@ -21,6 +22,7 @@ best of ``--repeat`` runs (the machine is shared: the load average is printed). 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 import subprocess
@@ -47,21 +49,40 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 BEFORE_COHORT = "e2902b6"
 
 
+# The modules of the simulator's hot path, loaded from the earlier commit (the rest, from
+# this tree: workload, metrics and prefix only describe requests and results).
+_HOT = ("timing", "blocks", "scheduler")
+
+
 def _previous(rev: str) -> ModuleType | None:
-    """``tuner/simulator/scheduler.py`` as of ``rev``, loaded as a module of its own (it
-    imports the rest of the simulator from this tree); None outside a git checkout."""
-    try:
-        src = subprocess.run(["git", "show", f"{rev}:tuner/simulator/scheduler.py"], cwd=REPO,
-                             capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    name = f"kvtune_bench_scheduler_{rev}"
-    spec = importlib.util.spec_from_loader(name, loader=None)
-    assert spec is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look their module up
-    exec(compile(src, f"{rev}:tuner/simulator/scheduler.py", "exec"), mod.__dict__)
-    return mod
+    """The simulator's hot path as of ``rev`` (``_HOT``), each a module of its own importing
+    the others of ``rev``; its ``scheduler`` module, or None outside a git checkout."""
+    mods: dict[str, ModuleType] = {}
+    for stem in _HOT:
+        try:
+            src = subprocess.run(["git", "show", f"{rev}:tuner/simulator/{stem}.py"], cwd=REPO,
+                                 capture_output=True, text=True, check=True).stdout
+        except (OSError, subprocess.CalledProcessError):
+            return None
+        for other in mods:
+            src = src.replace(f"from kvtune.tuner.simulator.{other} import",
+                              f"from kvtune_bench_{rev}_{other} import")
+        name = f"kvtune_bench_{rev}_{stem}"
+        spec = importlib.util.spec_from_loader(name, loader=None)
+        assert spec is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod  # dataclasses and later imports look it up
+        exec(compile(src, f"{rev}:tuner/simulator/{stem}.py", "exec"), mod.__dict__)
+        mods[stem] = mod
+    return mods["scheduler"]
+
+
+def _old_cost(before: ModuleType, sim: SimulatedPlan) -> SimulatedPlan:
+    """``sim`` with its step-time model as the earlier commit's class (same numbers)."""
+    timing = sys.modules[before.__name__.replace("_scheduler", "_timing")]
+    cost = sim.cost
+    fields = {f.name: getattr(cost, f.name) for f in dataclasses.fields(cost)}
+    return dataclasses.replace(sim, cost=timing.StepCostModel(**fields))
 
 
 def _best(make: Any, reqs: Sequence[SimRequest], sim: SimulatedPlan, repeat: int
@@ -119,7 +140,8 @@ def main() -> None:
         print(_line("now", n, cpu, wall, sched))
         old_rate = None
         if before is not None:
-            ocpu, owall, osched = _best(before.Scheduler, reqs, sim, args.repeat)
+            ocpu, owall, osched = _best(before.Scheduler, reqs, _old_cost(before, sim),
+                                        args.repeat)
             print(_line("before", n, ocpu, owall, osched))
             old_rate = n / ocpu
         rows.append((label, n / cpu, old_rate))
