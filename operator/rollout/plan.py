@@ -334,10 +334,13 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
         return ctx.failed(*refused)
     knobs, expected, reasons = plan_status(pool_plan)
     warnings = list(pool_plan.warnings)
+    at_risk, cost = slo_at_risk(pool_plan), gpu_prices.cost_status(pool_plan)
     if kept_warning is not None:
-        # The reasons and warnings the plan in force was made with stay beside it.
+        # The reasons, warnings, SLO verdict and cost the plan in force was made with stay
+        # beside it (the new search's are about a plan that does not run).
         reasons = list(base.reasons)
         warnings = [w for w in base.warnings if not w.startswith(KEPT_WARNING)] + [kept_warning]
+        at_risk, cost = base.slo_at_risk, base.cost
     hash_ = plan_hash(pool_plan, ctx.spec.runtime.image)
     revision = base.revision if base.plan_hash == hash_ else base.revision + 1
     spec = ctx.spec
@@ -353,7 +356,7 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
     status = base.model_copy(update={
         "gpu_class": pool_plan.gpu_class, "plan": knobs, "expected": expected,
         "reasons": reasons, "warnings": warnings, "plan_inputs": inputs,
-        "slo_at_risk": slo_at_risk(pool_plan), "cost": gpu_prices.cost_status(pool_plan),
+        "slo_at_risk": at_risk, "cost": cost,
         "vllm_args": vllm_args(render_input),
         "plan_hash": hash_, "revision": revision, "message": "", "profile": inp.profile_used,
     })
