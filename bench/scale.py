@@ -91,19 +91,25 @@ def _label(labels: str, name: str) -> str:
 
 def _request_counts(api: Any) -> Counter[tuple[str, str]]:
     """apiserver_request_total summed by (verb, resource[/subresource]), from the
-    apiserver's /metrics."""
+    apiserver's /metrics; and under ("seconds", …) the server's time on them
+    (apiserver_request_duration_seconds_sum), in milliseconds."""
     response = api.call_api("GET", f"{api.configuration.host}/metrics")
     response.read()
     counts: Counter[tuple[str, str]] = Counter()
     for line in response.data.decode().splitlines():
-        if not line.startswith("apiserver_request_total{"):
+        total = line.startswith("apiserver_request_total{")
+        if not total and not line.startswith("apiserver_request_duration_seconds_sum{"):
             continue
         labels, value = line.rsplit(" ", 1)
         resource = _label(labels, "resource") or "-"
         if _label(labels, "subresource"):
             resource += "/" + _label(labels, "subresource")
         dry = " (dry run)" if _label(labels, "dry_run") else ""
-        counts[(_label(labels, "verb") + dry, resource)] += int(float(value))
+        verb = _label(labels, "verb") + dry
+        if total:
+            counts[(verb, resource)] += int(float(value))
+        else:
+            counts[("ms " + verb, resource)] += int(1000 * float(value))
     return counts
 
 
@@ -141,6 +147,10 @@ class _Watcher:
             except ApiException as exc:
                 if exc.status != 410:  # 410: the version expired; list again
                     raise
+            except Exception:  # the control plane stopping under an open watch
+                if self.stop.is_set():
+                    return
+                raise
 
     def _see(self, obj: dict[str, Any]) -> None:
         name, status, now = obj["metadata"]["name"], obj.get("status") or {}, time.monotonic()
@@ -264,6 +274,9 @@ def run(n: int, timeout_s: float, workers: int, profile: Path | None = None) -> 
             except subprocess.TimeoutExpired:
                 operator.kill()
         delta = after - before
+        server_ms = Counter({(verb[3:], resource): ms for (verb, resource), ms in delta.items()
+                             if verb.startswith("ms ")})
+        delta = Counter({key: n for key, n in delta.items() if not key[0].startswith("ms ")})
         by_verb: Counter[str] = Counter()
         for (verb, _), count in delta.items():
             by_verb[verb] += count
@@ -295,6 +308,10 @@ def run(n: int, timeout_s: float, workers: int, profile: Path | None = None) -> 
         print("  the 16 most requested (verb, resource), per object: " + ", ".join(
             f"{verb} {resource} {count / n:.1f}" for (verb, resource), count
             in delta.most_common(16)))
+        print(f"  the API server's time (apiserver_request_duration_seconds, "
+              f"{sum(server_ms.values()) / 1000:.0f} s in all), the 10 largest: " + ", ".join(
+                  f"{verb} {resource} {ms / 1000:.0f} s ({ms / max(delta[(verb, resource)], 1):.0f}"
+                  f" ms each)" for (verb, resource), ms in server_ms.most_common(10)))
         return 0 if took is not None else 1
 
 

@@ -198,13 +198,16 @@ def retune_once(
     if spec.tuning.mode == "off" or prom is None:
         return RetuneOutcome(NOT_CONFIGURED, "tuning.mode=off or no tuning.prometheus: "
                              "the retune timer does nothing")
+    # The Events of the reconciles this tick runs (PlanChanged, RolloutStarted, a canary's
+    # verdict): posted with the tick's own, as the handlers post theirs.
+    carried: list[RetuneEvent] = []
     progressing = conditions.get_condition(status_writer.read(body).conditions,
                                            conditions.PROGRESSING)
     if progressing is not None and progressing.status == "True" \
             and progressing.reason == conditions.ROLLING_OUT:
         # A rollout this timer started is checked here: no spec change will re-trigger the
         # handlers. The plan comes from the stored profile, so nothing new is applied.
-        rec.reconcile(body, kube=kube)
+        carried += _reconcile_events(rec.reconcile(body, kube=kube))
         body = kapply.read_inference_deployment(kube, namespace, name) or body
     export_plan_gauges(namespace, name, status_writer.read(body))
     window_seconds = parse_duration(prom.window, field="spec.tuning.prometheus.window")
@@ -247,7 +250,7 @@ def retune_once(
         status_writer.write_profile_report(kube, namespace, name, stale=(
             True, exc.reason, message))
         return RetuneOutcome(exc.reason, message, failed=True,
-                             events=[RetuneEvent("Warning", exc.reason, message)])
+                             events=[*carried, RetuneEvent("Warning", exc.reason, message)])
     PROFILE_STALE.labels(namespace, name).set(0)
     PROFILE_LAST_SUCCESS.labels(namespace, name).set(now)
 
@@ -343,6 +346,7 @@ def retune_once(
             plans={t.name: t.new_plan for t in ticks
                    if (t.material or t.adopted) and t.new_plan},
             profile_window=prom.window)
+        carried += _reconcile_events(outcome)
         rolled_out = any(t.material for t in ticks)
         if outcome.permanent_error:
             event_type = "Warning"
@@ -367,7 +371,7 @@ def retune_once(
         pools=[t.status() for t in ticks],
     )
     seen_slo, slo_condition = observed_slo(spec, previous, own, result, min_requests)
-    events = [RetuneEvent(event_type, f"Retune{reason}", message)]
+    events = [*carried, RetuneEvent(event_type, f"Retune{reason}", message)]
     was = conditions.get_condition(previous.conditions, conditions.SLO_BELOW_PREDICTION)
     if slo_condition is not None and slo_condition[0] == "True" and (
             was is None or was.status != "True"):
@@ -381,6 +385,10 @@ def retune_once(
             observed_slo=seen_slo, slo_condition=slo_condition))
     return RetuneOutcome(reason, message, rolled_out=rolled_out, profile=result,
                          pool_profiles={t.name: t.choice for t in ticks}, events=events)
+
+
+def _reconcile_events(result: rec.ReconcileResult) -> list[RetuneEvent]:
+    return [RetuneEvent(e.type, e.reason, e.message) for e in result.events]
 
 
 def observed_slo(spec: api.InferenceDeploymentSpec, previous: api.InferenceDeploymentStatus,

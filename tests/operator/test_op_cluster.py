@@ -385,9 +385,11 @@ def test_plan_change_rolls_out_a_new_revision_and_mode_switches_leave_it(
     assert "--block-size=128" in last.spec.template.spec.containers[0].args
     assert client.CoreV1Api(cluster_api).list_namespaced_service(
         ns, label_selector="kvtune.io/pool=h200").items == []
-    rollouts = [e.message for e in client.CoreV1Api(cluster_api).list_namespaced_event(ns).items
-                if e.reason == "RolloutStarted"]
-    assert any("life-h100" in m and "revision 3" in m for m in rollouts), rollouts
+    # kopf posts a reconcile's Events after its status write: wait for the Event.
+    wait_for(lambda: any("life-h100" in e.message and "revision 3" in e.message
+                         for e in client.CoreV1Api(cluster_api).list_namespaced_event(ns).items
+                         if e.reason == "RolloutStarted"),
+             "a RolloutStarted Event for revision 3", 30, operator.log)
 
 
 def test_model_outside_the_catalog_from_a_config_map(
@@ -524,5 +526,6 @@ def test_canary_promotes_a_healthy_plan_and_rolls_back_a_broken_one(
     assert "--block-size=64" in args("can-h100")
     pool = get_infd(cluster_api, ns, "can")["status"]["pools"][0]
     assert pool["rejectedPlanHash"] == pool["planHash"]
-    reasons = {e.reason for e in client.CoreV1Api(cluster_api).list_namespaced_event(ns).items}
-    assert {"CanaryStarted", "CanaryPromoted", "CanaryRolledBack"} <= reasons
+    wait_for(lambda: {"CanaryStarted", "CanaryPromoted", "CanaryRolledBack"} <= {
+        e.reason for e in client.CoreV1Api(cluster_api).list_namespaced_event(ns).items},
+        "the canary's Events", 30, operator.log)

@@ -455,8 +455,9 @@ def test_routing_ready_follows_the_pickers_the_gateway_and_the_pickers_account(
                        "RoutingReady=False/RouteNotAccepted", 60, proc.log)
         message = condition(obj, "RoutingReady")["message"]  # type: ignore[index]
         assert "UnsupportedValue" in message and "example.net/gateway-controller" in message
-        events = client.CoreV1Api(api_client).list_namespaced_event(ns).items
-        assert any(e.reason == "RouteNotAccepted" for e in events)
+        wait_for(lambda: any(e.reason == "RouteNotAccepted" for e in client.CoreV1Api(
+            api_client).list_namespaced_event(ns).items),
+            "a RouteNotAccepted Event", 30, proc.log)
         _report_as_a_gateway(api_client, ns, "True", "Accepted")
         wait_for(_routing_ready(api_client, ns, "True", "Routed"), "RoutingReady=True/Routed",
                  60, proc.log)

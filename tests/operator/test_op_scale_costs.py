@@ -63,3 +63,61 @@ def test_every_operator_thread_keeps_its_connection() -> None:
     """A connection given back to a full pool is closed: the next call pays a TLS
     handshake, on both sides."""
     assert kapply.CONNECTIONS >= handlers.HANDLER_THREADS + periodic.WORKERS + 1
+
+
+def test_the_operator_calls_the_api_without_the_clients_typed_classes() -> None:
+    """The kubernetes client's typed API classes build a pydantic model per Kubernetes kind
+    on import (about 95 MB resident: more than the operator's own memory at 1,000 objects);
+    the operator calls ``Kube.request``. Loading the operator imports none of them, and no
+    operator module reaches for one (``kube.core``, ``client.CoreV1Api`` …; the ``Kube``
+    properties stay for the tests and the CLI)."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    probe = ("import sys, kvtune.cli.operator_cmd, kvtune.operator.handlers, "
+             "kvtune.operator.retune_handlers; "
+             "print(sorted(m for m in sys.modules if m.startswith('kubernetes.client.api.')))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    assert loaded == "[]", loaded
+    root = Path(kapply.__file__).resolve().parent
+    typed = re.compile(r"\bkube\.(core|apps|batch|policy|rbac|custom)\b|client\.\w+Api\(")
+    offenders = [f"{p.relative_to(root)}:{n}" for p in sorted(root.rglob("*.py"))
+                 for n, line in enumerate(p.read_text().splitlines(), 1)
+                 if typed.search(line) and not (p.name == "apply.py"
+                                               and line.strip().startswith("return client."))]
+    assert offenders == []
+
+
+def test_reconciles_place_pools_from_the_node_watch_once_its_first_listing_settled() -> None:
+    """The node watch keeps each GPU node classified; once its first listing has settled a
+    reconcile places pools from it (no list of every node per object), before that the
+    reconcile lists the nodes itself (None). Node events keep it current: a new label, an
+    unschedulable node, a deleted one."""
+    import threading
+
+    import kopf
+
+    from kvtune.operator.pools import discover_pools
+
+    def node(name: str, product: str, **spec: Any) -> dict[str, Any]:
+        return {"metadata": {"name": name, "labels": {"nvidia.com/gpu.product": product}},
+                "spec": spec, "status": {"allocatable": {"nvidia.com/gpu": "8"}}}
+
+    memo = kopf.Memo(inventory={}, inventory_lock=threading.Lock(),
+                     inventory_settled=threading.Event())
+    nodes = [node("a", "NVIDIA-H200"), node("b", "NVIDIA-H200"), node("c", "NVIDIA-H100-80GB-HBM3"),
+             {"metadata": {"name": "cpu", "labels": {}}}]
+    for n in nodes:
+        handlers.on_node(event={"type": "ADDED", "object": n}, memo=memo)
+    assert handlers.known_pools(memo) is None
+    memo.inventory_settled.set()
+    assert handlers.known_pools(memo) == discover_pools(nodes)
+    handlers.on_node(event={"type": "MODIFIED", "object": node("b", "NVIDIA-H200",
+                                                               unschedulable=True)}, memo=memo)
+    handlers.on_node(event={"type": "DELETED", "object": nodes[2]}, memo=memo)
+    pools = handlers.known_pools(memo)
+    assert pools is not None and set(pools) == {"H200"}
+    assert [n.name for n in pools["H200"].schedulable_nodes] == ["a"]

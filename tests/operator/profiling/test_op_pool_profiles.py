@@ -24,6 +24,7 @@ from kvtune.operator.profiling import (
 )
 from kvtune.operator.render import object_name
 from kvtune.operator.rollout import plan as plan_stage
+from kvtune.operator.rollout.outcome import Event
 from kvtune.operator.workloads import declared_profile, profile_status
 from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
 
@@ -219,7 +220,8 @@ def test_each_pool_is_decided_and_planned_on_its_own_profile(
     def fake_reconcile(body: Any, **kw: Any) -> Any:
         calls.append(kw)
         return rec.ReconcileResult(status=dict(body.get("status") or {}),
-                                   status_changed=True)
+                                   status_changed=True,
+                                   events=[Event("Normal", "RolloutStarted", "bot-docs r2")])
 
     monkeypatch.setattr(rec, "reconcile", fake_reconcile)
     body = _body()
@@ -249,6 +251,8 @@ def test_each_pool_is_decided_and_planned_on_its_own_profile(
     replanned = retune_handlers.retune_once(body, kube=kube, now_seconds=1121.0,  # type: ignore[arg-type]
                                             profiler=_profiler)
     assert replanned.reason == retune.PLAN_CHANGED and replanned.rolled_out
+    # The reconcile's own Events are posted with the tick's (they were dropped).
+    assert [e.reason for e in replanned.events][:2] == ["RolloutStarted", "RetunePlanChanged"]
     assert len(calls) == 1
     call = calls[0]
     # Only docs is re-planned on what it showed; chat and quiet keep what their plans were

@@ -215,6 +215,24 @@ def test_retune_follows_a_traffic_shift_and_does_not_flap(
         assert azure["profile"]["scope"] == "pool" and azure["profile"]["requests"] >= 100
         assert azure_profile["retune"]["pools"][0]["scope"] == "pool"
         assert azure_len <= 16384, azure["plan"]
+        # The timer reads the SLO attainment from the pool's own TTFT/TPOT histograms beside
+        # the goodput search's prediction for the plan it runs, and says how they compare.
+        def observed_slo() -> dict[str, Any] | None:
+            seen = pool().get("observedSlo")
+            return seen if seen and seen.get("predictedAttainment") is not None else None
+
+        seen = _wait("pools[].observedSlo beside the prediction", observed_slo, 60,
+                     operator_process)
+        assert seen["scope"] == "pool" and seen["requests"] >= 100
+        # The search's default 2 s TTFT target, read at the bucket at or below it (vLLM's
+        # TTFT buckets go 1.0, 2.5).
+        assert seen["ttftBoundSeconds"] == 1.0
+        assert 0.0 <= seen["ttftWithinSlo"] <= 1.0 and 0.0 <= seen["tpotWithinSlo"] <= 1.0
+        assert seen["verdict"] in ("ObservedBelowPrediction", "ObservedAsPredicted")
+        cond = next(c for c in status()["conditions"] if c["type"] == "SLOBelowPrediction")
+        assert cond["reason"] in ("ObservedBelowPrediction", "ObservedAsPredicted")
+        assert (cond["status"] == "True") == (cond["reason"] == "ObservedBelowPrediction")
+        print(f"\nobserved vs predicted: {seen['message']}")
 
         # 2. Mooncake: longer contexts -> kvtune raises max-model-len within a few windows.
         switched = time.monotonic()

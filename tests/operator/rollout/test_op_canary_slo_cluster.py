@@ -141,7 +141,9 @@ def test_a_worse_canary_is_rolled_back_and_a_good_one_promoted_on_slo_attainment
         assert "worse for users" in cond["message"], cond
         # The evidence: both revisions' figures, in status and in the Event.
         assert "canary:" in cond["message"] and "stable:" in cond["message"]
-        (rolled_back,) = _events(api, "CanaryRolledBack")
+        # kopf posts the reconcile's Events after the status write: wait for it.
+        (rolled_back,) = wait_for(lambda: _events(api, "CanaryRolledBack"),
+                                  "the CanaryRolledBack Event", 30, operator.log)
         assert "TTFT within SLO" in rolled_back and "stable:" in rolled_back
         assert "--block-size=32" in _args(api, f"{NAME}-h100")
         assert _epp_block_size(api) == 32  # the router never saw the rejected plan
