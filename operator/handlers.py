@@ -94,6 +94,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.kube = kapply.Kube.connect(CONFIG.kubeconfig)
     memo.inventory = {}
     memo.inventory_lock = threading.Lock()
+    # Set once the first node listing has settled: until then the inventory may lack nodes
+    # (a reconcile lists them itself).
+    memo.inventory_settled = threading.Event()
     memo.inventory_stop = threading.Event()
     threading.Thread(target=_watch_inventory, args=(memo, memo.inventory_stop),
                      name="kvtune-gpu-inventory", daemon=True).start()
@@ -143,7 +146,7 @@ def _run(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, trigger: str,
          retry: int = 0) -> None:
     with metrics.timed(trigger):
         try:
-            result = rec.reconcile(body, kube=memo.kube)
+            result = rec.reconcile(body, kube=memo.kube, discovered=known_pools(memo))
         except Exception as exc:
             metrics.RECONCILES.labels(trigger, "error").inc()
             metrics.RECONCILE_ERRORS.labels(type(exc).__name__).inc()
@@ -261,7 +264,8 @@ def read_routing_status(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.event("", "v1", "nodes", id="gpu-inventory")
 def on_node(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-    # Node heartbeats arrive often: only record the class; the inventory thread decides.
+    # Node heartbeats arrive often: only record the classified node (what placement reads);
+    # the inventory thread decides when a change reconciles everything.
     node = event["object"]
     name = node["metadata"]["name"]
     gpu_node = None if event["type"] == "DELETED" else gpu_pools.classify_node(node)
@@ -269,13 +273,25 @@ def on_node(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         if gpu_node is None:
             memo.inventory.pop(name, None)
         else:
-            memo.inventory[name] = (gpu_node.gpu_class.upper(), gpu_node.schedulable)
+            memo.inventory[name] = gpu_node
 
 
-def _digest(inventory: dict[str, tuple[str, bool]]) -> str:
+def known_pools(memo: kopf.Memo) -> dict[str, gpu_pools.GPUPool] | None:
+    """The GPU pools from the node watch, once its first listing settled (None before: the
+    reconcile lists the nodes). A reconcile per object listing every node (at 1,000 objects,
+    1,000 lists of every node in the cluster) would cost the API server more than the
+    reconcile itself."""
+    if not memo.inventory_settled.is_set():
+        return None
+    with memo.inventory_lock:
+        return gpu_pools.pools_of(list(memo.inventory.values()))
+
+
+def _digest(inventory: dict[str, gpu_pools.GPUNode]) -> str:
     counts: dict[str, int] = {}
-    for gpu_class, schedulable in inventory.values():
-        counts[gpu_class] = counts.get(gpu_class, 0) + (1 if schedulable else 0)
+    for node in inventory.values():
+        gpu_class = node.gpu_class.upper()
+        counts[gpu_class] = counts.get(gpu_class, 0) + (1 if node.schedulable else 0)
     return ",".join(f"{cls}={n}" for cls, n in sorted(counts.items()))
 
 
@@ -294,6 +310,7 @@ def _watch_inventory(memo: kopf.Memo, stop: threading.Event) -> None:
         if digest != last_seen:
             last_seen = digest
             continue
+        memo.inventory_settled.set()  # held still for a period: the first listing is in
         if digest == applied:
             continue
         if applied is None and digest == first_seen:
@@ -304,18 +321,19 @@ def _watch_inventory(memo: kopf.Memo, stop: threading.Event) -> None:
             continue
         LOG.info("GPU inventory is now %s: reconciling InferenceDeployments", digest or "-")
         try:
-            _reconcile_all(memo.kube)
+            _reconcile_all(memo)
             applied = digest
         except Exception:  # the next period retries; a hiccup must not end the loop
             LOG.exception("reconcile after a GPU inventory change failed")
 
 
-def _reconcile_all(kube: kapply.Kube) -> None:
+def _reconcile_all(memo: kopf.Memo) -> None:
+    kube: kapply.Kube = memo.kube
     for body in kapply.list_inference_deployments(kube, CONFIG.namespaces):
         if body["metadata"].get("deletionTimestamp"):
             continue
         with metrics.timed("nodes"):
-            result = rec.reconcile(body, kube=kube)
+            result = rec.reconcile(body, kube=kube, discovered=known_pools(memo))
         metrics.RECONCILES.labels("nodes", "ok").inc()
         for event in result.events:
             kapply.post_event(kube, body, event.type, event.reason, event.message)

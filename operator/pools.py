@@ -153,11 +153,15 @@ def discover_pools(
     nodes: Iterable[Mapping[str, Any]], classify: Classifier | None = None
 ) -> dict[str, GPUPool]:
     """GPU class (upper-case, as the planner spells it) -> the pool of its nodes."""
+    classified = (classify_node(node, classify) for node in nodes)
+    return pools_of(n for n in classified if n is not None)
+
+
+def pools_of(gpu_nodes: Iterable[GPUNode]) -> dict[str, GPUPool]:
+    """GPU class (upper-case) -> the pool of these classified nodes."""
     grouped: dict[str, list[GPUNode]] = {}
-    for node in nodes:
-        gpu_node = classify_node(node, classify)
-        if gpu_node is not None:
-            grouped.setdefault(gpu_node.gpu_class.upper(), []).append(gpu_node)
+    for gpu_node in gpu_nodes:
+        grouped.setdefault(gpu_node.gpu_class.upper(), []).append(gpu_node)
     return {
         cls: GPUPool(gpu_class=cls, nodes=tuple(sorted(members, key=lambda n: n.name)))
         for cls, members in sorted(grouped.items())

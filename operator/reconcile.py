@@ -100,6 +100,7 @@ def reconcile(
     profile_window: str | None = None,
     plans: Mapping[str, PoolPlan] | None = None,
     nodes: list[dict[str, Any]] | None = None,
+    discovered: Mapping[str, gpu_pools.GPUPool] | None = None,
     now: str | None = None,
     write_status: bool = True,
 ) -> ReconcileResult:
@@ -111,6 +112,8 @@ def reconcile(
     ``status.pools[].profile`` when observed; the deployment's kept in ``status.profile``;
     the spec's declared workload. ``pools[].profile`` says which, with its scope.
     ``plans[pool]``: the plan already made on ``profiles[pool]`` (not planned again).
+    ``discovered``: the GPU pools as the operator's node watch holds them (else the nodes
+    are listed: ``nodes``, or a list call).
 
     ``body`` names the object; it is read again under a per-object lock, so a caller holding
     an older copy (a queued handler, a listing made before a spec change) can never apply an
@@ -125,7 +128,8 @@ def reconcile(
                                      profiles=profiles or {},
                                      profile_scopes=profile_scopes or {},
                                      profile_window=profile_window, plans=plans or {},
-                                     nodes=nodes, now=now, write_status=write_status)
+                                     nodes=nodes, discovered=discovered, now=now,
+                                     write_status=write_status)
         except Exception as exc:
             # Never a failure without status: say it (the caller retries with a backoff).
             if write_status:
@@ -155,6 +159,7 @@ def _reconcile_locked(
     profile_window: str | None,
     plans: Mapping[str, PoolPlan],
     nodes: list[dict[str, Any]] | None,
+    discovered: Mapping[str, gpu_pools.GPUPool] | None,
     now: str | None,
     write_status: bool,
 ) -> ReconcileResult:
@@ -261,8 +266,9 @@ def _reconcile_locked(
 
     # The KV-quality evidence of the served model revision, and its calibration Job.
     gate = calibration_flow.prepare(kube, body, spec)
-    discovered = gpu_pools.discover_pools(nodes if nodes is not None
-                                          else kapply.list_nodes(kube))
+    if discovered is None:
+        discovered = gpu_pools.discover_pools(nodes if nodes is not None
+                                              else kapply.list_nodes(kube))
     outcomes = []
     for i, pool in enumerate(spec.pools):
         pool_profile, pool_profile_status = for_pool(pool.pool_name)

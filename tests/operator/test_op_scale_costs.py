@@ -89,3 +89,35 @@ def test_the_operator_calls_the_api_without_the_clients_typed_classes() -> None:
                  if typed.search(line) and not (p.name == "apply.py"
                                                and line.strip().startswith("return client."))]
     assert offenders == []
+
+
+def test_reconciles_place_pools_from_the_node_watch_once_its_first_listing_settled() -> None:
+    """The node watch keeps each GPU node classified; once its first listing has settled a
+    reconcile places pools from it (no list of every node per object), before that the
+    reconcile lists the nodes itself (None). Node events keep it current: a new label, an
+    unschedulable node, a deleted one."""
+    import threading
+
+    import kopf
+
+    from kvtune.operator.pools import discover_pools
+
+    def node(name: str, product: str, **spec: Any) -> dict[str, Any]:
+        return {"metadata": {"name": name, "labels": {"nvidia.com/gpu.product": product}},
+                "spec": spec, "status": {"allocatable": {"nvidia.com/gpu": "8"}}}
+
+    memo = kopf.Memo(inventory={}, inventory_lock=threading.Lock(),
+                     inventory_settled=threading.Event())
+    nodes = [node("a", "NVIDIA-H200"), node("b", "NVIDIA-H200"), node("c", "NVIDIA-H100-80GB-HBM3"),
+             {"metadata": {"name": "cpu", "labels": {}}}]
+    for n in nodes:
+        handlers.on_node(event={"type": "ADDED", "object": n}, memo=memo)
+    assert handlers.known_pools(memo) is None
+    memo.inventory_settled.set()
+    assert handlers.known_pools(memo) == discover_pools(nodes)
+    handlers.on_node(event={"type": "MODIFIED", "object": node("b", "NVIDIA-H200",
+                                                               unschedulable=True)}, memo=memo)
+    handlers.on_node(event={"type": "DELETED", "object": nodes[2]}, memo=memo)
+    pools = handlers.known_pools(memo)
+    assert pools is not None and set(pools) == {"H200"}
+    assert [n.name for n in pools["H200"].schedulable_nodes] == ["a"]
