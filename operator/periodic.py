@@ -19,7 +19,8 @@ reports, re-tune) needs no clean-up when an object goes away, so it runs here in
 
 ``timer`` mirrors the subset of ``kopf.timer`` kvtune used: ``interval`` from the end of the
 previous run, ``initial_delay``, ``when(spec=, status=, body=)``; a ``kopf.TemporaryError``
-brings the next run forward or back to its ``delay``.
+brings the next run forward or back to its ``delay``, and so does a number the timer
+returns (seconds to its next run).
 """
 
 from __future__ import annotations
@@ -172,8 +173,11 @@ class Scheduler:
         logger = logging.LoggerAdapter(LOG, {"object": f"{key[0]}/{key[1]}"})
         try:
             if self.active.is_set() and not self.stopped.is_set():
-                timer_.fn(body=body, spec=body.get("spec") or {},
-                          status=body.get("status") or {}, memo=tracked.memo, logger=logger)
+                next_in = timer_.fn(body=body, spec=body.get("spec") or {},
+                                    status=body.get("status") or {}, memo=tracked.memo,
+                                    logger=logger)
+                if isinstance(next_in, int | float) and not isinstance(next_in, bool):
+                    delay = float(next_in)  # the timer's own choice of its next run
         except kopf.TemporaryError as exc:
             LOG.info("timer %r of %s/%s: %s", timer_.id, key[0], key[1], exc)
             if exc.delay is not None:

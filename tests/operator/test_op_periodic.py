@@ -155,3 +155,26 @@ def test_the_long_timers_are_spread_and_the_rollout_follower_is_not() -> None:
     by_id = {t.id: t for t in periodic.TIMERS}
     assert by_id["retune"].spread and by_id["referenced-configmaps"].spread
     assert not by_id["rollout"].spread
+
+
+def test_a_timer_that_returns_seconds_sets_its_next_run() -> None:
+    def fn(**_: Any) -> float:
+        return 7.5
+
+    s = scheduler_with(periodic.Timer("t", fn, 2.0))
+    s.set_active(True)
+    s.observe(None, body("a"))
+    first_seen = s.objects[("ns", "a")].first_seen
+    assert run_due(s, first_seen) == ["a:t"]
+    assert s.objects[("ns", "a")].next_due["t"] - first_seen >= 7.5
+
+
+def test_a_rollout_that_does_not_move_is_looked_at_less_often_until_it_moves() -> None:
+    memo: dict[str, Any] = {}
+    status = {"observedGeneration": 1, "pools": [{"name": "h200", "revision": 1}]}
+    looks = [handlers.next_rollout_look(memo, status, moved) for moved in
+             (False, False, False, False, True, False)]
+    assert looks == [2.0, 4.0, 8.0, 8.0, 2.0, 4.0]
+    # A new rollout (another revision) is looked at soon again.
+    status = {"observedGeneration": 2, "pools": [{"name": "h200", "revision": 2}]}
+    assert handlers.next_rollout_look(memo, status, False) == 2.0
