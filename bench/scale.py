@@ -202,7 +202,8 @@ def _wait_ready(watcher: _Watcher, names: set[str], timeout_s: float,
     return None
 
 
-def run(n: int, timeout_s: float, workers: int, profile: Path | None = None) -> int:
+def run(n: int, timeout_s: float, workers: int, profile: Path | None = None,
+        control_plane_qps: int | None = None) -> int:
     from kubernetes import client
 
     from kvtune.e2e import cluster as e2e_cluster
@@ -211,6 +212,9 @@ def run(n: int, timeout_s: float, workers: int, profile: Path | None = None) -> 
 
     # One Service per object: the tests' /24 service range holds 254 (a /16, 65,534).
     e2e_cluster.SERVICE_CIDR = "10.0.0.0/16"
+    # The controllers' own request rate (their default, 20/s, takes minutes to make 1,000
+    # ReplicaSets and pods whatever the operator does): --control-plane-qps.
+    e2e_cluster.CONTROL_PLANE_QPS = control_plane_qps
     load_before = os.getloadavg()
     gpus_per_node = 100
     nodes = math.ceil((n + 1) / gpus_per_node)
@@ -283,7 +287,9 @@ def run(n: int, timeout_s: float, workers: int, profile: Path | None = None) -> 
         total = sum(delta.values())
         load_after = os.getloadavg()
         print(f"kvtune scale bench: N={n} InferenceDeployments (1 pool, 1 replica, H200), "
-              f"standalone operator, {nodes} fake nodes x {gpus_per_node} GPUs")
+              f"standalone operator, {nodes} fake nodes x {gpus_per_node} GPUs, "
+              f"controller-manager/scheduler API QPS "
+              f"{control_plane_qps or 'default (20/50)'}")
         print(f"  machine: {os.cpu_count()} cores, load average {load_before[0]:.1f} before, "
               f"{load_after[0]:.1f} after")
         print(f"  baseline (same run): 1 object Ready in {baseline:.1f} s")
@@ -325,8 +331,10 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=8, help="client threads creating (8)")
     parser.add_argument("--profile", type=Path, default=None,
                         help="run the operator under py-spy; collapsed stacks to this file")
+    parser.add_argument("--control-plane-qps", type=int, default=None,
+                        help="the controller-manager's and scheduler's API QPS (their defaults)")
     args = parser.parse_args()
-    return run(args.n, args.timeout, args.workers, args.profile)
+    return run(args.n, args.timeout, args.workers, args.profile, args.control_plane_qps)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,10 @@ from kvtune.e2e.processes import ProcessRecord, Supervisor, is_running
 KWOK_STAGES = Path(__file__).resolve().parent / "kwok-stages.yaml"
 STATE_FILE = "cluster.json"
 SERVICE_CIDR = "10.0.0.0/24"
+# The controller-manager's and scheduler's request rate to the API server (None: their
+# defaults, 20 and 50 per second). bench/scale.py raises it: at the default, the Deployment
+# and ReplicaSet controllers alone need minutes to create 1,000 ReplicaSets and pods.
+CONTROL_PLANE_QPS: int | None = None
 POD_CIDR = "10.244.0.0/16"
 PORT_NAMES = (
     "etcd-client", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler"
@@ -102,6 +106,12 @@ class ClusterStatus(BaseModel):
     @property
     def running(self) -> bool:
         return bool(self.components) and all(c.running for c in self.components)
+
+
+def _qps_args() -> list[str]:
+    if CONTROL_PLANE_QPS is None:
+        return []
+    return [f"--kube-api-qps={CONTROL_PLANE_QPS}", f"--kube-api-burst={2 * CONTROL_PLANE_QPS}"]
 
 
 class LocalCluster:
@@ -359,7 +369,7 @@ class LocalCluster:
             f"--cert-dir={self.state_dir / 'certs' / 'kube-controller-manager'}",
             f"--service-account-private-key-file={certs.service_account_key}",
             f"--root-ca-file={certs.ca_cert}", "--use-service-account-credentials=false",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}", *_qps_args(),
         ])
         self._wait("kube-controller-manager", "healthy (/healthz)",
                    lambda: _https_ok(f"https://127.0.0.1:{port}/healthz"))
@@ -375,7 +385,7 @@ class LocalCluster:
             str(exe), f"--kubeconfig={kubeconfig}",
             f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
             "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={port}",
-            f"--cert-dir={self.state_dir / 'certs' / 'kube-scheduler'}",
+            f"--cert-dir={self.state_dir / 'certs' / 'kube-scheduler'}", *_qps_args(),
         ])
         self._wait("kube-scheduler", "healthy (/healthz)",
                    lambda: _https_ok(f"https://127.0.0.1:{port}/healthz"))
