@@ -203,7 +203,7 @@ def _wait_ready(watcher: _Watcher, names: set[str], timeout_s: float,
 
 
 def run(n: int, timeout_s: float, workers: int, profile: Path | None = None,
-        control_plane_qps: int | None = None) -> int:
+        control_plane_qps: int | None = None, operator_path: Path | None = None) -> int:
     from kubernetes import client
 
     from kvtune.e2e import cluster as e2e_cluster
@@ -235,8 +235,12 @@ def run(n: int, timeout_s: float, workers: int, profile: Path | None = None,
         if profile is not None:
             argv = [str(Path(sys.executable).parent / "py-spy"), "record", "--format", "raw",
                     "--threads", "--rate", "50", "--output", str(profile), "--", *argv]
+        env = dict(os.environ)
+        if operator_path is not None:
+            env["PYTHONPATH"] = str(operator_path)
         with log.open("w") as out:
-            operator = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+            operator = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                                        env=env)
         pid = _child_pid(operator.pid) if profile is not None else operator.pid
         peak = [0]
         stop = threading.Event()
@@ -333,8 +337,13 @@ def main() -> int:
                         help="run the operator under py-spy; collapsed stacks to this file")
     parser.add_argument("--control-plane-qps", type=int, default=None,
                         help="the controller-manager's and scheduler's API QPS (their defaults)")
+    parser.add_argument("--operator-path", type=Path, default=None,
+                        help="run the operator from another checkout (the import tree "
+                             "scripts/import_shim.py builds there): a before/after in one "
+                             "session on the same control plane code")
     args = parser.parse_args()
-    return run(args.n, args.timeout, args.workers, args.profile, args.control_plane_qps)
+    return run(args.n, args.timeout, args.workers, args.profile, args.control_plane_qps,
+               args.operator_path)
 
 
 if __name__ == "__main__":
