@@ -159,19 +159,24 @@ class Supervisor:
             if status is not None:
                 raise ClusterError(record.component, _why_exited(record, status), record.log_path)
 
+    def _stop(self, record: ProcessRecord, sig: signal.Signals, grace_seconds: float) -> None:
+        """``sig`` to the record's process group, then SIGKILL after ``grace_seconds``; returns
+        once it is gone."""
+        _signal_group(record, sig)
+        deadline = time.monotonic() + grace_seconds
+        while self._alive(record) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if self._alive(record):
+            _signal_group(record, signal.SIGKILL)
+            while self._alive(record):
+                time.sleep(0.02)
+
     def stop_all(self, grace_seconds: float = 10.0) -> None:
         """Stop the groups one by one, newest first (kwok ... etcd), each with SIGTERM and, if
         it is still there after ``grace_seconds``, SIGKILL. One at a time because an apiserver
         whose etcd is already gone spends many seconds retrying before it exits."""
         for record in reversed(self.records):
-            _signal_group(record, signal.SIGTERM)
-            deadline = time.monotonic() + grace_seconds
-            while self._alive(record) and time.monotonic() < deadline:
-                time.sleep(0.02)
-            if self._alive(record):
-                _signal_group(record, signal.SIGKILL)
-                while self._alive(record):
-                    time.sleep(0.02)
+            self._stop(record, signal.SIGTERM, grace_seconds)
         self.records.clear()
         self._popens.clear()
         _LIVE.discard(self)
@@ -181,14 +186,7 @@ class Supervisor:
         """Stop one component (``sig``, then SIGKILL after ``grace_seconds``) and start it
         again with the same command line (the chaos tests restart the API server)."""
         record = next(r for r in self.records if r.component == component)
-        _signal_group(record, sig)
-        deadline = time.monotonic() + grace_seconds
-        while self._alive(record) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if self._alive(record):
-            _signal_group(record, signal.SIGKILL)
-            while self._alive(record):
-                time.sleep(0.02)
+        self._stop(record, sig, grace_seconds)
         self.records.remove(record)
         self._popens.pop(record.pid, None)
         argv = record.argv

@@ -422,15 +422,9 @@ def prune_pools(kube: Kube, owner: Mapping[str, Any], keep: set[str]) -> list[st
     deleted: list[str] = []
     for kind in ("Deployment", "Service", "PodDisruptionBudget"):
         items = kube.request("GET", path(kind, namespace), query={"labelSelector": selector})
-        for item in items.get("items", []):
-            labels = item["metadata"].get("labels") or {}
-            if labels.get(LABEL_POOL) not in keep and foreign_owner(item, owner) is None:
-                try:
-                    kube.request("DELETE", path(kind, namespace, item["metadata"]["name"]))
-                    deleted.append(f"{kind}/{item['metadata']['name']}")
-                except ApiException as exc:
-                    if exc.status != 404:
-                        raise
+        deleted += _delete_ours(kube, owner, [
+            item for item in items.get("items", [])
+            if (item["metadata"].get("labels") or {}).get(LABEL_POOL) not in keep], kind)
     return deleted
 
 
