@@ -537,17 +537,34 @@ class Scheduler:
             self.now = max(self.now, next_arrival)
             return
 
-        num_tokens = 0
-        kv_read = 0
-        pairs = 0.0
+        dt = self._charge(scheduled)
+        any_done = self._compute(scheduled, self.steps)
+        alloc = 0
+        used = 0
+        for st in running:
+            alloc += len(st.blocks)
+            used += st.num_computed
+        self._sample(dt, alloc * bs - used, alloc * bs)
+        if any_done and not cfg.async_scheduling:
+            self._finish_done()
+
+    def _charge(self, scheduled: list[tuple[RequestState, int]], num_tokens: int = 0,
+                kv_read: int = 0, pairs: float = 0.0) -> float:
+        """One step's time for ``scheduled`` (each request's new tokens over what it had
+        computed) on top of the given terms (a decoding cohort's); the clock and the step
+        count move on. Returns the step's seconds."""
         for st, num_new in scheduled:
             num_tokens += num_new
             kv_read += st.num_computed + num_new
             pairs += num_new * st.num_computed + num_new * (num_new + 1) / 2.0
-        dt = self.cost.step_seconds(num_tokens, kv_read, pairs, cfg.async_scheduling)
+        dt = self.cost.step_seconds(num_tokens, kv_read, pairs, self.config.async_scheduling)
         self.now += dt
         self.steps += 1
-        step = self.steps
+        return dt
+
+    def _compute(self, scheduled: list[tuple[RequestState, int]], step: int) -> bool:
+        """The step's tokens computed: a request past its prompt samples a token (its first
+        sets the TTFT). Whether any request reached its output length."""
         any_done = False
         for st, num_new in scheduled:
             st.num_computed += num_new
@@ -560,14 +577,7 @@ class Scheduler:
                     st.first_token_seconds = self.now
                 if st.generated >= st.output_tokens:
                     any_done = True
-        alloc = 0
-        used = 0
-        for st in running:
-            alloc += len(st.blocks)
-            used += st.num_computed
-        self._sample(dt, alloc * bs - used, alloc * bs)
-        if any_done and not cfg.async_scheduling:
-            self._finish_done()
+        return any_done
 
     def _cohort_run(self, next_arrival: float | None) -> bool:
         """Take k identical decode steps at once, if every running request is a member of
@@ -705,30 +715,11 @@ class Scheduler:
             return True
 
         context = cohort.context_tokens()
-        num_tokens = members
-        kv_read = context
-        pairs = float(context)  # a member: num_computed + 1 pairs, its token count
-        for st, num_new in plan:
-            num_tokens += num_new
-            kv_read += st.num_computed + num_new
-            pairs += num_new * st.num_computed + num_new * (num_new + 1) / 2.0
-        dt = self.cost.step_seconds(num_tokens, kv_read, pairs, cfg.async_scheduling)
-        self.now += dt
-        self.steps += 1
+        # A member decodes one token over its context: num_computed + 1 pairs, its token count.
+        dt = self._charge(plan, num_tokens=members, kv_read=context, pairs=float(context))
         step = self.steps
         done = cohort.advance(1, fresh, step) if members else []
-        any_done = False
-        for st, num_new in plan:
-            st.num_computed += num_new
-            if st.num_computed >= st.num_tokens:
-                st.tail_unprocessed = st.generated > 0 and st.last_sample_step == step - 1
-                st.last_sample_step = step
-                st.generated += 1
-                st.num_tokens += 1
-                if st.generated == 1 and st.first_token_seconds != st.first_token_seconds:
-                    st.first_token_seconds = self.now
-                if st.generated >= st.output_tokens:
-                    any_done = True
+        any_done = self._compute(plan, step)
         alloc = cohort.blocks_held
         used = cohort.computed_tokens()
         for st in active:
