@@ -24,7 +24,8 @@ import asyncio
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -98,6 +99,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.kube = kapply.Kube.connect(CONFIG.kubeconfig)
     memo.inventory = {}
     memo.inventory_lock = threading.Lock()
+    memo.node_waits = NodeWaits()
     # Set once the first node listing has settled: until then the inventory may lack nodes
     # (a reconcile lists them itself).
     memo.inventory_settled = threading.Event()
@@ -150,7 +152,7 @@ def _run(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, trigger: str,
          retry: int = 0) -> None:
     with metrics.timed(trigger):
         try:
-            result = rec.reconcile(body, kube=memo.kube, discovered=known_pools(memo))
+            result = _reconcile(memo, body)
         except Exception as exc:
             metrics.RECONCILES.labels(trigger, "error").inc()
             metrics.RECONCILE_ERRORS.labels(type(exc).__name__).inc()
@@ -287,10 +289,23 @@ def on_node(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     name = node["metadata"]["name"]
     gpu_node = None if event["type"] == "DELETED" else gpu_pools.classify_node(node)
     with memo.inventory_lock:
+        if memo.inventory.get(name) != gpu_node:
+            memo.node_waits.inventory_version += 1
         if gpu_node is None:
             memo.inventory.pop(name, None)
         else:
             memo.inventory[name] = gpu_node
+
+
+@dataclass
+class NodeWaits:
+    """Which objects wait for nodes, and the inventory each was planned against. Shared
+    through the memo as one object: kopf hands each handler a shallow copy of the memo, so a
+    counter kept there as a plain attribute would be rebound on the copy."""
+
+    inventory_version: int = 0  # changes to the classified inventory so far
+    # (namespace, name) -> the inventory_version its last reconcile started from
+    waiting: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 def known_pools(memo: kopf.Memo) -> dict[str, gpu_pools.GPUPool] | None:
@@ -328,6 +343,10 @@ def _watch_inventory(memo: kopf.Memo, stop: threading.Event) -> None:
             last_seen = digest
             continue
         memo.inventory_settled.set()  # held still for a period: the first listing is in
+        try:
+            _reconcile_waiting(memo)
+        except Exception:  # the next period retries; a hiccup must not end the loop
+            LOG.exception("reconcile of objects waiting for nodes failed")
         if digest == applied:
             continue
         if applied is None and digest == first_seen:
@@ -344,13 +363,52 @@ def _watch_inventory(memo: kopf.Memo, stop: threading.Event) -> None:
             LOG.exception("reconcile after a GPU inventory change failed")
 
 
+def _reconcile(memo: kopf.Memo, body: Mapping[str, Any]) -> rec.ReconcileResult:
+    """One reconcile, remembering whether the object now waits for nodes and which
+    inventory it was planned against."""
+    waits: NodeWaits = memo.node_waits
+    with memo.inventory_lock:
+        seen = waits.inventory_version
+    result = rec.reconcile(body, kube=memo.kube, discovered=known_pools(memo))
+    key = (body["metadata"]["namespace"], body["metadata"]["name"])
+    with memo.inventory_lock:
+        if any(p.get("phase") == "NoNodes" for p in result.status.get("pools", [])):
+            waits.waiting[key] = seen
+        else:
+            waits.waiting.pop(key, None)
+    return result
+
+
+def _reconcile_waiting(memo: kopf.Memo) -> None:
+    """Reconcile the objects that wait for nodes and were planned against an older
+    inventory. Before the node watch's first listing settles, a reconcile lists nodes
+    itself: a node that came after that listing but before the watch's first look is in
+    the inventory the watch starts from, so no inventory change would ever announce it, and
+    the object would wait out kopf's no-nodes retry."""
+    waits: NodeWaits = memo.node_waits
+    with memo.inventory_lock:
+        stale = [key for key, seen in waits.waiting.items() if seen != waits.inventory_version]
+    for namespace, name in stale:
+        body = kapply.read_inference_deployment(memo.kube, namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            with memo.inventory_lock:
+                waits.waiting.pop((namespace, name), None)
+            continue
+        LOG.info("%s/%s waits for nodes and the GPU inventory changed: reconciling",
+                 namespace, name)
+        _reconcile_posting(memo, body)
+
+
 def _reconcile_all(memo: kopf.Memo) -> None:
-    kube: kapply.Kube = memo.kube
-    for body in kapply.list_inference_deployments(kube, CONFIG.namespaces):
+    for body in kapply.list_inference_deployments(memo.kube, CONFIG.namespaces):
         if body["metadata"].get("deletionTimestamp"):
             continue
-        with metrics.timed("nodes"):
-            result = rec.reconcile(body, kube=kube, discovered=known_pools(memo))
-        metrics.RECONCILES.labels("nodes", "ok").inc()
-        for event in result.events:
-            kapply.post_event(kube, body, event.type, event.reason, event.message)
+        _reconcile_posting(memo, body)
+
+
+def _reconcile_posting(memo: kopf.Memo, body: dict[str, Any]) -> None:
+    with metrics.timed("nodes"):
+        result = _reconcile(memo, body)
+    metrics.RECONCILES.labels("nodes", "ok").inc()
+    for event in result.events:
+        kapply.post_event(memo.kube, body, event.type, event.reason, event.message)

@@ -230,7 +230,14 @@ def test_pool_without_nodes_waits_then_follows_a_new_node(
     spec = copy.deepcopy(SAMPLE_SPEC)
     spec["pools"] = [{"gpuClass": "L40S", "replicas": 1}]
     spec["rollout"] = {"canaryReplicas": 0}
+    # Created while the operator is down, and the node created as soon as the object waits:
+    # the node comes while the operator's node watch has not settled (its first listing),
+    # the window where a reconcile lists the nodes itself. The watch starts from an
+    # inventory that already holds the node, so only the waiting object's record (planned
+    # against an older inventory) can bring it to the node before kopf's 30 s retry.
+    operator.stop()
     create_infd(cluster_api, ns, "edge", spec)
+    operator.start()
 
     def waiting() -> dict[str, Any] | None:
         obj = get_infd(cluster_api, ns, "edge")
