@@ -14,7 +14,9 @@ every trace) and of wall time, for:
 Traces: the Azure conversation trace (19,366 requests) at its recorded rate and at 4x, and the
 Mooncake trace (3,993 multi-turn requests, long heavily shared prompts) at 1x and 0.25x with
 prefix caching, under vLLM 0.33's defaults for Llama-3.1-8B on one H100. Each figure is the
-best of ``--repeat`` runs (the machine is shared: the load average is printed). Run:
+best of ``--repeat`` runs (the machine is shared: the load average is printed). Last, the
+replay exporter (``kvtune replay``, the demo's vLLM stand-in) against the wall clock at 20x:
+its worst lag behind the clock on each trace. Run:
 
     .venv/bin/python bench/simulate_bench.py
 """

@@ -1,4 +1,4 @@
-"""Stage 4, apply: server-side apply of the pool's objects (dry run first, all or nothing).
+"""Stage 4, apply: server-side apply of the pool's objects, all or nothing (``apply_pool``).
 
 ``apply_access`` applies the runtime's ServiceAccount, Role and RoleBinding one by one
 before the canary (its pods run as that account, and a RoleBinding's dry run needs its Role

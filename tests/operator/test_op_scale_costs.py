@@ -107,7 +107,7 @@ def test_reconciles_place_pools_from_the_node_watch_once_its_first_listing_settl
                 "spec": spec, "status": {"allocatable": {"nvidia.com/gpu": "8"}}}
 
     memo = kopf.Memo(inventory={}, inventory_lock=threading.Lock(),
-                     inventory_settled=threading.Event())
+                     inventory_settled=threading.Event(), node_waits=handlers.NodeWaits())
     nodes = [node("a", "NVIDIA-H200"), node("b", "NVIDIA-H200"), node("c", "NVIDIA-H100-80GB-HBM3"),
              {"metadata": {"name": "cpu", "labels": {}}}]
     for n in nodes:
