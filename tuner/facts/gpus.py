@@ -52,6 +52,10 @@ class GPUClass(BaseModel):
     compute_capability: tuple[int, int]
     native_low_precision: tuple[LowPrecision, ...]
     spec_source: str
+    # GPU <-> host memory, one direction, in bytes/s (KV offload to CPU loads over it);
+    # None: not known (a declared class), offload is then not simulated.
+    host_link_bytes_per_second: int | None = Field(default=None, gt=0)
+    host_link_source: str = ""
     nvml_names: tuple[str, ...]
     gpu_product_labels: tuple[str, ...]
     gke_accelerators: tuple[str, ...]

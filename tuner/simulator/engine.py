@@ -8,7 +8,9 @@ size, ``weights`` the bytes per GPU.
 Not modeled: sliding-window and chunked-attention layers recycling blocks (every layer is
 treated as full attention, so hybrid models get fewer simulated blocks than vLLM gives
 them), MoE reading only the routed experts in small decode batches (all weights are read
-every step), KV offload to CPU, speculative decoding.
+every step), speculative decoding. KV offload to CPU (``--kv-offloading-size``) is the
+CPU tier of ``offload.py``; on a declared GPU class with no host-link fact it is not
+simulated.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from kvtune.tuner.simulator.timing import Efficiency, StepCostModel, efficiency_
 
 # Two all-reduces per layer under tensor parallel, about 8 us each on NVLink (as decode.py).
 _ALLREDUCE_SECONDS = 8e-6
+# vLLM's CPU offload region aligns each chunk to the host page (``mmap.PAGESIZE``, 4 KiB on
+# x86-64 Linux; ``SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT``).
+_HOST_PAGE_BYTES = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +102,7 @@ def simulated_plan(
             f"contiguous allocation needs one {plan.max_model_len}-token reservation but the "
             f"KV cache holds {kv_tokens} tokens",
         )
+    cpu_blocks, seconds_per_block = offload_tier(request, plan, page)
     engine = EngineConfig(
         num_gpu_blocks=num_gpu_blocks, block_size=plan.block_size,
         max_num_seqs=plan.max_num_seqs, max_num_batched_tokens=plan.max_num_batched_tokens,
@@ -105,11 +111,30 @@ def simulated_plan(
         allocation=allocation,
         # vLLM 0.33 schedules asynchronously by default (no KV flag turns it off).
         async_scheduling=True,
+        cpu_offload_blocks=cpu_blocks if allocation == "paged" else 0,
+        offload_load_seconds_per_block=seconds_per_block,
     )
     return SimulatedPlan(
         name=name, plan=plan, engine=engine,
         cost=step_cost_for(request, plan.kv_cache_dtype), starts=ok, start_error=error,
     )
+
+
+def offload_tier(request: planning.PlanRequest, plan: KVPlan, page_bytes: int
+                 ) -> tuple[int, float]:
+    """The CPU tier of ``--kv-offloading-size`` (``offload.py``): how many chunks it holds
+    and the seconds one chunk takes to load; (0, 0.0) when offload is off or the GPU class
+    has no host-link fact. As vLLM's ``CPUOffloadingSpec``: the size is GiB across TP ranks,
+    a chunk is one block on every rank (one copy for MLA under TP, ``replicated_layout``),
+    rounded up to the host page size; each rank loads its own share over its own link."""
+    size = plan.kv_offloading_size_gib
+    link = request.gpu.host_link_bytes_per_second
+    if not size or not link:
+        return 0, 0.0
+    tp = request.tensor_parallel
+    copies = 1 if request.model.is_mla and tp > 1 else tp
+    chunk = -(-page_bytes * copies // _HOST_PAGE_BYTES) * _HOST_PAGE_BYTES
+    return int(size * 2**30) // chunk, page_bytes / link
 
 
 def vllm_default_plan(request: planning.PlanRequest) -> KVPlan:

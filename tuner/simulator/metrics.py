@@ -69,6 +69,8 @@ class SimResult:
     kv_cache_tokens: int
     series: TimeSeries
     config: dict[str, Any] = field(default_factory=dict)
+    # Prompt tokens loaded from the CPU tier (``--kv-offloading-size``) instead of computed.
+    cpu_hit_tokens: int = 0
 
     def per_request(self, slo: SLOTargets | None = None) -> PerRequest:
         """Per request: TTFT, TPOT and whether it met ``slo`` (a request with one output
@@ -145,6 +147,7 @@ class SimResult:
             "prefix_hit_rate": (self.prefix_hit_tokens / self.prefix_query_tokens
                                 if self.prefix_query_tokens else 0.0),
             "prefix_hit_tokens": self.prefix_hit_tokens,
+            "cpu_hit_tokens": self.cpu_hit_tokens,
             "peak_concurrent_sequences": self.peak_running,
             "mean_concurrent_sequences": self.mean_running,
             "mean_kv_usage": self.mean_kv_usage,

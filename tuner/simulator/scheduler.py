@@ -50,6 +50,12 @@ schedule, and is freed right after it. Everything else (chunks, decode tokens, a
 preemptions) is scheduled as in the synchronous loop. The step time overlaps the overhead
 with the GPU work (``timing``).
 
+KV offload to CPU (``EngineConfig.cpu_offload_blocks`` > 0, ``offload.py``): a request's
+prompt blocks are stored in the CPU tier when its prompt is done; an admission that finds
+blocks there past its GPU prefix hit allocates them, waits out of the queue for their load
+over the host link (taking no token budget), and is then scheduled first with those tokens
+computed. With offload off none of this runs: one empty-list check per loop iteration.
+
 The core is pure: no clock, no I/O, no randomness; the caller passes the requests.
 """
 
@@ -66,6 +72,7 @@ from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.simulator.blocks import BlockPool
 from kvtune.tuner.simulator.cohort import DecodeCohort
 from kvtune.tuner.simulator.metrics import SimResult, TimeSeries
+from kvtune.tuner.simulator.offload import CPUTier
 from kvtune.tuner.simulator.prefix import KeySpace
 from kvtune.tuner.simulator.timing import StepCostModel
 from kvtune.tuner.simulator.workload import SimRequest
@@ -87,6 +94,10 @@ class EngineConfig:
     # vLLM 0.33's default engine loop: batch N+1 is scheduled before batch N's output is
     # processed (see the module doc); False is the synchronous loop.
     async_scheduling: bool = False
+    # ``--kv-offloading-size`` (``offload.py``): the CPU tier's chunks (one GPU block each;
+    # 0: off) and the seconds one chunk takes to load over the host link.
+    cpu_offload_blocks: int = 0
+    offload_load_seconds_per_block: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("num_gpu_blocks", "block_size", "max_num_seqs",
@@ -94,6 +105,9 @@ class EngineConfig:
             value = getattr(self, name)
             if value <= 0:
                 raise InvalidInput(name, value, "must be > 0")
+        if self.cpu_offload_blocks < 0 or self.offload_load_seconds_per_block < 0:
+            raise InvalidInput("cpu_offload_blocks", self.cpu_offload_blocks,
+                               "the CPU tier and its load time must be >= 0")
         if self.num_gpu_blocks < 2:
             raise InvalidInput("num_gpu_blocks", self.num_gpu_blocks,
                                "needs the null block plus one usable block; give the KV "
@@ -114,6 +128,8 @@ class EngineConfig:
 # An empty block table / key list (shared: arrays are replaced, never changed in place).
 _NO_BLOCKS = np.zeros(0, dtype=np.int64)
 _NO_BLOCKS.flags.writeable = False
+# What an admission found in the CPU tier (``Scheduler._load_from_cpu``).
+_LOAD_NONE, _LOAD_STARTED, _LOAD_BLOCKED = "none", "started", "blocked"
 
 
 class RequestState:
@@ -131,6 +147,7 @@ class RequestState:
         "generated",
         "hashes",
         "last_sample_step",
+        "load_ready_seconds",
         "num_cached_blocks",
         "num_computed",
         "num_tokens",
@@ -168,6 +185,8 @@ class RequestState:
         self.cohort_tick = -1
         self.cohort_tokens = 0
         self.cohort_generated = 0
+        # Offload: when the KV it is loading from the CPU tier has arrived (NaN: none).
+        self.load_ready_seconds = float("nan")
 
 
 StepHook = Callable[["Scheduler"], None]
@@ -212,6 +231,12 @@ class Scheduler:
             num_blocks = config.num_gpu_blocks
             caching = config.enable_prefix_caching
         self.pool = BlockPool(num_blocks, enable_caching=caching)
+        # The CPU tier (offload.py) where offload is on; requests loading from it, in the
+        # order they were admitted.
+        self.offload = (CPUTier(config.cpu_offload_blocks,
+                                config.offload_load_seconds_per_block)
+                        if config.cpu_offload_blocks > 0 and caching else None)
+        self.loading: list[RequestState] = []
         self.keyspace = KeySpace(self.block_size)
         self.requests = list(requests)
         self.states: list[RequestState] = []
@@ -226,6 +251,8 @@ class Scheduler:
         self.preemptions = 0
         # Tokens a resumed (preempted) request found still cached: recompute it was spared.
         self.resume_hit_tokens = 0
+        # Prompt tokens loaded from the CPU tier instead of computed (offload.py).
+        self.cpu_hit_tokens = 0
         self.query_tokens = 0
         self.hit_tokens = 0
         self.series = TimeSeries()
@@ -333,9 +360,71 @@ class Scheduler:
 
     def _admission_blocks(self, st: RequestState, hits: np.ndarray) -> int:
         """Free blocks the full-sequence check needs (new blocks + hits in the free queue)."""
-        new: int = -(-st.num_tokens // self.block_size) - len(hits)
+        new: int = -(-st.num_tokens // self.block_size) - len(hits) - len(st.blocks)
         evictable: int = self.pool.num_free_among(hits)
         return max(0, new) + evictable
+
+    # -- the CPU tier (offload.py) ---------------------------------------------------------
+
+    def _load_from_cpu(self, st: RequestState, hits: np.ndarray) -> str:
+        """Where the CPU tier holds the blocks after the GPU hit ``hits``: allocate them,
+        queue their load and move ``st`` to ``loading`` (``_LOAD_STARTED``). No CPU hit:
+        ``_LOAD_NONE`` (admitted as without offload). The full sequence does not fit beside
+        the other loads' reservations: ``_LOAD_BLOCKED`` (admission stops, as vLLM's
+        ``allocate_slots`` with ``reserved_blocks``)."""
+        tier = self.offload
+        assert tier is not None
+        bs = self.block_size
+        cpu = tier.lookup(st.hashes, len(hits), min(len(st.hashes), st.num_tokens // bs))
+        if not cpu:
+            return _LOAD_NONE
+        reserved = sum(-(-other.num_tokens // bs) - len(other.blocks) for other in self.loading)
+        if self._admission_blocks(st, hits) + reserved > self.pool.get_num_free_blocks():
+            return _LOAD_BLOCKED
+        computed = (len(hits) + cpu) * bs
+        if not st.admitted:
+            st.admitted = True
+            st.scheduled_seconds = self.now
+            st.cached_tokens = computed
+            self.query_tokens += st.num_tokens
+            self.hit_tokens += len(hits) * bs
+        else:
+            self.resume_hit_tokens += computed
+        self.cpu_hit_tokens += cpu * bs
+        self.pool.touch(hits)
+        st.blocks = np.concatenate((hits, self.pool.get_new_blocks(cpu)))
+        st.num_cached_blocks = len(hits)  # the loaded blocks are cached once they arrive
+        st.num_computed = computed
+        st.load_ready_seconds = tier.load(self.now, cpu)
+        self.loading.append(st)
+        return _LOAD_STARTED
+
+    def _loads_arrived(self) -> None:
+        """Requests whose load is done go to the front of the waiting queue, in the order
+        they were admitted, with their loaded blocks cached (vLLM's
+        ``_update_waiting_for_remote_kv``; a full hit recomputes its last token)."""
+        loading = self.loading
+        done = 0
+        while done < len(loading) and loading[done].load_ready_seconds <= self.now:
+            done += 1
+        if not done:
+            return
+        arrived = loading[:done]
+        del loading[:done]
+        for st in arrived:
+            self._cache(st, st.num_computed)
+            if st.num_computed >= st.num_tokens:
+                st.num_computed = st.num_tokens - 1
+            st.load_ready_seconds = float("nan")
+        self.waiting.extendleft(reversed(arrived))
+
+    def _store_prompt(self, st: RequestState) -> None:
+        """The request's prompt is computed: its full prompt blocks go to the CPU tier."""
+        tier = self.offload
+        assert tier is not None
+        full = st.req.prompt_tokens // self.block_size
+        named = min(full, len(st.hashes))
+        tier.store(st.hashes[:named], full - named)
 
     def _head_admissible(self) -> bool:
         if not self.waiting or len(self.running) >= self.config.max_num_seqs:
@@ -353,17 +442,24 @@ class Scheduler:
         idx = 0
         stride = max(1, n // PROGRESS_REPORTS)
         next_report = stride
+        loading = self.loading
         while True:
             while idx < n and states[idx].req.arrival_seconds <= self.now:
                 if states[idx].output_tokens > 0:
                     self.waiting.append(states[idx])
                 idx += 1
-            if not self.running and not self.waiting:
+            if not self.running and not self.waiting and not loading:
                 if idx >= n:
                     break
                 self.now = states[idx].req.arrival_seconds
                 continue
             next_arrival = states[idx].req.arrival_seconds if idx < n else None
+            if loading:
+                self._loads_arrived()
+                # The engine idles until the next arrival or the next load, whichever first.
+                ready = loading[0].load_ready_seconds if loading else None
+                if ready is not None and (next_arrival is None or ready < next_arrival):
+                    next_arrival = ready
             self.events += 1
             self._advance(next_arrival)
             if self.on_step is not None:
@@ -446,11 +542,31 @@ class Scheduler:
         pool = self.pool
         bs = self.block_size
         max_num_seqs = self.config.max_num_seqs
+        offload = self.offload
         while budget > 0 and waiting and len(running) < max_num_seqs:
             st = waiting[0]
+            if offload is not None and len(st.blocks):
+                # Its KV arrived from the CPU tier: it holds the blocks, nothing to look up.
+                if self._admission_blocks(st, _NO_BLOCKS) > pool.get_num_free_blocks():
+                    break
+                num_new = min(st.num_tokens - st.num_computed, budget)
+                ok = self._allocate(st, num_new)
+                assert ok, "the full-sequence check admitted a request whose chunk does not fit"
+                waiting.popleft()
+                running.append(st)
+                scheduled.append((st, num_new))
+                budget -= num_new
+                continue
             hits = self._lookup(st)
             if self._admission_blocks(st, hits) > pool.get_num_free_blocks():
                 break
+            if offload is not None:
+                load = self._load_from_cpu(st, hits)
+                if load == _LOAD_BLOCKED:
+                    break
+                if load == _LOAD_STARTED:
+                    waiting.popleft()  # it waits for its KV (WAITING_FOR_REMOTE_KVS)
+                    continue
             computed = len(hits) * bs
             num_new = min(st.num_tokens - computed, budget)
             if not st.admitted:
@@ -531,10 +647,9 @@ class Scheduler:
         if not scheduled:
             if finishing:
                 return  # an empty batch: the finished requests left, schedule again
-            # Nothing fits and nothing runs: wait for the next arrival (cannot happen with
-            # the rejections in __init__, but never spin).
-            assert next_arrival is not None, "simulator deadlock: nothing scheduled, no arrivals"
-            self.now = max(self.now, next_arrival)
+            # Nothing fits and nothing runs: wait for the next arrival or load (cannot happen
+            # otherwise with the rejections in __init__, but never spin).
+            self._idle(next_arrival)
             return
 
         dt = self._charge(scheduled)
@@ -547,6 +662,15 @@ class Scheduler:
         self._sample(dt, alloc * bs - used, alloc * bs)
         if any_done and not cfg.async_scheduling:
             self._finish_done()
+
+    def _idle(self, next_arrival: float | None) -> None:
+        """Nothing was scheduled: the clock moves to the next arrival, or to the next load
+        from the CPU tier if that comes first (one may have started in this very step)."""
+        if self.loading:
+            ready = self.loading[0].load_ready_seconds
+            next_arrival = ready if next_arrival is None else min(next_arrival, ready)
+        assert next_arrival is not None, "simulator deadlock: nothing scheduled, no arrivals"
+        self.now = max(self.now, next_arrival)
 
     def _charge(self, scheduled: list[tuple[RequestState, int]], num_tokens: int = 0,
                 kv_read: int = 0, pairs: float = 0.0) -> float:
@@ -575,6 +699,8 @@ class Scheduler:
                 st.num_tokens += 1
                 if st.generated == 1 and st.first_token_seconds != st.first_token_seconds:
                     st.first_token_seconds = self.now
+                    if self.offload is not None:
+                        self._store_prompt(st)
                 if st.generated >= st.output_tokens:
                     any_done = True
         return any_done
@@ -594,6 +720,10 @@ class Scheduler:
         if next_arrival is not None and not self.waiting and n < self.config.max_num_seqs:
             k = min(k, self.cost.decode_steps_to_reach(
                 n, context, next_arrival - self.now, k, overlapped))
+        if self.loading:
+            # A load that arrives is scheduled in the next step: stop there.
+            k = min(k, self.cost.decode_steps_to_reach(
+                n, context, self.loading[0].load_ready_seconds - self.now, k, overlapped))
         free = self.pool.get_num_free_blocks()
         # Cheap bound first: k steps add at most ceil(k / bs) blocks to each sequence.
         if n * -(-k // self.block_size) > free and cohort.new_blocks_for(k) > free:
@@ -710,8 +840,7 @@ class Scheduler:
         if not plan and not members:
             if finishing:
                 return True  # an empty batch: the finished requests left, schedule again
-            assert next_arrival is not None, "simulator deadlock: nothing scheduled, no arrivals"
-            self.now = max(self.now, next_arrival)
+            self._idle(next_arrival)
             return True
 
         context = cohort.context_tokens()
@@ -755,6 +884,7 @@ class Scheduler:
             rejected=self.rejected,
             preemptions=self.preemptions,
             resume_hit_tokens=self.resume_hit_tokens,
+            cpu_hit_tokens=self.cpu_hit_tokens,
             prefix_query_tokens=self.query_tokens,
             prefix_hit_tokens=self.hit_tokens,
             peak_running=self.peak_running,

@@ -1,0 +1,173 @@
+"""The CPU KV tier (``--kv-offloading-size``, ``tuner/simulator/offload.py``): multi-turn
+history evicted from the GPU prefix cache is loaded from CPU instead of recomputed, and a
+run with offload off (or with nothing to reuse) is exactly the run without the tier."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from simhelpers import STEP_SECONDS, fixed_step_cost, request
+
+from kvtune.tuner.facts.catalog import get_model
+from kvtune.tuner.facts.gpus import get_gpu_class
+from kvtune.tuner.planner.planning import PlanRequest, plan_pool
+from kvtune.tuner.planner.presets import preset_profile
+from kvtune.tuner.simulator.engine import offload_tier, simulated_plan
+from kvtune.tuner.simulator.metrics import SimResult
+from kvtune.tuner.simulator.offload import CPUTier
+from kvtune.tuner.simulator.scheduler import EngineConfig, Scheduler, simulate
+from kvtune.tuner.simulator.workload import SimRequest
+
+SESSIONS = 8
+HISTORY_TOKENS = 1024  # turn 1's prompt: 64 blocks of 16
+NEW_TOKENS = 256
+
+
+def _multi_turn() -> list[SimRequest]:
+    """Eight sessions: all first turns, then all second turns (each re-sends its first
+    turn's prompt, then 256 new tokens). The GPU cache holds about three histories."""
+    reqs: list[SimRequest] = []
+    for s in range(SESSIONS):
+        history = ((100 + s, HISTORY_TOKENS),)
+        reqs.append(request(s, 0.5 * s, HISTORY_TOKENS, 4, history))
+    for s in range(SESSIONS):
+        turn2 = ((100 + s, HISTORY_TOKENS), (200 + s, NEW_TOKENS))
+        reqs.append(request(SESSIONS + s, 10.0 + 0.5 * s, HISTORY_TOKENS + NEW_TOKENS, 4,
+                            turn2))
+    return reqs
+
+
+def _cfg(**kw: object) -> EngineConfig:
+    base: dict[str, object] = dict(
+        num_gpu_blocks=200, block_size=16, max_num_seqs=8, max_num_batched_tokens=128,
+        max_model_len=4096, enable_prefix_caching=True, async_scheduling=True,
+    )
+    base.update(kw)
+    return EngineConfig(**base)  # type: ignore[arg-type]
+
+
+def _ttft(res: SimResult, ids: range) -> float:
+    return float(np.mean([res.first_token_seconds[i] - res.arrival_seconds[i] for i in ids]))
+
+
+def _same(a: SimResult, b: SimResult) -> None:
+    assert a.first_token_seconds == b.first_token_seconds
+    assert a.finish_seconds == b.finish_seconds
+    assert (a.preemptions, a.prefix_hit_tokens, a.resume_hit_tokens) == (
+        b.preemptions, b.prefix_hit_tokens, b.resume_hit_tokens)
+    assert a.series.kv_usage == b.series.kv_usage
+
+
+def test_evicted_history_is_loaded_from_cpu_and_ttft_falls() -> None:
+    reqs = _multi_turn()
+    cost = fixed_step_cost()
+    off = simulate(reqs, _cfg(), cost)
+    # 8 x 64 history blocks fit in 1,000 CPU chunks; a chunk loads in 0.1 ms.
+    on = simulate(reqs, _cfg(cpu_offload_blocks=1000, offload_load_seconds_per_block=1e-4),
+                  cost)
+    second = range(SESSIONS, 2 * SESSIONS)
+    assert off.cpu_hit_tokens == 0
+    # Most histories were evicted from the GPU cache (it holds ~3): the GPU alone finds few.
+    assert off.prefix_hit_tokens < SESSIONS * HISTORY_TOKENS / 2
+    # With the tier, every second turn finds its whole history on GPU or CPU.
+    assert on.prefix_hit_tokens + on.cpu_hit_tokens == SESSIONS * HISTORY_TOKENS
+    assert on.cpu_hit_tokens >= SESSIONS * HISTORY_TOKENS / 2
+    # A history of 64 blocks loads in 6.4 ms; recomputing it takes 8 steps of 128 tokens.
+    assert _ttft(on, second) < _ttft(off, second) - 4 * STEP_SECONDS
+    # First turns are untouched (nothing to load yet).
+    assert on.first_token_seconds[:SESSIONS] == off.first_token_seconds[:SESSIONS]
+
+
+def test_a_load_waits_on_the_host_link_and_takes_no_step_budget() -> None:
+    """One history of 64 blocks evicted, then re-sent: the request waits for its load (10 ms
+    a chunk) and then computes only its new tokens."""
+    first = request(0, 0.0, HISTORY_TOKENS, 2, ((100, HISTORY_TOKENS),))
+    # A stranger big enough to evict the history from a 70-block GPU cache.
+    evictor = request(1, 1.0, 1000, 2)
+    again = request(2, 2.0, HISTORY_TOKENS + 16, 2, ((100, HISTORY_TOKENS), (200, 16)))
+    cfg = _cfg(num_gpu_blocks=70, max_num_batched_tokens=2048, cpu_offload_blocks=500,
+               offload_load_seconds_per_block=0.01)
+    res = simulate([first, evictor, again], cfg, fixed_step_cost())
+    # The GPU evicts a chain tail first: its head is a GPU hit, the rest comes from CPU.
+    assert res.prefix_hit_tokens + res.cpu_hit_tokens == HISTORY_TOKENS
+    assert res.cpu_hit_tokens >= HISTORY_TOKENS * 3 // 4
+    ttft = res.first_token_seconds[2] - res.arrival_seconds[2]
+    load = res.cpu_hit_tokens // 16 * 0.01
+    # The load, then the first step that sees it computes the 16 new tokens.
+    assert load <= ttft <= load + 2 * STEP_SECONDS + 1e-9
+
+
+def test_the_cpu_tier_is_an_lru_of_its_capacity() -> None:
+    tier = CPUTier(capacity_blocks=4, seconds_per_block=0.5)
+    a = np.asarray([1, 2, 3], dtype=np.int64)
+    tier.store(a, 0)
+    assert tier.lookup(a, 0, 3) == 3
+    b = np.asarray([7, 8], dtype=np.int64)
+    tier.store(b, 1)  # 3 + 2 + 1 anonymous > 4: two of a's go, its tail first
+    tier.check_invariants()
+    assert tier.size == 4
+    assert tier.lookup(a, 0, 3) == 1  # its head (most recently used) stays
+    assert tier.lookup(b, 0, 2) == 2
+    # Loads queue on the link: the second waits for the first.
+    assert tier.load(0.0, 2) == pytest.approx(1.0)
+    assert tier.load(0.2, 1) == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="capacity_blocks=0"):
+        CPUTier(0, 1.0)
+
+
+def test_many_stores_keep_the_lru_consistent() -> None:
+    rng = np.random.default_rng(3)
+    tier = CPUTier(capacity_blocks=50, seconds_per_block=0.0)
+    for _ in range(400):
+        start = int(rng.integers(0, 200))
+        keys = np.arange(start, start + int(rng.integers(1, 30)), dtype=np.int64)
+        tier.store(keys, int(rng.integers(0, 5)))
+        tier.lookup(keys, 0, len(keys))
+        tier.check_invariants()
+
+
+def test_offload_with_nothing_to_reuse_is_exactly_the_run_without_it() -> None:
+    """Requests that share nothing: the tier stores every prompt, finds nothing, and the
+    run is the one without it, step for step."""
+    reqs = [request(i, 0.05 * i, 300 + 37 * (i % 5), 20 + i % 7) for i in range(60)]
+    cost = fixed_step_cost()
+    off = simulate(reqs, _cfg(num_gpu_blocks=120), cost)
+    tier = Scheduler(reqs, _cfg(num_gpu_blocks=120, cpu_offload_blocks=100,
+                                offload_load_seconds_per_block=1e-3), cost)
+    on = tier.run()
+    assert tier.offload is not None and tier.offload.stored_blocks > 0
+    assert on.cpu_hit_tokens == 0
+    _same(on, off)
+
+
+def test_offload_off_is_the_default_engine() -> None:
+    reqs = _multi_turn()
+    cost = fixed_step_cost()
+    plain = simulate(reqs, _cfg(), cost)
+    zero = simulate(reqs, _cfg(cpu_offload_blocks=0, offload_load_seconds_per_block=1.0), cost)
+    _same(plain, zero)
+    assert Scheduler(reqs, _cfg(cpu_offload_blocks=10), cost).offload is not None
+    # Offload needs the prefix cache's keys: without caching there is no tier.
+    no_cache = _cfg(enable_prefix_caching=False, cpu_offload_blocks=10)
+    assert Scheduler(reqs, no_cache, cost).offload is None
+
+
+def test_the_engine_sizes_the_tier_as_vllm() -> None:
+    """8B on one H100 at 16-token blocks: a block of all layers is 2 MiB (bf16: 32 layers x
+    2 x 8 heads x 128 x 2 bytes x 16 tokens); 10 GiB hold 5,120 chunks; one loads over
+    PCIe Gen5 (64 GB/s each way) in 2 MiB / 64e9 s."""
+    req = PlanRequest(model=get_model("meta-llama/Llama-3.1-8B-Instruct"),
+                      gpu=get_gpu_class("H100"), profile=preset_profile("chat"))
+    plan = plan_pool(req).plan.model_copy(update={
+        "kv_offloading_size_gib": 10.0, "block_size": 16, "kv_cache_dtype": "auto"})
+    blocks, seconds = offload_tier(req, plan, 2 * 2**20)
+    assert blocks == 5120
+    assert seconds == pytest.approx(2 * 2**20 / 64e9)
+    sim = simulated_plan(req, plan, "with offload")
+    assert sim.engine.cpu_offload_blocks == 5120
+    off = simulated_plan(req, plan.model_copy(update={"kv_offloading_size_gib": None}), "off")
+    assert off.engine.cpu_offload_blocks == 0
+    assert dataclasses.replace(sim.engine, cpu_offload_blocks=0,
+                               offload_load_seconds_per_block=0.0) == off.engine
