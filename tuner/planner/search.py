@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from kvtune.tuner import kv_quality
+from kvtune.tuner import knobs, kv_quality
 from kvtune.tuner.plan import (
     ExpectedFigures,
     FrontPoint,
@@ -210,7 +210,7 @@ def changed_knobs(plan: KVPlan, reference: KVPlan | None) -> tuple[str, ...]:
     """The vLLM flags (dashed) whose value differs from ``reference``."""
     if reference is None:
         return ()
-    return tuple(k.replace("_", "-") for k in _KNOBS
+    return tuple(knobs.BY_NAME[k].flag for k in _KNOBS
                  if getattr(plan, k) != getattr(reference, k))
 
 
@@ -490,9 +490,9 @@ def _offload_reason(book: _Book, best: _Scored, size: float, n: int, tie: float)
     on = book.score(_with_offload(best.plan, size), n)
     off = book.score(_with_offload(best.plan, None), n)
     chosen = best.plan.kv_offloading_size_gib
-    figures = (f"predicted SLO-goodput {on.goodput_requests_per_second:.2f} req/s with "
+    figures = (f"predicted SLO-goodput {on.goodput_requests_per_second:.3g} req/s with "
                f"{size:g} GiB of CPU KV offload (TTFT p95 {on.ttft_p95_seconds:.3f} s), "
-               f"{off.goodput_requests_per_second:.2f} req/s without (TTFT p95 "
+               f"{off.goodput_requests_per_second:.3g} req/s without (TTFT p95 "
                f"{off.ttft_p95_seconds:.3f} s) over {n} requests")
     if chosen:
         why = "the goodput search keeps the CPU tier on: "
@@ -585,7 +585,6 @@ def _pool_plan(run: PlanRun, base_pool: PoolPlan, best: _Scored, summary: Search
     changed = set(changed_knobs(plan, base))
     if offload_reason is not None:
         # Its reason comes from the search (below), whether or not the rules chose alike.
-        changed.discard("kv-offloading-size-gib")
         changed.add("kv-offloading-size")
     s = best.score
     figures = (f"predicted SLO-goodput {s.goodput_requests_per_second:.2f} req/s "
@@ -597,8 +596,8 @@ def _pool_plan(run: PlanRun, base_pool: PoolPlan, best: _Scored, summary: Search
         if offload_reason is not None and knob == "kv-offloading-size":
             reasons.append(offload_reason)
             continue
-        value = getattr(plan, knob.replace("-", "_"))
-        was = getattr(base, knob.replace("-", "_"))
+        value = getattr(plan, knobs.FLAG_TO_NAME[knob])
+        was = getattr(base, knobs.FLAG_TO_NAME[knob])
         reasons.append(Reason(
             knob=knob, choice=str(value).lower() if isinstance(value, bool) else str(value),
             code="BestGoodput",
