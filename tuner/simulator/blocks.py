@@ -51,6 +51,10 @@ Ids = Sequence[int] | np.ndarray
 _SCALAR_MAX = 4
 
 
+# The largest element (``ndarray.max`` without its Python-level wrapper).
+_max = np.maximum.reduce
+
+
 def _ids(blocks: Ids) -> np.ndarray:
     if isinstance(blocks, np.ndarray):
         return blocks
@@ -84,7 +88,10 @@ class FreeKVCacheBlockQueue:
         # Stale entries in _slots[head:tail] (blocks taken out by ``remove``): while there
         # are none, the front n entries are the n blocks to hand out (no liveness check).
         self._stale = 0
-        self._relayout(np.asarray(block_ids, dtype=np.int64), 0)
+        ids = (np.arange(block_ids.start, block_ids.stop, block_ids.step, dtype=np.int64)
+               if isinstance(block_ids, range)  # not element by element: pools are large
+               else np.asarray(block_ids, dtype=np.int64))
+        self._relayout(ids, 0)
 
     def _live(self) -> np.ndarray:
         window = self._slots[self._head:self._tail]
@@ -318,7 +325,7 @@ class BlockPool:
             return taken
         hashes = self.block_hash[taken]
         # NO_HASH < UNSHARED_HASH < every key: the largest tells what kinds are there.
-        top = int(hashes.max())
+        top = int(_max(hashes))
         if top != NO_HASH:
             if top >= 0:
                 keyed = hashes >= 0
@@ -371,7 +378,7 @@ class BlockPool:
         ids = _ids(blocks)[num_cached_blocks:end]
         keys = _ids(block_hashes)[num_cached_blocks:end]
         bh = self.block_hash
-        if bh[ids].max() != NO_HASH:  # NO_HASH is the least value: some are cached
+        if _max(bh[ids]) != NO_HASH:  # NO_HASH is the least value: some are cached
             new = bh[ids] == NO_HASH  # the others are prefix hits, already cached
             ids, keys = ids[new], keys[new]
             if not len(ids):
@@ -403,7 +410,7 @@ class BlockPool:
             return
         ref = self.ref_cnt
         refs = ref[ids]
-        if refs.max() == 1:
+        if _max(refs) == 1:
             # No other request holds any of them (the common case): all go free.
             ref[ids] = 0
             tail = ids[num_full_blocks:][::-1]
