@@ -1,14 +1,16 @@
 """The goodput search against an exhaustive grid (the oracle) and vLLM's defaults.
 
 For each setting (a trace, a model, a GPU class, a load and an SLO chosen so that a
-different resource binds: compute, KV memory, TTFT, TPOT, prefix reuse, long context) it
+different resource binds: compute, KV memory, TTFT, TPOT, prefix reuse, long context, a
+CPU KV tier) it
 prints, on the same request stream:
 
 - ``defaults``: vLLM 0.33's defaults (no KV flags), its SLO-goodput and attainment;
 - ``planned``: the plan ``plan_by_goodput`` chose (the search: pre-flight, successive
   halving), its goodput, and the CPU seconds the search took;
 - ``oracle``: the best goodput any configuration of the exhaustive grid reaches (every
-  candidate the search could consider, every block size, all on the full stream);
+  candidate the search could consider, every block size, CPU offload off and on where the
+  search tries it, all on the full stream);
 
 and the ratios the issue asks for: planned / oracle >= 0.97 everywhere, planned / defaults
 >= 1.3 wherever the defaults miss the SLO for >= 10% of the requests. The machine is shared
@@ -50,6 +52,7 @@ class Setting:
     ttft: float
     tpot: float
     tp: int = 1
+    cpu_gib: int = 0  # the policy's CPU memory per GPU for offloaded KV (0: no offload)
 
 
 SETTINGS = (
@@ -65,6 +68,10 @@ SETTINGS = (
             "meta-llama/Llama-3.1-8B-Instruct", "H200", "auto", 0.5, 5.0, 0.05),
     Setting("long-context: 70B fp8, B200, Mooncake at 0.25x", "mooncake",
             "meta-llama/Llama-3.3-70B-Instruct", "B200", "fp8", 0.25, 10.0, 0.1),
+    # Mooncake's reuse comes back after more tokens than an H100 holds (~950K at fp8 KV):
+    # a CPU tier four times the GPU's KV memory keeps the prompts for their next use.
+    Setting("offload: 8B, H100, Mooncake at 0.5x, 256 GiB CPU", "mooncake",
+            "meta-llama/Llama-3.1-8B-Instruct", "H100", "auto", 0.5, 5.0, 0.05, cpu_gib=256),
 )
 REQUESTS = 800
 
@@ -82,7 +89,8 @@ def run(s: Setting) -> dict[str, float | str]:
     request = PlanRequest(
         model=get_model(s.model), gpu=get_gpu_class(s.gpu), tensor_parallel=s.tp,
         weights_dtype=s.weights_dtype, profile=profile_from_trace(trace),
-        policy=PlanPolicy(slo=SLO(ttft_p95_seconds=s.ttft, tpot_p95_seconds=s.tpot)))
+        policy=PlanPolicy(slo=SLO(ttft_p95_seconds=s.ttft, tpot_p95_seconds=s.tpot),
+                          cpu_offload_budget_bytes=s.cpu_gib * 2**30))
     scorer = TrafficScorer(tuple(requests_from_trace(trace)))
     n = scorer.max_requests
     defaults = scorer.score(request, vllm_default_plan(request), n)
@@ -95,6 +103,17 @@ def run(s: Setting) -> dict[str, float | str]:
     best = max((scorer.score(request, c, n) for c in candidates),
                key=lambda x: x.goodput_requests_per_second)
     grid_cpu = time.process_time() - cpu0
+    offload = ""
+    if s.cpu_gib:
+        # The searched plan with the CPU tier flipped: what offload is worth on this stream.
+        size = planned_pool.plan.kv_offloading_size_gib
+        flipped = planned_pool.plan.model_copy(update={
+            "kv_offloading_size_gib": None if size else float(s.cpu_gib * s.tp),
+            "kv_offloading_backend": None if size else "native"})
+        other = scorer.score(request, flipped, n).goodput_requests_per_second
+        on, off = (planned.goodput_requests_per_second, other) if size else (
+            other, planned.goodput_requests_per_second)
+        offload = f"; goodput with offload {on:.3f}, without {off:.3f}"
     return {
         "setting": s.label, "defaults": defaults.goodput_requests_per_second,
         "defaults_att": defaults.slo_attainment if defaults.starts else float("nan"),
@@ -104,6 +123,7 @@ def run(s: Setting) -> dict[str, float | str]:
         "search_cpu": search_cpu, "grid_cpu": grid_cpu, "grid_size": float(len(candidates)),
         "args": " ".join(planned_pool.plan.vllm_args()),
         "slo_met": "yes" if planned_pool.search and planned_pool.search.slo_met else "no",
+        "offload": offload,
     }
 
 
@@ -128,10 +148,10 @@ def main() -> None:
               f"{o:.3f} ({float(r['oracle_att']):.1%}) | {p / o if o else 1.0:.3f} | "
               f"{ratio_d} | {float(r['search_cpu']):.1f} | "
               f"{int(float(r['grid_size']))}, {float(r['grid_cpu']):.0f} |", flush=True)
-        plans.append((r["setting"], r["args"], r["slo_met"]))
+        plans.append((r["setting"], r["args"], r["slo_met"], r["offload"]))
     print()
-    for label, vargs, met in plans:
-        print(f"- {label}: `{vargs}` (SLO met at the observed rate: {met})")
+    for label, vargs, met, offload in plans:
+        print(f"- {label}: `{vargs}` (SLO met at the observed rate: {met}{offload})")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

@@ -100,6 +100,7 @@ def _row(config: SimulatedPlan, result: SimResult | None, slo: SLOTargets | None
             "max_model_len": config.engine.max_model_len,
             "enable_prefix_caching": config.engine.enable_prefix_caching,
             "allocation": config.engine.allocation,
+            "cpu_offload_blocks": config.engine.cpu_offload_blocks,
         },
     }
     if not config.starts:
@@ -193,6 +194,10 @@ def simulate(
             shown(f"planning 'planned': scoring its candidates on {score_sample:,} requests "
                   "of the trace")
         configs = compare.configurations(request, names, overrides, scorer)
+        if engine == "vllm" and any(c.engine.cpu_offload_blocks for c in configs):
+            raise InvalidInput("--config", "kv_offloading_size_gib",
+                               "--engine vllm runs vLLM's scheduler without its KV connector: "
+                               "CPU offload is simulated by kvtune's engine only")
         requests = requests_from_trace(trace, speed=speed, limit=limit)
         rows = []
         results: list[SimResult] = []

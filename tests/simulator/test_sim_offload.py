@@ -5,21 +5,29 @@ run with offload off (or with nothing to reuse) is exactly the run without the t
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from simhelpers import STEP_SECONDS, fixed_step_cost, request
+from test_sim_cohort import ROOFLINE, _slice
 
+from kvtune.cli.main import cli
+from kvtune.e2e.traces import MOONCAKE_TRACE
 from kvtune.tuner.facts.catalog import get_model
 from kvtune.tuner.facts.gpus import get_gpu_class
 from kvtune.tuner.planner.planning import PlanRequest, plan_pool
 from kvtune.tuner.planner.presets import preset_profile
+from kvtune.tuner.simulator.compare import parse_overrides
 from kvtune.tuner.simulator.engine import offload_tier, simulated_plan
 from kvtune.tuner.simulator.metrics import SimResult
 from kvtune.tuner.simulator.offload import CPUTier
 from kvtune.tuner.simulator.scheduler import EngineConfig, Scheduler, simulate
 from kvtune.tuner.simulator.workload import SimRequest
 
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SESSIONS = 8
 HISTORY_TOKENS = 1024  # turn 1's prompt: 64 blocks of 16
 NEW_TOKENS = 256
@@ -158,7 +166,7 @@ def test_the_engine_sizes_the_tier_as_vllm() -> None:
     """8B on one H100 at 16-token blocks: a block of all layers is 2 MiB (bf16: 32 layers x
     2 x 8 heads x 128 x 2 bytes x 16 tokens); 10 GiB hold 5,120 chunks; one loads over
     PCIe Gen5 (64 GB/s each way) in 2 MiB / 64e9 s."""
-    req = PlanRequest(model=get_model("meta-llama/Llama-3.1-8B-Instruct"),
+    req = PlanRequest(model=get_model(MODEL),
                       gpu=get_gpu_class("H100"), profile=preset_profile("chat"))
     plan = plan_pool(req).plan.model_copy(update={
         "kv_offloading_size_gib": 10.0, "block_size": 16, "kv_cache_dtype": "auto"})
@@ -171,3 +179,65 @@ def test_the_engine_sizes_the_tier_as_vllm() -> None:
     assert off.engine.cpu_offload_blocks == 0
     assert dataclasses.replace(sim.engine, cpu_offload_blocks=0,
                                offload_load_seconds_per_block=0.0) == off.engine
+
+
+def test_kvtune_simulate_takes_an_offload_size_and_reports_cpu_hits() -> None:
+    """``kvtune simulate --config kv_offloading_size_gib=N`` replays with the CPU tier (0:
+    off); the JSON reports the tier's chunks and the tokens it served. vLLM's own scheduler
+    (``--engine vllm``) runs without its KV connector, so it refuses the knob in one line."""
+    assert parse_overrides(["kv-offloading-size-gib=64"]) == {"kv_offloading_size_gib": 64.0}
+    args = ["simulate", "--trace", str(MOONCAKE_TRACE), "--model", MODEL, "--gpu", "H100",
+            "--limit", "300", "--compare", "custom", "--score-sample", "0", "-o", "json",
+            "--config", "kv_offloading_size_gib=256"]
+    runner = CliRunner()
+    ok = runner.invoke(cli, args)
+    assert ok.exit_code == 0, ok.output
+    row = json.loads(ok.output)["configurations"][0]
+    assert row["engine"]["cpu_offload_blocks"] > 0
+    assert "--kv-offloading-size=256" in row["vllm_args"]
+    assert row["cpu_hit_tokens"] >= 0
+    off = runner.invoke(cli, [*args[:-1], "kv_offloading_size_gib=0"])
+    assert off.exit_code == 0, off.output
+    row_off = json.loads(off.output)["configurations"][0]
+    assert row_off["engine"]["cpu_offload_blocks"] == 0 and row_off["cpu_hit_tokens"] == 0
+    bad = runner.invoke(cli, [*args, "--engine", "vllm"])
+    assert bad.exit_code != 0 and "without its KV connector" in bad.output
+    assert "Traceback" not in bad.output
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize(("speed", "gpu_blocks", "seconds_per_block"), [
+    (4.0, 1500, 2e-5),   # tight: preemptions, loads beside them
+    (1.0, 3000, 1e-3),   # a slow link: loads queue, requests wait on them
+])
+def test_offload_fast_path_equals_exact_stepping(
+    speed: float, gpu_blocks: int, seconds_per_block: float, async_scheduling: bool,
+) -> None:
+    """The decoding cohort and decode runs stop for a load that arrives as they stop for an
+    arrival: with the CPU tier on, every request's times equal exact stepping; the block
+    pool and the tier keep their invariants at every step, and every request finishes."""
+    reqs = _slice("mooncake", speed, 300, 0)
+    cfg = EngineConfig(num_gpu_blocks=gpu_blocks, block_size=16, max_num_seqs=64,
+                       max_num_batched_tokens=2048, max_model_len=32768,
+                       enable_prefix_caching=True, async_scheduling=async_scheduling,
+                       cpu_offload_blocks=20000, offload_load_seconds_per_block=seconds_per_block)
+    fast = Scheduler(reqs, cfg, ROOFLINE).run()
+    checked = {"steps": 0}
+
+    def check(s: Scheduler) -> None:
+        s.pool.check_invariants()
+        assert s.offload is not None
+        s.offload.check_invariants()
+        checked["steps"] += 1
+
+    exact = Scheduler(reqs, cfg, ROOFLINE, decode_runs=False, on_step=check).run()
+    assert exact.cpu_hit_tokens > 0 and checked["steps"] > 0
+    assert fast.cpu_hit_tokens == exact.cpu_hit_tokens
+    assert fast.preemptions == exact.preemptions
+    assert fast.prefix_hit_tokens == exact.prefix_hit_tokens
+    for a, b in ((fast.first_token_seconds, exact.first_token_seconds),
+                 (fast.finish_seconds, exact.finish_seconds)):
+        assert all((x != x and y != y) or math.isclose(x, y, rel_tol=1e-12)
+                   for x, y in zip(a, b, strict=True))
+    done = [f for f, o in zip(exact.finish_seconds, exact.output_tokens, strict=True) if o]
+    assert all(f == f for f in done), "a request never finished"

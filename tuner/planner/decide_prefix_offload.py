@@ -52,6 +52,19 @@ def prefix_caching(run: PlanRun) -> bool:
     return True
 
 
+def budget_size_gib(run: PlanRun) -> int:
+    """The policy's CPU budget as vLLM's ``--kv-offloading-size``: whole GiB across all TP
+    ranks (0: below 1 GiB, or no budget)."""
+    return math.floor(run.req.policy.cpu_offload_budget_bytes * run.tp / GiB)
+
+
+def shares_prefixes(run: PlanRun) -> bool:
+    """Whether the profile shows any reuse a CPU tier could serve (the goodput search asks
+    the simulator about offload only then)."""
+    p = run.req.profile
+    return bool(p.multi_turn or p.shared_prefix_tokens or (p.prefix_hit_rate or 0.0) >= 0.01)
+
+
 def offload(run: PlanRun) -> float | None:
     """GiB of CPU memory across TP ranks for offloaded KV (None: off)."""
     pin = run.pins.kv_offloading_size_gib
@@ -68,8 +81,7 @@ def offload(run: PlanRun) -> float | None:
             "little prefix reuse: offloaded blocks would rarely be read back",
         ))
         return None
-    # vLLM takes the size in GiB across all TP ranks.
-    size = math.floor(cpu_budget * run.tp / GiB)
+    size = budget_size_gib(run)
     if size < 1:
         run.reasons.append(Reason(
             knob="kv-offloading-size", choice="off", code="NoOffload",

@@ -11,11 +11,14 @@ second that meet both their TTFT and TPOT targets (DistServe's definition), as a
    this attention on this GPU, never below the quality floor, only where the KV-quality
    gate allows) x max-num-seqs (the concurrency the traffic needs by Little's law, arrival
    rate x the time a request spends in the engine at the SLO, 4x that, and the rules') x
-   max-num-batched-tokens (512, 2K, 8K, 16K and the rules'); then block size (the sizes the
-   backend accepts) for the best one. Memory fraction, max-model-len, prefix caching and
-   CPU offload stay as the rules chose them: more KV memory never lowers goodput in the
-   simulator, and it does not model offload or the hash cost of prefix caching. A pin
-   fixes its knob.
+   max-num-batched-tokens (512, 2K, 8K, 16K and the rules'); then CPU KV offload (off, and
+   the policy's CPU budget as ``--kv-offloading-size``) for the best two, only where the
+   policy gives a budget, the profile shows reuse a CPU tier could serve and prefix caching
+   is on (the simulator's CPU tier, ``simulator/offload.py``); then block size (the sizes
+   the backend accepts) for the best one. Memory fraction, max-model-len and prefix caching
+   stay as the rules chose them: more KV memory never lowers goodput in the simulator (the
+   risk of a high fraction is an OOM it cannot score), and it charges nothing for prefix
+   caching's hashing, so "on" would always win (docs/planner.md). A pin fixes its knob.
 2. **Successive halving.** Every candidate replays a short prefix of the traffic (100
    requests); the best third (by the order below) and the best candidate for every value of
    every knob go on to a 3x longer one, and so on up to the full sample (800).
@@ -39,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from kvtune.tuner import kv_quality
+from kvtune.tuner import knobs, kv_quality
 from kvtune.tuner.plan import (
     ExpectedFigures,
     FrontPoint,
@@ -53,6 +56,7 @@ from kvtune.tuner.planner import (
     decide_block_size,
     decide_dtype,
     decide_max_num_seqs,
+    decide_prefix_offload,
     expected,
     kv_dtype_options,
 )
@@ -77,6 +81,8 @@ RUNGS = (100, 300, 800)
 KEEP_FRACTION = 3  # keep the best third at each rung
 # Block sizes tried for the best few after the first pass.
 BLOCK_FINALISTS = 1
+# Candidates that also try CPU KV offload (when it is searched at all, ``_offload_size``).
+OFFLOAD_FINALISTS = 2
 # The rate fraction at which requests arrive one at a time (nothing queues).
 _TRICKLE = 1e-3
 # Default targets when the policy sets none (the rule-based planner's defaults).
@@ -148,7 +154,7 @@ class SearchProgress:
     ``done`` of ``total`` scores taken in the current stage. The search takes seconds; it
     reports after every score and never reads a clock."""
 
-    stage: Literal["halving", "block size", "sustainable rate"]
+    stage: Literal["halving", "offload", "block size", "sustainable rate"]
     done: int
     total: int
     candidates: int  # candidates that passed pre-flight
@@ -161,6 +167,9 @@ class SearchProgress:
             return (f"searching {self.candidates} candidates: {self.done}/{self.total} "
                     f"(successive halving round {self.round}/{self.rounds}, "
                     f"{self.requests} requests each)")
+        if self.stage == "offload":
+            return (f"trying CPU KV offload on the best candidates: {self.done}/{self.total} "
+                    f"({self.requests} requests each)")
         if self.stage == "block size":
             return (f"trying block sizes on the best candidate: {self.done}/{self.total} "
                     f"({self.requests} requests each)")
@@ -201,7 +210,7 @@ def changed_knobs(plan: KVPlan, reference: KVPlan | None) -> tuple[str, ...]:
     """The vLLM flags (dashed) whose value differs from ``reference``."""
     if reference is None:
         return ()
-    return tuple(k.replace("_", "-") for k in _KNOBS
+    return tuple(knobs.BY_NAME[k].flag for k in _KNOBS
                  if getattr(plan, k) != getattr(reference, k))
 
 
@@ -268,6 +277,26 @@ def _candidates(run: PlanRun, base: KVPlan, rate: float, settings: SearchSetting
                 if plan not in out:
                     out.append(plan)
     return out
+
+
+def _offload_size(run: PlanRun, base: KVPlan) -> float | None:
+    """The ``--kv-offloading-size`` the search tries besides off, or None when offload is
+    not searched: pinned, no CPU budget of at least 1 GiB, prefix caching off (the tier is
+    keyed by its hashes), no reuse in the profile, or a GPU class without a host-link fact
+    (nothing to time the loads with)."""
+    if run.pins.kv_offloading_size_gib is not None or not base.enable_prefix_caching:
+        return None
+    if run.req.gpu.host_link_bytes_per_second is None:
+        return None
+    size = decide_prefix_offload.budget_size_gib(run)
+    if size < 1 or not decide_prefix_offload.shares_prefixes(run):
+        return None
+    return float(size)
+
+
+def _with_offload(plan: KVPlan, size: float | None) -> KVPlan:
+    return plan.model_copy(update={"kv_offloading_size_gib": size,
+                                   "kv_offloading_backend": "native" if size else None})
 
 
 def _starts(request: PlanRequest, plan: KVPlan) -> bool:
@@ -352,6 +381,11 @@ def search(
     base_pool = plan_pool(request)
     base = base_pool.plan
     run = PlanRun(request)
+    offload_size = _offload_size(run, base)
+    if offload_size is not None:
+        # Offload is searched: the halving runs without it (the simpler plan; ties keep it),
+        # the finalists try it.
+        base = _with_offload(base, None)
     rate = scorer.rate_per_second
     book = _Book(scorer, request)
     reference = running or base
@@ -380,8 +414,14 @@ def search(
         ranked = _order(scored(survivors, n, stage), run, settings.tie)
         if i < len(rungs) - 1:
             survivors = _promote(ranked)
-    # Block size for the finalists (their dtype's sizes the backend accepts).
     final_n = rungs[-1]
+    if offload_size is not None:
+        tried = [_with_offload(x.plan, offload_size) for x in ranked[:OFFLOAD_FINALISTS]]
+        tried = [p for p in tried if all(p != y.plan for y in ranked)]
+        considered += len(tried)
+        stage = SearchProgress("offload", 0, len(tried), considered)
+        ranked = _order([*ranked, *scored(tried, final_n, stage)], run, settings.tie)
+    # Block size for the finalists (their dtype's sizes the backend accepts).
     extra: list[KVPlan] = []
     if run.pins.block_size is None:
         for x in ranked[:BLOCK_FINALISTS]:
@@ -396,6 +436,8 @@ def search(
     for x in ranked[1:]:
         x.lost = _why_lost(x, best, run, settings.tie,
                            "running plan" if running is not None else "rules' plan")
+    offload_reason = (None if offload_size is None else
+                      _offload_reason(book, best, offload_size, final_n, settings.tie))
 
     slo = request.policy.slo
     has_slo = slo.ttft_p95_seconds is not None or slo.tpot_p95_seconds is not None
@@ -439,7 +481,28 @@ def search(
         output_tokens_per_second=best.score.output_tokens_per_second,
         front=pareto_front(ranked, best, request),
     )
-    return _pool_plan(run, base_pool, best, summary, ranked)
+    return _pool_plan(run, base_pool, best, summary, ranked, offload_reason)
+
+
+def _offload_reason(book: _Book, best: _Scored, size: float, n: int, tie: float) -> Reason:
+    """Why the plan has offload on or off: the chosen plan's predicted goodput with and
+    without the CPU tier (both on the full stream; a score the search took is reused)."""
+    on = book.score(_with_offload(best.plan, size), n)
+    off = book.score(_with_offload(best.plan, None), n)
+    chosen = best.plan.kv_offloading_size_gib
+    figures = (f"predicted SLO-goodput {on.goodput_requests_per_second:.3g} req/s with "
+               f"{size:g} GiB of CPU KV offload (TTFT p95 {on.ttft_p95_seconds:.3f} s), "
+               f"{off.goodput_requests_per_second:.3g} req/s without (TTFT p95 "
+               f"{off.ttft_p95_seconds:.3f} s) over {n} requests")
+    if chosen:
+        why = "the goodput search keeps the CPU tier on: "
+    elif on.goodput_requests_per_second > off.goodput_requests_per_second:
+        why = (f"the goodput search leaves offload off: within the {tie:.0%} tie, where the "
+               "simpler plan wins; ")
+    else:
+        why = "the goodput search leaves offload off: "
+    return Reason(knob="kv-offloading-size", choice=f"{chosen:g}" if chosen else "off",
+                  code="BestGoodput", message=why + figures)
 
 
 def _dominates(a: FrontPoint, b: FrontPoint) -> bool:
@@ -516,10 +579,13 @@ def _sustainable_scale(book: _Book, plan: KVPlan, n: int, settings: SearchSettin
 
 
 def _pool_plan(run: PlanRun, base_pool: PoolPlan, best: _Scored, summary: SearchSummary,
-               ranked: Sequence[_Scored]) -> PoolPlan:
+               ranked: Sequence[_Scored], offload_reason: Reason | None = None) -> PoolPlan:
     plan = best.plan
     base = base_pool.plan
     changed = set(changed_knobs(plan, base))
+    if offload_reason is not None:
+        # Its reason comes from the search (below), whether or not the rules chose alike.
+        changed.add("kv-offloading-size")
     s = best.score
     figures = (f"predicted SLO-goodput {s.goodput_requests_per_second:.2f} req/s "
                f"({s.slo_attainment:.1%} of requests meet the SLO), TTFT p95 "
@@ -527,8 +593,11 @@ def _pool_plan(run: PlanRun, base_pool: PoolPlan, best: _Scored, summary: Search
                f"{s.requests} requests at {summary.observed_rate_per_second:.2f} req/s")
     reasons = [r for r in base_pool.reasons if r.knob not in changed]
     for knob in sorted(changed):
-        value = getattr(plan, knob.replace("-", "_"))
-        was = getattr(base, knob.replace("-", "_"))
+        if offload_reason is not None and knob == "kv-offloading-size":
+            reasons.append(offload_reason)
+            continue
+        value = getattr(plan, knobs.FLAG_TO_NAME[knob])
+        was = getattr(base, knobs.FLAG_TO_NAME[knob])
         reasons.append(Reason(
             knob=knob, choice=str(value).lower() if isinstance(value, bool) else str(value),
             code="BestGoodput",
@@ -589,17 +658,24 @@ def slo_at_risk_message(summary: SearchSummary) -> str:
 
 def grid(request: PlanRequest, rate_per_second: float,
          settings: SearchSettings | None = None) -> list[KVPlan]:
-    """Every candidate the search could consider (all block sizes, no halving), that vLLM
-    would start: the exhaustive grid a benchmark compares the search with."""
+    """Every candidate the search could consider (all block sizes, offload off and on
+    wherever the search tries it, no halving), that vLLM would start: the exhaustive grid a
+    benchmark compares the search with."""
     settings = settings or DEFAULT_SETTINGS
     base = plan_pool(request).plan
     run = PlanRun(request)
+    offload_size = _offload_size(run, base)
+    sizes: tuple[float | None, ...] = (base.kv_offloading_size_gib,)
+    if offload_size is not None:
+        sizes = (None, offload_size)
+        base = _with_offload(base, None)
     out: list[KVPlan] = []
     for p in _candidates(run, base, rate_per_second, settings):
         for bs in decide_block_size.candidates(run, p.kv_cache_dtype):
-            q = p.model_copy(update={"block_size": bs})
-            if q not in out and _starts(request, q):
-                out.append(q)
+            for size in sizes:
+                q = _with_offload(p.model_copy(update={"block_size": bs}), size)
+                if q not in out and _starts(request, q):
+                    out.append(q)
     if base not in out:
         out.insert(0, base)
     return out

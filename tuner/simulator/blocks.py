@@ -51,6 +51,10 @@ Ids = Sequence[int] | np.ndarray
 _SCALAR_MAX = 4
 
 
+# The largest element (``ndarray.max`` without its Python-level wrapper).
+_max = np.maximum.reduce
+
+
 def _ids(blocks: Ids) -> np.ndarray:
     if isinstance(blocks, np.ndarray):
         return blocks
@@ -72,7 +76,7 @@ class FreeKVCacheBlockQueue:
     out, the live entries are copied into a fresh array (amortized O(1) per block).
     """
 
-    __slots__ = ("_head", "_index", "_num_blocks", "_position", "_slots", "_tail",
+    __slots__ = ("_head", "_index", "_num_blocks", "_position", "_slots", "_stale", "_tail",
                  "num_free_blocks")
 
     def __init__(self, num_blocks: int, block_ids: Sequence[int]) -> None:
@@ -81,7 +85,13 @@ class FreeKVCacheBlockQueue:
         self._slots = np.zeros(0, dtype=np.int64)
         self._head = self._tail = 0
         self.num_free_blocks = 0
-        self._relayout(np.asarray(block_ids, dtype=np.int64), 0)
+        # Stale entries in _slots[head:tail] (blocks taken out by ``remove``): while there
+        # are none, the front n entries are the n blocks to hand out (no liveness check).
+        self._stale = 0
+        ids = (np.arange(block_ids.start, block_ids.stop, block_ids.step, dtype=np.int64)
+               if isinstance(block_ids, range)  # not element by element: pools are large
+               else np.asarray(block_ids, dtype=np.int64))
+        self._relayout(ids, 0)
 
     def _live(self) -> np.ndarray:
         window = self._slots[self._head:self._tail]
@@ -98,6 +108,7 @@ class FreeKVCacheBlockQueue:
         self._position[live] = np.arange(front, front + len(live))
         self._head, self._tail = front, front + len(live)
         self.num_free_blocks = len(live)
+        self._stale = 0
 
     def popleft_n(self, n: int) -> np.ndarray:
         """Take the ``n`` blocks at the front (``n`` <= free blocks)."""
@@ -107,6 +118,14 @@ class FreeKVCacheBlockQueue:
         if n <= 0:
             return np.zeros(0, dtype=np.int64)
         head, tail = self._head, self._tail
+        if not self._stale:
+            # Every entry from the head on is live: the front n.
+            end = head + n
+            taken: np.ndarray = self._slots[head:end].copy()
+            self._position[taken] = -1
+            self._head = end
+            self.num_free_blocks -= n
+            return taken
         if n <= _SCALAR_MAX:
             # A few blocks (a decode step crossing a block boundary): scalar reads beat the
             # fixed cost of the array calls below.
@@ -121,6 +140,7 @@ class FreeKVCacheBlockQueue:
                 out[j] = b
                 position[b] = -1
                 i += 1
+            self._stale -= i - head - n
             self._head = i
             self.num_free_blocks -= n
             return out
@@ -132,9 +152,11 @@ class FreeKVCacheBlockQueue:
                 break
             end = min(tail, end + 2 * (n - len(live)) + 16)
         idx = live[:n]
-        taken: np.ndarray = window[idx]
+        taken = window[idx]
         self._position[taken] = -1
-        self._head = head + int(idx[-1]) + 1
+        last = int(idx[-1]) + 1
+        self._stale -= last - n
+        self._head = head + last
         self.num_free_blocks -= n
         return taken
 
@@ -142,6 +164,7 @@ class FreeKVCacheBlockQueue:
         ids = _ids(blocks)
         self._position[ids] = -1
         self.num_free_blocks -= len(ids)
+        self._stale += len(ids)
 
     def append_n(self, blocks: Ids) -> None:
         ids = _ids(blocks)
@@ -259,7 +282,11 @@ class BlockPool:
         if not len(keys):
             return keys
         self._room_for(keys)
-        got: np.ndarray = self.key_block[keys]
+        kb = self.key_block
+        first = keys[0]
+        if self.block_hash[kb[first]] != first:
+            return keys[:0]  # the first block misses (most lookups): no array work
+        got: np.ndarray = kb[keys]
         # A missing key maps to the null block, whose hash is NO_HASH: never a hit.
         hit = self.block_hash[got] == keys
         first_miss = int(hit.argmin())
@@ -297,15 +324,17 @@ class BlockPool:
                 ref[b] = 1
             return taken
         hashes = self.block_hash[taken]
-        hashed = hashes != NO_HASH
-        num_hashed = int(np.count_nonzero(hashed))
-        if num_hashed and self.duplicate_blocks:
-            for b, h in zip(taken[hashed].tolist(), hashes[hashed].tolist(), strict=True):
-                if h >= 0:
-                    self._evict_copy(h, b)
-        if num_hashed:
-            self.num_evicted_cached_blocks += int(np.count_nonzero(hashes >= 0))
-            self.num_hashed_blocks -= num_hashed
+        # NO_HASH < UNSHARED_HASH < every key: the largest tells what kinds are there.
+        top = int(_max(hashes))
+        if top != NO_HASH:
+            if top >= 0:
+                keyed = hashes >= 0
+                if self.duplicate_blocks:
+                    for b, h in zip(taken[keyed].tolist(), hashes[keyed].tolist(),
+                                    strict=True):
+                        self._evict_copy(h, b)
+                self.num_evicted_cached_blocks += int(np.count_nonzero(keyed))
+            self.num_hashed_blocks -= num_blocks - int(np.count_nonzero(hashes == NO_HASH))
             self.block_hash[taken] = NO_HASH  # the map entries go stale with it
         self.ref_cnt[taken] = 1
         return taken
@@ -349,18 +378,20 @@ class BlockPool:
         ids = _ids(blocks)[num_cached_blocks:end]
         keys = _ids(block_hashes)[num_cached_blocks:end]
         bh = self.block_hash
-        new = bh[ids] == NO_HASH  # the others are prefix hits, already cached
-        if not new.all():
+        if _max(bh[ids]) != NO_HASH:  # NO_HASH is the least value: some are cached
+            new = bh[ids] == NO_HASH  # the others are prefix hits, already cached
             ids, keys = ids[new], keys[new]
             if not len(ids):
                 return
-        bh[ids] = keys
-        self.num_hashed_blocks += len(ids)
         # One live entry per hash; a second copy of a cached block waits behind it (class doc).
         self._room_for(keys)
         kb = self.key_block
         held = kb[keys]
-        live = (bh[held] == keys) & (held != ids)
+        # Read before the blocks get their keys: an entry that is this very block (a stale
+        # one, from when it held the key before) is not live, as the block holds none now.
+        live = bh[held] == keys
+        bh[ids] = keys
+        self.num_hashed_blocks += len(ids)
         if live.any():
             for b, h in zip(ids[live].tolist(), keys[live].tolist(), strict=True):
                 self.duplicate_blocks.setdefault(h, []).append(b)
@@ -378,19 +409,33 @@ class BlockPool:
             self.free_blocks(ids[::-1])
             return
         ref = self.ref_cnt
-        ref[ids] -= 1
-        # Reverse order: the partial tail blocks come first, then the full blocks.
-        tail = ids[num_full_blocks:][::-1]
-        tail = tail[ref[tail] == 0]
-        full = ids[:num_full_blocks][::-1]
-        full = full[ref[full] == 0]
+        refs = ref[ids]
+        if _max(refs) == 1:
+            # No other request holds any of them (the common case): all go free.
+            ref[ids] = 0
+            tail = ids[num_full_blocks:][::-1]
+            full = ids[:num_full_blocks][::-1]
+        else:
+            ref[ids] = refs - 1
+            # Reverse order: the partial tail blocks come first, then the full blocks.
+            tail = ids[num_full_blocks:][::-1]
+            tail = tail[ref[tail] == 0]
+            full = ids[:num_full_blocks][::-1]
+            full = full[ref[full] == 0]
         bh = self.block_hash
-        unmarked = full[bh[full] == NO_HASH]
-        if len(unmarked):
-            bh[unmarked] = UNSHARED_HASH
-            self.num_hashed_blocks += len(unmarked)
         q = self.free_block_queue
-        if len(tail):
+        if len(full):
+            unmarked = full[bh[full] == NO_HASH]
+            if len(unmarked):
+                bh[unmarked] = UNSHARED_HASH
+                self.num_hashed_blocks += len(unmarked)
+        if len(tail) == 1:
+            # One partial block (the usual tail): hashed only if cached before it was full.
+            if bh[tail[0]] == NO_HASH:
+                q.prepend_n(tail)
+            else:
+                q.append_n(tail)
+        elif len(tail):
             tail_hashed = bh[tail] != NO_HASH
             if tail_hashed.any():
                 q.prepend_n(tail[~tail_hashed])

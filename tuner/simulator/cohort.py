@@ -144,7 +144,7 @@ class DecodeCohort:
             stash = self._stash
             got = np.asarray(stash[len(stash) - owed:], dtype=np.int64)
             del stash[len(stash) - owed:]
-            st.blocks = np.concatenate((st.blocks, got))
+            st.add_blocks(got)
         st.cohort_tick = self.tick
         st.cohort_tokens = tokens
         st.cohort_generated = st.generated

@@ -24,7 +24,7 @@ CONFIGURATION_NAMES = ("defaults", "planned", "contiguous", "no-prefix-cache", "
 # The knobs the simulator models, typed from the knob table (kvtune.tuner.knobs).
 SIMULATED_KNOBS = ("block_size", "kv_cache_dtype", "gpu_memory_utilization",
                    "kv_cache_memory_bytes", "max_model_len", "max_num_seqs",
-                   "max_num_batched_tokens", "enable_prefix_caching")
+                   "max_num_batched_tokens", "enable_prefix_caching", "kv_offloading_size_gib")
 _KNOB_TYPES: dict[str, type] = {name: knobs.BY_NAME[name].type for name in SIMULATED_KNOBS}
 
 
@@ -100,7 +100,12 @@ def configurations(
                 request, base.model_copy(update={"enable_prefix_caching": False}), name))
         else:
             check_overrides(request, overrides or {})
-            plan = KVPlan.model_validate({**defaults.model_dump(), **(overrides or {})})
+            fields = {**defaults.model_dump(), **(overrides or {})}
+            # vLLM's native CPU offload (simulator/offload.py); 0 turns it off.
+            size = fields.get("kv_offloading_size_gib") or None
+            fields.update(kv_offloading_size_gib=size,
+                          kv_offloading_backend="native" if size else None)
+            plan = KVPlan.model_validate(fields)
             out.append(simulated_plan(request, plan, name))
     return out
 

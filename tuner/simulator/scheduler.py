@@ -137,6 +137,7 @@ class RequestState:
 
     __slots__ = (
         "admitted",
+        "block_buffer",
         "blocks",
         "cached_tokens",
         "cohort_generated",
@@ -165,6 +166,8 @@ class RequestState:
         self.num_computed = 0
         self.generated = 0
         self.blocks = _NO_BLOCKS  # block ids: the request's block table
+        # What ``blocks`` is a prefix view of, with room to grow (``add_blocks``).
+        self.block_buffer = _NO_BLOCKS
         self.num_cached_blocks = 0
         # Keys (prefix.KeySpace) of the full blocks other requests may share.
         self.hashes = hashes
@@ -187,6 +190,24 @@ class RequestState:
         self.cohort_generated = 0
         # Offload: when the KV it is loading from the CPU tier has arrived (NaN: none).
         self.load_ready_seconds = float("nan")
+
+
+    def add_blocks(self, new: np.ndarray) -> None:
+        """Append ``new`` to the block table. The table is a prefix view of a buffer with
+        room to spare, so a prompt prefilled in many chunks is not copied once per chunk.
+        Writing past the view's end is safe: no view of the table reaches there, and a
+        table replaced (freed, or set to prefix hits) is never a view of the buffer again."""
+        cur = self.blocks
+        n, k = len(cur), len(new)
+        buf = self.block_buffer
+        if cur.base is not buf or n + k > len(buf):
+            # Room for the whole sequence as it stands, and for the outputs to come.
+            cap = max(2 * (n + k), 16)
+            grown = np.empty(cap, dtype=np.int64)
+            grown[:n] = cur
+            self.block_buffer = buf = grown
+        buf[n:n + k] = new
+        self.blocks = buf[:n + k]
 
 
 StepHook = Callable[["Scheduler"], None]
@@ -301,7 +322,7 @@ class Scheduler:
         if need > self.pool.get_num_free_blocks():
             return False
         if need:
-            st.blocks = np.concatenate((st.blocks, self.pool.get_new_blocks(need)))
+            st.add_blocks(self.pool.get_new_blocks(need))
         self._cache(st, st.num_computed + num_new)
         return True
 
@@ -524,14 +545,23 @@ class Scheduler:
         self.finished += 1
         self._free(st)
 
-    def _finish_done(self) -> None:
-        done = [st for st in self.running if st.generated >= st.output_tokens]
+    def _finish_done(self, done: list[RequestState] | None = None) -> None:
+        """Retire every running request that is done, in running order (``done``: the
+        caller knows them already, in that order)."""
+        running = self.running
+        if done is None:
+            done = [st for st in running if st.generated >= st.output_tokens]
         if not done:
             return
         for st in done:
             self._retire(st)
-        keep = {id(st) for st in done}
-        self.running = [st for st in self.running if id(st) not in keep]
+        if len(done) == 1:
+            # A copy: callers may still iterate the list they read before.
+            running = running.copy()
+            running.remove(done[0])
+            self.running = running
+        else:
+            self.running = [st for st in running if st.generated < st.output_tokens]
 
     def _admit(self, budget: int, scheduled: list[tuple[RequestState, int]]) -> int:
         """Admit waiting requests in order while the budget, max-num-seqs and the
@@ -758,9 +788,17 @@ class Scheduler:
         frees them now, async once the next step is scheduled (``_step``'s doc)."""
         for st in done:
             self.cohort.leave(st)
+        active = self._active
+        # Running order without a pass over all of running: positions of the few.
+        order = self.running.index
         if not self.config.async_scheduling:
-            self._finish_done()  # every request done in the step, in running order
-        self._active = [st for st in self.running if st.cohort_tick < 0]
+            # Every request done in the step (members and others), in running order.
+            self._finish_done(sorted(
+                [*done, *(st for st in active if st.generated >= st.output_tokens)],
+                key=order))
+            self._active = [st for st in active if st.generated < st.output_tokens]
+        else:
+            self._active = sorted([*active, *done], key=order)
 
     def _cohort_step(self, next_arrival: float | None) -> bool:
         """One engine step with the cohort's members decoding and the other running
@@ -782,14 +820,16 @@ class Scheduler:
         for i, st in enumerate(active):
             if st.generated >= st.output_tokens:
                 continue  # async: it finished in the step before
-            ahead = running.index(st) - i if members else 0  # members before it
+            rem = st.num_tokens - st.num_computed
+            # Members before it; only looked up when they could cut its chunk (otherwise
+            # it gets all it asks for, whatever they take).
+            ahead = running.index(st) - i if members and budget - members - taken < rem else 0
             left = budget - ahead - taken
             if left <= 0:
                 if left < 0 or members > ahead:
                     return False  # a member would get no token
                 cut = True
                 break
-            rem = st.num_tokens - st.num_computed
             num_new = rem if rem <= left else left
             more = -(-(st.num_computed + num_new) // bs) - len(st.blocks)
             if more > 0:
@@ -819,7 +859,7 @@ class Scheduler:
             at = member_blocks
             for (st, num_new), more in zip(plan, more_blocks, strict=True):
                 if more:
-                    st.blocks = np.concatenate((st.blocks, got[at:at + more]))
+                    st.add_blocks(got[at:at + more])
                     at += more
                 self._cache(st, st.num_computed + num_new)
         else:
@@ -832,10 +872,13 @@ class Scheduler:
             budget = self._admit(budget, plan)
             for st, _ in plan[num_planned:]:
                 active.append(st)
-        finishing = cfg.async_scheduling and any(
-            st.generated >= st.output_tokens for st in active)
-        if finishing:
-            self._finish_done()
+        # Async: the previous step's output finishes requests now. Members never are done
+        # (they leave at their last token), so the done ones are all in ``active``.
+        finished = ([st for st in active if st.generated >= st.output_tokens]
+                    if cfg.async_scheduling else None)
+        finishing = bool(finished)
+        if finished:
+            self._finish_done(finished)
             active = self._active = [st for st in active if st.generated < st.output_tokens]
         if not plan and not members:
             if finishing:
@@ -859,7 +902,7 @@ class Scheduler:
             self._leave_done(done)  # with the others done in this step, in running order
             active = self._active
         elif any_done and not cfg.async_scheduling:
-            self._finish_done()
+            self._finish_done([st for st in active if st.generated >= st.output_tokens])
             active = self._active = [st for st in active if st.generated < st.output_tokens]
         joined = False
         for st, _ in plan:
