@@ -22,7 +22,7 @@ deleted by a prune or a canary clean-up.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -319,10 +319,15 @@ def apply_object(kube: Kube, obj: dict[str, Any], *, dry_run: bool = False,
 
 
 def apply_pool(
-    kube: Kube, objects: list[dict[str, Any]], owner: Mapping[str, Any]
+    kube: Kube, objects: list[dict[str, Any]], owner: Mapping[str, Any], *,
+    absent: Collection[tuple[str, str]] = (),
 ) -> list[dict[str, Any]]:
     """Apply a pool's objects all or nothing; returns what the server holds, in the order of
     ``objects``.
+
+    ``absent``: the (kind, name) of objects a read earlier in this reconcile found absent,
+    not read again. Like any absent object, such an object is applied without ``force``: one
+    that appeared since is refused (409, ``NameCollision``), never taken over.
 
     Every object must be absent or kvtune's own (``check_ours``). Each is dry-run, except a
     Service that does not exist yet (its dry run allocates a ClusterIP as the create does);
@@ -334,7 +339,8 @@ def apply_pool(
     for obj in objects:
         obj = dict(obj)
         obj["metadata"] = {**obj["metadata"], "ownerReferences": [owner_reference(owner)]}
-        owned.append((obj, check_ours(kube, obj, owner)))
+        known_absent = (obj["kind"], obj["metadata"]["name"]) in absent
+        owned.append((obj, False if known_absent else check_ours(kube, obj, owner)))
     first = [i for i, (obj, ours) in enumerate(owned) if obj["kind"] == "Service" and not ours]
     for i, (obj, ours) in enumerate(owned):
         if i not in first:

@@ -159,6 +159,13 @@ def prepare(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeploymen
     quality = spec.quality or QualitySpec()
     gate = Gate(model=model, revision=revision, config_map=calibration.cache_name(
         name, model, revision), quality=quality)
+    if not body.get("status"):
+        # Never reconciled: no report and no Job can count for this object yet. Only kvtune's
+        # reconcile of it makes them (owned by its UID), and a reconcile writes status. (One
+        # that started a Job and then failed before its status write applies the same Job,
+        # by name, when its plan asks again: the gate holds as if the Job had been read.)
+        # Three reads fewer per new object: a thousand new objects are 3,000 requests.
+        return gate
     try:
         # Only a report this InferenceDeployment wrote counts: a ConfigMap of that name made
         # by anyone else must not vouch for a dtype.

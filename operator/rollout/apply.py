@@ -41,7 +41,9 @@ def apply(ctx: PoolContext, planned: Planned, rendered: Rendered,
           canary: CanaryResult) -> Applied | PoolOutcome:
     pool = ctx.pool
     try:
-        applied = kapply.apply_pool(ctx.kube, rendered.objects, ctx.body)
+        applied = kapply.apply_pool(ctx.kube, rendered.objects, ctx.body, absent=[
+            ("Deployment", object_name(ctx.name, pool.pool_name))] if rendered.deployment_absent
+            else [])
     except kapply.ApplyError as exc:
         return ctx.apply_failed(exc, f"pool {pool.pool_name}: {exc}; nothing was changed")
     if canary.had_canary:

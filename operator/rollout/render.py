@@ -45,6 +45,8 @@ class Rendered:
     objects: list[dict[str, Any]]
     access: list[dict[str, Any]]  # the runtime's access objects, applied first
     running_hash: str | None  # the plan hash of the Deployment running now
+    # The pool's Deployment did not exist when it was read here (apply reads it no more)
+    deployment_absent: bool = False
 
 
 def render(ctx: PoolContext, planned: Planned,
@@ -127,5 +129,5 @@ def render(ctx: PoolContext, planned: Planned,
         render_input=inp, status=status,
         objects=[o for o in objects if o["kind"] not in RUNTIME_ACCESS_KINDS],
         access=[o for o in objects if o["kind"] in RUNTIME_ACCESS_KINDS],
-        running_hash=running_hash,
+        running_hash=running_hash, deployment_absent=running is None,
     )

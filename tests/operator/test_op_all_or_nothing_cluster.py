@@ -26,6 +26,7 @@ from op_samples import SAMPLE_SPEC
 
 from kvtune.operator import apply as kapply
 from kvtune.operator import reconcile as rec
+from kvtune.operator.apply import Kube
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 QUOTA_NS, TEMPLATE_NS, TWO_NS = "aon-quota", "aon-template", "aon-two"
@@ -90,6 +91,12 @@ def test_a_refused_service_leaves_the_deployment_as_it_was(cluster_api: Any) -> 
     assert ("services", True) not in writes
     assert writes[0] == ("deployments", True) and writes.index(("services", False)) < \
         writes.index(("deployments", False))
+    # A new object's reconcile reads its Deployment once (the render stage; the apply knows
+    # it absent), and neither the KV-quality report ConfigMaps nor the calibration Jobs:
+    # nothing of a never-reconciled object can exist yet.
+    reads = [p for m, p, _ in kube.calls if m == "GET"]
+    assert reads.count(f"/apis/apps/v1/namespaces/{QUOTA_NS}/deployments/web-h100") == 1
+    assert not [p for p in reads if "/configmaps" in p or "/jobs" in p], reads
     before = apps.read_namespaced_deployment("web-h100", QUOTA_NS)
     assert before.spec.replicas == 1
 
@@ -97,7 +104,11 @@ def test_a_refused_service_leaves_the_deployment_as_it_was(cluster_api: Any) -> 
     core.delete_namespaced_service("web-h100", QUOTA_NS)
     _quota_on_services(cluster_api, QUOTA_NS, 0)
     patch_spec(cluster_api, QUOTA_NS, "web", {"pools": [{"gpuClass": "H100", "replicas": 2}]})
+    kube.calls.clear()
     rec.reconcile(get_infd(cluster_api, QUOTA_NS, "web"), kube=kube)
+    # Once it has status, the report and the Jobs are read again.
+    assert [p for m, p, _ in kube.calls if m == "GET" and "/configmaps/kvtune-kvq-" in p]
+    assert [p for m, p, _ in kube.calls if m == "GET" and p.endswith("/jobs")]
     degraded = condition(get_infd(cluster_api, QUOTA_NS, "web"), "Degraded")
     assert degraded is not None and degraded["status"] == "True"
     assert degraded["reason"] == "ApplyFailed"
@@ -165,3 +176,33 @@ def test_a_second_new_service_refused_deletes_the_first(cluster_api: Any) -> Non
     assert _missing(core.read_namespaced_service, "two-b", TWO_NS)
     assert _missing(client.AppsV1Api(cluster_api).read_namespaced_deployment, "two", TWO_NS)
     assert [m for m, p, _ in kube.calls if p.endswith("/services/two-a")][-1] == "DELETE"
+
+
+def test_a_deployment_that_appeared_after_it_was_read_absent_is_not_taken_over(
+        cluster_api: Any) -> None:
+    """The apply does not read again a Deployment the render stage read absent: it applies it
+    without force, so one made meanwhile by someone else is refused (NameCollision) at its
+    dry run, before anything of the pool is written."""
+    create_infd(cluster_api, TWO_NS, "late", _spec())
+    owner = get_infd(cluster_api, TWO_NS, "late")
+    apps = client.AppsV1Api(cluster_api)
+    theirs = {
+        "metadata": {"name": "late", "labels": {"app": "theirs"}},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "theirs"}},
+                 "template": {"metadata": {"labels": {"app": "theirs"}},
+                              "spec": {"containers": [{"name": "app", "image": "busybox"}]}}}}
+    apps.create_namespaced_deployment(TWO_NS, theirs)
+    before = apps.read_namespaced_deployment("late", TWO_NS)
+    ours = copy.deepcopy(theirs)
+    ours.update(apiVersion="apps/v1", kind="Deployment")
+    ours["metadata"].update(namespace=TWO_NS, labels={"app": "ours"})
+    ours["spec"]["selector"]["matchLabels"] = {"app": "ours"}
+    ours["spec"]["template"]["metadata"]["labels"] = {"app": "ours"}
+    ours["spec"]["template"]["spec"]["containers"][0]["image"] = "ours:1"
+    with pytest.raises(kapply.NameCollision, match="Deployment aon-two/late appeared"):
+        kapply.apply_pool(Kube(cluster_api), [ours, _service("late")], owner,
+                          absent=[("Deployment", "late")])
+    after = apps.read_namespaced_deployment("late", TWO_NS)
+    assert after.metadata.resource_version == before.metadata.resource_version
+    assert not after.metadata.owner_references
+    assert _missing(client.CoreV1Api(cluster_api).read_namespaced_service, "late", TWO_NS)

@@ -22,6 +22,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 from op_cluster_helpers import (
+    GROUP,
+    PLURAL,
+    VERSION,
     create_infd,
     get_infd,
     patch_spec,
@@ -240,6 +243,10 @@ def test_a_report_kept_under_the_former_name_still_counts(api: Any) -> None:
     cm["metadata"]["ownerReferences"] = [kapply.owner_reference(owner)]
     core = client.CoreV1Api(api)
     core.create_namespaced_config_map(NS, cm)
+    # The status the older kvtune left when it wrote that report (an object never
+    # reconciled has no report to find).
+    client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+        GROUP, VERSION, NS, PLURAL, name, {"status": {"observedGeneration": 1}})
     obj = _reconcile_named(api, name)
     kvq = obj["status"]["kvQuality"]
     new = calibration.cache_name(name, model, revision)

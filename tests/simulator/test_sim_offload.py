@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 from simhelpers import STEP_SECONDS, fixed_step_cost, request
+from test_sim_cohort import ROOFLINE, _slice
 
 from kvtune.cli.main import cli
 from kvtune.e2e.traces import MOONCAKE_TRACE
@@ -201,3 +203,60 @@ def test_kvtune_simulate_takes_an_offload_size_and_reports_cpu_hits() -> None:
     bad = runner.invoke(cli, [*args, "--engine", "vllm"])
     assert bad.exit_code != 0 and "without its KV connector" in bad.output
     assert "Traceback" not in bad.output
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize(("speed", "gpu_blocks", "seconds_per_block"), [
+    (4.0, 1500, 2e-5),   # tight: preemptions, loads beside them
+    (1.0, 3000, 1e-3),   # a slow link: loads queue, requests wait on them
+])
+def test_offload_fast_path_equals_exact_stepping(
+    speed: float, gpu_blocks: int, seconds_per_block: float, async_scheduling: bool,
+) -> None:
+    """The decoding cohort and decode runs stop for a load that arrives as they stop for an
+    arrival: with the CPU tier on, every request's times equal exact stepping; the block
+    pool and the tier keep their invariants at every step, and every request finishes."""
+    reqs = _slice("mooncake", speed, 300, 0)
+    cfg = EngineConfig(num_gpu_blocks=gpu_blocks, block_size=16, max_num_seqs=64,
+                       max_num_batched_tokens=2048, max_model_len=32768,
+                       enable_prefix_caching=True, async_scheduling=async_scheduling,
+                       cpu_offload_blocks=20000, offload_load_seconds_per_block=seconds_per_block)
+    fast = Scheduler(reqs, cfg, ROOFLINE).run()
+    checked = {"steps": 0}
+
+    def check(s: Scheduler) -> None:
+        s.pool.check_invariants()
+        assert s.offload is not None
+        s.offload.check_invariants()
+        checked["steps"] += 1
+
+    exact = Scheduler(reqs, cfg, ROOFLINE, decode_runs=False, on_step=check).run()
+    assert exact.cpu_hit_tokens > 0 and checked["steps"] > 0
+    assert fast.cpu_hit_tokens == exact.cpu_hit_tokens
+    assert fast.preemptions == exact.preemptions
+    assert fast.prefix_hit_tokens == exact.prefix_hit_tokens
+    for a, b in ((fast.first_token_seconds, exact.first_token_seconds),
+                 (fast.finish_seconds, exact.finish_seconds)):
+        assert all((x != x and y != y) or math.isclose(x, y, rel_tol=1e-12)
+                   for x, y in zip(a, b, strict=True))
+    done = [f for f, o in zip(exact.finish_seconds, exact.output_tokens, strict=True) if o]
+    assert all(f == f for f in done), "a request never finished"
+
+
+def test_async_scheduling_sees_a_finished_load_one_step_later() -> None:
+    """vLLM learns of a finished load from a step's output. Synchronous, the next schedule
+    sees it; async, the next schedule runs before that output is processed, so the request
+    starts one step later. A decoder keeps steps going while the load runs."""
+    first = request(0, 0.0, HISTORY_TOKENS, 2, ((100, HISTORY_TOKENS),))
+    evictor = request(1, 1.0, 1000, 2)
+    ticker = request(2, 1.5, 16, 400)
+    again = request(3, 2.0, HISTORY_TOKENS + 16, 2, ((100, HISTORY_TOKENS), (200, 16)))
+    reqs = [first, evictor, ticker, again]
+    ttft = {}
+    for mode in (False, True):
+        cfg = _cfg(num_gpu_blocks=72, max_num_batched_tokens=2048, cpu_offload_blocks=500,
+                   offload_load_seconds_per_block=0.00333, async_scheduling=mode)
+        res = simulate(reqs, cfg, fixed_step_cost())
+        assert res.cpu_hit_tokens > 0
+        ttft[mode] = res.first_token_seconds[3] - res.arrival_seconds[3]
+    assert ttft[True] == pytest.approx(ttft[False] + STEP_SECONDS)
