@@ -76,6 +76,10 @@ class DecodeCohort:
         """Members whose next token starts a new block."""
         return self._phase.get(self.tick % self._block_size, 0)
 
+    def blocks_needed_at(self, tick: int) -> int:
+        """Members whose token at cohort tick ``tick`` (now or later) starts a new block."""
+        return self._phase.get(tick % self._block_size, 0)
+
     def new_blocks_for(self, num_steps: int) -> int:
         """New blocks the members need over the next ``num_steps`` steps."""
         if num_steps <= 0:

@@ -507,7 +507,8 @@ class Scheduler:
         if not self.decode_runs:
             self._step(next_arrival)
             return
-        if self._cohort_run(next_arrival) or self._cohort_step(next_arrival):
+        if (self._cohort_run(next_arrival) or self._prefill_run(next_arrival)
+                or self._cohort_step(next_arrival)):
             return
         # The exact step, with every request in its fields; then the cohort re-forms.
         self.cohort.leave_all()
@@ -531,8 +532,10 @@ class Scheduler:
                 active.append(st)
         self._active = active
 
-    def _sample(self, dt: float, fragmented_slots: int, allocated_slots: int) -> None:
-        usage = self.pool.get_usage()
+    def _sample(self, dt: float, fragmented_slots: int, allocated_slots: int,
+                usage: float | None = None) -> None:
+        if usage is None:
+            usage = self.pool.get_usage()
         n_run = len(self.running)
         if n_run > self.peak_running:
             self.peak_running = n_run
@@ -790,6 +793,108 @@ class Scheduler:
                      cohort.blocks_held * bs)
         if done:
             self._leave_done(done)
+        return True
+
+    def _prefill_run(self, next_arrival: float | None) -> bool:
+        """Take at once the next steps that are all alike: the cohort's members decode and
+        one request, running after all of them, prefills a chunk of the budget that leaves
+        part of its prompt, so nothing samples, finishes, is admitted (the chunk takes the
+        rest of the budget) or freed. Each step is ``_cohort_step``'s, figured in scalars
+        (time, blocks, the sample); then the blocks of every step are taken in one call, in
+        the order the steps would take them (each step's members' blocks, then the
+        chunk's), and the chunks' full blocks are cached in one call: with nothing freed
+        or looked up in between, the same blocks hold the same keys (an older copy of a key
+        that a step evicts is evicted before the new copy is cached, either way). Stops
+        before a step the next arrival (it would join the waiting queue the step samples),
+        a member's last token or the free blocks would change. False if fewer than two
+        such steps (nothing changed)."""
+        active = self._active
+        if len(active) != 1 or self.horizon_seconds is not None or self.loading:
+            # (Step-wise replay reports every step's tokens, and a load in flight is seen
+            # by the step after the one it is done in: steps one at a time there.)
+            return False
+        st = active[0]
+        cohort = self.cohort
+        members = cohort.size
+        chunk = self.config.max_num_batched_tokens - members
+        rem = st.num_tokens - st.num_computed
+        if chunk <= 0 or rem <= 2 * chunk or st.generated >= st.output_tokens:
+            return False
+        if members and self.running[-1] is not st:
+            return False  # members after it would be cut off: the exact step decides
+        k = (rem - 1) // chunk  # the steps whose chunk leaves part of the prompt
+        if members:
+            k = min(k, cohort.steps_to_next_finish() - 1)
+        if k < 2:
+            return False
+        bs = self.block_size
+        pool = self.pool
+        free = pool.get_num_free_blocks()
+        usable = pool.num_gpu_blocks - 1
+        overlapped = self.config.async_scheduling
+        cost = self.cost
+        tick, context = cohort.tick, cohort.context_tokens()
+        held = cohort.blocks_held
+        computed = st.num_computed
+        num_blocks = len(st.blocks)
+        now = self.now
+        taken = 0
+        # Per step: (members' new blocks, the chunk's new blocks, seconds, end time,
+        # fragmented slots, allocated slots, KV usage).
+        steps: list[tuple[int, int, float, float, int, int, float]] = []
+        for j in range(k):
+            if j and next_arrival is not None and now >= next_arrival:
+                break
+            m = cohort.blocks_needed_at(tick + j)
+            b = -(-(computed + chunk) // bs) - num_blocks
+            if b < 0:
+                b = 0
+            if taken + m + b > free:
+                break  # someone may be preempted: the exact step decides
+            # ``_charge`` with the members' terms, then the chunk's.
+            num_tokens = members
+            kv_read = context
+            pairs = float(context)
+            num_tokens += chunk
+            kv_read += computed + chunk
+            pairs += chunk * computed + chunk * (chunk + 1) / 2.0
+            dt = cost.step_seconds(num_tokens, kv_read, pairs, overlapped)
+            now += dt
+            taken += m + b
+            held += m
+            num_blocks += b
+            computed += chunk
+            context += members
+            alloc = held + num_blocks
+            used = context - members + computed
+            steps.append((m, b, dt, now, alloc * bs - used, alloc * bs,
+                          1.0 - (free - taken) / usable))
+        if len(steps) < 2:
+            return False
+        got = pool.get_new_blocks(taken) if taken else _NO_BLOCKS
+        theirs: list[np.ndarray] = []
+        mine: list[np.ndarray] = []
+        at = 0
+        for m, b, *_ in steps:
+            if m:
+                theirs.append(got[at:at + m])
+                at += m
+            if b:
+                mine.append(got[at:at + b])
+                at += b
+        if mine:
+            st.add_blocks(np.concatenate(mine) if len(mine) > 1 else mine[0])
+        for _, _, dt, end, fragmented, allocated, usage in steps:
+            self.now = end
+            self.steps += 1
+            self._sample(dt, fragmented, allocated, usage)
+        if members:
+            fresh = (np.concatenate(theirs) if len(theirs) > 1 else theirs[0]) if theirs \
+                else _NO_BLOCKS
+            done = cohort.advance(len(steps), fresh, self.steps)
+            assert not done, "a member finished inside a prefill run"
+        self._cache(st, computed)
+        st.num_computed = computed
         return True
 
     def _leave_done(self, done: list[RequestState]) -> None:
