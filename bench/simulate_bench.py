@@ -53,18 +53,26 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 BEFORE_COHORT = "e2902b6"
 
 
-# The modules of the simulator's hot path, loaded from the earlier commit (the rest, from
-# this tree: workload, metrics and prefix only describe requests and results).
-_HOT = ("timing", "blocks", "scheduler")
+# The modules of the simulator's hot path, loaded from the earlier commit where it has them
+# (the rest, from this tree: workload, metrics and prefix only describe requests and
+# results), in import order.
+_HOT = ("timing", "blocks", "cohort", "offload", "scheduler")
 
 
 def _previous(rev: str) -> ModuleType | None:
-    """The simulator's hot path as of ``rev`` (``_HOT``), each a module of its own importing
-    the others of ``rev``; its ``scheduler`` module, or None outside a git checkout."""
+    """The simulator's hot path as of ``rev`` (``_HOT``, those ``rev`` has), each a module of
+    its own importing the others of ``rev``; its ``scheduler`` module, or None outside a git
+    checkout."""
     mods: dict[str, ModuleType] = {}
     for stem in _HOT:
+        path = f"{rev}:tuner/simulator/{stem}.py"
         try:
-            src = subprocess.run(["git", "show", f"{rev}:tuner/simulator/{stem}.py"], cwd=REPO,
+            if subprocess.run(["git", "cat-file", "-e", path], cwd=REPO,
+                              capture_output=True).returncode != 0:
+                if stem == "scheduler":
+                    return None
+                continue  # not there yet at ``rev``
+            src = subprocess.run(["git", "show", path], cwd=REPO,
                                  capture_output=True, text=True, check=True).stdout
         except (OSError, subprocess.CalledProcessError):
             return None
