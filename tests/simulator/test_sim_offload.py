@@ -241,3 +241,22 @@ def test_offload_fast_path_equals_exact_stepping(
                    for x, y in zip(a, b, strict=True))
     done = [f for f, o in zip(exact.finish_seconds, exact.output_tokens, strict=True) if o]
     assert all(f == f for f in done), "a request never finished"
+
+
+def test_async_scheduling_sees_a_finished_load_one_step_later() -> None:
+    """vLLM learns of a finished load from a step's output. Synchronous, the next schedule
+    sees it; async, the next schedule runs before that output is processed, so the request
+    starts one step later. A decoder keeps steps going while the load runs."""
+    first = request(0, 0.0, HISTORY_TOKENS, 2, ((100, HISTORY_TOKENS),))
+    evictor = request(1, 1.0, 1000, 2)
+    ticker = request(2, 1.5, 16, 400)
+    again = request(3, 2.0, HISTORY_TOKENS + 16, 2, ((100, HISTORY_TOKENS), (200, 16)))
+    reqs = [first, evictor, ticker, again]
+    ttft = {}
+    for mode in (False, True):
+        cfg = _cfg(num_gpu_blocks=72, max_num_batched_tokens=2048, cpu_offload_blocks=500,
+                   offload_load_seconds_per_block=0.00333, async_scheduling=mode)
+        res = simulate(reqs, cfg, fixed_step_cost())
+        assert res.cpu_hit_tokens > 0
+        ttft[mode] = res.first_token_seconds[3] - res.arrival_seconds[3]
+    assert ttft[True] == pytest.approx(ttft[False] + STEP_SECONDS)

@@ -51,8 +51,11 @@ Ids = Sequence[int] | np.ndarray
 _SCALAR_MAX = 4
 
 
-# The largest element (``ndarray.max`` without its Python-level wrapper).
+# The largest and smallest element (``ndarray.max``/``min`` without their Python wrappers).
 _max = np.maximum.reduce
+_min = np.minimum.reduce
+# A slot past every queue (no stale entry known).
+_NOWHERE = 1 << 62
 
 
 def _ids(blocks: Ids) -> np.ndarray:
@@ -76,8 +79,8 @@ class FreeKVCacheBlockQueue:
     out, the live entries are copied into a fresh array (amortized O(1) per block).
     """
 
-    __slots__ = ("_head", "_index", "_num_blocks", "_position", "_slots", "_stale", "_tail",
-                 "num_free_blocks")
+    __slots__ = ("_head", "_index", "_num_blocks", "_position", "_slots", "_stale",
+                 "_stale_from", "_tail", "num_free_blocks")
 
     def __init__(self, num_blocks: int, block_ids: Sequence[int]) -> None:
         self._num_blocks = num_blocks
@@ -85,9 +88,11 @@ class FreeKVCacheBlockQueue:
         self._slots = np.zeros(0, dtype=np.int64)
         self._head = self._tail = 0
         self.num_free_blocks = 0
-        # Stale entries in _slots[head:tail] (blocks taken out by ``remove``): while there
-        # are none, the front n entries are the n blocks to hand out (no liveness check).
+        # Stale entries in _slots[head:tail] (blocks taken out by ``remove``), and a slot
+        # before which there are none: up to there, the front n entries are the n blocks to
+        # hand out (no liveness check). Prefix hits take blocks out far behind the head.
         self._stale = 0
+        self._stale_from = _NOWHERE
         ids = (np.arange(block_ids.start, block_ids.stop, block_ids.step, dtype=np.int64)
                if isinstance(block_ids, range)  # not element by element: pools are large
                else np.asarray(block_ids, dtype=np.int64))
@@ -109,6 +114,7 @@ class FreeKVCacheBlockQueue:
         self._head, self._tail = front, front + len(live)
         self.num_free_blocks = len(live)
         self._stale = 0
+        self._stale_from = _NOWHERE
 
     def popleft_n(self, n: int) -> np.ndarray:
         """Take the ``n`` blocks at the front (``n`` <= free blocks)."""
@@ -118,8 +124,8 @@ class FreeKVCacheBlockQueue:
         if n <= 0:
             return np.zeros(0, dtype=np.int64)
         head, tail = self._head, self._tail
-        if not self._stale:
-            # Every entry from the head on is live: the front n.
+        if not self._stale or head + n <= self._stale_from:
+            # Every entry from the head on is live up to there: the front n.
             end = head + n
             taken: np.ndarray = self._slots[head:end].copy()
             self._position[taken] = -1
@@ -143,6 +149,7 @@ class FreeKVCacheBlockQueue:
             self._stale -= i - head - n
             self._head = i
             self.num_free_blocks -= n
+            self._find_stale()
             return out
         end = min(tail, head + n)
         while True:
@@ -158,13 +165,34 @@ class FreeKVCacheBlockQueue:
         self._stale -= last - n
         self._head = head + last
         self.num_free_blocks -= n
+        self._find_stale()
         return taken
+
+    def _find_stale(self) -> None:
+        """After the head passed ``_stale_from``: the first stale slot from the head on, by
+        a scan in growing windows (each slot is scanned once before the head reaches it)."""
+        if not self._stale:
+            self._stale_from = _NOWHERE
+            return
+        i, tail, width = self._head, self._tail, 1024
+        while i < tail:
+            j = min(tail, i + width)
+            bad = (self._position[self._slots[i:j]] != self._index[i:j]).nonzero()[0]
+            if len(bad):
+                self._stale_from = i + int(bad[0])
+                return
+            i, width = j, 2 * width
+        self._stale_from = tail
 
     def remove(self, blocks: Ids) -> None:
         ids = _ids(blocks)
+        if not len(ids):
+            return
+        first = int(_min(self._position[ids]))
         self._position[ids] = -1
         self.num_free_blocks -= len(ids)
         self._stale += len(ids)
+        self._stale_from = min(self._stale_from, first)
 
     def append_n(self, blocks: Ids) -> None:
         ids = _ids(blocks)

@@ -24,14 +24,15 @@ the simulator follows, by source file:
   asynchronous): the request's blocks for the loaded tokens are allocated at once (the
   full-sequence check counts the other in-flight loads' reservations), it leaves the
   waiting queue without taking any of the step's token budget (``WAITING_FOR_REMOTE_KVS``),
-  and once the transfer is done it is scheduled first, with the loaded tokens computed
-  (and then cached in the GPU prefix cache).
+  and once a step's output reports the transfer done (the worker polls it after every
+  step; under async scheduling the next batch is already scheduled then, so one step later)
+  it is scheduled first, with the loaded tokens computed (and then cached in the GPU prefix
+  cache).
 - **Transfer time**: the loaded bytes per GPU over the GPU's host link (``gpus.json``
   ``host_link_bytes_per_second``), one transfer at a time per direction (loads queue
   behind each other). Stores go the other way and overlap compute: not charged.
 
-Not modeled: the step or two of latency between a load's completion and the scheduler
-noticing it, contention of the copy kernels with the model's own HBM traffic, and a store
+Not modeled: contention of the copy kernels with the model's own HBM traffic, and a store
 still in flight when its chunk is looked up (taken as stored).
 """
 

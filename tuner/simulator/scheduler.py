@@ -258,6 +258,8 @@ class Scheduler:
                                 config.offload_load_seconds_per_block)
                         if config.cpu_offload_blocks > 0 and caching else None)
         self.loading: list[RequestState] = []
+        # The schedule before this one (async: the loads done by then are seen now).
+        self._load_seen_seconds = 0.0
         self.keyspace = KeySpace(self.block_size)
         self.requests = list(requests)
         self.states: list[RequestState] = []
@@ -417,16 +419,17 @@ class Scheduler:
         st.num_cached_blocks = len(hits)  # the loaded blocks are cached once they arrive
         st.num_computed = computed
         st.load_ready_seconds = tier.load(self.now, cpu)
+        self._load_seen_seconds = self.now  # this schedule: the load starts with its step
         self.loading.append(st)
         return _LOAD_STARTED
 
-    def _loads_arrived(self) -> None:
-        """Requests whose load is done go to the front of the waiting queue, in the order
-        they were admitted, with their loaded blocks cached (vLLM's
+    def _loads_arrived(self, seen_seconds: float) -> None:
+        """Requests whose load was done by ``seen_seconds`` go to the front of the waiting
+        queue, in the order they were admitted, with their loaded blocks cached (vLLM's
         ``_update_waiting_for_remote_kv``; a full hit recomputes its last token)."""
         loading = self.loading
         done = 0
-        while done < len(loading) and loading[done].load_ready_seconds <= self.now:
+        while done < len(loading) and loading[done].load_ready_seconds <= seen_seconds:
             done += 1
         if not done:
             return
@@ -476,7 +479,13 @@ class Scheduler:
                 continue
             next_arrival = states[idx].req.arrival_seconds if idx < n else None
             if loading:
-                self._loads_arrived()
+                # vLLM learns of a finished load from a step's output. Synchronous: the
+                # step just taken, so a load done by now. Async: this schedule runs before
+                # the last step's output is processed, so a load done by the previous
+                # schedule (the last step's start).
+                self._loads_arrived(self._load_seen_seconds
+                                    if self.config.async_scheduling else self.now)
+                self._load_seen_seconds = self.now
                 # The engine idles until the next arrival or the next load, whichever first.
                 ready = loading[0].load_ready_seconds if loading else None
                 if ready is not None and (next_arrival is None or ready < next_arrival):
