@@ -311,9 +311,9 @@ def _requests_lines(counts: Counter[tuple[str, str]], n: int, wall_s: float) -> 
         f"  API requests (apiserver_request_total, all clients): {total} in {wall_s:.0f} s = "
         f"{total / wall_s:.0f}/s; by verb: " + ", ".join(
             f"{verb} {count}" for verb, count in by_verb.most_common()),
-        "  the 16 most requested (verb, resource), per object: " + ", ".join(
+        "  the 24 most requested (verb, resource), per object: " + ", ".join(
             f"{verb} {resource} {count / n:.1f}" for (verb, resource), count
-            in delta.most_common(16)),
+            in delta.most_common(24)),
         f"  the API server's time (apiserver_request_duration_seconds, "
         f"{sum(server_ms.values()) / 1000:.0f} s in all), the 10 largest: " + ", ".join(
             f"{verb} {resource} {ms / 1000:.0f} s ({ms / max(delta[(verb, resource)], 1):.0f}"

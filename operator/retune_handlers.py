@@ -490,7 +490,15 @@ def sync_alert_rules(kube: kapply.Kube, body: Mapping[str, Any], memo: Any,
                 LOG.info("applied %s %s/%s", obj["kind"], namespace, obj["metadata"]["name"])
             else:
                 skipped.append(obj["kind"])
-        report_monitoring_collisions(kube, body, collisions)
+        # MonitoringReady is written only here: with nothing colliding it needs a look (a
+        # read of the object) only when it may exist: the watch's copy shows it, or this
+        # process wrote it since (a GET per object and tick fewer at scale otherwise).
+        if collisions or memo.get("monitoring_condition_written") or any(
+                c.get("type") == conditions.MONITORING_READY
+                for c in (body.get("status") or {}).get("conditions") or []):
+            report_monitoring_collisions(kube, body, collisions)
+        if collisions:
+            memo["monitoring_condition_written"] = True
     except Exception as exc:
         LOG.exception("cannot apply the monitoring objects")
         why = f"{type(exc).__name__}: {exc}"

@@ -353,10 +353,19 @@ def test_someone_elses_rule_or_monitor_of_that_name_is_not_taken_over(
     with pytest.raises(kapply.NameCollision, match="kvtune did not create it"):
         alert_rules.apply_object(kube, rule, body)
     # Switched off: kvtune deletes only what it made for this InferenceDeployment; nothing
-    # collides then, and an object that never collided gets no MonitoringReady at all.
-    sync_alert_rules(kube, {**body, "spec": {**body["spec"], "monitoring": {
+    # collides then, and an object that never collided gets no MonitoringReady at all (and
+    # is not even read for it: nothing shows the condition, and this process never wrote it).
+    reads: list[str] = []
+
+    class Recording(kapply.Kube):
+        def request(self, method: str, api_path: str, **kwargs: Any) -> dict[str, Any]:
+            reads.append(f"{method} {api_path}")
+            return super().request(method, api_path, **kwargs)
+
+    sync_alert_rules(Recording(api), {**body, "spec": {**body["spec"], "monitoring": {
         "scrape": {"enabled": False}, "prometheusRule": {"enabled": False}}}}, {},
         now_seconds=0.0)
+    assert reads and not [r for r in reads if "/inferencedeployments/" in r], reads
     assert snapshot() == before
     assert before[0][1] is None and before[1][1] is None
     assert monitoring_ready() is None
