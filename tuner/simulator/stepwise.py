@@ -177,7 +177,8 @@ class StepwiseScheduler(Scheduler):
         self._finished_now.append(st)
         super()._retire(st)
 
-    def _sample(self, dt: float, fragmented_slots: int, allocated_slots: int) -> None:
+    def _sample(self, dt: float, fragmented_slots: int, allocated_slots: int,
+                usage: float | None = None) -> None:
         # The batch run's integrals, without the per-step series (a replay runs for hours).
         n_run = len(self.running)
         if n_run > self.peak_running:
