@@ -113,14 +113,28 @@ class StepCostModel:
         attend to ``context_tokens`` tokens at the first step (closed form, no loop)."""
         if num_steps <= 0:
             return 0.0
+        return self._run(self._run_lines(num_seqs, context_tokens), num_steps, overlapped)
+
+    def _run_lines(self, num_seqs: int, context_tokens: int
+                   ) -> tuple[float, float, float, float, int]:
+        """The run's two lines and, for the overlapped sum, the first step whose GPU time
+        reaches the overhead on either line, uncapped (``_first_at_least`` capped at k is
+        this capped at k): what every run length of one run shares."""
         a1, b1, a2, b2 = self._decode_lines(num_seqs, context_tokens)
+        overhead = self.efficiency.step_overhead_seconds
+        first = min(_first_at_least(a1, b1, overhead, _UNCAPPED),
+                    _first_at_least(a2, b2, overhead, _UNCAPPED))
+        return a1, b1, a2, b2, first
+
+    def _run(self, lines: tuple[float, float, float, float, int], num_steps: int,
+             overlapped: bool) -> float:
+        a1, b1, a2, b2, first = lines
         overhead = self.efficiency.step_overhead_seconds
         if not overlapped:
             return overhead * num_steps + _sum_max_of_lines(a1, b1, a2, b2, num_steps)
         # max(overhead, gpu_j) with gpu_j non-decreasing in j: the overhead up to the first
         # step whose GPU time reaches it, the GPU time from there on.
-        m = min(_first_at_least(a1, b1, overhead, num_steps),
-                _first_at_least(a2, b2, overhead, num_steps))
+        m = min(first, num_steps)
         return (overhead * m + _sum_max_of_lines(a1, b1, a2, b2, num_steps)
                 - _sum_max_of_lines(a1, b1, a2, b2, m))
 
@@ -131,13 +145,18 @@ class StepCostModel:
         """The fewest decode steps (at most ``max_steps``) whose total time is >= ``seconds``."""
         if seconds <= 0:
             return 0
-        if self.decode_run_seconds(num_seqs, context_tokens, max_steps, overlapped) < seconds:
+        lines = self._run_lines(num_seqs, context_tokens)
+
+        def run(k: int) -> float:  # decode_run_seconds, the lines computed once
+            return self._run(lines, k, overlapped) if k > 0 else 0.0
+
+        if run(max_steps) < seconds:
             return max_steps
         lo, hi = 0, max_steps  # run(lo) < seconds <= run(hi)
         # Steps only get longer along a run, so seconds / (first step) bounds the answer
         # from above and seconds / (last step) from below: a bisection over a few steps
         # instead of all of them (the bounds are checked, so rounding cannot mislead it).
-        a1, b1, a2, b2 = self._decode_lines(num_seqs, context_tokens)
+        a1, b1, a2, b2, _ = lines
         overhead = self.efficiency.step_overhead_seconds
 
         def step(j: int) -> float:
@@ -147,20 +166,22 @@ class StepCostModel:
         first = step(0)
         if first > 0:
             guess = min(max_steps, math.ceil(seconds / first))
-            if (guess < max_steps and self.decode_run_seconds(
-                    num_seqs, context_tokens, guess, overlapped) >= seconds):
+            if guess < max_steps and run(guess) >= seconds:
                 hi = guess
             low = max(0, math.ceil(seconds / step(hi - 1)) - 1)
-            if low > lo and self.decode_run_seconds(
-                    num_seqs, context_tokens, low, overlapped) < seconds:
+            if low > lo and run(low) < seconds:
                 lo = low
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if self.decode_run_seconds(num_seqs, context_tokens, mid, overlapped) >= seconds:
+            if run(mid) >= seconds:
                 hi = mid
             else:
                 lo = mid
         return hi
+
+
+# Larger than any run: ``_first_at_least`` without its cap.
+_UNCAPPED = 1 << 62
 
 
 def _first_at_least(a: float, b: float, c: float, k: int) -> int:
