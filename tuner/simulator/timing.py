@@ -113,7 +113,16 @@ class StepCostModel:
         attend to ``context_tokens`` tokens at the first step (closed form, no loop)."""
         if num_steps <= 0:
             return 0.0
-        return self._run(self._run_lines(num_seqs, context_tokens), num_steps, overlapped)
+        a1, b1, a2, b2 = self._decode_lines(num_seqs, context_tokens)
+        overhead = self.efficiency.step_overhead_seconds
+        if not overlapped:
+            return overhead * num_steps + _sum_max_of_lines(a1, b1, a2, b2, num_steps)
+        # max(overhead, gpu_j) with gpu_j non-decreasing in j: the overhead up to the first
+        # step whose GPU time reaches it, the GPU time from there on.
+        m = min(_first_at_least(a1, b1, overhead, num_steps),
+                _first_at_least(a2, b2, overhead, num_steps))
+        return (overhead * m + _sum_max_of_lines(a1, b1, a2, b2, num_steps)
+                - _sum_max_of_lines(a1, b1, a2, b2, m))
 
     def _run_lines(self, num_seqs: int, context_tokens: int
                    ) -> tuple[float, float, float, float, int]:
@@ -128,12 +137,11 @@ class StepCostModel:
 
     def _run(self, lines: tuple[float, float, float, float, int], num_steps: int,
              overlapped: bool) -> float:
+        """``decode_run_seconds`` (``num_steps`` > 0) from ``_run_lines``: the same sums."""
         a1, b1, a2, b2, first = lines
         overhead = self.efficiency.step_overhead_seconds
         if not overlapped:
             return overhead * num_steps + _sum_max_of_lines(a1, b1, a2, b2, num_steps)
-        # max(overhead, gpu_j) with gpu_j non-decreasing in j: the overhead up to the first
-        # step whose GPU time reaches it, the GPU time from there on.
         m = min(first, num_steps)
         return (overhead * m + _sum_max_of_lines(a1, b1, a2, b2, num_steps)
                 - _sum_max_of_lines(a1, b1, a2, b2, m))
