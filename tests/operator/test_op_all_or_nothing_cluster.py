@@ -203,6 +203,10 @@ def test_a_deployment_that_appeared_after_it_was_read_absent_is_not_taken_over(
         kapply.apply_pool(Kube(cluster_api), [ours, _service("late")], owner,
                           absent=[("Deployment", "late")])
     after = apps.read_namespaced_deployment("late", TWO_NS)
-    assert after.metadata.resource_version == before.metadata.resource_version
+    # Not its resourceVersion: the Deployment controller writes its status meanwhile. What
+    # kvtune would have written is spec, labels and an owner reference.
+    assert after.metadata.generation == before.metadata.generation
+    assert after.metadata.labels == {"app": "theirs"}
+    assert after.spec.template.spec.containers[0].image == "busybox"
     assert not after.metadata.owner_references
     assert _missing(client.CoreV1Api(cluster_api).read_namespaced_service, "late", TWO_NS)
