@@ -592,37 +592,31 @@ class Scheduler:
                 if self._admission_blocks(st, _NO_BLOCKS) > pool.get_num_free_blocks():
                     break
                 num_new = min(st.num_tokens - st.num_computed, budget)
-                ok = self._allocate(st, num_new)
-                assert ok, "the full-sequence check admitted a request whose chunk does not fit"
-                waiting.popleft()
-                running.append(st)
-                scheduled.append((st, num_new))
-                budget -= num_new
-                continue
-            hits = self._lookup(st)
-            if self._admission_blocks(st, hits) > pool.get_num_free_blocks():
-                break
-            if offload is not None:
-                load = self._load_from_cpu(st, hits)
-                if load == _LOAD_BLOCKED:
-                    break
-                if load == _LOAD_STARTED:
-                    waiting.popleft()  # it waits for its KV (WAITING_FOR_REMOTE_KVS)
-                    continue
-            computed = len(hits) * bs
-            num_new = min(st.num_tokens - computed, budget)
-            if not st.admitted:
-                st.admitted = True
-                st.scheduled_seconds = self.now
-                st.cached_tokens = computed
-                self.query_tokens += st.num_tokens
-                self.hit_tokens += computed
             else:
-                self.resume_hit_tokens += computed
-            pool.touch(hits)
-            st.blocks = hits
-            st.num_cached_blocks = len(hits)
-            st.num_computed = computed
+                hits = self._lookup(st)
+                if self._admission_blocks(st, hits) > pool.get_num_free_blocks():
+                    break
+                if offload is not None:
+                    load = self._load_from_cpu(st, hits)
+                    if load == _LOAD_BLOCKED:
+                        break
+                    if load == _LOAD_STARTED:
+                        waiting.popleft()  # it waits for its KV (WAITING_FOR_REMOTE_KVS)
+                        continue
+                computed = len(hits) * bs
+                num_new = min(st.num_tokens - computed, budget)
+                if not st.admitted:
+                    st.admitted = True
+                    st.scheduled_seconds = self.now
+                    st.cached_tokens = computed
+                    self.query_tokens += st.num_tokens
+                    self.hit_tokens += computed
+                else:
+                    self.resume_hit_tokens += computed
+                pool.touch(hits)
+                st.blocks = hits
+                st.num_cached_blocks = len(hits)
+                st.num_computed = computed
             ok = self._allocate(st, num_new)
             assert ok, "the full-sequence check admitted a request whose chunk does not fit"
             waiting.popleft()
