@@ -319,14 +319,6 @@ def known_pools(memo: kopf.Memo) -> dict[str, gpu_pools.GPUPool] | None:
         return gpu_pools.pools_of(list(memo.inventory.values()))
 
 
-def _digest(inventory: dict[str, gpu_pools.GPUNode]) -> str:
-    counts: dict[str, int] = {}
-    for node in inventory.values():
-        gpu_class = node.gpu_class.upper()
-        counts[gpu_class] = counts.get(gpu_class, 0) + (1 if node.schedulable else 0)
-    return ",".join(f"{cls}={n}" for cls, n in sorted(counts.items()))
-
-
 def _watch_inventory(memo: kopf.Memo, stop: threading.Event) -> None:
     """Reconcile every InferenceDeployment when the inventory has changed and then held still
     for one period (the initial node listing arrives as a burst of events). Direct, not via
@@ -336,24 +328,27 @@ def _watch_inventory(memo: kopf.Memo, stop: threading.Event) -> None:
     applied: str | None = None
     while not stop.wait(INVENTORY_PERIOD_SECONDS):
         with memo.inventory_lock:
-            digest = _digest(memo.inventory)
+            nodes = list(memo.inventory.values())
+        digest = gpu_pools.inventory_digest(gpu_pools.pools_of(nodes))
         if first_seen is None:
             first_seen = digest
         if digest != last_seen:
             last_seen = digest
             continue
         memo.inventory_settled.set()  # held still for a period: the first listing is in
-        try:
-            _reconcile_waiting(memo)
-        except Exception:  # the next period retries; a hiccup must not end the loop
-            LOG.exception("reconcile of objects waiting for nodes failed")
-        if digest == applied:
-            continue
         if applied is None and digest == first_seen:
             # The inventory the operator started with: resume handlers reconcile everything.
             # A node that came while it settled is a change (a create handler may already be
             # waiting out its no-nodes delay), so that case falls through and reconciles.
             applied = digest
+        if digest == applied:
+            # No change to announce; an object waiting for nodes that was planned against an
+            # older inventory is still brought up to date (a full reconcile, below, covers
+            # them when the inventory changed).
+            try:
+                _reconcile_waiting(memo)
+            except Exception:  # the next period retries; a hiccup must not end the loop
+                LOG.exception("reconcile of objects waiting for nodes failed")
             continue
         LOG.info("GPU inventory is now %s: reconciling InferenceDeployments", digest or "-")
         try:
