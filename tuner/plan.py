@@ -39,6 +39,19 @@ class KVPlan(BaseModel):
         rendered from the knob table (``tuner/knobs.py``)."""
         return knobs.plan_args(self.model_dump())
 
+    def with_offload(self, size_gib: float | None) -> KVPlan:
+        """This plan with ``size_gib`` of CPU KV offload (GiB across TP ranks; None or 0:
+        off) on the backend ``offload_backend`` names."""
+        size = size_gib or None
+        return self.model_copy(update={"kv_offloading_size_gib": size,
+                                       "kv_offloading_backend": offload_backend(size)})
+
+
+def offload_backend(size_gib: float | None) -> str | None:
+    """The ``--kv-offloading-backend`` kvtune renders: vLLM's native CPU offload whenever
+    offload is on (the one the simulator's CPU tier, ``simulator/offload.py``, follows)."""
+    return "native" if size_gib else None
+
 
 class CandidateVerdict(BaseModel):
     """One candidate value of a knob and the check that kept or ruled it out."""

@@ -24,7 +24,7 @@ the smallest changes that fit. Shared state and memory arithmetic: ``planrun.Pla
 
 from __future__ import annotations
 
-from kvtune.tuner.plan import CandidateScore, KVPlan, PoolPlan, Reason
+from kvtune.tuner.plan import CandidateScore, KVPlan, PoolPlan, Reason, offload_backend
 from kvtune.tuner.planner import (
     budget,
     decide_attention_backend,
@@ -99,7 +99,7 @@ def plan_pool(request: PlanRequest, scorer: CandidateScorer | None = None) -> Po
         max_num_batched_tokens=max(batched, max_num_seqs),
         enable_prefix_caching=prefix_caching,
         kv_offloading_size_gib=offload,
-        kv_offloading_backend="native" if offload else None,
+        kv_offloading_backend=offload_backend(offload),
         attention_backend=pins.attention_backend,
         dtype=run.weights.dtype_flag,
         quantization=run.weights.quantization_flag,

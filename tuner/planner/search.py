@@ -294,11 +294,6 @@ def _offload_size(run: PlanRun, base: KVPlan) -> float | None:
     return float(size)
 
 
-def _with_offload(plan: KVPlan, size: float | None) -> KVPlan:
-    return plan.model_copy(update={"kv_offloading_size_gib": size,
-                                   "kv_offloading_backend": "native" if size else None})
-
-
 def _starts(request: PlanRequest, plan: KVPlan) -> bool:
     ok, _, _ = preflight(request, plan)
     return ok
@@ -385,7 +380,7 @@ def search(
     if offload_size is not None:
         # Offload is searched: the halving runs without it (the simpler plan; ties keep it),
         # the finalists try it.
-        base = _with_offload(base, None)
+        base = base.with_offload(None)
     rate = scorer.rate_per_second
     book = _Book(scorer, request)
     reference = running or base
@@ -416,7 +411,7 @@ def search(
             survivors = _promote(ranked)
     final_n = rungs[-1]
     if offload_size is not None:
-        tried = [_with_offload(x.plan, offload_size) for x in ranked[:OFFLOAD_FINALISTS]]
+        tried = [x.plan.with_offload(offload_size) for x in ranked[:OFFLOAD_FINALISTS]]
         tried = [p for p in tried if all(p != y.plan for y in ranked)]
         considered += len(tried)
         stage = SearchProgress("offload", 0, len(tried), considered)
@@ -487,8 +482,8 @@ def search(
 def _offload_reason(book: _Book, best: _Scored, size: float, n: int, tie: float) -> Reason:
     """Why the plan has offload on or off: the chosen plan's predicted goodput with and
     without the CPU tier (both on the full stream; a score the search took is reused)."""
-    on = book.score(_with_offload(best.plan, size), n)
-    off = book.score(_with_offload(best.plan, None), n)
+    on = book.score(best.plan.with_offload(size), n)
+    off = book.score(best.plan.with_offload(None), n)
     chosen = best.plan.kv_offloading_size_gib
     figures = (f"predicted SLO-goodput {on.goodput_requests_per_second:.3g} req/s with "
                f"{size:g} GiB of CPU KV offload (TTFT p95 {on.ttft_p95_seconds:.3f} s), "
@@ -668,12 +663,12 @@ def grid(request: PlanRequest, rate_per_second: float,
     sizes: tuple[float | None, ...] = (base.kv_offloading_size_gib,)
     if offload_size is not None:
         sizes = (None, offload_size)
-        base = _with_offload(base, None)
+        base = base.with_offload(None)
     out: list[KVPlan] = []
     for p in _candidates(run, base, rate_per_second, settings):
         for bs in decide_block_size.candidates(run, p.kv_cache_dtype):
             for size in sizes:
-                q = _with_offload(p.model_copy(update={"block_size": bs}), size)
+                q = p.model_copy(update={"block_size": bs}).with_offload(size)
                 if q not in out and _starts(request, q):
                     out.append(q)
     if base not in out:

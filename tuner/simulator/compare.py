@@ -9,7 +9,7 @@ from typing import Any
 
 from kvtune.tuner import knobs
 from kvtune.tuner.errors import InvalidInput
-from kvtune.tuner.plan import KVPlan
+from kvtune.tuner.plan import KVPlan, offload_backend
 from kvtune.tuner.planner.planning import PlanRequest, plan_pool
 from kvtune.tuner.planner.planrun import PlanRun
 from kvtune.tuner.planner.policy import Pins
@@ -101,11 +101,10 @@ def configurations(
         else:
             check_overrides(request, overrides or {})
             fields = {**defaults.model_dump(), **(overrides or {})}
-            # vLLM's native CPU offload (simulator/offload.py); 0 turns it off.
+            # 0 turns CPU offload off (the field itself takes only a positive size).
             size = fields.get("kv_offloading_size_gib") or None
-            fields.update(kv_offloading_size_gib=size,
-                          kv_offloading_backend="native" if size else None)
-            plan = KVPlan.model_validate(fields)
+            plan = KVPlan.model_validate({**fields, "kv_offloading_size_gib": size,
+                                          "kv_offloading_backend": offload_backend(size)})
             out.append(simulated_plan(request, plan, name))
     return out
 
