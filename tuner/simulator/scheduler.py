@@ -387,6 +387,19 @@ class Scheduler:
         evictable: int = self.pool.num_free_among(hits)
         return max(0, new) + evictable
 
+    def _count_admission(self, st: RequestState, computed: int, gpu_hit_tokens: int) -> None:
+        """An admission's counts: on its first, when it was scheduled, the tokens it found
+        computed (``cached_tokens``) and the prefix cache's query and GPU hit tokens; on a
+        resume after preemption, the recompute it was spared."""
+        if not st.admitted:
+            st.admitted = True
+            st.scheduled_seconds = self.now
+            st.cached_tokens = computed
+            self.query_tokens += st.num_tokens
+            self.hit_tokens += gpu_hit_tokens
+        else:
+            self.resume_hit_tokens += computed
+
     # -- the CPU tier (offload.py) ---------------------------------------------------------
 
     def _load_from_cpu(self, st: RequestState, hits: np.ndarray) -> str:
@@ -405,14 +418,7 @@ class Scheduler:
         if self._admission_blocks(st, hits) + reserved > self.pool.get_num_free_blocks():
             return _LOAD_BLOCKED
         computed = (len(hits) + cpu) * bs
-        if not st.admitted:
-            st.admitted = True
-            st.scheduled_seconds = self.now
-            st.cached_tokens = computed
-            self.query_tokens += st.num_tokens
-            self.hit_tokens += len(hits) * bs
-        else:
-            self.resume_hit_tokens += computed
+        self._count_admission(st, computed, len(hits) * bs)
         self.cpu_hit_tokens += cpu * bs
         self.pool.touch(hits)
         st.blocks = np.concatenate((hits, self.pool.get_new_blocks(cpu)))
@@ -605,14 +611,7 @@ class Scheduler:
                         continue
                 computed = len(hits) * bs
                 num_new = min(st.num_tokens - computed, budget)
-                if not st.admitted:
-                    st.admitted = True
-                    st.scheduled_seconds = self.now
-                    st.cached_tokens = computed
-                    self.query_tokens += st.num_tokens
-                    self.hit_tokens += computed
-                else:
-                    self.resume_hit_tokens += computed
+                self._count_admission(st, computed, computed)
                 pool.touch(hits)
                 st.blocks = hits
                 st.num_cached_blocks = len(hits)
