@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+
+from kvtune.tuner.simulator.metrics import SimResult
 from kvtune.tuner.simulator.prefix import Segment
 from kvtune.tuner.simulator.timing import Efficiency, StepCostModel
 from kvtune.tuner.simulator.workload import SimRequest
@@ -33,3 +36,12 @@ def request(
         shareable_tokens=shared_tokens,
     )
 
+
+
+def assert_same_times(fast: SimResult, exact: SimResult) -> None:
+    """Every request's first-token and finish time equal in two runs (to 1e-12 relative:
+    the fast paths sum a run's steps in closed form), NaN (never reached) in both alike."""
+    for a, b in ((fast.first_token_seconds, exact.first_token_seconds),
+                 (fast.finish_seconds, exact.finish_seconds)):
+        assert all((x != x and y != y) or math.isclose(x, y, rel_tol=1e-12)
+                   for x, y in zip(a, b, strict=True))

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from simhelpers import STEP_SECONDS, fixed_step_cost, request
+from simhelpers import STEP_SECONDS, assert_same_times, fixed_step_cost, request
 from test_sim_cohort import ROOFLINE, _slice
 
 from kvtune.cli.main import cli
@@ -235,10 +234,7 @@ def test_offload_fast_path_equals_exact_stepping(
     assert fast.cpu_hit_tokens == exact.cpu_hit_tokens
     assert fast.preemptions == exact.preemptions
     assert fast.prefix_hit_tokens == exact.prefix_hit_tokens
-    for a, b in ((fast.first_token_seconds, exact.first_token_seconds),
-                 (fast.finish_seconds, exact.finish_seconds)):
-        assert all((x != x and y != y) or math.isclose(x, y, rel_tol=1e-12)
-                   for x, y in zip(a, b, strict=True))
+    assert_same_times(fast, exact)
     done = [f for f, o in zip(exact.finish_seconds, exact.output_tokens, strict=True) if o]
     assert all(f == f for f in done), "a request never finished"
 
