@@ -122,7 +122,6 @@ def test_free_request_blocks_matches_free_blocks_order() -> None:
                 for b in blocks[:2]:
                     if pool.hash_of(b) is None:
                         pool.block_hash[b] = UNSHARED_HASH  # what vLLM's hashing would do
-                        pool.num_hashed_blocks += 1
                 pool.free_blocks(blocks[::-1])
         else:
             pool.free_request_blocks(x, 2)

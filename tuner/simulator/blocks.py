@@ -56,6 +56,9 @@ _max = np.maximum.reduce
 _min = np.minimum.reduce
 # A slot past every queue (no stale entry known).
 _NOWHERE = 1 << 62
+# Room behind the queue's tail, in pools' worth of blocks: a relayout (a copy of the live
+# entries) comes once per this many pools' worth of appends.
+_ROOM = 4
 
 
 def _ids(blocks: Ids) -> np.ndarray:
@@ -85,7 +88,7 @@ class FreeKVCacheBlockQueue:
     def __init__(self, num_blocks: int, block_ids: Sequence[int]) -> None:
         self._num_blocks = num_blocks
         self._position = np.full(num_blocks, -1, dtype=np.int64)
-        self._slots = np.zeros(0, dtype=np.int64)
+        self._slots = self._index = np.zeros(0, dtype=np.int64)
         self._head = self._tail = 0
         self.num_free_blocks = 0
         # Stale entries in _slots[head:tail] (blocks taken out by ``remove``), and a slot
@@ -105,12 +108,17 @@ class FreeKVCacheBlockQueue:
         return live
 
     def _relayout(self, live: np.ndarray, extra: int) -> None:
+        """Copy the live entries to slot ``num_blocks + extra`` (room in front), with room
+        for ``_ROOM`` pools' worth of appends behind them. The arrays are reused when large
+        enough: slots outside ``[head, tail)`` are never read, so they need no clearing."""
         front = self._num_blocks + extra
-        self._slots = np.zeros(front + len(live) + 2 * self._num_blocks + extra, np.int64)
-        # Slot numbers, sliced where a range of them is needed (no arange per call).
-        self._index = np.arange(len(self._slots), dtype=np.int64)
+        size = front + len(live) + _ROOM * self._num_blocks + extra
+        if size > len(self._slots):
+            self._slots = np.empty(size, np.int64)
+            # Slot numbers, sliced where a range of them is needed (no arange per call).
+            self._index = np.arange(size, dtype=np.int64)
         self._slots[front:front + len(live)] = live
-        self._position[live] = np.arange(front, front + len(live))
+        self._position[live] = self._index[front:front + len(live)]
         self._head, self._tail = front, front + len(live)
         self.num_free_blocks = len(live)
         self._stale = 0
@@ -257,12 +265,10 @@ class BlockPool:
         self.null_block = 0
         # hash -> block id (0: none). Lazy: live only while block_hash[block] == hash.
         self.key_block = np.zeros(1024, dtype=np.int64)
-        # hash -> later copies of its live entry, in the order they were cached (class doc).
+        # hash -> later copies of its live entry, in the order they were cached (class doc),
+        # and per hash whether it has an entry there (an eviction checks only those keys).
         self.duplicate_blocks: dict[int, list[int]] = {}
-        # Blocks holding a hash (in the map or UNSHARED_HASH), whether in use or free.
-        self.num_hashed_blocks = 0
-        # Counters for the report (vLLM's prefix-cache stats count tokens, not blocks).
-        self.num_evicted_cached_blocks = 0
+        self._has_copies = np.zeros(1024, dtype=np.bool_)
         # Set by reserve_keys: the owner promises every key is below it (no max per call).
         self._key_bound: int | None = None
 
@@ -277,6 +283,9 @@ class BlockPool:
             grown = np.zeros(max(top, 2 * len(self.key_block)), dtype=np.int64)
             grown[:len(self.key_block)] = self.key_block
             self.key_block = grown
+            flags = np.zeros(len(grown), dtype=np.bool_)
+            flags[:len(self._has_copies)] = self._has_copies
+            self._has_copies = flags
 
     def _room_for(self, keys: np.ndarray) -> None:
         if self._key_bound is None:
@@ -343,26 +352,22 @@ class BlockPool:
             for b in taken:
                 h = bh[b]
                 if h != NO_HASH:
-                    if h >= 0:
-                        self.num_evicted_cached_blocks += 1
-                        if self.duplicate_blocks:
-                            self._evict_copy(int(h), int(b))
-                    self.num_hashed_blocks -= 1
+                    if h >= 0 and self.duplicate_blocks:
+                        self._evict_copy(int(h), int(b))
                     bh[b] = NO_HASH
                 ref[b] = 1
             return taken
         hashes = self.block_hash[taken]
-        # NO_HASH < UNSHARED_HASH < every key: the largest tells what kinds are there.
-        top = int(_max(hashes))
-        if top != NO_HASH:
-            if top >= 0:
+        # NO_HASH is the least value: the largest tells whether any is cached.
+        if _max(hashes) != NO_HASH:
+            if self.duplicate_blocks:
+                # Only keys with later copies need their map entry looked at.
                 keyed = hashes >= 0
-                if self.duplicate_blocks:
-                    for b, h in zip(taken[keyed].tolist(), hashes[keyed].tolist(),
-                                    strict=True):
+                ids, keys = taken[keyed], hashes[keyed]
+                copied = self._has_copies[keys]
+                if copied.any():
+                    for b, h in zip(ids[copied].tolist(), keys[copied].tolist(), strict=True):
                         self._evict_copy(h, b)
-                self.num_evicted_cached_blocks += int(np.count_nonzero(keyed))
-            self.num_hashed_blocks -= num_blocks - int(np.count_nonzero(hashes == NO_HASH))
             self.block_hash[taken] = NO_HASH  # the map entries go stale with it
         self.ref_cnt[taken] = 1
         return taken
@@ -379,6 +384,7 @@ class BlockPool:
             copies.remove(b)
         if not copies:
             del self.duplicate_blocks[h]
+            self._has_copies[h] = False
 
     def touch(self, blocks: Ids) -> None:
         """A prefix hit takes a reference; a free cached block leaves the free queue."""
@@ -419,10 +425,10 @@ class BlockPool:
         # one, from when it held the key before) is not live, as the block holds none now.
         live = bh[held] == keys
         bh[ids] = keys
-        self.num_hashed_blocks += len(ids)
         if live.any():
             for b, h in zip(ids[live].tolist(), keys[live].tolist(), strict=True):
                 self.duplicate_blocks.setdefault(h, []).append(b)
+                self._has_copies[h] = True
             ids, keys = ids[~live], keys[~live]
         kb[keys] = ids
 
@@ -453,10 +459,9 @@ class BlockPool:
         bh = self.block_hash
         q = self.free_block_queue
         if len(full):
-            unmarked = full[bh[full] == NO_HASH]
-            if len(unmarked):
-                bh[unmarked] = UNSHARED_HASH
-                self.num_hashed_blocks += len(unmarked)
+            # NO_HASH -> UNSHARED_HASH, keys kept (NO_HASH < UNSHARED_HASH < every key).
+            marked = bh[full]
+            bh[full] = np.maximum(marked, UNSHARED_HASH, out=marked)
         if len(tail) == 1:
             # One partial block (the usual tail): hashed only if cached before it was full.
             if bh[tail[0]] == NO_HASH:
@@ -521,8 +526,8 @@ class BlockPool:
         assert 0 not in q and self.block_hash[0] == NO_HASH and self.ref_cnt[0] == 0
         assert in_use + free_cached + free_empty == self.num_gpu_blocks - 1
         assert free_cached + free_empty == q.num_free_blocks
-        assert int(np.count_nonzero(hashed)) == self.num_hashed_blocks
         assert ((self.key_block >= 0) & (self.key_block < self.num_gpu_blocks)).all()
+        assert set(np.flatnonzero(self._has_copies).tolist()) == set(self.duplicate_blocks)
         for h, copies in self.duplicate_blocks.items():
             head = int(self.key_block[h])
             assert copies and self.block_hash[head] == h, f"hash {h}: no live entry"
