@@ -93,7 +93,7 @@ def _old_cost(before: ModuleType, sim: SimulatedPlan) -> SimulatedPlan:
     """``sim`` with its step-time model as the earlier commit's class (same numbers)."""
     timing = sys.modules[before.__name__.replace("_scheduler", "_timing")]
     cost = sim.cost
-    fields = {f.name: getattr(cost, f.name) for f in dataclasses.fields(cost)}
+    fields = {f.name: getattr(cost, f.name) for f in dataclasses.fields(cost) if f.init}
     return dataclasses.replace(sim, cost=timing.StepCostModel(**fields))
 
 

@@ -751,14 +751,15 @@ class Scheduler:
         if k <= 1 or (self.waiting and self._head_admissible()):
             return False
         overlapped = self.config.async_scheduling
-        context = cohort.context_tokens()
+        cost = self.cost
+        # The run's time lines, shared by every length this run considers.
+        lines = cost.run_lines(n, cohort.context_tokens())
         if next_arrival is not None and not self.waiting and n < self.config.max_num_seqs:
-            k = min(k, self.cost.decode_steps_to_reach(
-                n, context, next_arrival - self.now, k, overlapped))
+            k = min(k, cost.steps_to_reach(lines, next_arrival - self.now, k, overlapped))
         if self.loading:
             # A load that arrives is scheduled in the next step: stop there.
-            k = min(k, self.cost.decode_steps_to_reach(
-                n, context, self.loading[0].load_ready_seconds - self.now, k, overlapped))
+            k = min(k, cost.steps_to_reach(
+                lines, self.loading[0].load_ready_seconds - self.now, k, overlapped))
         free = self.pool.get_num_free_blocks()
         # Cheap bound first: k steps add at most ceil(k / bs) blocks to each sequence.
         if n * -(-k // self.block_size) > free and cohort.new_blocks_for(k) > free:
@@ -771,11 +772,11 @@ class Scheduler:
                     hi = mid
             k = lo
         if self.horizon_seconds is not None:
-            k = min(k, self.cost.decode_steps_to_reach(
-                n, context, self.horizon_seconds - self.now, k, overlapped))
+            k = min(k, cost.steps_to_reach(lines, self.horizon_seconds - self.now, k,
+                                           overlapped))
         if k <= 1:
             return False  # the exact step handles it (and any preemption)
-        dt = self.cost.decode_run_seconds(n, context, k, overlapped)
+        dt = cost.run_seconds(lines, k, overlapped)
         need = cohort.new_blocks_for(k)
         fresh = self.pool.get_new_blocks(need) if need else _NO_BLOCKS
         self.now += dt

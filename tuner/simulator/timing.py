@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -56,6 +56,11 @@ def efficiency_for(gpu_class: str) -> Efficiency:
     )
 
 
+# A decode-only run's lines (``StepCostModel.run_lines``): a1, b1, a2, b2, first step at
+# the overhead.
+RunLines = tuple[float, float, float, float, int]
+
+
 @dataclass(frozen=True, slots=True)
 class StepCostModel:
     """Plain numbers per GPU (one tensor-parallel rank); see the module doc for the model."""
@@ -69,14 +74,18 @@ class StepCostModel:
     # 4 x layers x query heads per GPU x head_dim: attention FLOPs per (query, key) pair.
     attention_flops_per_token_pair: float
     efficiency: Efficiency
+    # The rates the model reaches and its overhead, derived once: every step reads them.
+    _bytes_rate: float = field(init=False, repr=False, compare=False)
+    _flops_rate: float = field(init=False, repr=False, compare=False)
+    _overhead: float = field(init=False, repr=False, compare=False)
 
-    @property
-    def _bytes_rate(self) -> float:
-        return self.hbm_bytes_per_second * self.efficiency.bandwidth_efficiency
-
-    @property
-    def _flops_rate(self) -> float:
-        return self.matrix_flops_per_second * self.efficiency.compute_efficiency
+    def __post_init__(self) -> None:
+        eff = self.efficiency
+        object.__setattr__(self, "_bytes_rate",
+                           self.hbm_bytes_per_second * eff.bandwidth_efficiency)
+        object.__setattr__(self, "_flops_rate",
+                           self.matrix_flops_per_second * eff.compute_efficiency)
+        object.__setattr__(self, "_overhead", eff.step_overhead_seconds)
 
     def step_seconds(
         self, num_tokens: int, kv_tokens_read: int, attention_token_pairs: float,
@@ -91,8 +100,8 @@ class StepCostModel:
                  + self.attention_flops_per_token_pair * attention_token_pairs)
         gpu = max(mem, flops / self._flops_rate)
         if overlapped:
-            return max(self.efficiency.step_overhead_seconds, gpu)
-        return self.efficiency.step_overhead_seconds + gpu
+            return max(self._overhead, gpu)
+        return self._overhead + gpu
 
     def _decode_lines(
         self, num_seqs: int, context_tokens: int
@@ -113,35 +122,27 @@ class StepCostModel:
         attend to ``context_tokens`` tokens at the first step (closed form, no loop)."""
         if num_steps <= 0:
             return 0.0
-        a1, b1, a2, b2 = self._decode_lines(num_seqs, context_tokens)
-        overhead = self.efficiency.step_overhead_seconds
-        if not overlapped:
-            return overhead * num_steps + _sum_max_of_lines(a1, b1, a2, b2, num_steps)
-        # max(overhead, gpu_j) with gpu_j non-decreasing in j: the overhead up to the first
-        # step whose GPU time reaches it, the GPU time from there on.
-        m = min(_first_at_least(a1, b1, overhead, num_steps),
-                _first_at_least(a2, b2, overhead, num_steps))
-        return (overhead * m + _sum_max_of_lines(a1, b1, a2, b2, num_steps)
-                - _sum_max_of_lines(a1, b1, a2, b2, m))
+        return self.run_seconds(self.run_lines(num_seqs, context_tokens), num_steps, overlapped)
 
-    def _run_lines(self, num_seqs: int, context_tokens: int
-                   ) -> tuple[float, float, float, float, int]:
-        """The run's two lines and, for the overlapped sum, the first step whose GPU time
-        reaches the overhead on either line, uncapped (``_first_at_least`` capped at k is
-        this capped at k): what every run length of one run shares."""
+    def run_lines(self, num_seqs: int, context_tokens: int) -> RunLines:
+        """What every length of one decode-only run shares: its two lines (memory and
+        compute time of step j, ``a + b j``) and, for the overlapped sum, the first step
+        whose GPU time reaches the overhead on either line, uncapped (``_first_at_least``
+        capped at k is this capped at k). A run's callers compute it once."""
         a1, b1, a2, b2 = self._decode_lines(num_seqs, context_tokens)
-        overhead = self.efficiency.step_overhead_seconds
+        overhead = self._overhead
         first = min(_first_at_least(a1, b1, overhead, _UNCAPPED),
                     _first_at_least(a2, b2, overhead, _UNCAPPED))
         return a1, b1, a2, b2, first
 
-    def _run(self, lines: tuple[float, float, float, float, int], num_steps: int,
-             overlapped: bool) -> float:
-        """``decode_run_seconds`` (``num_steps`` > 0) from ``_run_lines``: the same sums."""
+    def run_seconds(self, lines: RunLines, num_steps: int, overlapped: bool) -> float:
+        """``decode_run_seconds`` (``num_steps`` > 0) from ``run_lines``: the same sums."""
         a1, b1, a2, b2, first = lines
-        overhead = self.efficiency.step_overhead_seconds
+        overhead = self._overhead
         if not overlapped:
             return overhead * num_steps + _sum_max_of_lines(a1, b1, a2, b2, num_steps)
+        # max(overhead, gpu_j) with gpu_j non-decreasing in j: the overhead up to the first
+        # step whose GPU time reaches it, the GPU time from there on.
         m = min(first, num_steps)
         return (overhead * m + _sum_max_of_lines(a1, b1, a2, b2, num_steps)
                 - _sum_max_of_lines(a1, b1, a2, b2, m))
@@ -153,35 +154,38 @@ class StepCostModel:
         """The fewest decode steps (at most ``max_steps``) whose total time is >= ``seconds``."""
         if seconds <= 0:
             return 0
-        lines = self._run_lines(num_seqs, context_tokens)
+        return self.steps_to_reach(self.run_lines(num_seqs, context_tokens), seconds,
+                                   max_steps, overlapped)
 
-        def run(k: int) -> float:  # decode_run_seconds, the lines computed once
-            return self._run(lines, k, overlapped) if k > 0 else 0.0
-
-        if run(max_steps) < seconds:
+    def steps_to_reach(self, lines: RunLines, seconds: float, max_steps: int,
+                       overlapped: bool) -> int:
+        """``decode_steps_to_reach`` from ``run_lines``."""
+        if seconds <= 0:
+            return 0
+        run = self.run_seconds
+        if max_steps <= 0 or run(lines, max_steps, overlapped) < seconds:
             return max_steps
-        lo, hi = 0, max_steps  # run(lo) < seconds <= run(hi)
+        lo, hi = 0, max_steps  # run(lo) < seconds <= run(hi) (a run of 0 steps takes 0 s)
         # Steps only get longer along a run, so seconds / (first step) bounds the answer
         # from above and seconds / (last step) from below: a bisection over a few steps
         # instead of all of them (the bounds are checked, so rounding cannot mislead it).
         a1, b1, a2, b2, _ = lines
-        overhead = self.efficiency.step_overhead_seconds
-
-        def step(j: int) -> float:
-            gpu = max(a1 + b1 * j, a2 + b2 * j)
-            return max(overhead, gpu) if overlapped else overhead + gpu
-
-        first = step(0)
+        overhead = self._overhead
+        first = max(a1, a2)
+        first = max(overhead, first) if overlapped else overhead + first
         if first > 0:
             guess = min(max_steps, math.ceil(seconds / first))
-            if guess < max_steps and run(guess) >= seconds:
+            if guess < max_steps and run(lines, guess, overlapped) >= seconds:
                 hi = guess
-            low = max(0, math.ceil(seconds / step(hi - 1)) - 1)
-            if low > lo and run(low) < seconds:
+            j = hi - 1
+            last = max(a1 + b1 * j, a2 + b2 * j)
+            last = max(overhead, last) if overlapped else overhead + last
+            low = max(0, math.ceil(seconds / last) - 1)
+            if low > lo and run(lines, low, overlapped) < seconds:
                 lo = low
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if run(mid) >= seconds:
+            if run(lines, mid, overlapped) >= seconds:
                 hi = mid
             else:
                 lo = mid
