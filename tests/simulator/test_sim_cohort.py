@@ -9,7 +9,7 @@ from functools import cache
 
 import numpy as np
 import pytest
-from simhelpers import assert_same_times
+from simhelpers import STEP_SECONDS, assert_same_times, fixed_step_cost, request
 
 from kvtune.e2e.traces import AZURE_TRACE, MOONCAKE_TRACE
 from kvtune.tuner.simulator.cohort import DecodeCohort
@@ -91,3 +91,21 @@ def test_cohort_member_state_is_a_function_of_the_clock() -> None:
 
 def _blocks(n: int, first: int = 1) -> np.ndarray:
     return np.arange(first, first + n, dtype=np.int64)
+
+
+def test_an_async_finish_is_freed_inside_the_next_decode_run() -> None:
+    """Async: a request that sampled its last token is freed once the next step is
+    scheduled. With nobody waiting, that step is the first of the next decode run, not an
+    iteration of its own: admission, a run to A's last token, a run that frees A and
+    decodes B to its end, B's free. Times as exact stepping."""
+    cfg = EngineConfig(num_gpu_blocks=64, block_size=16, max_num_seqs=8,
+                       max_num_batched_tokens=256, max_model_len=1024, async_scheduling=True)
+    reqs = [request(0, 0.0, 16, 4), request(1, 0.0, 16, 40)]
+    seen: list[tuple[int, list[int]]] = []
+    fast_sched = Scheduler(reqs, cfg, fixed_step_cost(), on_step=lambda s: seen.append(
+        (s.steps, [st.req.request_id for st in s.running])))
+    fast = fast_sched.run()
+    exact = Scheduler(reqs, cfg, fixed_step_cost(), decode_runs=False).run()
+    assert_same_times(fast, exact)
+    assert seen == [(1, [0, 1]), (4, [0, 1]), (40, [1]), (40, [])]
+    assert fast.finish_seconds[0] == pytest.approx(4 * STEP_SECONDS)

@@ -742,16 +742,29 @@ class Scheduler:
 
     def _cohort_run(self, next_arrival: float | None) -> bool:
         """Take k identical decode steps at once, if every running request is a member of
-        the cohort and the state allows; False if not."""
+        the cohort and the state allows; False if not (nothing changed).
+
+        Async scheduling: requests that sampled their last token in the step before
+        (``_active``, nothing else) are freed once the next step is scheduled. With nobody
+        waiting, that step is a decode step of the members like the rest of the run, so
+        the run takes it too: its blocks are taken before the frees, as that step's, and
+        the other steps' blocks after them. The frees change nothing else the run reads
+        (arrivals are cut by time; the block bound is checked on the blocks after them)."""
         cohort = self.cohort
         n = cohort.size
-        if self._active or not n or n > self.config.max_num_batched_tokens:
-            return False  # someone is not decoding, or not every member gets its token
+        if not n or n > self.config.max_num_batched_tokens:
+            return False  # nobody is decoding, or not every member gets its token
+        retiring = self._active
+        if retiring and (self.waiting or self.loading or self.horizon_seconds is not None
+                         or not self.config.async_scheduling
+                         or any(st.generated < st.output_tokens for st in retiring)):
+            return False  # someone is not decoding, or the frees could admit someone
         k = cohort.steps_to_next_finish()
         if k <= 1 or (self.waiting and self._head_admissible()):
             return False
         overlapped = self.config.async_scheduling
         cost = self.cost
+        pool = self.pool
         # The run's time lines, shared by every length this run considers.
         lines = cost.run_lines(n, cohort.context_tokens())
         if next_arrival is not None and not self.waiting and n < self.config.max_num_seqs:
@@ -760,10 +773,25 @@ class Scheduler:
             # A load that arrives is scheduled in the next step: stop there.
             k = min(k, cost.steps_to_reach(
                 lines, self.loading[0].load_ready_seconds - self.now, k, overlapped))
-        free = self.pool.get_num_free_blocks()
+        if self.horizon_seconds is not None:
+            k = min(k, cost.steps_to_reach(lines, self.horizon_seconds - self.now, k,
+                                           overlapped))
+        first = _NO_BLOCKS  # the first step's blocks, taken before the frees
+        if retiring:
+            need_first = cohort.blocks_needed_now()
+            if need_first > pool.get_num_free_blocks():
+                return False  # the exact step decides (and any preemption)
+            if need_first:
+                first = pool.get_new_blocks(need_first)
+            self._finish_done(retiring)
+            self._active = []
+            floor = 1  # that step is taken: the run is at least it
+        else:
+            floor = 2
+        free = pool.get_num_free_blocks() + len(first)
         # Cheap bound first: k steps add at most ceil(k / bs) blocks to each sequence.
         if n * -(-k // self.block_size) > free and cohort.new_blocks_for(k) > free:
-            lo, hi = 0, k  # fits(lo), not fits(hi)
+            lo, hi = floor - 1, k  # fits(lo), not fits(hi)
             while hi - lo > 1:
                 mid = (lo + hi) // 2
                 if cohort.new_blocks_for(mid) <= free:
@@ -771,14 +799,15 @@ class Scheduler:
                 else:
                     hi = mid
             k = lo
-        if self.horizon_seconds is not None:
-            k = min(k, cost.steps_to_reach(lines, self.horizon_seconds - self.now, k,
-                                           overlapped))
-        if k <= 1:
+        if k < floor:
             return False  # the exact step handles it (and any preemption)
         dt = cost.run_seconds(lines, k, overlapped)
-        need = cohort.new_blocks_for(k)
-        fresh = self.pool.get_new_blocks(need) if need else _NO_BLOCKS
+        need = cohort.new_blocks_for(k) - len(first)
+        if need:
+            rest = pool.get_new_blocks(need)
+            fresh = np.concatenate((first, rest)) if len(first) else rest
+        else:
+            fresh = first
         self.now += dt
         self.steps += k
         done = cohort.advance(k, fresh, self.steps)
