@@ -54,6 +54,8 @@ _SCALAR_MAX = 4
 # The largest and smallest element (``ndarray.max``/``min`` without their Python wrappers).
 _max = np.maximum.reduce
 _min = np.minimum.reduce
+# Whether any element is true (``ndarray.any`` without its Python wrapper).
+_any = np.logical_or.reduce
 # A slot past every queue (no stale entry known).
 _NOWHERE = 1 << 62
 # Room behind the queue's tail, in pools' worth of blocks: a relayout (a copy of the live
@@ -225,6 +227,26 @@ class FreeKVCacheBlockQueue:
         self._head = h
         self.num_free_blocks += k
 
+    def append_one(self, block: int) -> None:
+        """``append_n`` of one block, in scalars (a freed table's partial tail)."""
+        if self._tail >= len(self._slots):
+            self._relayout(self._live(), 1)
+        t = self._tail
+        self._slots[t] = block
+        self._position[block] = t
+        self._tail = t + 1
+        self.num_free_blocks += 1
+
+    def prepend_one(self, block: int) -> None:
+        """``prepend_n`` of one block, in scalars (a freed table's partial tail)."""
+        if self._head < 1:
+            self._relayout(self._live(), 1)
+        h = self._head - 1
+        self._slots[h] = block
+        self._position[block] = h
+        self._head = h
+        self.num_free_blocks += 1
+
     def block_ids(self) -> list[int]:
         """The queue front to back (for tests and debugging)."""
         out: list[int] = self._live().tolist()
@@ -365,7 +387,7 @@ class BlockPool:
                 keyed = hashes >= 0
                 ids, keys = taken[keyed], hashes[keyed]
                 copied = self._has_copies[keys]
-                if copied.any():
+                if _any(copied):
                     for b, h in zip(ids[copied].tolist(), keys[copied].tolist(), strict=True):
                         self._evict_copy(h, b)
             self.block_hash[taken] = NO_HASH  # the map entries go stale with it
@@ -425,7 +447,7 @@ class BlockPool:
         # one, from when it held the key before) is not live, as the block holds none now.
         live = bh[held] == keys
         bh[ids] = keys
-        if live.any():
+        if _any(live):
             for b, h in zip(ids[live].tolist(), keys[live].tolist(), strict=True):
                 self.duplicate_blocks.setdefault(h, []).append(b)
                 self._has_copies[h] = True
@@ -448,7 +470,8 @@ class BlockPool:
             # No other request holds any of them (the common case): all go free.
             ref[ids] = 0
             tail = ids[num_full_blocks:][::-1]
-            full = ids[:num_full_blocks][::-1]
+            # A copy in reverse, not a view: scattering through a negative stride is slower.
+            full = ids[num_full_blocks - 1::-1].copy() if num_full_blocks else ids[:0]
         else:
             ref[ids] = refs - 1
             # Reverse order: the partial tail blocks come first, then the full blocks.
@@ -464,13 +487,14 @@ class BlockPool:
             bh[full] = np.maximum(marked, UNSHARED_HASH, out=marked)
         if len(tail) == 1:
             # One partial block (the usual tail): hashed only if cached before it was full.
-            if bh[tail[0]] == NO_HASH:
-                q.prepend_n(tail)
+            last = int(tail[0])
+            if bh[last] == NO_HASH:
+                q.prepend_one(last)
             else:
-                q.append_n(tail)
+                q.append_one(last)
         elif len(tail):
             tail_hashed = bh[tail] != NO_HASH
-            if tail_hashed.any():
+            if _any(tail_hashed):
                 q.prepend_n(tail[~tail_hashed])
                 q.append_n(tail[tail_hashed])
             else:
