@@ -11,6 +11,10 @@ every trace) and of wall time, for:
 - ``exact``: this tree stepping every request of every step (the reference the fast path is
   tested against), on the first ``--exact-requests`` requests of the Azure trace.
 
+Per trace it also times the block pool's calls (the least of ``--repeat`` runs; the rest is the
+scheduler's Python):
+where a request's time goes against the goal's 100 us.
+
 Traces: the Azure conversation trace (19,366 requests) at its recorded rate and at 4x, and the
 Mooncake trace (3,993 multi-turn requests, long heavily shared prompts) at 1x and 0.25x with
 prefix caching, under vLLM 0.33's defaults for Llama-3.1-8B on one H100. Each figure is the
@@ -109,6 +113,33 @@ def _best(make: Any, reqs: Sequence[SimRequest], sim: SimulatedPlan, repeat: int
     return best_cpu, best_wall, sched
 
 
+# The block pool's operations (``blocks.BlockPool``): what a request's blocks cost, timed per
+# call on one run to split the time between them and the rest (the scheduler's Python).
+_POOL_CALLS = ("get_new_blocks", "cache_full_blocks", "free_request_blocks", "touch",
+               "find_longest_cache_hit", "num_free_among")
+
+
+def _pool_seconds(reqs: Sequence[SimRequest], sim: SimulatedPlan) -> float:
+    """One run with the pool's calls timed: the seconds spent in them. (The timing wraps
+    the instance's methods; the wrappers' own cost falls mostly outside the calls.)"""
+    sched = Scheduler(reqs, sim.engine, sim.cost)
+    spent = [0.0]
+
+    def timed(fn: Any) -> Any:
+        def call(*args: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                spent[0] += time.perf_counter() - t0
+        return call
+
+    for name in _POOL_CALLS:
+        setattr(sched.pool, name, timed(getattr(sched.pool, name)))
+    sched.run()
+    return spent[0]
+
+
 def _line(label: str, n: int, cpu: float, wall: float, sched: Any) -> str:
     return (f"  {label:<7} {n / cpu:>8.0f} req/s cpu {n / wall:>8.0f} req/s wall  "
             f"({cpu:5.2f} s cpu; {sched.steps} engine steps in {sched.events} iterations)")
@@ -171,6 +202,10 @@ def main() -> None:
             print(_line("before", n, ocpu, owall, osched))
             old_rate = n / ocpu
         rows.append((label, n / cpu, old_rate))
+        pool = min(_pool_seconds(reqs, sim) for _ in range(args.repeat))
+        print(f"  where the time goes: {1e6 * cpu / n:.0f} us/request (the goal: 100), "
+              f"{1e6 * pool / n:.0f} in the block pool's calls ({pool / cpu:.0%}), "
+              f"{1e6 * (cpu - pool) / n:.0f} in the rest (the scheduler's Python)")
 
     sub = requests_from_trace(azure)[: args.exact_requests]
     print(f"Azure conv, first {len(sub)} requests:")
