@@ -11,9 +11,8 @@ every trace) and of wall time, for:
 - ``exact``: this tree stepping every request of every step (the reference the fast path is
   tested against), on the first ``--exact-requests`` requests of the Azure trace.
 
-Per trace it also times the block pool's calls (the least of ``--repeat`` runs; the rest is the
-scheduler's Python):
-where a request's time goes against the goal's 100 us.
+Per trace it also splits a request's time between the block pool's calls (timed; the least of
+``--repeat`` runs) and the rest (the scheduler's Python), against the goal's 100 us.
 
 Traces: the Azure conversation trace (19,366 requests) at its recorded rate and at 4x, and the
 Mooncake trace (3,993 multi-turn requests, long heavily shared prompts) at 1x and 0.25x with
