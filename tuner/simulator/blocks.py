@@ -454,10 +454,13 @@ class BlockPool:
             ids, keys = ids[~live], keys[~live]
         kb[keys] = ids
 
-    def free_request_blocks(self, blocks: Ids, num_full_blocks: int) -> None:
+    def free_request_blocks(self, blocks: Ids, num_full_blocks: int,
+                            num_keyed_blocks: int | None = None) -> None:
         """Free one request's block table the way vLLM does (``free_blocks`` of the blocks in
         reverse), where its first ``num_full_blocks`` blocks are full and therefore hashed:
-        those without a shareable key get ``UNSHARED_HASH`` now."""
+        those without a shareable key get ``UNSHARED_HASH`` now. ``num_keyed_blocks``: the
+        caller knows that the first that many hold their keys and the other full ones none
+        (then only those are written, not all of them read)."""
         if not len(blocks):
             return
         ids = _ids(blocks)
@@ -481,7 +484,10 @@ class BlockPool:
             full = full[ref[full] == 0]
         bh = self.block_hash
         q = self.free_block_queue
-        if len(full):
+        if num_keyed_blocks is not None:
+            if num_keyed_blocks < num_full_blocks:
+                bh[ids[num_keyed_blocks:num_full_blocks]] = UNSHARED_HASH
+        elif len(full):
             # NO_HASH -> UNSHARED_HASH, keys kept (NO_HASH < UNSHARED_HASH < every key).
             marked = bh[full]
             bh[full] = np.maximum(marked, UNSHARED_HASH, out=marked)

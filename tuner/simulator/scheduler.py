@@ -336,8 +336,11 @@ class Scheduler:
             st.num_cached_blocks = num_full
 
     def _free(self, st: RequestState) -> None:
-        # Reverse: the chain's tail goes first in the eviction order.
-        self.pool.free_request_blocks(st.blocks, st.num_cached_blocks)
+        # Reverse: the chain's tail goes first in the eviction order. Its full blocks up to
+        # its shareable keys hold them (cached as computed, or prefix hits); those past them
+        # were never cached (their keys would be unshared), so they hold none.
+        self.pool.free_request_blocks(st.blocks, st.num_cached_blocks,
+                                      min(len(st.hashes), st.num_cached_blocks))
         st.blocks = _NO_BLOCKS
         st.num_cached_blocks = 0
 
