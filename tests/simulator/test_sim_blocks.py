@@ -98,7 +98,7 @@ def test_unshared_blocks_are_cached_but_never_in_the_map() -> None:
     pool.cache_full_blocks(a, [42], 0, 3)  # one shareable key, two unique full blocks
     assert [pool.hash_of(b) for b in a] == [42, None, None, None]
     assert pool.cached_hashes() == {42}
-    pool.free_request_blocks(a, num_full_blocks=3)
+    pool.free_request_blocks(a, num_full_blocks=3, num_keyed_blocks=1)
     # The unique full blocks are hashed (as in vLLM) when freed; the partial block is not.
     assert [pool.hash_of(b) for b in a] == [42, UNSHARED_HASH, UNSHARED_HASH, None]
     # Same order as vLLM's free_blocks(reversed(blocks)): partial block 4 to the front,
@@ -124,8 +124,8 @@ def test_free_request_blocks_matches_free_blocks_order() -> None:
                         pool.block_hash[b] = UNSHARED_HASH  # what vLLM's hashing would do
                 pool.free_blocks(blocks[::-1])
         else:
-            pool.free_request_blocks(x, 2)
-            pool.free_request_blocks(y, 2)
+            pool.free_request_blocks(x, 2, len(keys))
+            pool.free_request_blocks(y, 2, 0)
         pool.check_invariants()
     assert pools[0].free_block_queue.block_ids() == pools[1].free_block_queue.block_ids()
 

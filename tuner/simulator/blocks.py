@@ -455,12 +455,11 @@ class BlockPool:
         kb[keys] = ids
 
     def free_request_blocks(self, blocks: Ids, num_full_blocks: int,
-                            num_keyed_blocks: int | None = None) -> None:
+                            num_keyed_blocks: int) -> None:
         """Free one request's block table the way vLLM does (``free_blocks`` of the blocks in
         reverse), where its first ``num_full_blocks`` blocks are full and therefore hashed:
-        those without a shareable key get ``UNSHARED_HASH`` now. ``num_keyed_blocks``: the
-        caller knows that the first that many hold their keys and the other full ones none
-        (then only those are written, not all of them read)."""
+        its first ``num_keyed_blocks`` hold their shareable keys, and the other full ones,
+        which hold none, get ``UNSHARED_HASH`` now (written, not read: the caller knows)."""
         if not len(blocks):
             return
         ids = _ids(blocks)
@@ -484,13 +483,8 @@ class BlockPool:
             full = full[ref[full] == 0]
         bh = self.block_hash
         q = self.free_block_queue
-        if num_keyed_blocks is not None:
-            if num_keyed_blocks < num_full_blocks:
-                bh[ids[num_keyed_blocks:num_full_blocks]] = UNSHARED_HASH
-        elif len(full):
-            # NO_HASH -> UNSHARED_HASH, keys kept (NO_HASH < UNSHARED_HASH < every key).
-            marked = bh[full]
-            bh[full] = np.maximum(marked, UNSHARED_HASH, out=marked)
+        if num_keyed_blocks < num_full_blocks:
+            bh[ids[num_keyed_blocks:num_full_blocks]] = UNSHARED_HASH
         if len(tail) == 1:
             # One partial block (the usual tail): hashed only if cached before it was full.
             last = int(tail[0])

@@ -74,7 +74,7 @@ class DecodeCohort:
 
     def blocks_needed_now(self) -> int:
         """Members whose next token starts a new block."""
-        return self._phase.get(self.tick % self._block_size, 0)
+        return self.blocks_needed_at(self.tick)
 
     def blocks_needed_at(self, tick: int) -> int:
         """Members whose token at cohort tick ``tick`` (now or later) starts a new block."""

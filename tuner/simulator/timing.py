@@ -98,10 +98,7 @@ class StepCostModel:
         mem = (self.weights_bytes + self.kv_bytes_per_token * kv_tokens_read) / self._bytes_rate
         flops = (self.flops_per_token * num_tokens
                  + self.attention_flops_per_token_pair * attention_token_pairs)
-        gpu = max(mem, flops / self._flops_rate)
-        if overlapped:
-            return max(self._overhead, gpu)
-        return self._overhead + gpu
+        return _with_overhead(max(mem, flops / self._flops_rate), self._overhead, overlapped)
 
     def _decode_lines(
         self, num_seqs: int, context_tokens: int
@@ -152,8 +149,6 @@ class StepCostModel:
         overlapped: bool = False,
     ) -> int:
         """The fewest decode steps (at most ``max_steps``) whose total time is >= ``seconds``."""
-        if seconds <= 0:
-            return 0
         return self.steps_to_reach(self.run_lines(num_seqs, context_tokens), seconds,
                                    max_steps, overlapped)
 
@@ -169,17 +164,13 @@ class StepCostModel:
         # Steps only get longer along a run, so seconds / (first step) bounds the answer
         # from above and seconds / (last step) from below: a bisection over a few steps
         # instead of all of them (the bounds are checked, so rounding cannot mislead it).
-        a1, b1, a2, b2, _ = lines
         overhead = self._overhead
-        first = max(a1, a2)
-        first = max(overhead, first) if overlapped else overhead + first
+        first = _run_step_seconds(lines, 0, overhead, overlapped)
         if first > 0:
             guess = min(max_steps, math.ceil(seconds / first))
             if guess < max_steps and run(lines, guess, overlapped) >= seconds:
                 hi = guess
-            j = hi - 1
-            last = max(a1 + b1 * j, a2 + b2 * j)
-            last = max(overhead, last) if overlapped else overhead + last
+            last = _run_step_seconds(lines, hi - 1, overhead, overlapped)
             low = max(0, math.ceil(seconds / last) - 1)
             if low > lo and run(lines, low, overlapped) < seconds:
                 lo = low
@@ -194,6 +185,21 @@ class StepCostModel:
 
 # Larger than any run: ``_first_at_least`` without its cap.
 _UNCAPPED = 1 << 62
+
+
+def _with_overhead(gpu_seconds: float, overhead_seconds: float, overlapped: bool) -> float:
+    """A step's time from its GPU time: the overhead hides behind it under async scheduling
+    (``overlapped``), else adds to it (module doc)."""
+    if overlapped:
+        return max(overhead_seconds, gpu_seconds)
+    return overhead_seconds + gpu_seconds
+
+
+def _run_step_seconds(lines: RunLines, j: int, overhead_seconds: float,
+                      overlapped: bool) -> float:
+    """Step ``j`` of a decode-only run (``StepCostModel.run_lines``)."""
+    a1, b1, a2, b2, _ = lines
+    return _with_overhead(max(a1 + b1 * j, a2 + b2 * j), overhead_seconds, overlapped)
 
 
 def _first_at_least(a: float, b: float, c: float, k: int) -> int:
