@@ -16,9 +16,10 @@ Nouns and behaviour follow ``vllm/v1/core/block_pool.py`` and ``kv_cache_utils.p
 
 Why arrays and not one object per block (as vLLM): a long prompt holds hundreds of blocks,
 and per-block Python work was most of a replay's time (multi-turn Mooncake traffic at block
-size 16 moves ~900 blocks per request). Every pool operation here is a handful of numpy
-calls over all the blocks it touches; the order the queue keeps and the blocks handed out
-are the same as vLLM's. Two structures are lazy for that reason:
+size 16 moves ~900 blocks per request). Every pool operation on many blocks is one compiled
+loop over the arrays (``compiled.py``; the ``_``-prefixed functions at the end); the order
+the queue keeps and the blocks handed out are the same as vLLM's. Two structures are lazy
+for that reason:
 
 - the queue is an array in eviction order with a head and a tail; a block taken out of the
   middle (a prefix hit, ``remove``) only has its position cleared (``position[id] = -1``),
@@ -39,6 +40,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from kvtune.tuner.simulator.compiled import compiled
+
 # A full block whose content is unique to one request: hashed in vLLM, but no lookup can
 # ever find it, so the simulator skips the map entry (and the cost of a real key).
 UNSHARED_HASH = -1
@@ -46,18 +49,7 @@ UNSHARED_HASH = -1
 NO_HASH = -2
 
 Ids = Sequence[int] | np.ndarray
-# Up to this many blocks, queue and pool operations take scalar paths (measured: the fixed
-# cost of a handful of numpy calls is more than a few scalar reads).
-_SCALAR_MAX = 4
 
-
-# The largest and smallest element (``ndarray.max``/``min`` without their Python wrappers).
-_max = np.maximum.reduce
-_min = np.minimum.reduce
-# Whether any element is true (``ndarray.any`` without its Python wrapper).
-_any = np.logical_or.reduce
-# A slot past every queue (no stale entry known).
-_NOWHERE = 1 << 62
 # Room behind the queue's tail, in pools' worth of blocks: a relayout (a copy of the live
 # entries) comes once per this many pools' worth of appends.
 _ROOM = 4
@@ -80,12 +72,12 @@ class FreeKVCacheBlockQueue:
 
     ``_slots[head:tail]`` holds block ids front to back, some of them stale: block ``b`` is
     in the queue at slot ``i`` iff ``_position[b] == i``. Room is kept on both sides
-    (``prepend_n`` writes before ``head``, ``append_n`` after ``tail``); when a side runs
-    out, the live entries are copied into a fresh array (amortized O(1) per block).
+    (prepends write before ``head``, appends after ``tail``); when a side runs out, the live
+    entries are copied into a fresh layout (amortized O(1) per block).
     """
 
-    __slots__ = ("_head", "_index", "_num_blocks", "_position", "_slots", "_stale",
-                 "_stale_from", "_tail", "num_free_blocks")
+    __slots__ = ("_head", "_index", "_num_blocks", "_position", "_slots", "_tail",
+                 "num_free_blocks")
 
     def __init__(self, num_blocks: int, block_ids: Sequence[int]) -> None:
         self._num_blocks = num_blocks
@@ -93,11 +85,6 @@ class FreeKVCacheBlockQueue:
         self._slots = self._index = np.zeros(0, dtype=np.int64)
         self._head = self._tail = 0
         self.num_free_blocks = 0
-        # Stale entries in _slots[head:tail] (blocks taken out by ``remove``), and a slot
-        # before which there are none: up to there, the front n entries are the n blocks to
-        # hand out (no liveness check). Prefix hits take blocks out far behind the head.
-        self._stale = 0
-        self._stale_from = _NOWHERE
         ids = (np.arange(block_ids.start, block_ids.stop, block_ids.step, dtype=np.int64)
                if isinstance(block_ids, range)  # not element by element: pools are large
                else np.asarray(block_ids, dtype=np.int64))
@@ -123,92 +110,33 @@ class FreeKVCacheBlockQueue:
         self._position[live] = self._index[front:front + len(live)]
         self._head, self._tail = front, front + len(live)
         self.num_free_blocks = len(live)
-        self._stale = 0
-        self._stale_from = _NOWHERE
+
+    def _make_room(self, k: int) -> None:
+        """Room for ``k`` more blocks at either end."""
+        if self._head < k or self._tail + k > len(self._slots):
+            self._relayout(self._live(), k)
 
     def popleft_n(self, n: int) -> np.ndarray:
         """Take the ``n`` blocks at the front (``n`` <= free blocks)."""
         if n > self.num_free_blocks:
             raise ValueError(f"Cannot get {n} free blocks from the pool "
                              f"({self.num_free_blocks} free)")
-        if n <= 0:
-            return np.zeros(0, dtype=np.int64)
-        head, tail = self._head, self._tail
-        if not self._stale or head + n <= self._stale_from:
-            # Every entry from the head on is live up to there: the front n.
-            end = head + n
-            taken: np.ndarray = self._slots[head:end].copy()
-            self._position[taken] = -1
-            self._head = end
+        taken = np.empty(max(0, n), dtype=np.int64)
+        if n > 0:
+            self._head = _popleft(self._slots, self._position, self._head, taken)
             self.num_free_blocks -= n
-            return taken
-        if n <= _SCALAR_MAX:
-            # A few blocks (a decode step crossing a block boundary): scalar reads beat the
-            # fixed cost of the array calls below.
-            slots, position = self._slots, self._position
-            out = np.empty(n, dtype=np.int64)
-            i = head
-            for j in range(n):
-                b = slots[i]
-                while position[b] != i:
-                    i += 1
-                    b = slots[i]
-                out[j] = b
-                position[b] = -1
-                i += 1
-            self._stale -= i - head - n
-            self._head = i
-            self.num_free_blocks -= n
-            self._find_stale()
-            return out
-        end = min(tail, head + n)
-        while True:
-            window = self._slots[head:end]
-            live = (self._position[window] == self._index[head:end]).nonzero()[0]
-            if len(live) >= n or end == tail:
-                break
-            end = min(tail, end + 2 * (n - len(live)) + 16)
-        idx = live[:n]
-        taken = window[idx]
-        self._position[taken] = -1
-        last = int(idx[-1]) + 1
-        self._stale -= last - n
-        self._head = head + last
-        self.num_free_blocks -= n
-        self._find_stale()
         return taken
 
-    def _find_stale(self) -> None:
-        """After the head passed ``_stale_from``: the first stale slot from the head on, by
-        a scan in growing windows (each slot is scanned once before the head reaches it)."""
-        if not self._stale:
-            self._stale_from = _NOWHERE
-            return
-        i, tail, width = self._head, self._tail, 1024
-        while i < tail:
-            j = min(tail, i + width)
-            bad = (self._position[self._slots[i:j]] != self._index[i:j]).nonzero()[0]
-            if len(bad):
-                self._stale_from = i + int(bad[0])
-                return
-            i, width = j, 2 * width
-        self._stale_from = tail
-
     def remove(self, blocks: Ids) -> None:
+        """Take blocks out from anywhere in the queue (each one must be in it)."""
         ids = _ids(blocks)
-        if not len(ids):
-            return
-        first = int(_min(self._position[ids]))
         self._position[ids] = -1
         self.num_free_blocks -= len(ids)
-        self._stale += len(ids)
-        self._stale_from = min(self._stale_from, first)
 
     def append_n(self, blocks: Ids) -> None:
         ids = _ids(blocks)
         k = len(ids)
-        if self._tail + k > len(self._slots):
-            self._relayout(self._live(), k)
+        self._make_room(k)
         t = self._tail
         self._slots[t:t + k] = ids
         self._position[ids] = self._index[t:t + k]
@@ -219,33 +147,21 @@ class FreeKVCacheBlockQueue:
         """Put ``blocks`` at the front, keeping their order (blocks[0] evicted first)."""
         ids = _ids(blocks)
         k = len(ids)
-        if self._head < k:
-            self._relayout(self._live(), k)
+        self._make_room(k)
         h = self._head - k
         self._slots[h:h + k] = ids
         self._position[ids] = self._index[h:h + k]
         self._head = h
         self.num_free_blocks += k
 
-    def append_one(self, block: int) -> None:
-        """``append_n`` of one block, in scalars (a freed table's partial tail)."""
-        if self._tail >= len(self._slots):
-            self._relayout(self._live(), 1)
-        t = self._tail
-        self._slots[t] = block
-        self._position[block] = t
-        self._tail = t + 1
-        self.num_free_blocks += 1
-
-    def prepend_one(self, block: int) -> None:
-        """``prepend_n`` of one block, in scalars (a freed table's partial tail)."""
-        if self._head < 1:
-            self._relayout(self._live(), 1)
-        h = self._head - 1
-        self._slots[h] = block
-        self._position[block] = h
-        self._head = h
-        self.num_free_blocks += 1
+    def free_table(self, table: np.ndarray, num_full: int, num_keyed: int, caching: bool,
+                   ref_cnt: np.ndarray, block_hash: np.ndarray) -> None:
+        """``BlockPool.free_request_blocks``, as one compiled loop (``_free_table``)."""
+        self._make_room(len(table))
+        head, tail = _free_table(table, num_full, num_keyed, caching, ref_cnt, block_hash,
+                                 self._slots, self._position, self._head, self._tail)
+        self.num_free_blocks += (self._head - head) + (tail - self._tail)
+        self._head, self._tail = head, tail
 
     def block_ids(self) -> list[int]:
         """The queue front to back (for tests and debugging)."""
@@ -291,6 +207,9 @@ class BlockPool:
         # and per hash whether it has an entry there (an eviction checks only those keys).
         self.duplicate_blocks: dict[int, list[int]] = {}
         self._has_copies = np.zeros(1024, dtype=np.bool_)
+        # Where the compiled loops report (block, hash) pairs for the map's copies: at most
+        # one pair per block of a call.
+        self._pairs = np.empty(2 * num_gpu_blocks, dtype=np.int64)
         # Set by reserve_keys: the owner promises every key is below it (no max per call).
         self._key_bound: int | None = None
 
@@ -337,22 +256,14 @@ class BlockPool:
     def find_longest_cache_hit(self, block_hashes: Ids, max_num_blocks: int) -> np.ndarray:
         """The run of cached blocks from the start of ``block_hashes`` (chained hashes: the
         first miss ends the hit), at most ``max_num_blocks`` long."""
-        keys = _ids(block_hashes)[:max(0, max_num_blocks)]
-        if not len(keys):
-            return keys
-        self._room_for(keys)
-        kb = self.key_block
-        first = keys[0]
-        if self.block_hash[kb[first]] != first:
-            return keys[:0]  # the first block misses (most lookups): no array work
-        got: np.ndarray = kb[keys]
-        # A missing key maps to the null block, whose hash is NO_HASH: never a hit.
-        hit = self.block_hash[got] == keys
-        first_miss = int(hit.argmin())
-        if hit[first_miss]:
-            return got  # no miss
-        out: np.ndarray = got[:first_miss]
-        return out
+        keys = _ids(block_hashes)
+        limit = min(len(keys), max(0, max_num_blocks))
+        if not limit:
+            return keys[:0]
+        self._room_for(keys[:limit])
+        n = _hit_length(keys, limit, self.key_block, self.block_hash)
+        got: np.ndarray = self.key_block[keys[:n]]
+        return got
 
     def num_free_among(self, blocks: Ids) -> int:
         """How many of ``blocks`` sit in the free queue (ref_cnt 0)."""
@@ -368,30 +279,17 @@ class BlockPool:
     def get_new_blocks(self, num_blocks: int) -> np.ndarray:
         """Take ``num_blocks`` from the front of the free queue, evicting their cached
         content (vLLM's ``_maybe_evict_cached_block``)."""
-        taken = self.free_block_queue.popleft_n(num_blocks)
-        if num_blocks <= _SCALAR_MAX:
-            bh, ref = self.block_hash, self.ref_cnt
-            for b in taken:
-                h = bh[b]
-                if h != NO_HASH:
-                    if h >= 0 and self.duplicate_blocks:
-                        self._evict_copy(int(h), int(b))
-                    bh[b] = NO_HASH
-                ref[b] = 1
-            return taken
-        hashes = self.block_hash[taken]
-        # NO_HASH is the least value: the largest tells whether any is cached.
-        if _max(hashes) != NO_HASH:
-            if self.duplicate_blocks:
-                # Only keys with later copies need their map entry looked at.
-                keyed = hashes >= 0
-                ids, keys = taken[keyed], hashes[keyed]
-                copied = self._has_copies[keys]
-                if _any(copied):
-                    for b, h in zip(ids[copied].tolist(), keys[copied].tolist(), strict=True):
-                        self._evict_copy(h, b)
-            self.block_hash[taken] = NO_HASH  # the map entries go stale with it
-        self.ref_cnt[taken] = 1
+        q = self.free_block_queue
+        if num_blocks > q.num_free_blocks:
+            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool "
+                             f"({q.num_free_blocks} free)")
+        taken = np.empty(max(0, num_blocks), dtype=np.int64)
+        # The queue's popleft_n and the hand-out in one compiled call.
+        q._head, copied = _take_front(q._slots, q._position, q._head, taken, self.block_hash,
+                                      self.ref_cnt, self._has_copies, self._pairs)
+        q.num_free_blocks -= len(taken)
+        for j in range(copied):
+            self._evict_copy(int(self._pairs[2 * j + 1]), int(self._pairs[2 * j]))
         return taken
 
     def _evict_copy(self, h: int, b: int) -> None:
@@ -412,11 +310,8 @@ class BlockPool:
         """A prefix hit takes a reference; a free cached block leaves the free queue."""
         if not len(blocks):
             return
-        ids = _ids(blocks)
-        free = ids[self.ref_cnt[ids] == 0]
-        if len(free):
-            self.free_block_queue.remove(free)
-        self.ref_cnt[ids] += 1
+        q = self.free_block_queue
+        q.num_free_blocks -= _touch(_ids(blocks), self.ref_cnt, q._position)
 
     def cache_full_blocks(
         self, blocks: Ids, block_hashes: Ids, num_cached_blocks: int, num_full_blocks: int,
@@ -431,28 +326,14 @@ class BlockPool:
         end = min(len(block_hashes), num_full_blocks)
         if end <= num_cached_blocks:
             return
-        ids = _ids(blocks)[num_cached_blocks:end]
-        keys = _ids(block_hashes)[num_cached_blocks:end]
-        bh = self.block_hash
-        if _max(bh[ids]) != NO_HASH:  # NO_HASH is the least value: some are cached
-            new = bh[ids] == NO_HASH  # the others are prefix hits, already cached
-            ids, keys = ids[new], keys[new]
-            if not len(ids):
-                return
+        keys = _ids(block_hashes)
+        self._room_for(keys[num_cached_blocks:end])
         # One live entry per hash; a second copy of a cached block waits behind it (class doc).
-        self._room_for(keys)
-        kb = self.key_block
-        held = kb[keys]
-        # Read before the blocks get their keys: an entry that is this very block (a stale
-        # one, from when it held the key before) is not live, as the block holds none now.
-        live = bh[held] == keys
-        bh[ids] = keys
-        if _any(live):
-            for b, h in zip(ids[live].tolist(), keys[live].tolist(), strict=True):
-                self.duplicate_blocks.setdefault(h, []).append(b)
-                self._has_copies[h] = True
-            ids, keys = ids[~live], keys[~live]
-        kb[keys] = ids
+        copies = _cache_blocks(_ids(blocks), keys, num_cached_blocks, end, self.block_hash,
+                               self.key_block, self._has_copies, self._pairs)
+        for j in range(copies):
+            b, h = int(self._pairs[2 * j]), int(self._pairs[2 * j + 1])
+            self.duplicate_blocks.setdefault(h, []).append(b)
 
     def free_request_blocks(self, blocks: Ids, num_full_blocks: int,
                             num_keyed_blocks: int) -> None:
@@ -462,45 +343,8 @@ class BlockPool:
         which hold none, get ``UNSHARED_HASH`` now (written, not read: the caller knows)."""
         if not len(blocks):
             return
-        ids = _ids(blocks)
-        if not self.enable_caching:
-            self.free_blocks(ids[::-1])
-            return
-        ref = self.ref_cnt
-        refs = ref[ids]
-        if _max(refs) == 1:
-            # No other request holds any of them (the common case): all go free.
-            ref[ids] = 0
-            tail = ids[num_full_blocks:][::-1]
-            # A copy in reverse, not a view: scattering through a negative stride is slower.
-            full = ids[num_full_blocks - 1::-1].copy() if num_full_blocks else ids[:0]
-        else:
-            ref[ids] = refs - 1
-            # Reverse order: the partial tail blocks come first, then the full blocks.
-            tail = ids[num_full_blocks:][::-1]
-            tail = tail[ref[tail] == 0]
-            full = ids[:num_full_blocks][::-1]
-            full = full[ref[full] == 0]
-        bh = self.block_hash
-        q = self.free_block_queue
-        if num_keyed_blocks < num_full_blocks:
-            bh[ids[num_keyed_blocks:num_full_blocks]] = UNSHARED_HASH
-        if len(tail) == 1:
-            # One partial block (the usual tail): hashed only if cached before it was full.
-            last = int(tail[0])
-            if bh[last] == NO_HASH:
-                q.prepend_one(last)
-            else:
-                q.append_one(last)
-        elif len(tail):
-            tail_hashed = bh[tail] != NO_HASH
-            if _any(tail_hashed):
-                q.prepend_n(tail[~tail_hashed])
-                q.append_n(tail[tail_hashed])
-            else:
-                q.prepend_n(tail)
-        if len(full):
-            q.append_n(full)
+        self.free_block_queue.free_table(_ids(blocks), num_full_blocks, num_keyed_blocks,
+                                         self.enable_caching, self.ref_cnt, self.block_hash)
 
     def free_blocks(self, ordered_blocks: Ids | Iterable[int]) -> None:
         """Drop one reference from each block; blocks reaching zero go back to the queue,
@@ -557,3 +401,149 @@ class BlockPool:
             assert copies and self.block_hash[head] == h, f"hash {h}: no live entry"
             for b in copies:
                 assert b != head and self.block_hash[b] == h, f"hash {h}: stale copy {b}"
+
+
+# -- the compiled loops (``compiled.py``) --------------------------------------------------
+# Each is one pool operation over int64 arrays, in the order vLLM's per-block Python takes
+# the blocks. They write the arrays they are given and return what the caller's bookkeeping
+# needs. (The map's later copies live in a dict, so those stay in Python: the loops report
+# the (block, hash) pairs in ``pairs``, 2 entries each.)
+
+
+@compiled
+def _popleft(slots: np.ndarray, position: np.ndarray, head: int, out: np.ndarray) -> int:
+    """Fill ``out`` with the queue's first ``len(out)`` blocks from ``head`` (skipping stale
+    entries: their block is elsewhere now); the new head."""
+    i = head
+    for j in range(len(out)):
+        b = slots[i]
+        while position[b] != i:
+            i += 1
+            b = slots[i]
+        out[j] = b
+        position[b] = -1
+        i += 1
+    return i
+
+
+@compiled
+def _hand_out(taken: np.ndarray, block_hash: np.ndarray, ref_cnt: np.ndarray,
+              has_copies: np.ndarray, pairs: np.ndarray) -> int:
+    """Blocks handed out lose their hash (their map entries go stale with it) and get one
+    reference. Those whose hash has later copies are reported (the caller moves the map's
+    entry); their count."""
+    m = 0
+    for j in range(len(taken)):
+        b = taken[j]
+        h = block_hash[b]
+        if h >= 0 and has_copies[h]:
+            pairs[2 * m] = b
+            pairs[2 * m + 1] = h
+            m += 1
+        block_hash[b] = NO_HASH
+        ref_cnt[b] = 1
+    return m
+
+
+@compiled
+def _take_front(slots: np.ndarray, position: np.ndarray, head: int, taken: np.ndarray,
+                block_hash: np.ndarray, ref_cnt: np.ndarray, has_copies: np.ndarray,
+                pairs: np.ndarray) -> tuple[int, int]:
+    """``_popleft`` then ``_hand_out``: the new head, the number of copies."""
+    head = _popleft(slots, position, head, taken)
+    return head, _hand_out(taken, block_hash, ref_cnt, has_copies, pairs)
+
+
+@compiled
+def _hit_length(keys: np.ndarray, limit: int, key_block: np.ndarray,
+                block_hash: np.ndarray) -> int:
+    """How many of the first ``limit`` keys are cached, up to the first miss. A key with
+    no entry maps to the null block, whose hash is NO_HASH: never a hit."""
+    for i in range(limit):
+        k = keys[i]
+        if block_hash[key_block[k]] != k:
+            return i
+    return limit
+
+
+@compiled
+def _touch(ids: np.ndarray, ref_cnt: np.ndarray, position: np.ndarray) -> int:
+    """Each block takes a reference; free ones leave the queue (``remove``). How many
+    left it."""
+    left = 0
+    for j in range(len(ids)):
+        b = ids[j]
+        if ref_cnt[b] == 0:
+            position[b] = -1
+            left += 1
+        ref_cnt[b] += 1
+    return left
+
+
+@compiled
+def _cache_blocks(blocks: np.ndarray, keys: np.ndarray, start: int, end: int,
+                  block_hash: np.ndarray, key_block: np.ndarray, has_copies: np.ndarray,
+                  pairs: np.ndarray) -> int:
+    """Blocks ``[start, end)`` that hold no hash get their key (the others are prefix hits,
+    cached already). A key whose map entry is live already keeps it: the block is a later
+    copy, reported. Whether an entry is live is read for all blocks before any gets its
+    key: an entry that is one of these very blocks (from when it held the key before) is
+    not live, as the block holds none now. The number of copies."""
+    state = np.zeros(end - start, dtype=np.int8)  # 0: cached already, 1: new, 2: new copy
+    for i in range(start, end):
+        if block_hash[blocks[i]] == NO_HASH:
+            k = keys[i]
+            state[i - start] = 2 if block_hash[key_block[k]] == k else 1
+    m = 0
+    for i in range(start, end):
+        s = state[i - start]
+        if s:
+            b = blocks[i]
+            k = keys[i]
+            block_hash[b] = k
+            if s == 2:
+                has_copies[k] = True
+                pairs[2 * m] = b
+                pairs[2 * m + 1] = k
+                m += 1
+            else:
+                key_block[k] = b
+    return m
+
+
+@compiled
+def _free_table(table: np.ndarray, num_full: int, num_keyed: int, caching: bool,
+                ref_cnt: np.ndarray, block_hash: np.ndarray, slots: np.ndarray,
+                position: np.ndarray, head: int, tail: int) -> tuple[int, int]:
+    """vLLM's ``free_blocks`` of a request's table in reverse: each block drops a
+    reference; those reaching zero go to the queue's front if they hold no hash (every
+    block, without caching), to its back if they do, each side in that reverse order. Full
+    blocks ``[num_keyed, num_full)`` get ``UNSHARED_HASH`` first. There must be room for
+    ``len(table)`` slots on each side. The new head and tail."""
+    if caching:
+        for i in range(num_keyed, num_full):
+            block_hash[table[i]] = UNSHARED_HASH
+    # One pass in reverse: the back is filled in order; the front's blocks are written
+    # from the old head down (its last first), then moved up to the new head.
+    h, t = head, tail
+    for i in range(len(table) - 1, -1, -1):
+        b = table[i]
+        ref_cnt[b] -= 1
+        if ref_cnt[b] != 0:
+            continue
+        if not caching or (i >= num_full and block_hash[b] == NO_HASH):
+            h -= 1
+            slots[h] = b
+        else:
+            slots[t] = b
+            position[b] = t
+            t += 1
+    # slots[h:head] holds the front's blocks last first: reverse them in place.
+    lo, hi = h, head - 1
+    while lo < hi:
+        slots[lo], slots[hi] = slots[hi], slots[lo]
+        lo += 1
+        hi -= 1
+    for j in range(h, head):
+        position[slots[j]] = j
+    return h, t
