@@ -1,5 +1,5 @@
 """A GPU check of kvtune's memory and timing models, for a lent GPU (built for one H200 with
-torch and transformers, no vLLM, no network; about 2 minutes, well under 8).
+torch and transformers, no vLLM, no network; about 20 s on an H200).
 
 What it measures, each beside what kvtune assumes for that GPU class:
 
@@ -19,7 +19,20 @@ What it measures, each beside what kvtune assumes for that GPU class:
    bandwidth, against ``tuner/simulator/efficiency.json``'s ``bandwidth_efficiency``;
 4. prefill GEMM throughput: the catalog shape's MLP up-projection at the batched-token budget
    (bf16, and fp8 through ``torch._scaled_mm`` where the GPU has it) as a fraction of the dense
-   datasheet rate, against ``compute_efficiency``.
+   datasheet rate, against ``compute_efficiency``;
+5. prefill steps: the whole model's forward pass over one prompt chunk of 2,048 and of the
+   batched-token budget (from an empty cache; the logits of its last token only, as vLLM),
+   against the simulator's step time for it without the per-step overhead (the roofline of
+   ``tuner/simulator/timing.py``), and the compute efficiency that would make the two agree.
+   transformers' eager forward with SDPA is not vLLM's (fused kernels, FlashAttention 3), so
+   the measured time is an upper bound of vLLM's GPU time for the step.
+6. decode steps: a batch of sequences, one token each, over a context of cached tokens: the
+   shape's linear layers and SDPA attention over a bf16 KV cache for every layer, and the
+   LM head, replayed as one CUDA graph (vLLM captures its decode steps too); norms, rotary
+   and sampling are left out, so the measured time is a lower bound of vLLM's. Against the
+   simulator's step time without overhead, and the bandwidth efficiency that would make the
+   two agree. (One layer's weights and KV serve every layer: each is far larger than the
+   L2 cache, so every layer still reads them from memory.)
 
 Results go to ``bench/results/gpu_fidelity-<gpu>-<date>.json`` and are printed.
 
@@ -48,6 +61,9 @@ from pathlib import Path
 from typing import Any
 
 GiB = 1 << 30
+# Decode steps timed (sequences, context tokens each): from one sequence (the weights alone)
+# to a batch whose KV reads outweigh them.
+DECODE_POINTS = ((1, 2048), (32, 2048), (128, 2048), (256, 4096))
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 # A Llama-shaped model small enough for a CPU test: the same code paths as the catalog shape.
@@ -72,6 +88,9 @@ def kvtune_inputs(model_id: str, gpu_name: str, batched_tokens: int | None = Non
     from kvtune.tuner.facts.models import ModelArchitecture
     from kvtune.tuner.facts.vllm_memory import version_memory
     from kvtune.tuner.planner import budget
+    from kvtune.tuner.planner.planning import PlanRequest
+    from kvtune.tuner.planner.presets import preset_profile
+    from kvtune.tuner.simulator.engine import step_cost_for
     from kvtune.tuner.simulator.timing import efficiency_for
 
     gpu = get_gpu_class(gpu_name)
@@ -87,6 +106,29 @@ def kvtune_inputs(model_id: str, gpu_name: str, batched_tokens: int | None = Non
     terms = budget.model_activation_terms(model, 1, tokens, seqs, model.torch_dtype)
     coefs = budget.coefficients()
     eff = efficiency_for(gpu.name)
+    # The step time depends on the model and GPU only (the profile is a placeholder).
+    cost = step_cost_for(PlanRequest(model=model, gpu=gpu, profile=preset_profile("chat")),
+                         "auto")
+    prefill = []
+    for chunk in sorted({min(2048, tokens), tokens}):
+        pairs = chunk * (chunk + 1) / 2.0  # causal: token i attends to i + 1 tokens
+        prefill.append({
+            "tokens": chunk,
+            "model_flops": cost.flops_per_token * chunk
+            + cost.attention_flops_per_token_pair * pairs,
+            "model_bytes": cost.weights_bytes + cost.kv_bytes_per_token * chunk,
+            "model_gpu_seconds": cost.step_seconds(chunk, chunk, pairs)
+            - eff.step_overhead_seconds,
+        })
+    decode = []
+    for seqs_now, context in ((2, 32), (4, 64)) if tokens <= 64 else DECODE_POINTS:
+        decode.append({
+            "seqs": seqs_now, "context": context,
+            "model_bytes": cost.weights_bytes + cost.kv_bytes_per_token * seqs_now * context,
+            "model_gpu_seconds": cost.step_seconds(seqs_now, seqs_now * context,
+                                                   float(seqs_now * context))
+            - eff.step_overhead_seconds,
+        })
     return {
         "gpu_class": gpu.name,
         "cuda_total_bytes": gpu.cuda_total_bytes,
@@ -101,6 +143,8 @@ def kvtune_inputs(model_id: str, gpu_name: str, batched_tokens: int | None = Non
         "batched_tokens": tokens,
         "max_num_seqs": seqs,
         "vllm_version": PINNED_VLLM_VERSION,
+        "prefill_steps": prefill,
+        "decode_steps": decode,
         "planner_activation_bytes": budget.activation_bytes(
             model, 1, tokens, seqs, model_dtype=model.torch_dtype),
         "planner_terms": {
@@ -351,6 +395,107 @@ def gemm_rate(torch: Any, device: str, m: int, k: int, n: int, *, fp8: bool = Fa
     return {"flops": flops, "seconds": seconds, "flops_per_second": flops / seconds}
 
 
+# --- 5. prefill steps ----------------------------------------------------------------------
+
+
+def prefill_steps(torch: Any, inputs: dict[str, Any], device: str,
+                  repeats: int = 5) -> list[dict[str, Any]]:
+    """Seconds of the whole model's forward over each ``prefill_steps`` chunk, beside the
+    simulator's roofline for it (``kvtune_inputs``)."""
+    model = build_model(torch, inputs["config"], device)
+    vocab = int(inputs["config"]["vocab_size"])
+    rate = float(inputs["dense_bf16_flops_per_second"])
+    rows = []
+    for point in inputs.get("prefill_steps", []):
+        ids = torch.randint(0, vocab, (1, int(point["tokens"])), device=device)
+
+        def forward(ids: Any = ids) -> Any:
+            with torch.inference_mode():
+                hidden = model.model(input_ids=ids).last_hidden_state
+                return model.lm_head(hidden[:, -1:])
+
+        seconds = _timed(torch, device, forward, repeats)
+        rows.append({
+            **point, "measured_seconds": seconds,
+            "model_over_measured": point["model_gpu_seconds"] / seconds,
+            # The compute efficiency at which the roofline's compute time is the measured time.
+            "implied_compute_efficiency": point["model_flops"] / (seconds * rate),
+            "assumed_compute_efficiency": inputs["compute_efficiency"],
+        })
+    return rows  # the model is freed with this frame
+
+
+# --- 6. decode steps -----------------------------------------------------------------------
+
+
+def decode_steps(torch: Any, inputs: dict[str, Any], device: str,
+                 repeats: int = 20) -> list[dict[str, Any]]:
+    """Seconds of one decode step of each ``decode_steps`` point (module doc, 6.), beside
+    the simulator's roofline for it."""
+    cfg = inputs["config"]
+    f = torch.nn.functional
+    heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    inter, layers = int(cfg["intermediate_size"]), int(cfg["num_hidden_layers"])
+
+    def weight(out_features: int, in_features: int) -> Any:
+        # Random, not zeros (zeros can run faster than real data).
+        return torch.randn(out_features, in_features, device=device,
+                           dtype=torch.bfloat16) * 0.02
+
+    qkv_w = weight((heads + 2 * kv_heads) * head_dim, hidden)
+    o_w = weight(hidden, heads * head_dim)
+    up_w = weight(2 * inter, hidden)
+    down_w = weight(hidden, inter)
+    head_w = weight(int(cfg["vocab_size"]), hidden)
+    bandwidth = float(inputs["hbm_bytes_per_second"])
+    rows = []
+    for point in inputs.get("decode_steps", []):
+        seqs, context = int(point["seqs"]), int(point["context"])
+        x = torch.randn(seqs, hidden, device=device, dtype=torch.bfloat16)
+        k = torch.randn(seqs, kv_heads, context, head_dim, device=device, dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+
+        def step(x: Any = x, k: Any = k, v: Any = v, seqs: int = seqs) -> Any:
+            h = x
+            for _ in range(layers):
+                q = f.linear(h, qkv_w)[:, :heads * head_dim].reshape(seqs, heads, 1, head_dim)
+                a = f.scaled_dot_product_attention(q, k, v, enable_gqa=heads != kv_heads)
+                h = f.linear(a.reshape(seqs, heads * head_dim), o_w)
+                gate_up = f.linear(h, up_w)
+                h = f.linear(f.silu(gate_up[:, :inter]) * gate_up[:, inter:], down_w)
+            return f.linear(h, head_w)
+
+        how, run = "eager", step
+        if device.startswith("cuda"):
+            with torch.inference_mode():
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(3):
+                        step()
+                torch.cuda.current_stream().wait_stream(side)
+                try:
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        step()
+                    how, run = "cuda graph", graph.replay
+                except RuntimeError:  # a kernel that cannot be captured: eager launches
+                    pass
+        with torch.inference_mode():
+            seconds = _timed(torch, device, run, repeats)
+        rows.append({
+            **point, "timed_as": how, "measured_seconds": seconds,
+            "model_over_measured": point["model_gpu_seconds"] / seconds,
+            # The bandwidth efficiency at which the roofline's memory time is the measured time.
+            "implied_bandwidth_efficiency": point["model_bytes"] / (seconds * bandwidth),
+            "assumed_bandwidth_efficiency": inputs["bandwidth_efficiency"],
+        })
+        del x, k, v
+    return rows
+
+
 # --- the run --------------------------------------------------------------------------------------
 
 
@@ -403,6 +548,12 @@ def run(torch: Any, inputs: dict[str, Any], device: str, *, tiny: bool = False) 
             out["gemm"]["fp8_fraction_of_datasheet"] = g8["flops_per_second"] / float(fp8_rate)
         except RuntimeError as exc:  # fp8 GEMM not available on this GPU/torch build
             out["gemm"]["fp8_error"] = str(exc).splitlines()[0]
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    out["prefill_steps"] = prefill_steps(torch, inputs, device)
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    out["decode_steps"] = decode_steps(torch, inputs, device)
     out["seconds"] = round(time.perf_counter() - started, 2)
     return out
 
@@ -442,6 +593,22 @@ def summary(result: dict[str, Any]) -> str:
     lines.append(
         f"  prefill GEMM {gemm['shape']}: bf16 {gemm['bf16_fraction_of_datasheet']:.2f} of "
         f"datasheet{fp8}; kvtune assumes {gemm['assumed_compute_efficiency']}")
+    for step in result.get("prefill_steps", []):
+        lines.append(
+            f"  prefill step of {step['tokens']} tokens: measured "
+            f"{step['measured_seconds'] * 1e3:.1f} ms, simulator "
+            f"{step['model_gpu_seconds'] * 1e3:.1f} ms without overhead "
+            f"(x{step['model_over_measured']:.2f}); agree at compute "
+            f"efficiency {step['implied_compute_efficiency']:.2f}, kvtune assumes "
+            f"{step['assumed_compute_efficiency']}")
+    for step in result.get("decode_steps", []):
+        lines.append(
+            f"  decode step of {step['seqs']} x {step['context']} tokens ({step['timed_as']}): "
+            f"measured {step['measured_seconds'] * 1e3:.2f} ms, simulator "
+            f"{step['model_gpu_seconds'] * 1e3:.2f} ms without overhead "
+            f"(x{step['model_over_measured']:.2f}); agree at bandwidth efficiency "
+            f"{step['implied_bandwidth_efficiency']:.2f}, kvtune assumes "
+            f"{step['assumed_bandwidth_efficiency']}")
     return "\n".join(lines)
 
 

@@ -75,6 +75,25 @@ def test_a_tiny_run_end_to_end(tmp_path: Path) -> None:
     assert result["bandwidth"]["decode_attention"]["bytes_per_second"] > 0
     assert result["gemm"]["bf16"]["flops"] == 2 * 64 * hidden * 2 * 128
     assert result["gemm"]["assumed_compute_efficiency"] == inputs["compute_efficiency"]
+    # Prefill steps: the chunks asked for, each timed and set beside the simulator's roofline
+    # (compute-bound at these sizes: its FLOPs over the assumed rate, at least).
+    steps = result["prefill_steps"]
+    assert [s["tokens"] for s in steps] == [64]
+    rate = inputs["dense_bf16_flops_per_second"] * inputs["compute_efficiency"]
+    for s in steps:
+        assert s["measured_seconds"] > 0
+        assert s["model_gpu_seconds"] >= s["model_flops"] / rate * (1 - 1e-9)
+        assert s["implied_compute_efficiency"] == s["model_flops"] / (
+            s["measured_seconds"] * inputs["dense_bf16_flops_per_second"])
+    # Decode steps: the tiny points, each timed beside the simulator's roofline (memory-bound:
+    # weights and the points' KV over the assumed bandwidth, at least).
+    decode = result["decode_steps"]
+    assert [(s["seqs"], s["context"]) for s in decode] == [(2, 32), (4, 64)]
+    bandwidth = inputs["hbm_bytes_per_second"] * inputs["bandwidth_efficiency"]
+    for s in decode:
+        assert s["timed_as"] == "eager" and s["measured_seconds"] > 0
+        assert s["model_gpu_seconds"] >= s["model_bytes"] / bandwidth * (1 - 1e-9)
+    assert decode[1]["model_bytes"] > decode[0]["model_bytes"]
     path = GF.result_path("NVIDIA H200", dt.date(2026, 11, 30), tmp_path)
     assert path.name == "gpu_fidelity-NVIDIA-H200-2026-11-30.json"
     path.write_text(json.dumps(result, default=float))
