@@ -260,7 +260,8 @@ class BlockPool:
         limit = min(len(keys), max(0, max_num_blocks))
         if not limit:
             return keys[:0]
-        self._room_for(keys[:limit])
+        if self._key_bound is None:
+            self._room_for(keys[:limit])
         n = _hit_length(keys, limit, self.key_block, self.block_hash)
         got: np.ndarray = self.key_block[keys[:n]]
         return got
@@ -327,7 +328,8 @@ class BlockPool:
         if end <= num_cached_blocks:
             return
         keys = _ids(block_hashes)
-        self._room_for(keys[num_cached_blocks:end])
+        if self._key_bound is None:
+            self._room_for(keys[num_cached_blocks:end])
         # One live entry per hash; a second copy of a cached block waits behind it (class doc).
         copies = _cache_blocks(_ids(blocks), keys, num_cached_blocks, end, self.block_hash,
                                self.key_block, self._has_copies, self._pairs)

@@ -149,6 +149,7 @@ class RequestState:
         "hashes",
         "last_sample_step",
         "load_ready_seconds",
+        "max_blocks",
         "num_cached_blocks",
         "num_computed",
         "num_tokens",
@@ -159,9 +160,13 @@ class RequestState:
         "tail_unprocessed",
     )
 
-    def __init__(self, req: SimRequest, output_tokens: int, hashes: np.ndarray) -> None:
+    def __init__(self, req: SimRequest, output_tokens: int, hashes: np.ndarray,
+                 max_blocks: int = 0) -> None:
         self.req = req
         self.output_tokens = output_tokens
+        # The most blocks its table can hold (prompt and outputs): ``add_blocks`` sizes the
+        # table's buffer to it once.
+        self.max_blocks = max_blocks
         self.num_tokens = req.prompt_tokens  # prompt + generated so far
         self.num_computed = 0
         self.generated = 0
@@ -201,8 +206,8 @@ class RequestState:
         n, k = len(cur), len(new)
         buf = self.block_buffer
         if cur.base is not buf or n + k > len(buf):
-            # Room for the whole sequence as it stands, and for the outputs to come.
-            cap = max(2 * (n + k), 16)
+            # Room for the whole sequence with its outputs (doubling, should it outgrow that).
+            cap = self.max_blocks if n + k <= self.max_blocks else max(2 * (n + k), 16)
             grown = np.empty(cap, dtype=np.int64)
             grown[:n] = cur
             self.block_buffer = buf = grown
@@ -309,7 +314,7 @@ class Scheduler:
         ok = out >= 1 and -(-(r.prompt_tokens + out - 1) // bs) <= self._usable_blocks
         hashes = (np.asarray(self.keyspace.keys(r.segments, r.shareable_tokens), np.int64)
                   if self.pool.enable_caching and r.shareable_tokens >= bs else _NO_BLOCKS)
-        st = RequestState(r, out if ok else 0, hashes)
+        st = RequestState(r, out if ok else 0, hashes, -(-(r.prompt_tokens + out) // bs))
         if not ok:
             self.rejected += 1
         return st
@@ -544,7 +549,8 @@ class Scheduler:
     def _sample(self, dt: float, fragmented_slots: int, allocated_slots: int,
                 usage: float | None = None) -> None:
         if usage is None:
-            usage = self.pool.get_usage()
+            # BlockPool.get_usage, without its two calls (this runs every step).
+            usage = 1.0 - self.pool.free_block_queue.num_free_blocks / self._usable_blocks
         n_run = len(self.running)
         if n_run > self.peak_running:
             self.peak_running = n_run
