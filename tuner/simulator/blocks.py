@@ -116,11 +116,14 @@ class FreeKVCacheBlockQueue:
         if self._head < k or self._tail + k > len(self._slots):
             self._relayout(self._live(), k)
 
-    def popleft_n(self, n: int) -> np.ndarray:
-        """Take the ``n`` blocks at the front (``n`` <= free blocks)."""
+    def _require(self, n: int) -> None:
         if n > self.num_free_blocks:
             raise ValueError(f"Cannot get {n} free blocks from the pool "
                              f"({self.num_free_blocks} free)")
+
+    def popleft_n(self, n: int) -> np.ndarray:
+        """Take the ``n`` blocks at the front (``n`` <= free blocks)."""
+        self._require(n)
         taken = np.empty(max(0, n), dtype=np.int64)
         if n > 0:
             self._head = _popleft(self._slots, self._position, self._head, taken)
@@ -228,9 +231,10 @@ class BlockPool:
             flags[:len(self._has_copies)] = self._has_copies
             self._has_copies = flags
 
-    def _room_for(self, keys: np.ndarray) -> None:
+    def _room_for(self, keys: np.ndarray, start: int, end: int) -> None:
+        """The map holds ``keys[start:end]`` (checked only where no bound was reserved)."""
         if self._key_bound is None:
-            self._grow_map(int(keys.max()) + 1)
+            self._grow_map(int(keys[start:end].max()) + 1)
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -260,8 +264,7 @@ class BlockPool:
         limit = min(len(keys), max(0, max_num_blocks))
         if not limit:
             return keys[:0]
-        if self._key_bound is None:
-            self._room_for(keys[:limit])
+        self._room_for(keys, 0, limit)
         n = _hit_length(keys, limit, self.key_block, self.block_hash)
         got: np.ndarray = self.key_block[keys[:n]]
         return got
@@ -281,11 +284,10 @@ class BlockPool:
         """Take ``num_blocks`` from the front of the free queue, evicting their cached
         content (vLLM's ``_maybe_evict_cached_block``)."""
         q = self.free_block_queue
-        if num_blocks > q.num_free_blocks:
-            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool "
-                             f"({q.num_free_blocks} free)")
+        q._require(num_blocks)
         taken = np.empty(max(0, num_blocks), dtype=np.int64)
-        # The queue's popleft_n and the hand-out in one compiled call.
+        # The queue's popleft_n and the hand-out in one compiled call (the pool and its queue
+        # share this module's arrays).
         q._head, copied = _take_front(q._slots, q._position, q._head, taken, self.block_hash,
                                       self.ref_cnt, self._has_copies, self._pairs)
         q.num_free_blocks -= len(taken)
@@ -328,8 +330,7 @@ class BlockPool:
         if end <= num_cached_blocks:
             return
         keys = _ids(block_hashes)
-        if self._key_bound is None:
-            self._room_for(keys[num_cached_blocks:end])
+        self._room_for(keys, num_cached_blocks, end)
         # One live entry per hash; a second copy of a cached block waits behind it (class doc).
         copies = _cache_blocks(_ids(blocks), keys, num_cached_blocks, end, self.block_hash,
                                self.key_block, self._has_copies, self._pairs)
@@ -356,15 +357,10 @@ class BlockPool:
                else np.asarray(list(ordered_blocks), dtype=np.int64))
         if not len(ids):
             return
-        self.ref_cnt[ids] -= 1
-        freed = ids[self.ref_cnt[ids] == 0]
-        q = self.free_block_queue
-        if not self.enable_caching:
-            q.prepend_n(freed)
-            return
-        hashed = self.block_hash[freed] != NO_HASH
-        q.prepend_n(freed[~hashed])
-        q.append_n(freed[hashed])
+        # ``_free_table`` takes a table and frees it in reverse; with no full blocks it
+        # sorts by hash alone, as here.
+        self.free_block_queue.free_table(np.ascontiguousarray(ids[::-1]), 0, 0,
+                                         self.enable_caching, self.ref_cnt, self.block_hash)
 
     # -- accounting ------------------------------------------------------------------------
 

@@ -549,8 +549,7 @@ class Scheduler:
     def _sample(self, dt: float, fragmented_slots: int, allocated_slots: int,
                 usage: float | None = None) -> None:
         if usage is None:
-            # BlockPool.get_usage, without its two calls (this runs every step).
-            usage = 1.0 - self.pool.free_block_queue.num_free_blocks / self._usable_blocks
+            usage = self.pool.get_usage()
         n_run = len(self.running)
         if n_run > self.peak_running:
             self.peak_running = n_run
