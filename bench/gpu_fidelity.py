@@ -299,8 +299,8 @@ def sampler_like_vllm(torch: Any, logits: Any) -> Any:
     return probs.div_(q).argmax(dim=-1)
 
 
-def activation_check(torch: Any, inputs: dict[str, Any], device: str) -> dict[str, Any]:
-    model = build_model(torch, inputs["config"], device)
+def activation_check(torch: Any, model: Any, inputs: dict[str, Any],
+                     device: str) -> dict[str, Any]:
     tokens, seqs = int(inputs["batched_tokens"]), int(inputs["max_num_seqs"])
     ids = torch.randint(0, int(inputs["config"]["vocab_size"]), (1, tokens), device=device)
     with torch.inference_mode():
@@ -311,7 +311,7 @@ def activation_check(torch: Any, inputs: dict[str, Any], device: str) -> dict[st
             rows = hidden[0, : min(seqs, tokens)]
             sampler_like_vllm(torch, model.lm_head(rows))
     hidden_bytes = int(hidden.numel() * hidden.element_size())
-    del model, hidden
+    del hidden
     planner = int(inputs["planner_activation_bytes"])
     measured = max(fwd["peak_bytes"], hidden_bytes + smp["peak_bytes"])
     return {
@@ -398,11 +398,10 @@ def gemm_rate(torch: Any, device: str, m: int, k: int, n: int, *, fp8: bool = Fa
 # --- 5. prefill steps ----------------------------------------------------------------------
 
 
-def prefill_steps(torch: Any, inputs: dict[str, Any], device: str,
+def prefill_steps(torch: Any, model: Any, inputs: dict[str, Any], device: str,
                   repeats: int = 5) -> list[dict[str, Any]]:
     """Seconds of the whole model's forward over each ``prefill_steps`` chunk, beside the
     simulator's roofline for it (``kvtune_inputs``)."""
-    model = build_model(torch, inputs["config"], device)
     vocab = int(inputs["config"]["vocab_size"])
     rate = float(inputs["dense_bf16_flops_per_second"])
     rows = []
@@ -422,7 +421,7 @@ def prefill_steps(torch: Any, inputs: dict[str, Any], device: str,
             "implied_compute_efficiency": point["model_flops"] / (seconds * rate),
             "assumed_compute_efficiency": inputs["compute_efficiency"],
         })
-    return rows  # the model is freed with this frame
+    return rows
 
 
 # --- 6. decode steps -----------------------------------------------------------------------
@@ -514,7 +513,11 @@ def run(torch: Any, inputs: dict[str, Any], device: str, *, tiny: bool = False) 
         out["gpu_name"] = name
         out["totals"] = compare_totals(cuda_total, nvml_total, inputs)
         out["totals"]["nvml_source"] = nvml_source
-    out["activation"] = activation_check(torch, inputs, device)
+    # One randomly initialised model for the activation peak and the prefill steps.
+    model = build_model(torch, cfg, device)
+    out["activation"] = activation_check(torch, model, inputs, device)
+    out["prefill_steps"] = prefill_steps(torch, model, inputs, device)
+    del model
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     # Decode: a batch of sequences at a 4K context (tiny: a few hundred tokens) per layer.
@@ -548,9 +551,6 @@ def run(torch: Any, inputs: dict[str, Any], device: str, *, tiny: bool = False) 
             out["gemm"]["fp8_fraction_of_datasheet"] = g8["flops_per_second"] / float(fp8_rate)
         except RuntimeError as exc:  # fp8 GEMM not available on this GPU/torch build
             out["gemm"]["fp8_error"] = str(exc).splitlines()[0]
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
-    out["prefill_steps"] = prefill_steps(torch, inputs, device)
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     out["decode_steps"] = decode_steps(torch, inputs, device)
