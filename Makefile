@@ -1,15 +1,23 @@
 # The two commands of the README: `make demo` (the local demo) and `make test` (the tests).
-# Both install what they need first (scripts/setup.sh is idempotent and fast when warm).
+# Both install what they need first (scripts/setup.sh is idempotent and fast when warm), then
+# build the sdist and the wheel and install the wheel alone into a clean venv
+# (scripts/wheel_check.py): the operator the demo and the cluster tests start is that install's
+# (KVTUNE_OPERATOR_BIN), the artifact the operator image ships, not the editable checkout.
+WHEEL_CHECK := $(CURDIR)/build/wheel-check
+WHEEL_ENV := KVTUNE_WHEEL_DIR=$(WHEEL_CHECK)/dist KVTUNE_OPERATOR_BIN=$(WHEEL_CHECK)/venv/bin/kvtune
 .PHONY: setup setup-python demo test lint bench crds
 
 setup:
 	scripts/setup.sh
 
 demo: setup
-	.venv/bin/kvtune demo
+	.venv/bin/python scripts/wheel_check.py --out $(WHEEL_CHECK) --install-only
+	$(WHEEL_ENV) .venv/bin/kvtune demo
 
+# The wheel check also imports every module and runs every command's --help from the install.
 test: setup
-	.venv/bin/python -m pytest
+	.venv/bin/python scripts/wheel_check.py --out $(WHEEL_CHECK)
+	$(WHEEL_ENV) .venv/bin/python -m pytest
 
 lint: setup-python
 	.venv/bin/ruff check .

@@ -1,6 +1,7 @@
 """Checks of output paths before any work is done: a command that will write a file says at
 once, in one line, when it cannot (a missing folder, a folder named as the file, no write
-permission, a plot format matplotlib does not write), instead of failing after the work."""
+permission, a plot format matplotlib does not write, no matplotlib installed), instead of
+failing after the work."""
 
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ def writable_file(path: Path | str, flag: str) -> Path:
 
 
 def plot_file(path: Path | str, flag: str = "--plot") -> Path:
+    from kvtune.tuner.simulator import plot
+
+    if not plot.matplotlib_installed():
+        raise click.ClickException(f"{flag}={str(path)!r}: {plot.PLOT_EXTRA_MISSING}")
     target = writable_file(path, flag)
     if target.suffix.lower() not in PLOT_SUFFIXES:
         raise click.ClickException(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ import yaml
 
 from kvtune.e2e.cluster import LocalCluster
 from kvtune.e2e.errors import ClusterError, log_tail
+from kvtune.e2e.operator_command import operator_executable
 from kvtune.e2e.traces import AZURE_TRACE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -220,7 +220,7 @@ class Demo:
                 f"Prometheus {prometheus.url} (log: {prometheus.log_path})")
 
     def _start_operator(self) -> None:
-        kvtune = Path(sys.executable).parent / "kvtune"
+        kvtune = operator_executable()
         # The demo's Prometheus runs on loopback: the operator may query only allow-listed URLs.
         env = {"PYTHONUNBUFFERED": "1", "KVTUNE_PROMETHEUS_ALLOWED_URLS": "http://127.0.0.1:*"}
         if self._observing:

@@ -7,7 +7,6 @@ import base64
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from waiting import wait_for
 
+from kvtune.e2e.operator_command import operator_executable
 from kvtune.e2e.prometheus import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,7 +71,7 @@ class OperatorProcess:
 
     def start(self) -> None:
         self.starts += 1
-        argv = [str(Path(sys.executable).parent / "kvtune"), "operator",
+        argv = [str(operator_executable()), "operator",
                 "--kubeconfig", str(self.kubeconfig), "--standalone",
                 "--metrics-port", str(self.metrics_port)]
         for ns in self.namespaces:

@@ -25,6 +25,8 @@ from op_cluster_helpers import PeeringReplica as Replica
 from op_cluster_helpers import service_account_client, service_account_kubeconfig
 from waiting import wait_for
 
+from kvtune.e2e.operator_command import operator_executable
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts/kvtune"
 RELEASE_NS = "kvtune-system"
@@ -237,7 +239,7 @@ def test_two_replicas_as_the_chart_service_account_reconcile_an_example(
     args = [a for a in deploy.spec.template.spec.containers[0].args
             if not a.startswith(("--liveness", "--metrics-"))]
     assert args[0] == "operator" and f"--namespace={WATCHED_NS}" in args
-    argv = [str(Path(sys.executable).parent / "kvtune"), *args, "--metrics-port", "0",
+    argv = [str(operator_executable()), *args, "--metrics-port", "0",
             "--kubeconfig", str(kubeconfig)]
     custom = client.CustomObjectsApi(admin)
 

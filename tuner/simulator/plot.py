@@ -3,12 +3,18 @@ one line per configuration. The only simulator module that writes (the image fil
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from kvtune.tuner.errors import KVTuneError
 from kvtune.tuner.simulator.metrics import SimResult
+
+# matplotlib is the plot extra: a planning install (pip install kvtune) leaves its ~40 MB out.
+PLOT_EXTRA_MISSING = ("needs matplotlib, which the core install leaves out: "
+                      "pip install 'kvtune[plot]'")
 
 _MAX_POINTS = 1500
 _STYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)))
@@ -23,7 +29,13 @@ def _thin(t: Sequence[float], y: Sequence[float]) -> tuple[np.ndarray, np.ndarra
     return ta, ya
 
 
+def matplotlib_installed() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def plot_comparison(results: Sequence[SimResult], path: str | Path, title: str = "") -> Path:
+    if not matplotlib_installed():
+        raise KVTuneError(f"plotting {path} {PLOT_EXTRA_MISSING}")
     import matplotlib
 
     matplotlib.use("Agg")
