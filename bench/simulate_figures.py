@@ -1,5 +1,5 @@
 """The simulator's headline figures on the real traces (printed as Markdown tables for the
-README):
+docs/simulator.md):
 
 1. Azure conversation trace: concurrent requests admitted by paged allocation vs
    contiguous allocation (each request reserves max-model-len) at *equal KV memory*, in a

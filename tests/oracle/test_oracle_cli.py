@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 ARGS = ["simulate", "--trace", str(MOONCAKE), "--limit", "60", "--speed", "4",
         "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100",
         "--compare", "defaults,no-prefix-cache", "--score-sample", "0", "-o", "json"]
-# Sampled once per decode run by the default engine (README: the differences left).
+# Sampled once per decode run by the default engine (docs/simulator.md: the differences left).
 PER_RUN = {"mean_kv_usage": 0.01, "mean_fragmented_tokens": 0.05,
            "fragmentation_fraction": 0.05}
 

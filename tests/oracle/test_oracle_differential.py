@@ -5,7 +5,7 @@ blocks, block size, max-num-seqs, max-num-batched-tokens, chunked prefill, prefi
 or off, synchronous or async scheduling. Every engine step must agree exactly: which
 requests are scheduled and with how many tokens, who is admitted with what prefix hit, who
 is preempted, who finishes, blocks in use, and the step's end time under kvtune's step-time
-model. What is left different is listed in README ("vLLM as the oracle") and bounded below.
+model. What is left different is listed in docs/simulator.md and bounded below.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def test_default_simulator_equals_the_vllm_engine(vllm: object, async_scheduling
             assert all(math.isclose(x, y, rel_tol=1e-9) or (x != x and y != y)
                        for x, y in zip(a, b, strict=True))
     # Decode runs sample the state once per run (at its end), not once per step: a bias of
-    # about 0.5 % on KV usage and 1.5-3 % on fragmentation here (README: the differences).
+    # about 0.5 % on KV usage and 1.5-3 % on fragmentation here (docs/simulator.md).
     sampled_per_run = {"mean_kv_usage": 0.01, "mean_fragmented_tokens": 0.05,
                        "fragmentation_fraction": 0.05}
     s_vllm = theirs.summary()

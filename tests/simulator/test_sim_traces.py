@@ -1,4 +1,4 @@
-"""The simulator on the real traces in examples/traces: the figures the README quotes hold on
+"""The simulator on the real traces in examples/traces: the figures docs/simulator.md quotes hold on
 slices small enough for a unit test (the full runs are bench/simulate_figures.py)."""
 
 from __future__ import annotations

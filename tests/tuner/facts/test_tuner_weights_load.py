@@ -48,7 +48,7 @@ def _plan(model: ModelArchitecture, weights: str, gpu: str = "H200", tp: int = 1
 
 
 def test_fp8_on_a_16_bit_checkpoint_renders_load_time_quantization() -> None:
-    # The README's example: without the flag vLLM would load 16-bit weights (141 GB).
+    # docs/planner.md's example: without the flag vLLM would load 16-bit weights (141 GB).
     args = _plan(LLAMA_70B, "fp8")
     assert "--quantization=fp8_per_tensor" in args
     assert not any(a.startswith("--dtype") for a in args)
