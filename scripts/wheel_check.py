@@ -199,6 +199,23 @@ def help_problems(kvtune: Path, paths: list[list[str]]) -> list[str]:
             if d.returncode != 0 or "Usage:" not in d.stdout]
 
 
+# `python -m` entry points of the wheel besides the console script: the calibration Job runs
+# kvtune.quality's (operator/calibration.py). kvtune.runtime's reads NVML at once; its
+# modules are imported above.
+MODULE_ENTRY_POINTS = ["kvtune.quality"]
+
+
+def module_entry_problems(venv: Path) -> list[str]:
+    problems = []
+    for module in MODULE_ENTRY_POINTS:
+        done = subprocess.run([str(venv / "bin" / "python"), "-I", "-m", module, "--help"],
+                              cwd=venv, capture_output=True, text=True, check=False)
+        if done.returncode != 0 or "usage:" not in done.stdout:
+            problems.append(f"python -m {module} --help: exit {done.returncode}: "
+                            f"{done.stderr.strip()[-300:]}")
+    return problems
+
+
 def light_install_problems(kvtune: Path) -> list[str]:
     """`kvtune plan` and `kvtune simulate` work in the core install (no vLLM, torch or
     matplotlib; the venv really lacks them), and `--plot` says in one line which extra it needs."""
@@ -237,12 +254,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wheel_check: {wheel.name} installed in {kvtune.parent.parent} ({built:.0f} s)")
         return 0
     paths = command_paths(kvtune.parent.parent)
-    problems = (import_problems(kvtune.parent.parent) + help_problems(kvtune, paths)
-                + light_install_problems(kvtune))
+    venv = kvtune.parent.parent
+    problems = (import_problems(venv) + help_problems(kvtune, paths)
+                + module_entry_problems(venv) + light_install_problems(kvtune))
     if problems:
-        return _fail(f"the installed wheel ({kvtune.parent.parent}) fails:\n  "
+        return _fail(f"the installed wheel ({venv}) fails:\n  "
                      + "\n  ".join(problems))
-    print(f"wheel_check: {wheel.name} installed in {kvtune.parent.parent}: every module imports, "
+    print(f"wheel_check: {wheel.name} installed in {venv}: every module imports, "
           f"{len(paths)} commands answer --help, plan and simulate run without the extras "
           f"(build+install {built:.0f} s, checks {time.monotonic() - started - built:.0f} s)")
     return 0

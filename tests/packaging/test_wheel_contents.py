@@ -52,3 +52,15 @@ def test_the_sdist_builds_the_wheel_alone(built_dists: tuple[Path, Path]) -> Non
     with zipfile.ZipFile(wheel) as archive:
         entry_points = next(n for n in archive.namelist() if n.endswith("entry_points.txt"))
         assert "kvtune = kvtune.cli.main:cli" in archive.read(entry_points).decode()
+
+
+def test_the_help_check_names_a_command_that_fails(wheel_check: ModuleType, tmp_path: Path) -> None:
+    """scripts/wheel_check.py's --help pass fails on a command whose --help breaks (here a
+    stand-in kvtune whose `plan` cannot import)."""
+    fake = tmp_path / "kvtune"
+    fake.write_text('#!/bin/sh\nif [ "$1" = plan ]; then echo "ModuleNotFoundError: x" >&2; '
+                    'exit 1; fi\necho "Usage: kvtune $*"\n')
+    fake.chmod(0o755)
+    problems = wheel_check.help_problems(fake, [[], ["plan"], ["cluster", "up"]])
+    assert len(problems) == 1 and problems[0].startswith("kvtune plan --help: exit 1")
+    assert "ModuleNotFoundError" in problems[0]
