@@ -18,7 +18,7 @@ from typing import Any
 from pydantic.alias_generators import to_camel
 
 from kvtune.operator import apply as kapply
-from kvtune.operator import calibration_flow, gpu_prices
+from kvtune.operator import calibration_flow, gpu_prices, search_budget
 from kvtune.operator import conditions as cond
 from kvtune.operator.api import (
     ExpectedStatus,
@@ -38,6 +38,7 @@ from kvtune.tuner.kv_quality import KVQualityEvidence, KVQualityPolicy
 from kvtune.tuner.plan import KVPlan, PoolPlan
 from kvtune.tuner.planner.policy import SLO, Pins, PlanPolicy
 from kvtune.tuner.planner.request import PlanRequest
+from kvtune.tuner.planner.search_budget import SearchBudgetSpent
 from kvtune.tuner.units import GiB
 from kvtune.tuner.workload import WorkloadProfile
 
@@ -134,7 +135,8 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
 
         by_goodput: PoolPlan = priced(
             plan_by_goodput(request, running=running,
-                            replicas=sharing_replicas(spec, pool, scope)),
+                            replicas=sharing_replicas(spec, pool, scope),
+                            budget=search_budget.budget()),
             gpu_prices.price_of(pool, pool_field))
         return by_goodput
     return _plan_by_rules(request)
@@ -247,6 +249,8 @@ def running_plan(prev: PoolStatus | None) -> KVPlan | None:
 def slo_at_risk(pool_plan: PoolPlan) -> str | None:
     """The SLO-at-risk line with its numbers when the goodput search found no configuration
     meeting the SLO at the observed rate."""
+    if pool_plan.slo_unreachable is not None:
+        return pool_plan.slo_unreachable.message
     s = pool_plan.search
     if s is None or s.slo_met or not s.slo_set:
         return None
@@ -313,6 +317,8 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
             else "deployment")
     except UnknownName as exc:
         return ctx.failed(cond.INVALID_SPEC, f"{ctx.field}.gpuClass: {exc}")
+    except SearchBudgetSpent as exc:
+        return ctx.failed(cond.SEARCH_BUDGET_SPENT, f"{ctx.field} ({pool.gpu_class}): {exc}")
     except NoFeasiblePlan as exc:
         return ctx.failed(cond.NO_FEASIBLE_PLAN, f"{ctx.field} ({pool.gpu_class}, "
                           f"tensorParallel={pool.tensor_parallel}): {exc}")
