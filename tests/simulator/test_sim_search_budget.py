@@ -96,7 +96,7 @@ def test_an_impossible_tpot_is_unreachable() -> None:
 def test_a_budget_spent_before_any_score_is_a_clean_error() -> None:
     clock = itertools.count()  # one CPU second per look
     budget = SearchBudget(cpu_seconds=0.5, cpu_clock=lambda: float(next(clock)))
-    with pytest.raises(SearchBudgetSpent, match="CPU budget of 0.5 s"):
+    with pytest.raises(SearchBudgetSpent, match=r"CPU budget of 0\.5 s"):
         plan_by_goodput(_request(7.0), settings=TINY, budget=budget)
 
 
