@@ -70,7 +70,9 @@ class SearchBudgetSpent(KVTuneError):
     def __init__(self, reason: str) -> None:
         self.reason = reason
         super().__init__(f"the goodput search was stopped before scoring any candidate: "
-                         f"{reason}")
+                         f"{reason}; raise the budget (kvtune plan --search-cpu-seconds, "
+                         "--search-memory-mib; the chart's search.cpuSeconds, "
+                         "search.memoryMiB) or plan by the rules (--no-search)")
 
 
 class BudgetStop(Exception):
