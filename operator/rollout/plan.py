@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,10 +39,11 @@ from kvtune.tuner.kv_quality import KVQualityEvidence, KVQualityPolicy
 from kvtune.tuner.plan import KVPlan, PoolPlan
 from kvtune.tuner.planner.policy import SLO, Pins, PlanPolicy
 from kvtune.tuner.planner.request import PlanRequest
-from kvtune.tuner.planner.search_budget import SearchBudgetSpent
+from kvtune.tuner.planner.search_budget import SearchBudgetSpent, SearchCancelled
 from kvtune.tuner.units import GiB
 from kvtune.tuner.workload import WorkloadProfile
 
+LOG = logging.getLogger("kvtune.operator")
 # Distinct plan requests kept (a request and its plan: a few kB each).
 PLAN_CACHE_SIZE = 512
 
@@ -317,6 +319,9 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
             else "deployment")
     except UnknownName as exc:
         return ctx.failed(cond.INVALID_SPEC, f"{ctx.field}.gpuClass: {exc}")
+    except SearchCancelled:
+        LOG.info("%s: goodput search cancelled: the operator is stopping", ctx.field)
+        raise
     except SearchBudgetSpent as exc:
         return ctx.failed(cond.SEARCH_BUDGET_SPENT, f"{ctx.field} ({pool.gpu_class}): {exc}")
     except NoFeasiblePlan as exc:
