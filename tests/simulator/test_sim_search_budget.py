@@ -127,3 +127,31 @@ def test_a_cancelled_search_stops_at_once() -> None:
     with pytest.raises(SearchCancelled):
         search(_request(10.0), scorer, meter=budget.start())
     assert scorer.calls == 0
+
+
+def test_a_search_in_a_thread_stops_within_seconds_of_the_switch() -> None:
+    """What the operator's shutdown relies on: kopf's handler threads cannot be killed, so a
+    running search must notice the switch (between scores and inside a replay) by itself."""
+    import threading
+
+    stop = threading.Event()
+    outcome: list[BaseException | None] = []
+
+    def work() -> None:
+        try:
+            plan_by_goodput(_request(20000.0), budget=SearchBudget(cpu_seconds=None,
+                                                                    cancelled=stop.is_set))
+            outcome.append(None)
+        except BaseException as exc:  # the test inspects it
+            outcome.append(exc)
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    time.sleep(2.0)  # the search is well under way: it takes many seconds at this rate
+    assert thread.is_alive()
+    t0 = time.monotonic()
+    stop.set()
+    thread.join(timeout=15)
+    assert not thread.is_alive()
+    assert isinstance(outcome[0], SearchCancelled)
+    assert time.monotonic() - t0 < 15
