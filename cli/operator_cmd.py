@@ -11,6 +11,7 @@ import socket
 
 import click
 
+from kvtune.cli.search_budget_options import search_budget_options
 from kvtune.operator import render_fairness
 
 # Handler modules other parts of kvtune add; each is registered when it is installed.
@@ -79,6 +80,7 @@ def render_limits(in_flight: int, cpu_seconds: float, window_seconds: float,
               default=render_fairness.SPREAD_SECONDS, show_default=True,
               help="Seconds between one namespace's deferred renders' retries "
               "(templates.retrySpreadSeconds).")
+@search_budget_options
 @click.option("--verbose", "-v", is_flag=True)
 def operator(kubeconfig: str | None, namespaces: tuple[str, ...], metrics_port: int,
              metrics_address: str, standalone: bool, peering_name: str | None,
@@ -86,12 +88,12 @@ def operator(kubeconfig: str | None, namespaces: tuple[str, ...], metrics_port: 
              service_accounts: tuple[str, ...], gpu_prices: tuple[str, ...],
              template_renders_in_flight: int, template_cpu_seconds: float,
              template_cpu_window_seconds: float, template_retry_spread_seconds: float,
-             verbose: bool) -> None:
+             search_cpu_seconds: float, search_memory_mib: int, verbose: bool) -> None:
     """Run the kvtune operator until interrupted."""
     import kopf
 
     from kvtune.operator import gpu_prices as prices
-    from kvtune.operator import handlers, metrics, pod_policy, template_sandbox
+    from kvtune.operator import handlers, metrics, pod_policy, search_budget, template_sandbox
     from kvtune.tuner.errors import KVTuneError
     from kvtune.tuner.facts.prices import parse_overrides
 
@@ -104,6 +106,9 @@ def operator(kubeconfig: str | None, namespaces: tuple[str, ...], metrics_port: 
         template_renders_in_flight, template_cpu_seconds, template_cpu_window_seconds,
         template_retry_spread_seconds))
 
+    # Every goodput search's budget (the chart's search values).
+    search_budget.CONFIG.cpu_seconds = search_cpu_seconds
+    search_budget.CONFIG.memory_bytes = search_memory_mib * 2**20
     if standalone and peering_name:
         raise click.UsageError("--standalone and --peering exclude each other; pick one")
     # Fail fast on a broken kubeconfig or an API server that does not answer: kopf would

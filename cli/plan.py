@@ -25,6 +25,7 @@ from kvtune.cli.options import (
     weights_dtype_option,
 )
 from kvtune.cli.progress import Progress, progress_option
+from kvtune.cli.search_budget_options import budget_from, search_budget_options
 from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan
 from kvtune.tuner.facts import catalog, gpus
 from kvtune.tuner.facts.capabilities import PINNED_VLLM_VERSION, get_runtime
@@ -166,6 +167,9 @@ def plan_document(pool: PoolPlan, request: PlanRequest) -> dict[str, Any]:
         "warnings": list(pool.warnings),
         "kv_dtype_comparison": dtype_comparison(request),
         "search": pool.search.model_dump(mode="json") if pool.search is not None else None,
+        # No configuration meets the SLO at any rate (a closed-form bound; no search ran).
+        "slo_unreachable": (pool.slo_unreachable.model_dump(mode="json")
+                            if pool.slo_unreachable is not None else None),
         "profile": request.profile.model_dump(mode="json"),
     }
 
@@ -434,6 +438,7 @@ def _models_help() -> str:
 @click.option("--search/--no-search", default=True, show_default=True,
               help="Choose the knobs by simulated SLO-goodput when the traffic's rate is "
               "known (--trace, --request-rate); --no-search: the rules alone.")
+@search_budget_options
 @pin_options
 @click.option("--lowest-kv-precision", type=click.Choice(["bf16", "fp8", "int8", "fp4", "int4"]),
               default="fp8", show_default=True, help="Never quantize the KV cache below this.")
@@ -484,6 +489,7 @@ def plan(**opts: Any) -> None:
     for required in ("model", "gpu"):
         if not opts[required]:
             raise click.UsageError(f"--{required} is required. {_models_help()}")
+    budget = budget_from(opts)
     try:
         prices = parse_overrides(opts["gpu_price"], "--gpu-price")
         request = build_request(opts)
@@ -503,14 +509,15 @@ def plan(**opts: Any) -> None:
             with Progress("plan", opts["progress"]) as shown:
                 pool = priced(plan_by_goodput(
                     request, trace=trace, progress=lambda step: shown(step.text()),
-                    replicas=opts["replicas"]),
+                    replicas=opts["replicas"], budget=budget),
                     price_for(request.gpu.name, prices))
                 for name in opts["compare_gpu"]:
                     other = request.model_copy(update={"gpu": gpus.get_gpu_class(name)})
                     try:
                         others.append((name, priced(plan_by_goodput(
                             other, trace=trace, progress=lambda step: shown(step.text()),
-                            replicas=opts["replicas"]), price_for(other.gpu.name, prices))))
+                            replicas=opts["replicas"], budget=budget),
+                            price_for(other.gpu.name, prices))))
                     except NoFeasiblePlan as exc:
                         others.append((name, f"does not fit: {exc}"))
         else:

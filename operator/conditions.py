@@ -24,6 +24,9 @@ RUNTIME_AS_PLANNED = "RuntimeAsPlanned"
 # rate (the message has the numbers); set only once a pool's plan comes from the search.
 SLO_AT_RISK = "SLOAtRisk"
 SLO_PREDICTED_MET = "SLOPredictedMet"  # SLOAtRisk=False
+# SLOAtRisk=True, from a closed-form bound before any simulation: no configuration meets the
+# SLO at any rate (the best attainable latency in the message; tuner/simulator/slo_bound.py).
+SLO_UNREACHABLE = "SLOUnreachable"
 # True when vLLM's own histograms show a pool attaining its SLO clearly less than the
 # goodput search predicted (beyond noise, after a minimum sample; operator/slo_observed.py).
 SLO_BELOW_PREDICTION = "SLOBelowPrediction"
@@ -53,6 +56,9 @@ INVALID_POD_TEMPLATE = "InvalidPodTemplate"  # the user's template renders no va
 # The namespace's templates are rendering or used their CPU budget (render_fairness): retried.
 TEMPLATE_RENDER_DEFERRED = "TemplateRenderDeferred"
 APPLY_FAILED = "ApplyFailed"
+# Degraded: the goodput search's budget (the chart's search values) ran out before it scored
+# a single candidate; retried (operator/search_budget.py).
+SEARCH_BUDGET_SPENT = "SearchBudgetSpent"
 # An object of a child's kind and name exists that kvtune did not create for this
 # InferenceDeployment and pool: it is left alone (never adopted or overwritten).
 NAME_COLLISION = "NameCollision"

@@ -30,7 +30,15 @@ from typing import Any
 
 import kopf
 
-from kvtune.operator import api, metrics, periodic, routing, routing_status, runtime_reports
+from kvtune.operator import (
+    api,
+    metrics,
+    periodic,
+    routing,
+    routing_status,
+    runtime_reports,
+    search_budget,
+)
 from kvtune.operator import apply as kapply
 from kvtune.operator import pools as gpu_pools
 from kvtune.operator import reconcile as rec
@@ -125,6 +133,13 @@ async def start_periodic(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: 
 @kopf.on.event(*RESOURCE, id="periodic-index")
 async def index_for_periodic(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     memo.scheduler.observe(event.get("type"), event["object"])
+
+
+@kopf.on.cleanup()
+async def stop_searches(**_: Any) -> None:
+    # Async, so it runs even while every handler thread is busy in a search; each search
+    # stops at its next check and the process exits (operator/search_budget.py).
+    search_budget.STOPPING.set()
 
 
 @kopf.on.cleanup()

@@ -337,7 +337,9 @@ def _reconcile_locked(
                          if o.status.slo_at_risk)
     if at_risk:
         was = cond.get_condition(previous.conditions, cond.SLO_AT_RISK)
-        set_c(cond.SLO_AT_RISK, True, cond.SLO_AT_RISK, at_risk)
+        set_c(cond.SLO_AT_RISK, True, cond.SLO_UNREACHABLE if any(
+            (o.status.slo_at_risk or "").startswith("SLO unreachable") for o in outcomes)
+            else cond.SLO_AT_RISK, at_risk)
         if was is None or was.status != "True" or was.message != at_risk:
             events.append(Event("Warning", cond.SLO_AT_RISK, at_risk))
     elif any(o.status.expected is not None and o.status.expected.slo_attainment is not None

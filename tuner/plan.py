@@ -184,6 +184,25 @@ class SearchSummary(BaseModel):
     # Goodput against cost and latency over the configurations scored on the full stream.
     front: tuple[FrontPoint, ...] = ()
     cost: CostFigures | None = None  # set when the GPU class has a price
+    # Set when the search's budget (CPU seconds, memory) stopped it before its last stage:
+    # why; the plan is the best of what was scored by then (``planner/search_budget.py``).
+    stopped_by: str | None = None
+
+
+class SLOUnreachable(BaseModel):
+    """No configuration meets the SLO at any rate, from a closed-form bound taken before any
+    simulation (``simulator/slo_bound.py``): the best latency attainable, served alone."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # The fastest TTFT of the p95 prompt (its uncached tokens in one step, nothing else
+    # running) and the fastest TPOT (one sequence decoding alone).
+    ttft_floor_seconds: float
+    tpot_floor_seconds: float
+    ttft_target_seconds: float
+    tpot_target_seconds: float
+    prompt_tokens: int  # the uncached prompt tokens the TTFT floor prefills
+    message: str
 
 
 class PoolPlan(BaseModel):
@@ -200,6 +219,8 @@ class PoolPlan(BaseModel):
     reasons: tuple[Reason, ...]
     warnings: tuple[str, ...] = ()
     search: SearchSummary | None = None  # set when the goodput search chose the plan
+    # Set instead of a search when no configuration can meet the SLO at any rate.
+    slo_unreachable: SLOUnreachable | None = None
 
     def vllm_args(self) -> list[str]:
         """Everything after ``vllm serve MODEL`` this pool's plan sets: the TP flag, then the

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import Any
 from pydantic.alias_generators import to_camel
 
 from kvtune.operator import apply as kapply
-from kvtune.operator import calibration_flow, gpu_prices
+from kvtune.operator import calibration_flow, gpu_prices, search_budget
 from kvtune.operator import conditions as cond
 from kvtune.operator.api import (
     ExpectedStatus,
@@ -38,9 +39,11 @@ from kvtune.tuner.kv_quality import KVQualityEvidence, KVQualityPolicy
 from kvtune.tuner.plan import KVPlan, PoolPlan
 from kvtune.tuner.planner.policy import SLO, Pins, PlanPolicy
 from kvtune.tuner.planner.request import PlanRequest
+from kvtune.tuner.planner.search_budget import SearchBudgetSpent, SearchCancelled
 from kvtune.tuner.units import GiB
 from kvtune.tuner.workload import WorkloadProfile
 
+LOG = logging.getLogger("kvtune.operator")
 # Distinct plan requests kept (a request and its plan: a few kB each).
 PLAN_CACHE_SIZE = 512
 
@@ -134,7 +137,8 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
 
         by_goodput: PoolPlan = priced(
             plan_by_goodput(request, running=running,
-                            replicas=sharing_replicas(spec, pool, scope)),
+                            replicas=sharing_replicas(spec, pool, scope),
+                            budget=search_budget.budget()),
             gpu_prices.price_of(pool, pool_field))
         return by_goodput
     return _plan_by_rules(request)
@@ -247,6 +251,8 @@ def running_plan(prev: PoolStatus | None) -> KVPlan | None:
 def slo_at_risk(pool_plan: PoolPlan) -> str | None:
     """The SLO-at-risk line with its numbers when the goodput search found no configuration
     meeting the SLO at the observed rate."""
+    if pool_plan.slo_unreachable is not None:
+        return pool_plan.slo_unreachable.message
     s = pool_plan.search
     if s is None or s.slo_met or not s.slo_set:
         return None
@@ -313,6 +319,11 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
             else "deployment")
     except UnknownName as exc:
         return ctx.failed(cond.INVALID_SPEC, f"{ctx.field}.gpuClass: {exc}")
+    except SearchCancelled:
+        LOG.info("%s: goodput search cancelled: the operator is stopping", ctx.field)
+        raise
+    except SearchBudgetSpent as exc:
+        return ctx.failed(cond.SEARCH_BUDGET_SPENT, f"{ctx.field} ({pool.gpu_class}): {exc}")
     except NoFeasiblePlan as exc:
         return ctx.failed(cond.NO_FEASIBLE_PLAN, f"{ctx.field} ({pool.gpu_class}, "
                           f"tensorParallel={pool.tensor_parallel}): {exc}")

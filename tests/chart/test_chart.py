@@ -82,7 +82,9 @@ def test_default_render(helm: Path) -> None:
         "operator", "--peering=kvtune", "--liveness=http://0.0.0.0:8081/healthz",
         "--metrics-port=8080", "--metrics-address=0.0.0.0", "--pod-security=baseline",
         "--template-renders-in-flight=1", "--template-cpu-seconds=6",
-        "--template-cpu-window-seconds=60", "--template-retry-spread-seconds=2"]
+        "--template-cpu-window-seconds=60", "--template-retry-spread-seconds=2",
+        # The goodput search's budget, under the 512Mi limit (operator/search_budget.py).
+        "--search-cpu-seconds=30", "--search-memory-mib=384"]
     assert pod["serviceAccountName"] == "kvtune"
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     # Peering: kopf's CRDs (crds/ folder) and this release's cluster-wide peering object.

@@ -32,7 +32,12 @@ second that meet both their TTFT and TPOT targets (DistServe's definition), as a
    targets at the observed rate): the best configuration, the highest fraction of the rate
    one replica sustains within the SLO (bisection), and the replicas the traffic needs.
 
-Pure: no clock, no I/O, no randomness beyond the scorer's seeded traffic.
+5. **Within a budget** (``search_budget.py``): the meter is checked before every score; a
+   spent budget ends the search with the best candidate of the last complete stage (and the
+   scores of the current stage that compare with it), its reason in ``stopped_by``.
+
+Pure apart from the budget's meter (its clock and memory probe are the caller's): no I/O, no
+randomness beyond the scorer's seeded traffic.
 """
 
 from __future__ import annotations
@@ -63,6 +68,12 @@ from kvtune.tuner.planner import (
 from kvtune.tuner.planner.planning import plan_pool, preflight
 from kvtune.tuner.planner.planrun import MAX_NUM_SEQS_CEILING, PlanRun
 from kvtune.tuner.planner.request import PlanRequest
+from kvtune.tuner.planner.search_budget import (
+    UNBOUNDED,
+    BudgetMeter,
+    BudgetStop,
+    SearchBudgetSpent,
+)
 
 # Goodputs within 2% of the best are a tie: the spread of repeated simulations with
 # different seeds on the shipped traces (bench/oracle.py) stays under it.
@@ -186,6 +197,7 @@ class _Book:
 
     scorer: GoodputScorer
     request: PlanRequest
+    meter: BudgetMeter = field(default_factory=UNBOUNDED.start)
     seen: dict[tuple[KVPlan, int, float], GoodputScore] = field(default_factory=dict)
     simulated_requests: int = 0
 
@@ -193,6 +205,7 @@ class _Book:
         key = (plan, n, rate_scale)
         got = self.seen.get(key)
         if got is None:
+            self.meter.check()  # raises BudgetStop (or SearchCancelled) before the work
             got = self.scorer.score(self.request, plan, n, rate_scale)
             self.seen[key] = got
             self.simulated_requests += got.requests
@@ -363,15 +376,92 @@ def _why_lost(loser: _Scored, best: _Scored, run: PlanRun, tie: float, reference
     return "tied on goodput; less headroom to the SLO targets"
 
 
+@dataclass(slots=True)
+class _Stages:
+    """The search's state between stages: what is ranked so far (one stream length), and
+    the scores of the stage in progress, so a spent budget keeps whatever compares."""
+
+    run: PlanRun
+    book: _Book
+    settings: SearchSettings
+    reference: KVPlan
+    progress: SearchProgressHook | None
+    ranked: list[_Scored] = field(default_factory=list)
+    ranked_n: int = 0
+    partial: list[_Scored] = field(default_factory=list)
+    partial_n: int = 0
+    considered: int = 0
+
+    def scored(self, plans: Sequence[KVPlan], n: int, stage: SearchProgress) -> list[_Scored]:
+        self.partial, self.partial_n = [], n
+        for i, p in enumerate(plans):
+            self.partial.append(_Scored(p, self.book.score(p, n),
+                                        changed_knobs(p, self.reference)))
+            if self.progress is not None:
+                self.progress(SearchProgress(
+                    stage=stage.stage, done=i + 1, total=len(plans),
+                    candidates=stage.candidates, round=stage.round, rounds=stage.rounds,
+                    requests=n))
+        return self.partial
+
+    def rank(self, items: Sequence[_Scored], n: int) -> None:
+        self.ranked, self.ranked_n = _order(items, self.run, self.settings.tie), n
+        self.partial = []
+
+    def salvage(self, reason: str) -> None:
+        """After ``BudgetStop``: the last ranking plus the current stage's scores on the same
+        stream length; nothing scored at all is ``SearchBudgetSpent``."""
+        same = [x for x in self.partial if x.plan not in {y.plan for y in self.ranked}]
+        if self.ranked and self.partial_n == self.ranked_n:
+            self.rank([*self.ranked, *same], self.ranked_n)
+        elif not self.ranked and self.partial:
+            self.rank(self.partial, self.partial_n)
+        if not self.ranked:
+            raise SearchBudgetSpent(reason)
+
+
+def _halving_and_finalists(st: _Stages, request: PlanRequest, pool: list[KVPlan],
+                           rungs: Sequence[int], offload_size: float | None) -> None:
+    """Successive halving over ``pool``, then offload and block size for the finalists
+    (module doc, 1-2); leaves the ranking in ``st``."""
+    run = st.run
+    survivors = pool
+    for i, n in enumerate(rungs):
+        stage = SearchProgress("halving", 0, len(survivors), st.considered, i + 1, len(rungs))
+        st.rank(st.scored(survivors, n, stage), n)
+        if i < len(rungs) - 1:
+            survivors = _promote(st.ranked)
+    final_n = rungs[-1]
+    if offload_size is not None:
+        tried = [x.plan.with_offload(offload_size) for x in st.ranked[:OFFLOAD_FINALISTS]]
+        tried = [p for p in tried if all(p != y.plan for y in st.ranked)]
+        st.considered += len(tried)
+        stage = SearchProgress("offload", 0, len(tried), st.considered)
+        st.rank([*st.ranked, *st.scored(tried, final_n, stage)], final_n)
+    # Block size for the finalists (their dtype's sizes the backend accepts).
+    extra: list[KVPlan] = []
+    if run.pins.block_size is None:
+        for x in st.ranked[:BLOCK_FINALISTS]:
+            for bs in decide_block_size.candidates(run, x.plan.kv_cache_dtype):
+                p = x.plan.model_copy(update={"block_size": bs})
+                if p not in extra and all(p != y.plan for y in st.ranked) and _starts(request, p):
+                    extra.append(p)
+    st.considered += len(extra)
+    stage = SearchProgress("block size", 0, len(extra), st.considered)
+    st.rank([*st.ranked, *st.scored(extra, final_n, stage)], final_n)
+
+
 def search(
     request: PlanRequest, scorer: GoodputScorer, running: KVPlan | None = None,
     settings: SearchSettings | None = None, progress: SearchProgressHook | None = None,
-    replicas: int = 1,
+    replicas: int = 1, meter: BudgetMeter | None = None,
 ) -> PoolPlan:
     """Plan one pool by SLO-goodput (module doc). Raises what ``plan_pool`` raises.
     ``progress`` is told after every score (``SearchProgress``). ``scorer`` replays one
     replica's share of the traffic; ``replicas``: how many share it (the replicas needed
-    are counted against all of it)."""
+    are counted against all of it). ``meter``: the budget (``search_budget``); when it is
+    spent the best plan so far comes back with ``stopped_by``; ``SearchBudgetSpent`` when
+    nothing was scored, ``SearchCancelled`` when told to stop."""
     settings = settings or DEFAULT_SETTINGS
     base_pool = plan_pool(request)
     base = base_pool.plan
@@ -382,69 +472,48 @@ def search(
         # the finalists try it.
         base = base.with_offload(None)
     rate = scorer.rate_per_second
-    book = _Book(scorer, request)
-    reference = running or base
+    book = _Book(scorer, request, meter or UNBOUNDED.start())
     rungs = sorted({min(n, scorer.max_requests) for n in settings.rungs})
-
-    def scored(plans: Sequence[KVPlan], n: int, stage: SearchProgress | None = None
-               ) -> list[_Scored]:
-        out: list[_Scored] = []
-        for i, p in enumerate(plans):
-            out.append(_Scored(p, book.score(p, n), changed_knobs(p, reference)))
-            if progress is not None and stage is not None:
-                progress(SearchProgress(
-                    stage=stage.stage, done=i + 1, total=len(plans),
-                    candidates=stage.candidates, round=stage.round, rounds=stage.rounds,
-                    requests=n))
-        return out
-
     pool = [p for p in _candidates(run, base, rate, settings) if _starts(request, p)]
     if base not in pool:
         pool.insert(0, base)
-    considered = len(pool)
-    survivors = pool
-    ranked: list[_Scored] = []
-    for i, n in enumerate(rungs):
-        stage = SearchProgress("halving", 0, len(survivors), considered, i + 1, len(rungs))
-        ranked = _order(scored(survivors, n, stage), run, settings.tie)
-        if i < len(rungs) - 1:
-            survivors = _promote(ranked)
-    final_n = rungs[-1]
-    if offload_size is not None:
-        tried = [x.plan.with_offload(offload_size) for x in ranked[:OFFLOAD_FINALISTS]]
-        tried = [p for p in tried if all(p != y.plan for y in ranked)]
-        considered += len(tried)
-        stage = SearchProgress("offload", 0, len(tried), considered)
-        ranked = _order([*ranked, *scored(tried, final_n, stage)], run, settings.tie)
-    # Block size for the finalists (their dtype's sizes the backend accepts).
-    extra: list[KVPlan] = []
-    if run.pins.block_size is None:
-        for x in ranked[:BLOCK_FINALISTS]:
-            for bs in decide_block_size.candidates(run, x.plan.kv_cache_dtype):
-                p = x.plan.model_copy(update={"block_size": bs})
-                if p not in extra and all(p != y.plan for y in ranked) and _starts(request, p):
-                    extra.append(p)
-    considered += len(extra)
-    stage = SearchProgress("block size", 0, len(extra), considered)
-    ranked = _order([*ranked, *scored(extra, final_n, stage)], run, settings.tie)
+    st = _Stages(run, book, settings, running or base, progress, considered=len(pool))
+    stopped: str | None = None
+    try:
+        _halving_and_finalists(st, request, pool, rungs, offload_size)
+    except BudgetStop as exc:
+        stopped = exc.reason
+        st.salvage(exc.reason)
+    ranked, final_n, considered = st.ranked, st.ranked_n, st.considered
     best = ranked[0]
     for x in ranked[1:]:
         x.lost = _why_lost(x, best, run, settings.tie,
                            "running plan" if running is not None else "rules' plan")
-    offload_reason = (None if offload_size is None else
-                      _offload_reason(book, best, offload_size, final_n, settings.tie))
-
-    slo = request.policy.slo
-    has_slo = slo.ttft_p95_seconds is not None or slo.tpot_p95_seconds is not None
-    meets = best.score.slo_attainment >= settings.slo_attainment
+    offload_reason: Reason | None = None
     max_scale: float | None = None
     needed: int | None = None
-    if not meets:
-        max_scale = _sustainable_scale(book, best.plan, final_n, settings, progress,
-                                       considered)
-        # Each replica gets 1/replicas of the traffic and sustains max_scale of its share.
-        needed = math.ceil(replicas / max_scale - 1e-9) if max_scale > 0 else None
-    summary = SearchSummary(
+    meets = best.score.slo_attainment >= settings.slo_attainment
+    try:
+        if offload_size is not None and stopped is None:
+            offload_reason = _offload_reason(book, best, offload_size, final_n, settings.tie)
+        if not meets and stopped is None:
+            max_scale = _sustainable_scale(book, best.plan, final_n, settings, progress,
+                                           considered)
+            # Each replica gets 1/replicas of the traffic and sustains max_scale of its share.
+            needed = math.ceil(replicas / max_scale - 1e-9) if max_scale > 0 else None
+    except BudgetStop as exc:
+        stopped = exc.reason
+    summary = _summary(request, best, ranked, settings, rate, replicas, book, final_n,
+                       considered, running is not None, max_scale, needed, stopped)
+    return _pool_plan(run, base_pool, best, summary, ranked, offload_reason)
+
+
+def _summary(request: PlanRequest, best: _Scored, ranked: Sequence[_Scored],
+             settings: SearchSettings, rate: float, replicas: int, book: _Book, final_n: int,
+             considered: int, has_running: bool, max_scale: float | None,
+             needed: int | None, stopped: str | None) -> SearchSummary:
+    slo = request.policy.slo
+    return SearchSummary(
         observed_rate_per_second=rate * replicas,
         replicas=replicas,
         rate_per_replica_per_second=rate,
@@ -453,14 +522,14 @@ def search(
         slo_attainment=best.score.slo_attainment,
         ttft_p95_seconds=best.score.ttft_p95_seconds,
         tpot_p95_seconds=best.score.tpot_p95_seconds,
-        slo_met=meets,
-        slo_set=has_slo,
+        slo_met=best.score.slo_attainment >= settings.slo_attainment,
+        slo_set=slo.ttft_p95_seconds is not None or slo.tpot_p95_seconds is not None,
         max_rate_within_slo_per_second=(rate * max_scale if max_scale is not None else None),
         replicas_needed=needed,
         candidates=considered,
         simulated_requests=book.simulated_requests,
         requests_per_candidate=final_n,
-        changed_from=("running plan" if running is not None else "rules' plan"),
+        changed_from=("running plan" if has_running else "rules' plan"),
         changed_knobs=best.changed,
         alternatives=tuple(
             SearchAlternative(
@@ -475,8 +544,8 @@ def search(
         ),
         output_tokens_per_second=best.score.output_tokens_per_second,
         front=pareto_front(ranked, best, request),
+        stopped_by=stopped,
     )
-    return _pool_plan(run, base_pool, best, summary, ranked, offload_reason)
 
 
 def _offload_reason(book: _Book, best: _Scored, size: float, n: int, tie: float) -> Reason:
@@ -609,6 +678,8 @@ def _pool_plan(run: PlanRun, base_pool: PoolPlan, best: _Scored, summary: Search
                 and (gone is None or gone not in w)]
     if not summary.slo_met and summary.slo_set:
         warnings.append(slo_at_risk_message(summary))
+    if summary.stopped_by is not None:
+        warnings.append(budget_stop_message(summary))
     exp = expected.figures(run, plan, None)
     exp = ExpectedFigures.model_validate({
         **exp.model_dump(),
@@ -651,6 +722,15 @@ def slo_at_risk_message(summary: SearchSummary) -> str:
     return msg
 
 
+def budget_stop_message(summary: SearchSummary) -> str:
+    """One line: the search's budget ended it early, and what the plan is then."""
+    return (f"search stopped by its budget: {summary.stopped_by}; the plan is the best of "
+            f"{summary.candidates} candidates as far as they were scored "
+            f"({summary.simulated_requests:,} requests simulated; raise the search budget "
+            "for a full search: kvtune plan --search-cpu-seconds/--search-memory-mib, the "
+            "chart's search.cpuSeconds/search.memoryMiB)")
+
+
 def grid(request: PlanRequest, rate_per_second: float,
          settings: SearchSettings | None = None) -> list[KVPlan]:
     """Every candidate the search could consider (all block sizes, offload off and on
@@ -684,6 +764,7 @@ __all__ = [
     "SearchProgress",
     "SearchProgressHook",
     "SearchSettings",
+    "budget_stop_message",
     "changed_knobs",
     "grid",
     "littles_law_sequences",

@@ -8,7 +8,14 @@ cannot be met, the rate one replica sustains and the replicas the traffic needs.
 
 Results are cached by the hash of everything they depend on (the request, the traffic, the
 running plan, the seed): the operator re-plans on every reconcile, and the same inputs give
-the same plan without a second search.
+the same plan without a second search. A search its budget stopped is not cached (a later
+reconcile with more budget left, or a restart, searches again).
+
+Before any traffic is made, the closed-form bound (``slo_bound.py``) says whether any
+configuration can meet the SLO at all; when none can, the rules' plan comes back at once with
+``slo_unreachable``. Every search runs within a ``SearchBudget`` (``planner/search_budget``):
+the traffic holds at most ``budget.stream_requests`` requests, and the meter is checked
+between scores and inside each replay.
 """
 
 from __future__ import annotations
@@ -32,10 +39,12 @@ from kvtune.tuner.planner.search import (
     SearchSettings,
     search,
 )
+from kvtune.tuner.planner.search_budget import SearchBudget
+from kvtune.tuner.simulator import slo_bound
 from kvtune.tuner.simulator.engine import simulated_plan
 from kvtune.tuner.simulator.metrics import SLOTargets
 from kvtune.tuner.simulator.profile_traffic import traffic_from_profile
-from kvtune.tuner.simulator.scheduler import simulate
+from kvtune.tuner.simulator.scheduler import ProgressHook, simulate
 from kvtune.tuner.simulator.workload import SimRequest, requests_from_trace
 from kvtune.tuner.traces import Trace
 
@@ -56,6 +65,8 @@ class TrafficScorer:
     """``planner.search.GoodputScorer`` on a fixed request stream."""
 
     requests: tuple[SimRequest, ...]
+    # Told every few finished requests of a replay: the budget's meter (it raises to stop).
+    on_progress: ProgressHook | None = None
 
     @property
     def rate_per_second(self) -> float:
@@ -75,7 +86,7 @@ class TrafficScorer:
         if rate_scale != 1.0:
             reqs = [dataclasses.replace(r, arrival_seconds=r.arrival_seconds / rate_scale)
                     for r in reqs]
-        res = simulate(reqs, sim.engine, sim.cost)
+        res = simulate(reqs, sim.engine, sim.cost, on_progress=self.on_progress)
         goodput, attainment = res.goodput(slo_targets(request))
         s = res.summary()
         return GoodputScore(
@@ -121,12 +132,15 @@ def plan_by_goodput(
     request: PlanRequest, trace: Trace | None = None, running: KVPlan | None = None,
     seed: int = 0, settings: SearchSettings = DEFAULT_SETTINGS,
     progress: SearchProgressHook | None = None, replicas: int = 1,
+    budget: SearchBudget | None = None,
 ) -> PoolPlan:
     """The pool's plan chosen by simulated SLO-goodput (module doc). Without an arrival rate
     (no trace, none in the profile) there is no traffic to replay: the rule-based plan,
     with a warning saying so. ``progress`` follows the search (not on a cache hit).
     ``replicas``: how many replicas share the traffic; each is planned on its share (the
-    stream's gaps stretched ``replicas`` times: a random split, in expectation)."""
+    stream's gaps stretched ``replicas`` times: a random split, in expectation).
+    ``budget``: what the search may use (the default ``SearchBudget()``); a spent budget
+    gives the best plan so far with ``search.stopped_by``, or ``SearchBudgetSpent``."""
     if trace is None and not request.profile.request_rate_per_second:
         base = plan_pool(request)
         return base.model_copy(update={"warnings": (
@@ -137,7 +151,15 @@ def plan_by_goodput(
         raise InvalidInput("--trace", trace.name, "needs at least 2 requests to replay")
     if replicas < 1:
         raise InvalidInput("replicas", replicas, "plan for at least one replica")
-    reqs = traffic(request, trace, max(settings.rungs), seed)
+    budget = budget if budget is not None else SearchBudget()
+    base = plan_pool(request)
+    unreachable = slo_bound.slo_unreachable(request, base.plan.kv_cache_dtype)
+    if unreachable is not None:
+        return base.model_copy(update={"slo_unreachable": unreachable, "warnings": (
+            *base.warnings, unreachable.message)})
+    meter = budget.start()
+    stream = max(1, min(max(settings.rungs), budget.stream_requests))
+    reqs = traffic(request, trace, stream, seed)
     if replicas > 1:
         reqs = tuple(dataclasses.replace(r, arrival_seconds=r.arrival_seconds * replicas)
                      for r in reqs)
@@ -146,8 +168,11 @@ def plan_by_goodput(
     if hit is not None:
         _cache.move_to_end(key)
         return hit
-    result = search(request, TrafficScorer(reqs), running=running, settings=settings,
-                    progress=progress, replicas=replicas)
+    result = search(request, TrafficScorer(reqs, on_progress=meter.on_progress),
+                    running=running, settings=settings, progress=progress, replicas=replicas,
+                    meter=meter)
+    if result.search is not None and result.search.stopped_by is not None:
+        return result  # not cached: a full search may follow
     _cache[key] = result
     while len(_cache) > _CACHE_SIZE:
         _cache.popitem(last=False)

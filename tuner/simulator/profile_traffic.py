@@ -39,6 +39,15 @@ THINK_SECONDS = 30.0
 MAX_TURNS = 24
 # Requests in each calibration sample.
 _CALIBRATION_REQUESTS = 600
+# Most requests the warm-up makes per request of the stream. The warm-up holds the sessions
+# the rate keeps in progress (rate / turns x 90 s per turn after the first), each with all its
+# turns: 200,000 requests at 200 req/s, 27 million at 1e5 (gigabytes of Python objects), 2.7e11
+# at 1e9 (numpy asked for terabytes). Capped, the think time between turns shrinks so that the
+# warm-up (3 think times per turn) fits: the arrival rate and the mix of turns stay as they
+# are, only a session's turns come closer together (at such rates a 30 s think spans far more
+# requests than the stream holds). Below the cap nothing changes: an 800-request stream keeps
+# the 30 s think time up to 59 req/s per replica at 4 turns per session, 178 at 2.
+MAX_WARMUP_REQUESTS_PER_REQUEST = 20
 
 
 def _ppf_points(q: TokenQuantiles) -> tuple[np.ndarray, np.ndarray]:
@@ -89,13 +98,16 @@ def _make(profile: WorkloadProfile, shape: TrafficShape, n: int, seed: int) -> l
     # Sessions start before time 0 (a warm-up as long as a session lasts, 3 think times
     # per gap) so the stream is in steady state from its first request: as many sessions
     # in progress as the rate implies, histories of earlier turns already sent.
-    warmup = 3.0 * THINK_SECONDS * (turns - 1)
     session_gap = turns / shape.rate_per_second
+    # warm-up requests = warm-up / session gap x turns = 3 think (turns - 1) rate.
+    think_seconds = min(THINK_SECONDS, MAX_WARMUP_REQUESTS_PER_REQUEST * n
+                        / (3.0 * max(1, turns - 1) * shape.rate_per_second))
+    warmup = 3.0 * think_seconds * (turns - 1)
     num_sessions = math.ceil(n / turns) + math.ceil(warmup / session_gap) + 1
     prompts = sample_lengths(profile.context_tokens, rng, num_sessions * turns)
     outputs = sample_lengths(profile.output_tokens, rng, num_sessions * turns)
     starts = np.cumsum(_gaps(rng, num_sessions, session_gap, shape.arrival_cv)) - warmup
-    think = rng.exponential(THINK_SECONDS, size=num_sessions * turns)
+    think = rng.exponential(think_seconds, size=num_sessions * turns)
     interner = SegmentInterner()
     system = interner.chain(0, "system-prompt")
     rows: list[tuple[float, int, int, tuple[Segment, ...]]] = []
