@@ -737,6 +737,9 @@ class ExpectedStatus(_Status):
     concurrent_sequences_context_tokens: int
     decode_step_seconds: float | None = None
     prefix_hit_rate: float | None = None
+    # Absent in a status an older kvtune wrote (the plan in force then takes the new plan's).
+    weights_bytes_per_gpu: int | None = None
+    non_kv_bytes_per_gpu: int | None = None
     # Predicted by the goodput search on the pool's observed traffic (tuner/planner/search):
     # requests/s meeting both SLO targets, the fraction that do, the p95 latencies.
     goodput_requests_per_second: float | None = None
@@ -918,6 +921,12 @@ class ProfileStatus(_Status):
     prefix_hit_rate: float | None = None
     request_rate_per_second: float | None = None
     observed_at: str | None = None
+    # The rest of the exact profile the plan was made from (``workloads.profile_from_status``
+    # gives it back whole, so the next reconcile recognises the plan in force): absent in a
+    # status an older kvtune wrote.
+    arrival_cv: float | None = None
+    window_seconds: float | None = None
+    notes: list[str] | None = None
 
 
 class DeploymentProfileStatus(ProfileStatus):
@@ -968,6 +977,9 @@ class CandidateProfileStatus(_Status):
     shared_prefix_tokens: int | None = None
     request_rate_per_second: float | None = None
     requests: int | None = None
+    arrival_cv: float | None = None
+    window_seconds: float | None = None
+    notes: list[str] | None = None
 
 
 class RetuneStateStatus(_Status):

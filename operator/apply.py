@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote, urlencode
 
 from kubernetes import client, config
@@ -513,22 +513,26 @@ def prune_routing(kube: Kube, owner: Mapping[str, Any], *, routing: bool, route:
     return deleted
 
 
+PatchOutcome = Literal["written", "conflict", "gone"]
+
+
 def patch_status(kube: Kube, namespace: str, name: str, status: dict[str, Any],
-                 *, resource_version: str | None = None) -> bool:
-    """A JSON merge patch of the status subresource (lists are replaced whole). With
-    ``resource_version`` the patch applies only if nobody wrote the object since it was read;
-    returns False when it did not apply (conflict, or the object is gone)."""
-    body: dict[str, Any] = {"status": status}
-    if resource_version is not None:
-        body["metadata"] = {"resourceVersion": resource_version}
+                 *, resource_version: str) -> PatchOutcome:
+    """A JSON merge patch of the status subresource (lists are replaced whole) that applies
+    only if nobody wrote the object since ``resource_version`` (optimistic concurrency:
+    ``conflict`` when somebody did, ``gone`` when the object was deleted meanwhile).
+    ``operator/status.py`` is its one caller: it reads again and retries on a conflict."""
+    body: dict[str, Any] = {"status": status, "metadata": {"resourceVersion": resource_version}}
     try:
         kube.request("PATCH", path(api.KIND, namespace, name, "status"), body=body,
                      content_type="application/merge-patch+json")
     except ApiException as exc:
-        if exc.status in (404, 409):  # deleted meanwhile, or a newer write won
-            return False
+        if exc.status == 404:
+            return "gone"
+        if exc.status == 409:
+            return "conflict"
         raise
-    return True
+    return "written"
 
 
 def post_event(kube: Kube, owner: Mapping[str, Any], type_: str, reason: str,

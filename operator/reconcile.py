@@ -139,14 +139,19 @@ def reconcile(
 
 def _report_failure(body: Mapping[str, Any], kube: kapply.Kube, exc: Exception,
                     now: str | None) -> None:
-    previous = status_writer.read(body)
     message = (f"the reconcile failed ({type(exc).__name__}: {str(exc)[:300]}); kvtune "
                f"retries with a growing delay; running objects are left as they are")
-    conditions = cond.set_condition(previous.conditions, cond.DEGRADED, True,
-                                    cond.RECONCILE_FAILED, message,
-                                    generation=body["metadata"].get("generation"), now=now)
+
+    def degraded(current: InferenceDeploymentStatus,
+                 obj: Mapping[str, Any]) -> InferenceDeploymentStatus:
+        conditions = cond.set_condition(current.conditions, cond.DEGRADED, True,
+                                        cond.RECONCILE_FAILED, message,
+                                        generation=obj["metadata"].get("generation"), now=now)
+        return current.model_copy(update={"conditions": conditions})
+
+    meta = body["metadata"]
     with contextlib.suppress(Exception):  # the API server may be what failed
-        status_writer.write(kube, body, previous.model_copy(update={"conditions": conditions}))
+        status_writer.update(kube, meta["namespace"], meta["name"], degraded, body=body)
 
 
 def _reconcile_locked(
@@ -178,7 +183,12 @@ def _reconcile_locked(
     def finish(status: InferenceDeploymentStatus, **kw: Any) -> ReconcileResult:
         changed = status_writer.changed(body, status)
         if changed and write_status:
-            status_writer.write(kube, body, status)
+            # This reconcile's changes, onto the status stored when it writes: a report the
+            # retune timer (or another writer) stored since ``body`` was read stays.
+            stored = status_writer.update(kube, namespace, name,
+                                          status_writer.rebase(previous, status),
+                                          body=body).status
+            status = stored if stored is not None else status
         return ReconcileResult(status=status_writer.dump(status), status_changed=changed,
                                events=events, **kw)
 
@@ -444,13 +454,17 @@ def refresh_rollout(body: Mapping[str, Any], *, kube: kapply.Kube,
     Progressing/Ready and the pools' messages; nothing is planned or applied. Called when a
     child Deployment changes. Returns whether status was written.
 
-    The patch carries the resourceVersion of ``body``, so it never overwrites a status
-    written since (a concurrent reconcile's, or any newer one): ``body`` is not read again
-    (the timer's copy is the watch's latest; with 1,000 objects rolling out, one GET less per
-    look). A copy that was already old just writes nothing, and the next look has a newer
-    one."""
+    One status transaction (``status.update``): it never overwrites a status written since
+    (a concurrent reconcile's, the retune timer's). ``body`` is its first try, not read
+    again (the timer's copy is the watch's latest; with 1,000 objects rolling out, one GET
+    less per look); a copy that was already old is read again and refreshed once more."""
     meta = body["metadata"]
-    with object_lock(meta["namespace"], meta["name"]):
-        refreshed = observe.refresh(status_writer.read(body), meta["namespace"], kube, now)
-        return refreshed is not None and status_writer.write(kube, body, refreshed,
-                                                             guarded=True)
+    namespace = meta["namespace"]
+
+    def refreshed(current: InferenceDeploymentStatus,
+                  _obj: Mapping[str, Any]) -> InferenceDeploymentStatus | None:
+        return observe.refresh(current, namespace, kube, now)
+
+    with object_lock(namespace, meta["name"]):
+        return status_writer.update(kube, namespace, meta["name"], refreshed,
+                                    body=body).written

@@ -69,14 +69,17 @@ def state_status(state: RetuneState) -> RetuneStateStatus:
             output_tokens=_tokens_status(cand.output_tokens),
             prefix_hit_rate=cand.prefix_hit_rate,
             shared_prefix_tokens=cand.shared_prefix_tokens,
-            request_rate_per_second=cand.request_rate_per_second, requests=cand.requests),
+            request_rate_per_second=cand.request_rate_per_second, requests=cand.requests,
+            arrival_cv=cand.arrival_cv, window_seconds=cand.window_seconds,
+            notes=list(cand.notes)),
     )
 
 
 def state_from_status(status: InferenceDeploymentStatus, pool: str,
                       declared: WorkloadProfile) -> RetuneState:
     """The pool's clocks as stored (a pool not yet decided on starts with none); the
-    candidate's kind and multi-turn are the declared ones (metrics cannot tell them)."""
+    candidate comes back as it was observed, its kind and multi-turn the declared ones
+    (metrics cannot tell them)."""
     retune = status.profile.retune if status.profile else None
     kept = next((p.state for p in (retune.pools if retune else []) if p.name == pool), None)
     if kept is None:
@@ -94,5 +97,6 @@ def state_from_status(status: InferenceDeploymentStatus, pool: str,
             "shared_prefix_tokens": cand.shared_prefix_tokens
             if cand.shared_prefix_tokens is not None else declared.shared_prefix_tokens,
             "request_rate_per_second": cand.request_rate_per_second,
-            "requests": cand.requests}),
+            "requests": cand.requests, "arrival_cv": cand.arrival_cv,
+            "window_seconds": cand.window_seconds, "notes": tuple(cand.notes or ())}),
     )

@@ -30,7 +30,7 @@ from kvtune.operator import apply as kapply
 from kvtune.operator import conditions as cond
 from kvtune.operator import endpoint_picker, http_route
 from kvtune.operator import status as status_writer
-from kvtune.operator.api import InferenceDeploymentSpec, PoolStatus
+from kvtune.operator.api import InferenceDeploymentSpec, InferenceDeploymentStatus, PoolStatus
 from kvtune.operator.locks import object_lock
 from kvtune.operator.rollout.outcome import Event
 
@@ -187,27 +187,32 @@ def refresh(body: Mapping[str, Any], *, kube: kapply.Kube,
     """Re-read the pickers and the route into status (the routing-status timer); returns the
     Events to post. Only for ``auto`` objects with spec.routing.enabled.
 
-    ``body`` is the timer's copy (the watch's latest), not read again: the write carries its
-    resourceVersion, so a status written since is never overwritten (that look writes
-    nothing; the next has a newer copy), and a thousand routed objects cost no extra GET
-    each."""
+    One status transaction: ``body`` is the timer's copy (the watch's latest) and its first
+    try, not read again (a thousand routed objects cost no extra GET each); a status written
+    since is never overwritten: the transaction reads again and looks again."""
     meta = body["metadata"]
-    with object_lock(meta["namespace"], meta["name"]):
-        fresh = body
+    events: list[Event] = []
+
+    def mutate(previous: InferenceDeploymentStatus,
+               obj: Mapping[str, Any]) -> InferenceDeploymentStatus | None:
+        events.clear()  # a retry's look replaces the last one's
         try:
-            spec = InferenceDeploymentSpec.model_validate(fresh.get("spec") or {})
+            spec = InferenceDeploymentSpec.model_validate(obj.get("spec") or {})
         except ValueError:  # the reconcile reports an invalid spec
-            return []
-        previous = status_writer.read(fresh)
+            return None
         if not spec.routing.enabled or previous.mode != "auto" or not previous.pools:
-            return []
-        pools, new = evaluate(kube, fresh, spec, previous.pools)
+            return None
+        pools, new = evaluate(kube, obj, spec, previous.pools)
         conditions = cond.set_condition(previous.conditions, cond.ROUTING_READY, new[0],
                                         new[1], new[2],
                                         generation=previous.observed_generation, now=now)
         status = previous.model_copy(update={"pools": pools, "conditions": conditions})
-        if status == previous:
-            return []
         event = warning(previous.conditions, new)
-        written = status_writer.write(kube, fresh, status, guarded=True)
-        return [event] if written and event is not None else []
+        if event is not None:
+            events.append(event)
+        return status
+
+    with object_lock(meta["namespace"], meta["name"]):
+        written = status_writer.update(kube, meta["namespace"], meta["name"], mutate,
+                                       body=body).written
+    return events if written else []

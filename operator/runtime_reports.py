@@ -24,7 +24,13 @@ from kubernetes.client.exceptions import ApiException
 from kvtune.operator import apply as kapply
 from kvtune.operator import conditions as cond
 from kvtune.operator import status as status_writer
-from kvtune.operator.api import PoolStatus, RuntimeStatus, TokensStatus, UtilizationStatus
+from kvtune.operator.api import (
+    InferenceDeploymentStatus,
+    PoolStatus,
+    RuntimeStatus,
+    TokensStatus,
+    UtilizationStatus,
+)
 from kvtune.operator.locks import object_lock
 from kvtune.operator.render import ANNOTATION_PLAN_HASH, LABEL_DEPLOYMENT, LABEL_POOL
 from kvtune.operator.rollout.outcome import Event
@@ -149,14 +155,19 @@ def runtime_condition(pools: list[PoolStatus]) -> tuple[str, str, str]:
 
 def refresh(body: Mapping[str, Any], *, kube: kapply.Kube,
             now: str | None = None) -> list[Event]:
-    """Read the reports of every pool's pods into status; returns the Events to post (a
-    refusal or a material lowering that was not in status before)."""
+    """Read the reports of every pool's pods into status (one status transaction); returns
+    the Events to post (a refusal or a material lowering that was not in status before)."""
     meta = body["metadata"]
+    events: list[Event] = []
+
+    def mutate(previous: InferenceDeploymentStatus,
+               obj: Mapping[str, Any]) -> InferenceDeploymentStatus | None:
+        events.clear()  # a retry's look replaces the last one's
+        return _refreshed(previous, obj, kube=kube, now=now, events=events)
+
     with object_lock(meta["namespace"], meta["name"]):
-        fresh = kapply.read_inference_deployment(kube, meta["namespace"], meta["name"])
-        if fresh is None:
-            return []
-        return _refresh_locked(fresh, kube=kube, now=now)
+        written = status_writer.update(kube, meta["namespace"], meta["name"], mutate).written
+    return events if written else []
 
 
 def read_reports(kube: kapply.Kube, namespace: str) -> dict[str, str] | None:
@@ -179,16 +190,16 @@ def access_missing_message(namespace: str) -> str:
             f"spec.runtime.entrypoint to vllm")
 
 
-def _refresh_locked(body: Mapping[str, Any], *, kube: kapply.Kube,
-                    now: str | None) -> list[Event]:
+def _refreshed(previous: InferenceDeploymentStatus, body: Mapping[str, Any], *,
+               kube: kapply.Kube, now: str | None,
+               events: list[Event]) -> InferenceDeploymentStatus | None:
     meta = body["metadata"]
     if ((body.get("spec") or {}).get("runtime") or {}).get("entrypoint") != "kvtune":
-        return []
-    previous = status_writer.read(body)
+        return None
     if previous.mode != "auto" or not previous.pools:
-        return []
+        return None
     reports = read_reports(kube, meta["namespace"])
-    pools, events = [], []
+    pools = []
     for pool in previous.pools:
         runtime = pool.runtime
         if reports is not None and pool.phase in ("Applied", "Canary") and pool.plan_hash:
@@ -210,6 +221,4 @@ def _refresh_locked(body: Mapping[str, Any], *, kube: kapply.Kube,
     conditions = cond.set_condition(previous.conditions, cond.RUNTIME_AS_PLANNED, status_,
                                     reason, message, generation=previous.observed_generation,
                                     now=now)
-    status = previous.model_copy(update={"pools": pools, "conditions": conditions})
-    written = status_writer.write(kube, body, status, guarded=True)
-    return events if written else []
+    return previous.model_copy(update={"pools": pools, "conditions": conditions})

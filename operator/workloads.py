@@ -71,6 +71,8 @@ def _quantiles_status(q: TokenQuantiles) -> TokenQuantilesStatus:
 def profile_status(profile: WorkloadProfile, *, window: str | None = None,
                    observed_at: str | None = None,
                    scope: ProfileScope | None = None) -> ProfileStatus:
+    """``profile`` as status, whole: ``profile_from_status`` gives back an equal profile (the
+    planning-inputs digest of the plan in force is computed on it again)."""
     return ProfileStatus(
         source=profile.source,
         scope=scope,
@@ -83,22 +85,32 @@ def profile_status(profile: WorkloadProfile, *, window: str | None = None,
         prefix_hit_rate=profile.prefix_hit_rate,
         request_rate_per_second=profile.request_rate_per_second,
         observed_at=observed_at,
+        arrival_cv=profile.arrival_cv,
+        window_seconds=profile.window_seconds,
+        notes=list(profile.notes),
     )
 
 
 def profile_from_status(status: ProfileStatus | None, base: WorkloadProfile) -> WorkloadProfile:
     """The observed profile kept in status (so a spec edit does not forget what Prometheus
-    showed), or ``base`` when status holds no complete observed profile."""
+    showed), or ``base`` when status holds no complete observed profile.
+
+    The profile comes back exactly as it was planned on, with two exceptions that metrics
+    cannot tell: its kind and whether requests continue a conversation are ``base``'s (the
+    declared workload's; the retune timer observes with them too). A status an older kvtune
+    wrote lacks the window and the notes: ``base``'s are not put in their place (a preset's
+    notes on observed traffic would be a different profile)."""
     if status is None or status.source != "prometheus" or status.context_tokens is None \
             or status.output_tokens is None:
         return base
-    return base.model_copy(update={
-        "source": "prometheus",
-        "context_tokens": TokenQuantiles.model_validate(status.context_tokens.model_dump()),
-        "output_tokens": TokenQuantiles.model_validate(status.output_tokens.model_dump()),
-        "shared_prefix_tokens": status.shared_prefix_tokens
+    return WorkloadProfile(
+        source="prometheus", kind=base.kind, multi_turn=base.multi_turn,
+        context_tokens=TokenQuantiles.model_validate(status.context_tokens.model_dump()),
+        output_tokens=TokenQuantiles.model_validate(status.output_tokens.model_dump()),
+        shared_prefix_tokens=status.shared_prefix_tokens
         if status.shared_prefix_tokens is not None else base.shared_prefix_tokens,
-        "prefix_hit_rate": status.prefix_hit_rate,
-        "request_rate_per_second": status.request_rate_per_second,
-        "requests": status.requests,
-    })
+        prefix_hit_rate=status.prefix_hit_rate,
+        request_rate_per_second=status.request_rate_per_second,
+        arrival_cv=status.arrival_cv, requests=status.requests,
+        window_seconds=status.window_seconds, notes=tuple(status.notes or ()),
+    )

@@ -207,11 +207,13 @@ def _keep(pool_plan: PoolPlan, kept: KVPlan, base: PoolStatus) -> tuple[PoolPlan
     material, noise = knob_table.material_changes(kept.model_dump(), pool_plan.plan.model_dump())
     update: dict[str, Any] = {"plan": kept}
     if base.expected is not None:
-        # Status keeps most expected figures; the rest (weights and other non-KV bytes) do
-        # not depend on the KV knobs and are the new plan's.
+        # Status keeps every expected figure; one an older kvtune did not store (weights and
+        # other non-KV bytes: they do not depend on the KV knobs) is the new plan's.
         stored = base.expected.model_dump()
+        fields = type(pool_plan.expected).model_fields
         update["expected"] = pool_plan.expected.model_copy(update={
-            k: v for k, v in stored.items() if k in type(pool_plan.expected).model_fields})
+            k: v for k, v in stored.items()
+            if k in fields and (v is not None or not fields[k].is_required())})
     warning = (f"{KEPT_WARNING}: this kvtune would now plan {', '.join(material + noise)} "
                "for the same inputs; the plan stays until a planning input (spec, profile, "
                "KV-quality evidence) or an accepted retune changes")

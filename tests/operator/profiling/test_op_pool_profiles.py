@@ -196,7 +196,8 @@ def _body() -> dict[str, Any]:
                         for p in pools],
               "profile": profile_status(WIDE, window="1m").model_dump(
                   mode="json", by_alias=True, exclude_none=True)}
-    return {"metadata": {"name": "bot", "namespace": "llm", "generation": 1},
+    return {"metadata": {"name": "bot", "namespace": "llm", "generation": 1,
+                         "resourceVersion": "1"},
             "spec": SPEC, "status": status}
 
 
@@ -319,7 +320,8 @@ def test_a_replan_that_gives_the_running_plan_adopts_the_observed_profile(
                       phase="Applied", plan=knobs, expected=expected, revision=1,
                       profile=profile_status(basis, window="1m", scope="pool"))
     body: dict[str, Any] = {
-        "metadata": {"name": "bot", "namespace": "llm", "generation": 1}, "spec": spec_raw,
+        "metadata": {"name": "bot", "namespace": "llm", "generation": 1,
+                     "resourceVersion": "1"}, "spec": spec_raw,
         "status": {"pools": [pool.model_dump(mode="json", by_alias=True, exclude_none=True)],
                    "profile": profile_status(basis, window="1m").model_dump(
                        mode="json", by_alias=True, exclude_none=True)}}
