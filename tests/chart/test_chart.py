@@ -226,8 +226,9 @@ def test_optional_monitoring_objects(helm: Path, tmp_path: Path) -> None:
     (rule,) = by_kind(docs, "PrometheusRule")
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
     # One source of KV-cache rules: the operator's per-deployment PrometheusRule. The chart
-    # keeps only what no deployment can say (the operator is down), nothing over vLLM's series.
-    assert alerts == {"KVTuneOperatorDown"}
+    # keeps only what no deployment can say (the operator is down, its reconciles fail),
+    # nothing over vLLM's series.
+    assert alerts == {"KVTuneOperatorDown", "KVTuneReconcileErrors"}
     assert not any("vllm:" in r["expr"] for g in rule["spec"]["groups"] for r in g["rules"])
     promtool = shutil.which("promtool")
     if promtool:  # Debian's prometheus package (scripts/setup.sh installs it)

@@ -90,3 +90,16 @@ runtime.namespaces, else the watched namespaces in namespaced mode, else none. *
 {{- include "kvtune.watchNamespaces" . -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+Labels of every PodMonitor, ServiceMonitor and PrometheusRule (the chart's and, through
+KVTUNE_MONITORING_LABELS, the operator's): monitoring.labels, else the `release` label a stock
+kube-prometheus-stack selects on.
+*/}}
+{{- define "kvtune.monitoringLabels" -}}
+{{- if .Values.monitoring.labels }}
+{{- toYaml .Values.monitoring.labels }}
+{{- else }}
+release: {{ .Release.Name | quote }}
+{{- end }}
+{{- end }}
