@@ -30,7 +30,15 @@ from typing import Any
 
 import kopf
 
-from kvtune.operator import api, metrics, periodic, routing, routing_status, runtime_reports
+from kvtune.operator import (
+    api,
+    events,
+    metrics,
+    periodic,
+    routing,
+    routing_status,
+    runtime_reports,
+)
 from kvtune.operator import apply as kapply
 from kvtune.operator import pools as gpu_pools
 from kvtune.operator import reconcile as rec
@@ -204,6 +212,7 @@ def on_resume(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, retry: int 
 @kopf.on.delete(*RESOURCE, id="deleted", optional=True)
 def on_delete(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
     metrics.RECONCILES.labels("delete", "ok").inc()
+    events.RECORDER.forget(body)
     logger.info("deleted; the garbage collector removes its Deployments, Services and PDBs")
 
 
