@@ -479,3 +479,19 @@ def test_kube_version_floor_is_what_the_chart_renders(helm: Path) -> None:
     old = run_helm(helm, "template", "kvtune", str(CHART), "--kube-version", "1.29.9",
                    check=False)
     assert old.returncode != 0 and "kubeVersion" in old.stderr, old.stderr
+
+
+def test_the_calibration_jobs_default_image_reaches_the_operator(helm: Path) -> None:
+    # kvtune's runtime image for the pool's GPU class ({gpuClass}, filled in per pool by
+    # operator/calibration.py), tagged as runtime_images/build.sh tags this release.
+    def image(*args: str) -> str:
+        (deploy,) = by_kind(render(helm, *args), "Deployment")
+        (container,) = deploy["spec"]["template"]["spec"]["containers"]
+        return next(e["value"] for e in container["env"]
+                    if e["name"] == "KVTUNE_CALIBRATION_IMAGE")
+
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert image() == f"ghcr.io/kvtune/kvtune-vllm-{{gpuClass}}:{version}-vllm0.33.0"
+    assert image("--set", "calibration.image.repository=reg.local/kvq",
+                 "--set-string", "calibration.image.tag=7") == "reg.local/kvq:7"
+    assert image("--set", "calibration.image.repository=") == ""

@@ -103,3 +103,13 @@ kube-prometheus-stack selects on.
 release: {{ .Release.Name | quote }}
 {{- end }}
 {{- end }}
+
+{{/*
+The calibration Job's default image (KVTUNE_CALIBRATION_IMAGE): calibration.image, with
+`{gpuClass}` left for the operator to fill in per pool; "" when the repository is empty.
+*/}}
+{{- define "kvtune.calibrationImage" -}}
+{{- with .Values.calibration.image.repository -}}
+{{- printf "%s:%s" . ($.Values.calibration.image.tag | default (printf "%s-vllm0.33.0" $.Chart.AppVersion)) -}}
+{{- end -}}
+{{- end }}
