@@ -25,7 +25,10 @@ The alerts, from the article's "how to measure KV cache efficiency" and the spec
   from what the plan expects (the memory model is wrong for this GPU, or someone changed
   the runtime). The label is matched with a numeric-range regex (PromQL cannot read a label
   as a number).
-- KVTuneProfileStale / KVTuneReconcileErrors: the operator's own failures.
+- KVTuneProfileStale: kvtune cannot profile this deployment's traffic. The operator's own
+  failures that no deployment owns (KVTuneReconcileErrors, KVTuneOperatorDown) are in the
+  chart's PrometheusRule once (charts/kvtune/templates/prometheusrule.yaml), not copied into
+  every deployment's rule.
 """
 
 from __future__ import annotations
@@ -322,17 +325,6 @@ def rule_groups(inp: AlertInputs) -> list[dict[str, Any]]:
                 "description": ("Prometheus queries fail or the last good profile is older "
                                 f"than {_fmt_duration(stale_after)}; kvtune keeps the last "
                                 "plan and does not re-tune (see the ProfileStale condition)."),
-            },
-        },
-        {
-            "alert": "KVTuneReconcileErrors",
-            "expr": "sum(increase(kvtune_reconcile_errors_total[15m])) > 0",
-            "for": "15m",
-            "labels": {**labels, "severity": "warning"},
-            "annotations": {
-                "summary": "kvtune operator: reconciles are failing",
-                "description": ("{{ $value | humanize }} reconcile errors in 15m; see the "
-                                "operator's log and the Degraded condition."),
             },
         },
     ]

@@ -252,7 +252,8 @@ class CalibrationSpec(_Model):
         default=None, min_length=1, max_length=512,
         description="Image with kvtune, torch and transformers for the Job. Default: the "
                     "runtime image when runtime.entrypoint is kvtune (kvtune's runtime images "
-                    "carry all three); with a plain vLLM image, set this.")
+                    "carry all three), else the chart's calibration.image (kvtune's runtime "
+                    "image for the pool's GPU class).")
     timeout: str = Field(
         default="30m", pattern=DURATION_PATTERN, max_length=32,
         description="The Job's activeDeadlineSeconds; past it the Job fails and the wider "

@@ -30,7 +30,7 @@ from urllib.parse import quote, urlencode
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from kvtune.operator import api, endpoint_picker, monitors
+from kvtune.operator import api, endpoint_picker, events, monitors
 from kvtune.operator.render import FIELD_MANAGER, LABEL_DEPLOYMENT, LABEL_POOL
 
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
@@ -537,20 +537,9 @@ def patch_status(kube: Kube, namespace: str, name: str, status: dict[str, Any],
 
 def post_event(kube: Kube, owner: Mapping[str, Any], type_: str, reason: str,
                message: str) -> None:
-    """A core/v1 Event on the InferenceDeployment (what `kubectl describe` shows)."""
-    from datetime import UTC, datetime
-
-    meta = owner["metadata"]
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    kube.request("POST", path("Event", meta["namespace"]), body={
-        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-        "involvedObject": {"apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.KIND,
-                           "name": meta["name"], "namespace": meta["namespace"],
-                           "uid": meta.get("uid")},
-        "type": type_, "reason": reason, "message": message[:1024],
-        "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
-        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-    })
+    """A core/v1 Event on the InferenceDeployment (what `kubectl describe` shows), one per
+    change of reason: repeats are folded into the last Event (``operator/events.py``)."""
+    events.RECORDER.post(kube.request, owner, type_, reason, message)
 
 
 def list_inference_deployments(kube: Kube, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:

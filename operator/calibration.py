@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -96,11 +97,27 @@ def dtypes_to_measure(pool_plan: PoolPlan, evidence: kv_quality.KVQualityEvidenc
 # --- the Job -----------------------------------------------------------------------------------
 
 
+# The chart's calibration.image (default: kvtune's runtime image for the pool's GPU class,
+# ``{gpuClass}`` standing for its lower-case name, e.g. ghcr.io/kvtune/kvtune-vllm-h200:TAG).
+DEFAULT_IMAGE_ENV = "KVTUNE_CALIBRATION_IMAGE"
+GPU_CLASS_PLACEHOLDER = "{gpuClass}"
+
+
+def default_image(gpu_class: str) -> str | None:
+    """The operator's default calibration image for ``gpu_class`` (the chart's
+    ``calibration.image``); None when the operator runs without one."""
+    template = os.environ.get(DEFAULT_IMAGE_ENV, "").strip()
+    if not template:
+        return None
+    return template.replace(GPU_CLASS_PLACEHOLDER, gpu_class.lower())
+
+
 def job_image(deployment: Mapping[str, Any], configured: str | None,
-              container: str = "vllm") -> str | None:
+              container: str = "vllm", gpu_class: str | None = None) -> str | None:
     """The Job's image: ``spec.quality.calibration.image``, else the runtime container's own
     when it runs kvtune's entrypoint (kvtune's runtime images carry kvtune, torch and
-    transformers); None when neither (a plain vLLM image has no kvtune)."""
+    transformers), else the chart's default (kvtune's runtime image for ``gpu_class``); None
+    when none of them (a plain vLLM image has no kvtune)."""
     if configured:
         return configured
     containers = deployment["spec"]["template"]["spec"]["containers"]
@@ -108,7 +125,7 @@ def job_image(deployment: Mapping[str, Any], configured: str | None,
     if list(main.get("command") or [])[:3] == ["python3", "-m", "kvtune.runtime"]:
         image: str = main["image"]
         return image
-    return None
+    return default_image(gpu_class) if gpu_class else None
 
 
 def render_job(*, deployment: Mapping[str, Any], name: str, namespace: str, model: str,
@@ -132,6 +149,13 @@ def render_job(*, deployment: Mapping[str, Any], name: str, namespace: str, mode
         "--termination-log", "/dev/termination-log", "--report-annotation", REPORT_ANNOTATION,
     ]
     main["env"] = [e for e in main.get("env") or [] if e.get("name") != "KVTUNE_PLAN"]
+    # The serving pod's memory limit is sized for vLLM's processes (docs/pod-resources.md);
+    # transformers loads the whole 16-bit checkpoint into host memory before moving it to
+    # the GPU, far more than that: the one-off Job keeps the requests and drops the limit.
+    resources = main.get("resources")
+    if isinstance(resources, dict) and isinstance(resources.get("limits"), dict):
+        limits = {k: v for k, v in resources["limits"].items() if k != "memory"}
+        main["resources"] = {**resources, "limits": limits}
     main["terminationMessagePolicy"] = "FallbackToLogsOnError"
     # The sidecars of a serving pod (proxies, log shippers) would keep the Job from ending.
     spec["containers"] = [main]
@@ -218,9 +242,29 @@ def job_result(job: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]],
     if phase == "succeeded" and not reports:
         return JobResult("failed", None, "the Job completed but its pod left no report "
                          f"(annotation {REPORT_ANNOTATION} or termination message)")
+    if phase == "running" and (stuck := _image_not_pulled(pods)):
+        # The Job would wait out its whole timeout for an image that never comes.
+        return JobResult("failed", None, stuck)
     if phase == "failed" and not message:
         message = "the Job failed"
     return JobResult(phase, reports[-1] if phase == "succeeded" else None, message)
+
+
+_PULL_FAILURES = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
+                            "ErrImageNeverPull"})
+
+
+def _image_not_pulled(pods: Iterable[Mapping[str, Any]]) -> str:
+    """Why a Job pod's image cannot be pulled ('' when it can, or it is too early to say)."""
+    for pod in pods:
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            waiting = (status.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in _PULL_FAILURES:
+                return (f"its image {status.get('image')} cannot be pulled "
+                        f"({waiting['reason']}): set the chart value calibration.image (or "
+                        f"spec.quality.calibration.image) to an image with kvtune, torch and "
+                        f"transformers that the nodes can pull")
+    return ""
 
 
 # --- the report cache --------------------------------------------------------------------------

@@ -112,7 +112,13 @@ def crd() -> dict[str, Any]:
                     {"name": "Mode", "type": "string", "jsonPath": ".spec.tuning.mode"},
                     {"name": "Ready", "type": "string",
                      "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status"},
+                    # Why it is (not) Ready, on `kubectl get infd` itself: the message last,
+                    # after Age, since it is the long one.
+                    {"name": "Reason", "type": "string",
+                     "jsonPath": ".status.conditions[?(@.type==\"Ready\")].reason"},
                     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    {"name": "Message", "type": "string",
+                     "jsonPath": ".status.conditions[?(@.type==\"Ready\")].message"},
                 ],
                 "schema": {"openAPIV3Schema": {
                     "type": "object",

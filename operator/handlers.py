@@ -32,6 +32,7 @@ import kopf
 
 from kvtune.operator import (
     api,
+    events,
     metrics,
     periodic,
     routing,
@@ -219,6 +220,7 @@ def on_resume(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, retry: int 
 @kopf.on.delete(*RESOURCE, id="deleted", optional=True)
 def on_delete(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
     metrics.RECONCILES.labels("delete", "ok").inc()
+    events.RECORDER.forget(body)
     logger.info("deleted; the garbage collector removes its Deployments, Services and PDBs")
 
 

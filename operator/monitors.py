@@ -12,6 +12,8 @@ The scrape keeps the labels the profiler and the alerts select on: ``namespace``
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +26,26 @@ PLURALS = {"PodMonitor": "podmonitors", "ServiceMonitor": "servicemonitors",
            "PrometheusRule": "prometheusrules"}
 MANAGED_BY = {"app.kubernetes.io/managed-by": "kvtune"}
 VLLM_PORT_NAME = "http"  # the pod's and the Service's port name (operator/templates)
+# The chart's monitoring.labels (default {release: <Helm release>}: what a stock
+# kube-prometheus-stack's serviceMonitorSelector/podMonitorSelector/ruleSelector match), as a
+# JSON object, on every object rendered here.
+LABELS_ENV = "KVTUNE_MONITORING_LABELS"
+
+
+def chart_labels() -> dict[str, str]:
+    """``KVTUNE_MONITORING_LABELS`` (the chart's ``monitoring.labels``); {} when unset."""
+    text = os.environ.get(LABELS_ENV)
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise ValueError(f"{LABELS_ENV}={text[:80]!r} is not a JSON object of strings; set "
+                         f"the chart value monitoring.labels (e.g. {{release: prometheus}})")
+    return value
 
 
 def _spec(body: Mapping[str, Any]) -> InferenceDeploymentSpec:
@@ -54,7 +76,7 @@ def scrape_monitors(body: Mapping[str, Any], owner: Mapping[str, Any] | None = N
     out = []
     for pool in spec.pools:
         selector = {LABEL_DEPLOYMENT: name, LABEL_POOL: pool.pool_name}
-        labels = {**MANAGED_BY, **selector, **(scrape.labels or {})}
+        labels = {**chart_labels(), **MANAGED_BY, **selector, **(scrape.labels or {})}
         meta = _meta(object_name(name, pool.pool_name), namespace, labels, owner)
         copied = [LABEL_DEPLOYMENT, LABEL_POOL]
         if scrape.kind == "PodMonitor":
@@ -82,7 +104,8 @@ def prometheus_rule(body: Mapping[str, Any], owner: Mapping[str, Any] | None = N
     if not rule_spec.enabled:
         return None
     rule = alerts.prometheus_rule(alerts.inputs_from_body(body), owner)
-    rule["metadata"]["labels"].update(rule_spec.labels or {})
+    rule["metadata"]["labels"] = {**chart_labels(), **rule["metadata"]["labels"],
+                                  **(rule_spec.labels or {})}
     return rule
 
 

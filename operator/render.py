@@ -25,6 +25,7 @@ import yaml
 from jinja2.sandbox import SandboxedEnvironment
 
 from kvtune.operator import endpoint_picker, pod_policy, runtime_access, template_sandbox
+from kvtune.tuner.facts import host_resources
 from kvtune.tuner.plan import PoolPlan
 
 FIELD_MANAGER = "kvtune"
@@ -115,6 +116,25 @@ def vllm_args(inp: RenderInput) -> list[str]:
     ]
 
 
+def container_resources(pool_plan: PoolPlan) -> tuple[dict[str, Any], str]:
+    """(the vLLM container's ``resources``, the ``/dev/shm`` emptyDir's ``sizeLimit``) sized
+    from the plan (``tuner/facts/host_resources.py``). The policy (docs/pod-resources.md):
+    requests for the GPUs, the host memory and the CPU the engine's processes use; a memory
+    limit equal to the request (a pod that outgrows its plan is OOM-killed in its own cgroup,
+    never pushing the node into evicting its neighbours); no CPU limit (CFS throttling of the
+    EngineCore's busy loop would stall every GPU step)."""
+    host = host_resources.host_resources(pool_plan.tensor_parallel,
+                                         pool_plan.plan.kv_offloading_size_gib)
+    gpus = str(pool_plan.tensor_parallel)
+    memory = host_resources.quantity_mib(host.memory_bytes)
+    resources_ = {
+        "requests": {"nvidia.com/gpu": gpus, "cpu": f"{host.cpu_millicores}m",
+                     "memory": memory},
+        "limits": {"nvidia.com/gpu": gpus, "memory": memory},
+    }
+    return resources_, host_resources.quantity_mib(host.shm_bytes)
+
+
 def _environment() -> SandboxedEnvironment:
     return SandboxedEnvironment(
         undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True
@@ -193,6 +213,7 @@ def render_pool(inp: RenderInput) -> list[dict[str, Any]]:
     # Every GPU pod tolerates the usual GPU taint; the pool's own tolerations come after.
     tolerations = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
                    *inp.tolerations]
+    resources_, shm_size_limit = container_resources(inp.pool_plan)
     context: dict[str, Any] = {
         "name": name,
         "namespace": inp.namespace,
@@ -207,6 +228,9 @@ def render_pool(inp: RenderInput) -> list[dict[str, Any]]:
         "plan": inp.pool_plan.plan.model_dump(mode="json"),
         "tensor_parallel": inp.pool_plan.tensor_parallel,
         "gpus": inp.pool_plan.tensor_parallel,
+        # The container's requests/limits and the /dev/shm size, from the plan.
+        "resources": resources_,
+        "shm_size_limit": shm_size_limit,
         "port": VLLM_PORT,
         "plan_json": plan_env_json(inp.pool_plan, plan_hash_=hash_, revision=inp.revision),
         "plan_hash": hash_,

@@ -32,6 +32,7 @@ def rollout_pool(ctx: PoolContext, inp: PlanInput,
         # A narrower KV dtype no measurement covers: measure it first (a Job on this pool's
         # nodes, as this pool's pod), and plan the pool again with the wider dtype held.
         deployment = model_server(rendered.objects)
+        jobs_before = len(gate.started_jobs)
         try:
             started = calibration_flow.maybe_start(ctx.kube, ctx.body, ctx.spec, gate,
                                                    planned.pool_plan, deployment,
@@ -39,11 +40,17 @@ def rollout_pool(ctx: PoolContext, inp: PlanInput,
         except kapply.ApplyError as exc:
             return ctx.apply_failed(exc, f"pool {ctx.pool.pool_name}: the KV-quality "
                                     f"calibration Job: {exc}")
-        if started:
+        if started and len(gate.started_jobs) > jobs_before:
             ctx.events.append(Event("Normal", "CalibrationStarted", f"pool "
                                     f"{ctx.pool.pool_name}: Job {gate.started_jobs[-1]} "
                                     f"measures {planned.pool_plan.plan.kv_cache_dtype} before "
                                     f"it rolls out"))
+        elif started:  # no Job can run here: the wider dtype is held, and the user told why
+            ctx.events.append(Event("Warning", "CalibrationUnavailable", f"pool "
+                                    f"{ctx.pool.pool_name}: "
+                                    f"{planned.pool_plan.plan.kv_cache_dtype} is not rolled "
+                                    f"out unmeasured: {gate.notes[-1]}"))
+        if started:
             return rollout_pool(ctx, inp, discovered)
     refused = apply_access(ctx, rendered)
     if refused is not None:

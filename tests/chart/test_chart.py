@@ -54,7 +54,7 @@ def test_helm_lint(helm: Path, extra: list[str]) -> None:
 def test_helm_is_built_as_helm_releases_it(helm: Path, tmp_path: Path) -> None:
     # Built with helm's own ldflags: its version, and the Kubernetes version `helm template`
     # assumes without --kube-version stamped from client-go (unstamped it is v1.20, below the
-    # chart's kubeVersion >= 1.29, and every render needed --kube-version).
+    # chart's kubeVersion >= 1.30, and every render needed --kube-version).
     from kvtune.e2e.binaries import COMPONENTS, cache_key, required_version
 
     component = COMPONENTS["helm"]
@@ -69,7 +69,7 @@ def test_helm_is_built_as_helm_releases_it(helm: Path, tmp_path: Path) -> None:
     (doc,) = yaml.safe_load_all(run_helm(helm, "template", str(probe)).stdout)
     stamped = cache_key(component).split("-kube")[1]
     assert doc["data"]["kube"] == f"v{stamped}.0"
-    assert int(stamped.split(".")[1]) >= 29  # the chart's kubeVersion floor
+    assert int(stamped.split(".")[1]) >= 30  # the chart's kubeVersion floor
 
 
 def test_default_render(helm: Path) -> None:
@@ -228,8 +228,9 @@ def test_optional_monitoring_objects(helm: Path, tmp_path: Path) -> None:
     (rule,) = by_kind(docs, "PrometheusRule")
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
     # One source of KV-cache rules: the operator's per-deployment PrometheusRule. The chart
-    # keeps only what no deployment can say (the operator is down), nothing over vLLM's series.
-    assert alerts == {"KVTuneOperatorDown"}
+    # keeps only what no deployment can say (the operator is down, its reconciles fail),
+    # nothing over vLLM's series.
+    assert alerts == {"KVTuneOperatorDown", "KVTuneReconcileErrors"}
     assert not any("vllm:" in r["expr"] for g in rule["spec"]["groups"] for r in g["rules"])
     promtool = shutil.which("promtool")
     if promtool:  # Debian's prometheus package (scripts/setup.sh installs it)
@@ -468,3 +469,31 @@ def test_admission_policy_guards_the_operators_own_writes(helm: Path) -> None:
         deploy["spec"]["template"]["spec"]["containers"][0]["args"])
     off = render(helm, "--set", "admissionPolicy.enabled=false")
     assert by_kind(off, "ValidatingAdmissionPolicy") == []
+
+
+def test_kube_version_floor_is_what_the_chart_renders(helm: Path) -> None:
+    # The admission policy (on by default) is admissionregistration.k8s.io/v1
+    # ValidatingAdmissionPolicy, served from Kubernetes 1.30: the chart refuses older clusters.
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == ">=1.30.0-0"
+    kinds = {d["kind"] for d in render(helm, "--kube-version", "1.30.0")}
+    assert "ValidatingAdmissionPolicy" in kinds
+    old = run_helm(helm, "template", "kvtune", str(CHART), "--kube-version", "1.29.9",
+                   check=False)
+    assert old.returncode != 0 and "kubeVersion" in old.stderr, old.stderr
+
+
+def test_the_calibration_jobs_default_image_reaches_the_operator(helm: Path) -> None:
+    # kvtune's runtime image for the pool's GPU class ({gpuClass}, filled in per pool by
+    # operator/calibration.py), tagged as runtime_images/build.sh tags this release.
+    def image(*args: str) -> str:
+        (deploy,) = by_kind(render(helm, *args), "Deployment")
+        (container,) = deploy["spec"]["template"]["spec"]["containers"]
+        return next(e["value"] for e in container["env"]
+                    if e["name"] == "KVTUNE_CALIBRATION_IMAGE")
+
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert image() == f"ghcr.io/kvtune/kvtune-vllm-{{gpuClass}}:{version}-vllm0.33.0"
+    assert image("--set", "calibration.image.repository=reg.local/kvq",
+                 "--set-string", "calibration.image.tag=7") == "reg.local/kvq:7"
+    assert image("--set", "calibration.image.repository=") == ""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from op_samples import make_pool_plan
 
 from kvtune.operator import calibration
@@ -86,10 +87,59 @@ def test_the_job_is_the_pools_pod_running_the_measurement() -> None:
     assert job["metadata"]["annotations"][calibration.ANNOTATION_REVISION] == "abc123"
 
 
-def test_a_plain_vllm_image_needs_a_calibration_image() -> None:
+def test_a_plain_vllm_image_needs_a_calibration_image(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(calibration.DEFAULT_IMAGE_ENV, raising=False)
     plain = _deployment(entrypoint="vllm", template=None)
-    assert calibration.job_image(plain, None) is None
+    assert calibration.job_image(plain, None, gpu_class="H200") is None
     assert calibration.job_image(plain, "ghcr.io/me/kvq:1") == "ghcr.io/me/kvq:1"
+
+
+def test_the_charts_default_image_is_kvtunes_runtime_image_for_the_class(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The chart's calibration.image (KVTUNE_CALIBRATION_IMAGE): the guardrail runs by
+    # default on a plain vLLM pool; the spec's own image still wins.
+    monkeypatch.setenv(calibration.DEFAULT_IMAGE_ENV,
+                       "ghcr.io/kvtune/kvtune-vllm-{gpuClass}:0.1.0-vllm0.33.0")
+    plain = _deployment(entrypoint="vllm", template=None)
+    assert calibration.job_image(plain, None, gpu_class="H200") == \
+        "ghcr.io/kvtune/kvtune-vllm-h200:0.1.0-vllm0.33.0"
+    assert calibration.job_image(plain, None, gpu_class="B200") == \
+        "ghcr.io/kvtune/kvtune-vllm-b200:0.1.0-vllm0.33.0"
+    assert calibration.job_image(plain, "ghcr.io/me/kvq:1", gpu_class="H200") == \
+        "ghcr.io/me/kvq:1"
+    monkeypatch.setenv(calibration.DEFAULT_IMAGE_ENV, "")  # calibration.image.repository=""
+    assert calibration.job_image(plain, None, gpu_class="H200") is None
+
+
+def test_the_job_keeps_the_requests_and_drops_the_memory_limit() -> None:
+    # kvtune's own pod: memory limit = request, sized for vLLM; transformers loads the whole
+    # checkpoint on the host, so the Job has no memory limit (the GPU limit stays).
+    plain = _deployment(entrypoint="vllm", template=None)
+    served = plain["spec"]["template"]["spec"]["containers"][0]["resources"]
+    job = calibration.render_job(
+        deployment=plain, name="chat-kvq-1", namespace="llm", model="m", revision="r",
+        dtypes=["fp8"], image="ghcr.io/kvtune/kvtune-vllm-h200:0.1.0", timeout_seconds=60,
+        max_prompt_tokens=64, labels={"kvtune.io/deployment": "chat"})
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["resources"]["requests"] == served["requests"]
+    assert "memory" in served["limits"]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+
+
+@pytest.mark.parametrize("reason", ["ImagePullBackOff", "ErrImagePull", "InvalidImageName"])
+def test_a_job_whose_image_cannot_be_pulled_fails_at_once(reason: str) -> None:
+    pod = {"metadata": {"name": "chat-kvq-1-x"}, "status": {"containerStatuses": [{
+        "image": "ghcr.io/kvtune/kvtune-vllm-h200:0.1.0",
+        "state": {"waiting": {"reason": reason, "message": "not found"}}}]}}
+    result = calibration.job_result({"status": {}}, [pod])
+    assert result.phase == "failed"
+    assert reason in result.message and "calibration.image" in result.message
+    creating = {"status": {"containerStatuses": [{"state": {"waiting": {
+        "reason": "ContainerCreating"}}}]}}
+    assert calibration.job_result({"status": {}}, [creating]).phase == "running"
 
 
 def test_names_are_per_model_revision_and_dtypes() -> None:
@@ -201,11 +251,14 @@ def test_the_retune_timer_sees_the_gate_from_status() -> None:
     assert not policy.require_measurement and evidence is None
 
 
-def test_a_narrower_dtype_that_cannot_be_measured_here_is_unverified_not_not_needed() -> None:
-    """No calibration image (a plain vLLM pod, no spec.quality.calibration.image): the pool
-    keeps its planned fp8 unmeasured, and status.kvQuality says so instead of NotNeeded. The
-    no-image path makes no API call (the 403 path is tested on the real apiserver in
-    tests/chart/test_chart_cluster.py)."""
+def test_a_narrower_dtype_that_cannot_be_measured_here_is_unverified_not_not_needed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No calibration image (a plain vLLM pod, no spec.quality.calibration.image, the chart's
+    calibration.image emptied): the pool is planned again with the wider dtype held, and
+    status.kvQuality says why instead of NotNeeded. The no-image path makes no API call (the
+    403 path is tested on the real apiserver in tests/chart/test_chart_cluster.py)."""
+    monkeypatch.delenv(calibration.DEFAULT_IMAGE_ENV, raising=False)
     from op_samples import SAMPLE_SPEC
 
     from kvtune.operator.api import InferenceDeploymentSpec, QualitySpec
@@ -219,12 +272,16 @@ def test_a_narrower_dtype_that_cannot_be_measured_here_is_unverified_not_not_nee
         return Gate(model="m", revision="r", config_map="kvtune-kvq-x", quality=QualitySpec())
 
     narrow = gate()
-    assert not maybe_start(None, body, spec, narrow, make_pool_plan(), plain,  # type: ignore[arg-type]
-                           pool_name="h200")
+    # True: plan the pool again with the wider dtype held (fp8 is not rolled out unmeasured).
+    assert maybe_start(None, body, spec, narrow, make_pool_plan(), plain,  # type: ignore[arg-type]
+                       pool_name="h200")
+    assert narrow.hold and narrow.policy().require_measurement
     status = narrow.status()
     assert status.phase == "Unverified", status
     assert "pool h200: fp8" in status.message and "revision r" in status.message
+    assert "the wider dtype stays" in status.message
     assert "spec.quality.calibration.image" in status.message  # the reason and the fix
+    assert "chart value calibration.image" in status.message
 
     wide = gate()
     assert not maybe_start(None, body, spec, wide, make_pool_plan(kv_cache_dtype="auto"),  # type: ignore[arg-type]

@@ -67,8 +67,14 @@ def test_cel_rules_and_printer_columns() -> None:
     assert any("% 16" in r["rule"] for r in pin["x-kubernetes-validations"])
     assert "fp8" in pin["properties"]["kvCacheDtype"]["enum"]
     assert version["subresources"] == {"status": {}}
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Model", "Pools", "Mode", "Ready", "Age"]
+    columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
+    assert list(columns) == ["Model", "Pools", "Mode", "Ready", "Reason", "Age", "Message"]
+    # `kubectl get infd` shows why an object is not Ready: the Ready condition's reason and
+    # message, at the default priority (not only with -o wide).
+    for name, field in (("Ready", "status"), ("Reason", "reason"), ("Message", "message")):
+        assert columns[name]["jsonPath"] == \
+            f'.status.conditions[?(@.type=="Ready")].{field}', columns[name]
+        assert columns[name].get("priority", 0) == 0
     assert doc["spec"]["names"]["shortNames"] == ["infd"]
     text = (CRDS_DIR / "inferencedeployments.kvtune.io.yaml").read_text()
     assert yaml.safe_load(text) == doc

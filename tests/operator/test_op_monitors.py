@@ -405,3 +405,49 @@ def test_someone_elses_rule_or_monitor_of_that_name_is_not_taken_over(
     assert len(collision_events()) == 1
     custom.delete_namespaced_custom_object("kvtune.io", "v1alpha1", ns, "inferencedeployments",
                                            name)
+
+
+def test_chart_wide_labels_on_every_monitor_and_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The chart's monitoring.labels reach the operator as KVTUNE_MONITORING_LABELS; a
+    # deployment's own spec.monitoring labels add to them (and win on a clash).
+    monkeypatch.setenv(monitors.LABELS_ENV, '{"release": "kps", "team": "ml"}')
+    body = _body({"scrape": {"labels": {"team": "search"}},
+                  "prometheusRule": {"labels": {"extra": "yes"}}})
+    wanted, _ = monitors.monitoring_objects(body)
+    assert sorted(o["kind"] for o in wanted) == ["PodMonitor", "PodMonitor", "PrometheusRule"]
+    for obj in wanted:
+        labels = obj["metadata"]["labels"]
+        assert labels["release"] == "kps", obj["kind"]
+        assert labels["app.kubernetes.io/managed-by"] == "kvtune"
+    pods = [o for o in wanted if o["kind"] == "PodMonitor"]
+    assert {o["metadata"]["labels"]["team"] for o in pods} == {"search"}
+    (rule,) = [o for o in wanted if o["kind"] == "PrometheusRule"]
+    assert rule["metadata"]["labels"]["team"] == "ml"
+    assert rule["metadata"]["labels"]["extra"] == "yes"
+    assert rule["metadata"]["labels"]["kvtune.io/deployment"] == NAME
+
+
+def test_no_chart_labels_without_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(monitors.LABELS_ENV, raising=False)
+    wanted, _ = monitors.monitoring_objects(_body({"prometheusRule": {}}))
+    assert all("release" not in o["metadata"]["labels"] for o in wanted)
+
+
+@pytest.mark.parametrize("text", ["release=kps", '["kps"]', '{"release": 1}'])
+def test_bad_chart_labels_are_one_line_naming_the_value(
+    text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(monitors.LABELS_ENV, text)
+    with pytest.raises(ValueError, match=r"monitoring\.labels") as info:
+        monitors.scrape_monitors(_body())
+    assert "\n" not in str(info.value) and monitors.LABELS_ENV in str(info.value)
+
+
+def test_the_operators_own_alerts_are_not_in_each_deployments_rule() -> None:
+    # KVTuneReconcileErrors (and KVTuneOperatorDown) are the chart's, once; a deployment's
+    # rule keeps only what is about that deployment.
+    rule = monitors.prometheus_rule(_body({"prometheusRule": {}}))
+    assert rule is not None
+    alerts = {r.get("alert") for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert "KVTuneReconcileErrors" not in alerts and "KVTuneOperatorDown" not in alerts
+    assert "KVTuneProfileStale" in alerts

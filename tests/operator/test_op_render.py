@@ -73,13 +73,62 @@ def test_deployment_carries_the_plan(
         assert flag in args
     for prefix in absent:
         assert not any(a.startswith(prefix) for a in args)
-    assert container["resources"]["limits"] == {"nvidia.com/gpu": str(tp)}
-    assert container["resources"]["requests"] == {"nvidia.com/gpu": str(tp)}
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == str(tp)
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == str(tp)
     plan_env = next(e for e in container["env"] if e["name"] == "KVTUNE_PLAN")
     plan = json.loads(plan_env["value"])
     assert plan["plan"]["block_size"] == pool_plan.plan.block_size
     assert plan["tensor_parallel"] == tp and plan["gpu_class"] == "H200"
     assert "reasons" not in plan and plan["revision"] == 3
+
+
+# (TP, CPU KV offload GiB) -> memory request = limit, CPU request, /dev/shm sizeLimit; the
+# figures of tuner/facts/data/vllm_host.json worked out by hand (host_resources' docstring):
+# processes x 1,228.8 MiB + 512 + 512 MiB + TP x 1,024 MiB, rounded up to a MiB, + /dev/shm.
+@pytest.mark.parametrize(("tp", "offload_gib", "memory", "cpu", "shm"), [
+    # 2 x 1,228.8 + 1,024 + 1,024 = 4,505.6 -> 4,506 MiB; /dev/shm 256 MiB.
+    (1, None, "4762Mi", "2000m", "256Mi"),
+    # The CPU tier is a /dev/shm file: 100 GiB + 256 MiB, all of it in the memory request.
+    (1, 100.0, f"{4506 + 102400 + 256}Mi", "2000m", f"{102400 + 256}Mi"),
+    # 4 processes: 4,915.2 + 1,024 + 2,048 = 7,988 MiB; /dev/shm 160 + 2 x 240 + 24 + 1,024.
+    (2, None, f"{7988 + 1688}Mi", "4000m", "1688Mi"),
+    (2, 64.0, f"{7988 + 65536 + 1688}Mi", "4000m", f"{65536 + 1688}Mi"),
+    # 10 processes: 12,288 + 1,024 + 8,192 = 21,504 MiB; /dev/shm 160 + 8 x 240 + 24 + 1,024.
+    (8, None, f"{21504 + 3128}Mi", "10000m", "3128Mi"),
+])
+def test_resources_and_shm_are_sized_from_the_plan(
+    tp: int, offload_gib: float | None, memory: str, cpu: str, shm: str
+) -> None:
+    pool_plan = make_pool_plan().model_copy(update={"tensor_parallel": tp})
+    pool_plan = pool_plan.model_copy(update={"plan": pool_plan.plan.with_offload(offload_gib)})
+    dep = _by_kind(render_pool(_input(pool_plan)))["Deployment"]
+    container = _container(dep)
+    gpus = str(tp)
+    # Memory limit = request; no CPU limit (docs/pod-resources.md).
+    assert container["resources"] == {
+        "requests": {"nvidia.com/gpu": gpus, "cpu": cpu, "memory": memory},
+        "limits": {"nvidia.com/gpu": gpus, "memory": memory}}
+    pod = dep["spec"]["template"]["spec"]
+    (dshm,) = [v for v in pod["volumes"] if v["name"] == "dshm"]
+    assert dshm == {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    assert any(a.startswith("--kv-offloading-size=") for a in container["args"]) \
+        == (offload_gib is not None)
+
+
+@pytest.mark.parametrize("level", ["baseline", "restricted"])
+def test_both_pod_policy_levels_accept_the_sized_pod(
+    level: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # render_pool checks the pod against the chart's level and raises RenderError otherwise.
+    from kvtune.operator import pod_policy
+    monkeypatch.setattr(pod_policy.CONFIG, "level", level)
+    pool_plan = make_pool_plan().model_copy(update={"tensor_parallel": 4})
+    pool_plan = pool_plan.model_copy(update={"plan": pool_plan.plan.with_offload(32.0)})
+    dep = _by_kind(render_pool(_input(pool_plan)))["Deployment"]
+    assert pod_policy.violations(dep["spec"]["template"], level) == []  # type: ignore[arg-type]
+    assert dep["spec"]["template"]["spec"]["volumes"][0]["emptyDir"]["sizeLimit"] \
+        == f"{32768 + 160 + 4 * 240 + 24 + 1024}Mi"
 
 
 def test_pod_shape_scheduling_probes_and_scraping(pool_plan: PoolPlan) -> None:

@@ -90,3 +90,26 @@ runtime.namespaces, else the watched namespaces in namespaced mode, else none. *
 {{- include "kvtune.watchNamespaces" . -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+Labels of every PodMonitor, ServiceMonitor and PrometheusRule (the chart's and, through
+KVTUNE_MONITORING_LABELS, the operator's): monitoring.labels, else the `release` label a stock
+kube-prometheus-stack selects on.
+*/}}
+{{- define "kvtune.monitoringLabels" -}}
+{{- if .Values.monitoring.labels }}
+{{- toYaml .Values.monitoring.labels }}
+{{- else }}
+release: {{ .Release.Name | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+The calibration Job's default image (KVTUNE_CALIBRATION_IMAGE): calibration.image, with
+`{gpuClass}` left for the operator to fill in per pool; "" when the repository is empty.
+*/}}
+{{- define "kvtune.calibrationImage" -}}
+{{- with .Values.calibration.image.repository -}}
+{{- printf "%s:%s" . ($.Values.calibration.image.tag | default (printf "%s-vllm0.33.0" $.Chart.AppVersion)) -}}
+{{- end -}}
+{{- end }}

@@ -217,14 +217,6 @@ SCENARIOS: dict[str, tuple[str, str, list[dict[str, str]], list[dict[str, str]],
                     f'name="{NAME}"}}', "values": "0+60x30"}],
         {"severity": "warning"},
     ),
-    "reconcile-errors": (
-        "KVTuneReconcileErrors", "20m",
-        [{"series": 'kvtune_reconcile_errors_total{error="ApiException"}',
-          "values": "0+1x30"}],
-        [{"series": 'kvtune_reconcile_errors_total{error="ApiException"}',
-          "values": "0x30"}],
-        {"severity": "warning"},
-    ),
 }
 
 
