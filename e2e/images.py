@@ -374,7 +374,18 @@ def ensure_images(repo: Path = REPO) -> Built:
             _build_image(store, repo, name, tag, wheel, house, log)
             built.seconds[name] = time.monotonic() - start
         shutil.rmtree(root / "dist" / key, ignore_errors=True)
+        _prune(store, (debian, standin, built.operator, built.runtime), log)
         return built
+
+
+def _prune(store: Store, keep: Sequence[str], log: Path) -> None:
+    """Older builds of the same images (~0.5 GB each) go; the ones just built stay."""
+    families = {tag.rsplit(":", 1)[0] for tag in keep}
+    listed = subprocess.run(store.podman("images", "--format", "{{.Repository}}:{{.Tag}}"),
+                            capture_output=True, text=True, check=False).stdout.split()
+    stale = [ref for ref in listed if ref.rsplit(":", 1)[0] in families and ref not in keep]
+    if stale:
+        _run(store.podman("rmi", *stale), "podman rmi of older builds", log)
 
 
 def run_argv(store: Store, image: str, args: Sequence[str], *,

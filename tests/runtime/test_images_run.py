@@ -98,6 +98,21 @@ def test_runtime_image_refuses_a_gpu_the_plan_was_not_made_for(images: Built,
     assert status["started"] is False and status["reason"] == "WrongGpuClass"
 
 
+def test_runtime_image_without_nvml_refuses_in_one_line(images: Built, tmp_path: Path) -> None:
+    # The real nvidia-ml-py the Dockerfile installs, and no libnvidia-ml.so.1 (no GPU runtime).
+    out = tmp_path / "out"
+    out.mkdir(mode=0o777)
+    out.chmod(0o777)
+    argv = run_argv(images.store, images.runtime, ["meta-llama/Llama-3.1-8B-Instruct"],
+                    env={"KVTUNE_PLAN": make_pool_plan().model_dump_json(),
+                         "KVTUNE_STATUS_FILE": "/out/status.json"}, volumes=[f"{out}:/out"])
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 3, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "NVMLError_LibraryNotFound" in result.stderr
+    assert json.loads((out / "status.json").read_text())["reason"] == "NvmlUnavailable"
+
+
 def test_runtime_image_refuses_a_plan_for_another_image_class(images: Built,
                                                                tmp_path: Path) -> None:
     # The image is Dockerfile.h200's: KVTUNE_IMAGE_GPU_CLASS=H200 is baked in.
