@@ -1,6 +1,6 @@
 # The two commands of the README: `make demo` (the local demo) and `make test` (the tests).
 # Both install what they need first (scripts/setup.sh is idempotent and fast when warm).
-.PHONY: setup setup-python demo test lint bench crds
+.PHONY: setup setup-python demo test lint bench crds images
 
 setup:
 	scripts/setup.sh
@@ -23,3 +23,8 @@ bench:
 
 crds:
 	.venv/bin/kvtune crds --write && charts/kvtune/hack/sync_crds.sh
+
+# The operator image and the runtime image's kvtune layer, built here (docs/images.md).
+images: setup-python
+	scripts/setup.sh packages
+	.venv/bin/python -m kvtune.e2e.images
