@@ -5,7 +5,7 @@
 # (KVTUNE_OPERATOR_BIN), the artifact the operator image ships, not the editable checkout.
 WHEEL_CHECK := $(CURDIR)/build/wheel-check
 WHEEL_ENV := KVTUNE_WHEEL_DIR=$(WHEEL_CHECK)/dist KVTUNE_OPERATOR_BIN=$(WHEEL_CHECK)/venv/bin/kvtune
-.PHONY: setup setup-python demo test lint bench crds
+.PHONY: setup setup-python demo test lint bench crds images
 
 setup:
 	scripts/setup.sh
@@ -31,3 +31,8 @@ bench:
 
 crds:
 	.venv/bin/kvtune crds --write && charts/kvtune/hack/sync_crds.sh
+
+# The operator image and the runtime image's kvtune layer, built here (docs/images.md).
+images: setup-python
+	scripts/setup.sh packages
+	.venv/bin/python -m kvtune.e2e.images

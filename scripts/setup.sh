@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything kvtune's demo and tests need, idempotently: Debian packages
-# (prometheus + promtool, lua5.1 for the Argo CD health check), a virtualenv with kvtune, its
+# (prometheus + promtool, lua5.1 for the Argo CD health check, mmdebstrap, buildah, podman and
+# crun for the images built here), a virtualenv with kvtune, its
 # dev tools and vLLM 0.33.0 itself (the kvtune[vllm] extra, for the differential tests), the
 # pinned vLLM wheel's source files (for the contract tests), and the Go-built
 # control-plane binaries (cached under ~/.cache/kvtune; a cold build takes a long time).
@@ -17,6 +18,11 @@ need_apt=()
 command -v prometheus >/dev/null || need_apt+=(prometheus)
 command -v promtool >/dev/null || need_apt+=(prometheus)
 command -v lua5.1 >/dev/null || need_apt+=(lua5.1)
+# The images built and run here (kvtune.e2e.images, docs/images.md): a Debian base from
+# Debian's packages, the Dockerfiles built by buildah, run by podman with crun.
+for tool in mmdebstrap podman buildah crun; do
+  command -v "$tool" >/dev/null || need_apt+=("$tool")
+done
 # Debian's packages start their daemons (a system Prometheus on :9090, and its node exporter
 # where that is installed too); the tests start their own Prometheus. Only what this install
 # started is stopped: a daemon or unit that was running or enabled before is left as it was.

@@ -75,8 +75,29 @@ def run(
     return 0  # only reached when exec_fn is a test double
 
 
+def nvml_unavailable(err: Exception, env: dict[str, str]) -> int:
+    """No NVML to read (no driver library in the container, no device): refuse with one line,
+    reported like any refusal, instead of a traceback and an exit code that says nothing."""
+    message = (f"cannot read the GPUs through NVML ({type(err).__name__}: {err}). Fix: run the "
+               "pod on a GPU node with the NVIDIA container runtime (a nvidia.com/gpu limit; "
+               "runtimeClassName: nvidia where that runtime is not the default)")
+    _log(message)
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    where = publish({"time": now, "started": False, "reason": "NvmlUnavailable",
+                     "message": message}, env)
+    _log(f"reported to {where}")
+    write_termination_message(message)
+    return EXIT_REFUSED
+
+
 def main() -> int:
-    return run(sys.argv[1:], dict(os.environ), read_gpus())
+    env = dict(os.environ)
+    try:
+        found = read_gpus()
+    # pynvml's NVMLError_* (LibraryNotFound without the driver) or an OSError from ctypes.
+    except Exception as err:
+        return nvml_unavailable(err, env)
+    return run(sys.argv[1:], env, found)
 
 
 if __name__ == "__main__":

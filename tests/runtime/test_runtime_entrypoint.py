@@ -473,3 +473,26 @@ def test_an_unwritable_report_does_not_stop_vllm(tmp_path: Path) -> None:
     execs: list[Any] = []
     assert run([], env, [gpu(H200)], exec_fn=lambda f, a: execs.append(a)) == 0
     assert execs, "vLLM must still be exec'd"
+
+
+def test_no_nvml_is_a_refusal_not_a_traceback(monkeypatch: pytest.MonkeyPatch,
+                                              tmp_path: Path) -> None:
+    # What nvidia-ml-py raises in a container without the driver library (seen in the runtime
+    # image built by kvtune.e2e.images when no GPU runtime mounts libnvidia-ml.so.1).
+    class NVMLError_LibraryNotFound(Exception):  # pynvml's own name
+        pass
+
+    def no_library() -> list[gpus.GpuInfo]:
+        raise NVMLError_LibraryNotFound("NVML Shared Library Not Found")
+
+    import kvtune.runtime.__main__ as entry
+
+    monkeypatch.setattr(entry, "read_gpus", no_library)
+    monkeypatch.setattr(entry, "write_termination_message", lambda message: None)
+    monkeypatch.setenv("KVTUNE_STATUS_FILE", str(tmp_path / "r.json"))
+    monkeypatch.delenv("POD_NAME", raising=False)
+    assert entry.main() == EXIT_REFUSED
+    written = json.loads((tmp_path / "r.json").read_text())
+    assert written["started"] is False and written["reason"] == "NvmlUnavailable"
+    assert "NVMLError_LibraryNotFound: NVML Shared Library Not Found" in written["message"]
+    assert "NVIDIA container runtime" in written["message"]
