@@ -93,9 +93,22 @@ class KernelTimes:
     all_reduce_bytes_per_token: int
     # One all-reduce's seconds at 2^7, 2^8, ... bytes (one value: a constant).
     all_reduce_seconds: tuple[float, ...]
+    # ``fixed_seconds`` by ``num_tokens << 24 | num_seqs``: a replay asks for few distinct
+    # step shapes many times, and the step time is on the simulator's hot path.
+    _fixed: dict[int, float] = field(default_factory=dict, init=False, repr=False,
+                                     compare=False)
 
     def fixed_seconds(self, num_tokens: int, num_seqs: int) -> float:
-        """Everything but attention's KV and pairs terms."""
+        """Everything but attention's KV and pairs terms (memoised)."""
+        key = num_tokens << 24 | num_seqs
+        seconds = self._fixed.get(key)
+        if seconds is None:
+            if len(self._fixed) >= _FIXED_CACHE_SIZE:
+                self._fixed.clear()
+            seconds = self._fixed[key] = self._fixed_seconds(num_tokens, num_seqs)
+        return seconds
+
+    def _fixed_seconds(self, num_tokens: int, num_seqs: int) -> float:
         linear = max(interp_pow2(self.body_seconds, num_tokens), self.weight_read_seconds)
         linear += interp_pow2(self.head_seconds, num_seqs)
         fixed = (linear + self.attention_fixed_seconds
@@ -107,8 +120,11 @@ class KernelTimes:
         return fixed
 
     def prefill_rate(self, context_per_token: float) -> float:
-        return interp_pow2(self.prefill_flops_per_second, context_per_token,
-                           proportional_beyond=False)
+        return interp_pow2(self.prefill_flops_per_second, context_per_token, 0, False)
+
+
+# Distinct step shapes ``KernelTimes`` remembers before it starts again.
+_FIXED_CACHE_SIZE = 1 << 16
 
 
 # A decode-only run's lines (``StepCostModel.run_lines``): a1, b1, a2, b2, first step at
@@ -163,9 +179,10 @@ class StepCostModel:
         if num_tokens <= 0:
             return _with_overhead(0.0, self._overhead, overlapped)
         kv = self.kv_bytes_per_token * kv_tokens_read / k.kv_bytes_per_second
-        pairs = self.attention_flops_per_token_pair * attention_token_pairs / k.prefill_rate(
-            attention_token_pairs / num_tokens)
-        gpu = k.fixed_seconds(num_tokens, num_seqs or num_tokens) + max(kv, pairs)
+        pairs = self.attention_flops_per_token_pair * attention_token_pairs / interp_pow2(
+            k.prefill_flops_per_second, attention_token_pairs / num_tokens, 0, False)
+        gpu = k.fixed_seconds(num_tokens, num_seqs or num_tokens) + (kv if kv > pairs
+                                                                     else pairs)
         return _with_overhead(gpu, self._overhead, overlapped)
 
     def _decode_lines(
