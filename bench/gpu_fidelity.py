@@ -117,7 +117,7 @@ def kvtune_inputs(model_id: str, gpu_name: str, batched_tokens: int | None = Non
             "model_flops": cost.flops_per_token * chunk
             + cost.attention_flops_per_token_pair * pairs,
             "model_bytes": cost.weights_bytes + cost.kv_bytes_per_token * chunk,
-            "model_gpu_seconds": cost.step_seconds(chunk, chunk, pairs)
+            "model_gpu_seconds": cost.step_seconds(chunk, chunk, pairs, num_seqs=1)
             - eff.step_overhead_seconds,
         })
     decode = []
@@ -126,7 +126,7 @@ def kvtune_inputs(model_id: str, gpu_name: str, batched_tokens: int | None = Non
             "seqs": seqs_now, "context": context,
             "model_bytes": cost.weights_bytes + cost.kv_bytes_per_token * seqs_now * context,
             "model_gpu_seconds": cost.step_seconds(seqs_now, seqs_now * context,
-                                                   float(seqs_now * context))
+                                                   float(seqs_now * context), num_seqs=seqs_now)
             - eff.step_overhead_seconds,
         })
     return {

@@ -93,10 +93,15 @@ def _previous(rev: str) -> ModuleType | None:
 
 
 def _old_cost(before: ModuleType, sim: SimulatedPlan) -> SimulatedPlan:
-    """``sim`` with its step-time model as the earlier commit's class (same numbers)."""
+    """``sim`` with its step-time model as the earlier commit's class (the same numbers, as
+    far as that class takes them)."""
     timing = sys.modules[before.__name__.replace("_scheduler", "_timing")]
     cost = sim.cost
-    fields = {f.name: getattr(cost, f.name) for f in dataclasses.fields(cost) if f.init}
+    # Only the fields the earlier class has (measured ``kernels`` came later: without them
+    # the earlier commit times steps by its roofline).
+    names = {f.name for f in dataclasses.fields(timing.StepCostModel) if f.init}
+    fields = {f.name: getattr(cost, f.name) for f in dataclasses.fields(cost)
+              if f.init and f.name in names}
     return dataclasses.replace(sim, cost=timing.StepCostModel(**fields))
 
 

@@ -71,7 +71,8 @@ def step_cost(
         num_tokens += num_new
         kv_read += computed + num_new
         pairs += num_new * computed + num_new * (num_new + 1) / 2.0
-    return cost.step_seconds(num_tokens, kv_read, pairs, config.async_scheduling)
+    return cost.step_seconds(num_tokens, kv_read, pairs, config.async_scheduling,
+                             len(scheduled))
 
 
 class _Recording(Scheduler):

@@ -5,7 +5,8 @@ once; at batch sizes that serving uses it is bandwidth-bound::
 
     step_seconds = (weights_read + sum of KV bytes of the running sequences)
                    / (hbm_bandwidth * BANDWIDTH_EFFICIENCY)
-                   + STEP_OVERHEAD_SECONDS + tensor-parallel all-reduces
+                   + STEP_OVERHEAD_SECONDS + tensor-parallel all-reduces (measured,
+                     ``facts/step_kernels.py``)
 
 MoE reads only the experts the batch routes to: with k of E experts per token and n tokens,
 the expected fraction of experts touched is ``1 - (1 - k/E) ** n``.
@@ -18,13 +19,17 @@ from __future__ import annotations
 
 from kvtune.tuner.facts.gpus import GPUClass
 from kvtune.tuner.facts.models import ModelArchitecture
+from kvtune.tuner.facts.step_kernels import (
+    ACTIVATION_BYTES,
+    MESSAGE_FIRST_EXPONENT,
+    all_reduce_table,
+    interp_pow2,
+)
 
 # Achievable fraction of peak HBM bandwidth for decode kernels (weights GEMV + paged attn).
 BANDWIDTH_EFFICIENCY = 0.8
 # Scheduler, sampling and launch overhead per step with CUDA graphs.
 STEP_OVERHEAD_SECONDS = 0.003
-# Two all-reduces per layer under tensor parallel, about 8 us each on NVLink.
-ALLREDUCE_SECONDS = 8e-6
 MAX_SEQS_SEARCHED = 4096
 
 
@@ -56,7 +61,12 @@ def decode_step_seconds(
     read = weights_read_bytes(model, weights_bytes_per_gpu, num_seqs) + num_seqs * (
         kv_bytes_per_seq
     )
-    comm = 2 * model.num_hidden_layers * ALLREDUCE_SECONDS if tensor_parallel > 1 else 0.0
+    comm = 0.0
+    if tensor_parallel > 1:
+        # Two all-reduces per layer of the batch's activations (measured, step_kernels.json).
+        comm = 2 * model.num_hidden_layers * interp_pow2(
+            all_reduce_table(gpu.name, tensor_parallel),
+            max(1, num_seqs) * model.hidden_size * ACTIVATION_BYTES, MESSAGE_FIRST_EXPONENT)
     return read / bandwidth + STEP_OVERHEAD_SECONDS + comm
 
 

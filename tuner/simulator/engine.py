@@ -23,11 +23,10 @@ from kvtune.tuner.facts.kvmemory import kv_bytes_per_token, page_size_bytes
 from kvtune.tuner.facts.weights import weight_bits, weights_bytes_per_gpu, weights_load
 from kvtune.tuner.plan import KVPlan
 from kvtune.tuner.planner import planning
+from kvtune.tuner.simulator.kernel_costs import kernel_times
 from kvtune.tuner.simulator.scheduler import Allocation, EngineConfig
-from kvtune.tuner.simulator.timing import Efficiency, StepCostModel, efficiency_for
+from kvtune.tuner.simulator.timing import StepCostModel, efficiency_for
 
-# Two all-reduces per layer under tensor parallel, about 8 us each on NVLink (as decode.py).
-_ALLREDUCE_SECONDS = 8e-6
 # vLLM's CPU offload region aligns each chunk to the host page (``mmap.PAGESIZE``, 4 KiB on
 # x86-64 Linux; ``SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT``).
 _HOST_PAGE_BYTES = 4096
@@ -60,11 +59,6 @@ def step_cost_for(request: planning.PlanRequest, kv_cache_dtype: str) -> StepCos
     else:
         pair_flops = 4.0 * model.num_hidden_layers * heads_per_gpu * model.head_dim
     eff = efficiency_for(gpu.name)
-    if tp > 1:
-        eff = Efficiency(
-            eff.bandwidth_efficiency, eff.compute_efficiency,
-            eff.step_overhead_seconds + 2 * model.num_hidden_layers * _ALLREDUCE_SECONDS,
-        )
     return StepCostModel(
         weights_bytes=weights_bytes_per_gpu(model, request.weights_dtype, tp),
         kv_bytes_per_token=kv_bytes_per_token(
@@ -75,6 +69,7 @@ def step_cost_for(request: planning.PlanRequest, kv_cache_dtype: str) -> StepCos
         flops_per_token=2.0 * model.active_parameter_count / tp,
         attention_flops_per_token_pair=pair_flops,
         efficiency=eff,
+        kernels=kernel_times(request, flops_rate, eff),
     )
 
 

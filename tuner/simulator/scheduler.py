@@ -720,11 +720,14 @@ class Scheduler:
         """One step's time for ``scheduled`` (each request's new tokens over what it had
         computed) on top of the given terms (a decoding cohort's); the clock and the step
         count move on. Returns the step's seconds."""
+        # The given terms are a cohort's: one token per sequence.
+        num_seqs = num_tokens + len(scheduled)
         for st, num_new in scheduled:
             num_tokens += num_new
             kv_read += st.num_computed + num_new
             pairs += num_new * st.num_computed + num_new * (num_new + 1) / 2.0
-        dt = self.cost.step_seconds(num_tokens, kv_read, pairs, self.config.async_scheduling)
+        dt = self.cost.step_seconds(num_tokens, kv_read, pairs, self.config.async_scheduling,
+                                    num_seqs)
         self.now += dt
         self.steps += 1
         return dt
@@ -889,7 +892,7 @@ class Scheduler:
             num_tokens += chunk
             kv_read += computed + chunk
             pairs += chunk * computed + chunk * (chunk + 1) / 2.0
-            dt = cost.step_seconds(num_tokens, kv_read, pairs, overlapped)
+            dt = cost.step_seconds(num_tokens, kv_read, pairs, overlapped, members + 1)
             now += dt
             taken += m + b
             held += m

@@ -1,24 +1,40 @@
-"""How long one engine step takes, from physics: bytes over bandwidth, FLOPs over matrix rate.
+"""How long one engine step takes: measured kernels where kvtune has them, else a roofline.
 
-A step runs one forward pass over every scheduled token. It has to read every weight once
-and the KV of every token the scheduled sequences attend to (memory time), and it does
-``2 x active parameters`` FLOPs per token plus attention's ``4 x layers x heads x head_dim``
-FLOPs per (query token, context token) pair (compute time). The step takes the larger of
-the two (a roofline) plus a fixed overhead. Decode steps are memory-bound, long prefill
-chunks compute-bound; mixed steps fall where their bytes and FLOPs put them.
+With measured kernels (``KernelTimes``, from ``tuner/facts/data/step_kernels.json``: NVIDIA's
+kernel database for vLLM, aiconfigurator-core 0.12.0) a step's GPU time is the sum of what it
+runs, one after the other:
 
-The efficiencies (what fraction of datasheet bandwidth and FLOPs vLLM reaches) and the
-overhead are data (``efficiency.json``), looked up per GPU class.
+- the linear layers: four GEMMs per layer holding the weights every token passes through, at
+  the measured seconds per GEMM and per weight for M = the step's tokens (small M reads the
+  weights, large M runs at the measured matrix rate; between them measured, not a roofline),
+  and the LM head at M = the step's sequences (vLLM computes logits of each sequence's last
+  token only);
+- attention: a fixed cost and a per-sequence cost per layer, plus the larger of the KV bytes
+  read over the measured KV bandwidth and the (query, key) pairs' FLOPs at the prefill
+  kernel's measured rate for the step's mean context per query token;
+- tensor parallel: two all-reduces per layer of ``tokens x hidden x 2`` bytes each, at the
+  measured time for that message size and TP size, on the critical path.
+
+The roofline (a model built without ``kernels``; what the simulator's own tests use): the step
+reads every weight once and the KV of every token the scheduled sequences attend to (memory
+time), and does ``2 x active parameters`` FLOPs per token plus attention's ``4 x layers x heads
+x head_dim`` FLOPs per (query token, context token) pair (compute time); it takes the larger
+of the two. Its efficiencies come from ``efficiency.json``.
+
+The fixed overhead per step (CPU work) is data (``efficiency.json``), per GPU class.
 
 Async scheduling (vLLM 0.33's default): the engine schedules batch N+1 and prepares its inputs
 while the GPU runs batch N (a two-deep batch queue), so the fixed per-step overhead, CPU work,
-overlaps the GPU's: a step takes ``max(overhead, roofline)`` instead of ``overhead +
-roofline`` (``overlapped=True``). All of the overhead is taken as CPU-side (scheduling, input
-preparation, output processing); what part of it is GPU-side is not calibrated yet.
+overlaps the GPU's: a step takes ``max(overhead, GPU time)`` instead of ``overhead + GPU
+time`` (``overlapped=True``); the all-reduces are GPU time, so they never hide. All of the
+overhead is taken as CPU-side (scheduling, input preparation, output processing); what part
+of it is GPU-side is not calibrated yet.
 
-Worked example (Llama-3.1-8B in BF16 on one H100: 16.06e9 weight bytes, 131,072 KV bytes
-per token, 3.35e12 B/s at 0.8): a decode step of 64 sequences of 2,000 tokens reads
-16.06e9 + 64 x 2000 x 131072 = 32.8e9 bytes -> 12.2 ms, plus 4 ms overhead = 16.2 ms.
+Worked example (Llama-3.1-8B in BF16 on one H200, measured kernels): a decode step of 64
+sequences of 2,000 tokens runs the linear layers at M = 64 (4.04 ms: 128 GEMMs of 6.98e9
+weights) and the LM head (0.27 ms), attention's fixed 32 x 11.2 us = 0.36 ms and per-sequence
+64 x 32 x 0.20 us = 0.41 ms, and reads 64 x 2000 x 131072 bytes of KV at 4.8e12 x 0.9425 B/s
+(3.71 ms): 8.8 ms of GPU time.
 """
 
 from __future__ import annotations
@@ -29,6 +45,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from typing import Any
+
+from kvtune.tuner.facts.step_kernels import MESSAGE_FIRST_EXPONENT, interp_pow2
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +74,59 @@ def efficiency_for(gpu_class: str) -> Efficiency:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class KernelTimes:
+    """One model's measured kernel costs on one GPU (one TP rank); module doc."""
+
+    # The linear layers every token passes through (per GPU) and the LM head: their seconds
+    # at M = 1, 2, 4, ... tokens.
+    body_seconds: tuple[float, ...]
+    head_seconds: tuple[float, ...]
+    # Reading every weight once (MoE: all experts, as vLLM's fused kernel at small batches).
+    weight_read_seconds: float
+    attention_fixed_seconds: float  # all layers
+    attention_seconds_per_seq: float  # all layers
+    kv_bytes_per_second: float
+    # Prefill attention FLOPs per second at 1, 2, 4, ... context tokens per query token.
+    prefill_flops_per_second: tuple[float, ...]
+    all_reduces_per_step: int  # 2 x layers under tensor parallel, else 0
+    all_reduce_bytes_per_token: int
+    # One all-reduce's seconds at 2^7, 2^8, ... bytes (one value: a constant).
+    all_reduce_seconds: tuple[float, ...]
+    # ``fixed_seconds`` by ``num_tokens << 24 | num_seqs``: a replay asks for few distinct
+    # step shapes many times, and the step time is on the simulator's hot path.
+    _fixed: dict[int, float] = field(default_factory=dict, init=False, repr=False,
+                                     compare=False)
+
+    def fixed_seconds(self, num_tokens: int, num_seqs: int) -> float:
+        """Everything but attention's KV and pairs terms (memoised)."""
+        key = num_tokens << 24 | num_seqs
+        seconds = self._fixed.get(key)
+        if seconds is None:
+            if len(self._fixed) >= _FIXED_CACHE_SIZE:
+                self._fixed.clear()
+            seconds = self._fixed[key] = self._fixed_seconds(num_tokens, num_seqs)
+        return seconds
+
+    def _fixed_seconds(self, num_tokens: int, num_seqs: int) -> float:
+        linear = max(interp_pow2(self.body_seconds, num_tokens), self.weight_read_seconds)
+        linear += interp_pow2(self.head_seconds, num_seqs)
+        fixed = (linear + self.attention_fixed_seconds
+                 + self.attention_seconds_per_seq * num_seqs)
+        if self.all_reduces_per_step:
+            fixed += self.all_reduces_per_step * interp_pow2(
+                self.all_reduce_seconds, num_tokens * self.all_reduce_bytes_per_token,
+                MESSAGE_FIRST_EXPONENT)
+        return fixed
+
+    def prefill_rate(self, context_per_token: float) -> float:
+        return interp_pow2(self.prefill_flops_per_second, context_per_token, 0, False)
+
+
+# Distinct step shapes ``KernelTimes`` remembers before it starts again.
+_FIXED_CACHE_SIZE = 1 << 16
+
+
 # A decode-only run's lines (``StepCostModel.run_lines``): a1, b1, a2, b2, first step at
 # the overhead.
 RunLines = tuple[float, float, float, float, int]
@@ -74,6 +145,8 @@ class StepCostModel:
     # 4 x layers x query heads per GPU x head_dim: attention FLOPs per (query, key) pair.
     attention_flops_per_token_pair: float
     efficiency: Efficiency
+    # Measured kernels (module doc); None: the roofline.
+    kernels: KernelTimes | None = None
     # The rates the model reaches and its overhead, derived once: every step reads them.
     _bytes_rate: float = field(init=False, repr=False, compare=False)
     _flops_rate: float = field(init=False, repr=False, compare=False)
@@ -89,21 +162,43 @@ class StepCostModel:
 
     def step_seconds(
         self, num_tokens: int, kv_tokens_read: int, attention_token_pairs: float,
-        overlapped: bool = False,
+        overlapped: bool = False, num_seqs: int = 0,
     ) -> float:
-        """One step over ``num_tokens`` scheduled tokens (prefill chunks + one per decode),
-        reading the KV of ``kv_tokens_read`` tokens, with ``attention_token_pairs``
-        (query, key) pairs in attention; ``overlapped``: the overhead hides behind the GPU
-        work (async scheduling)."""
-        mem = (self.weights_bytes + self.kv_bytes_per_token * kv_tokens_read) / self._bytes_rate
-        flops = (self.flops_per_token * num_tokens
-                 + self.attention_flops_per_token_pair * attention_token_pairs)
-        return _with_overhead(max(mem, flops / self._flops_rate), self._overhead, overlapped)
+        """One step over ``num_tokens`` scheduled tokens (prefill chunks + one per decode) of
+        ``num_seqs`` sequences (0: one per token), reading the KV of ``kv_tokens_read``
+        tokens, with ``attention_token_pairs`` (query, key) pairs in attention;
+        ``overlapped``: the overhead hides behind the GPU work (async scheduling)."""
+        k = self.kernels
+        if k is None:
+            mem = ((self.weights_bytes + self.kv_bytes_per_token * kv_tokens_read)
+                   / self._bytes_rate)
+            flops = (self.flops_per_token * num_tokens
+                     + self.attention_flops_per_token_pair * attention_token_pairs)
+            return _with_overhead(max(mem, flops / self._flops_rate), self._overhead,
+                                  overlapped)
+        if num_tokens <= 0:
+            return _with_overhead(0.0, self._overhead, overlapped)
+        kv = self.kv_bytes_per_token * kv_tokens_read / k.kv_bytes_per_second
+        pairs = self.attention_flops_per_token_pair * attention_token_pairs / interp_pow2(
+            k.prefill_flops_per_second, attention_token_pairs / num_tokens, 0, False)
+        gpu = k.fixed_seconds(num_tokens, num_seqs or num_tokens) + (kv if kv > pairs
+                                                                     else pairs)
+        return _with_overhead(gpu, self._overhead, overlapped)
 
     def _decode_lines(
         self, num_seqs: int, context_tokens: int
     ) -> tuple[float, float, float, float]:
         # Step j of a decode-only run: every sequence one token longer than at step j-1.
+        k = self.kernels
+        if k is not None:
+            # The prefill rate is taken at the run's first step (decode attention is bound
+            # by its KV bytes, so the pairs line is far below and the rate never decides).
+            fixed = k.fixed_seconds(num_seqs, num_seqs)
+            kv = self.kv_bytes_per_token / k.kv_bytes_per_second
+            pair = self.attention_flops_per_token_pair / k.prefill_rate(
+                context_tokens / max(1, num_seqs))
+            return (fixed + kv * context_tokens, kv * num_seqs,
+                    fixed + pair * context_tokens, pair * num_seqs)
         br, fr = self._bytes_rate, self._flops_rate
         a_mem = (self.weights_bytes + self.kv_bytes_per_token * context_tokens) / br
         b_mem = self.kv_bytes_per_token * num_seqs / br

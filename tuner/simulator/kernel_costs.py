@@ -1,0 +1,82 @@
+"""A model's kernel costs on one GPU class (``timing.KernelTimes``) from kvtune's facts.
+
+Where the GPU class has measured kernels (``facts/step_kernels.py``) they give every term; a
+class without them gets the same terms from ``efficiency.json``'s roofline fractions (linear
+layers at ``max(weight bytes / bandwidth, FLOPs / matrix rate)`` per M, attention at the
+bandwidth and compute fractions, no fixed attention cost) and the fallback all-reduce time.
+
+What the measured facts stand for: GQA attention with head_dim 128 (MLA and other head sizes
+are costed with it too), dense GEMMs of LLM projection shapes (MoE experts as dense weights at
+their active count, every expert read at least once a step as vLLM's fused MoE does at small
+batches), activations all-reduced in 16 bits.
+"""
+
+from __future__ import annotations
+
+from kvtune.tuner.facts.step_kernels import (
+    ACTIVATION_BYTES,
+    all_reduce_table,
+    gpu_kernels,
+)
+from kvtune.tuner.facts.weights import weight_bits
+from kvtune.tuner.planner import planning
+from kvtune.tuner.simulator.timing import Efficiency, KernelTimes
+
+# M = 1, 2, 4, ... 32768: the points of a roofline table (as the measured ones).
+_ROOFLINE_M_POINTS = 16
+# GEMMs per layer of a dense transformer: QKV, output, gate-up, down.
+_GEMMS_PER_LAYER = 4
+
+
+def kernel_times(request: planning.PlanRequest, matrix_flops_per_second: float,
+                 eff: Efficiency) -> KernelTimes:
+    """The request's model on its GPU class and TP size (module doc)."""
+    model, gpu, tp = request.model, request.gpu, request.tensor_parallel
+    bits = weight_bits(model, request.weights_dtype)
+    not_linear = model.embedding_parameter_count + model.vision_parameter_count
+    body_active = max(1, model.active_parameter_count - not_linear) / tp
+    body_total = max(1, model.parameter_count - not_linear) / tp
+    layers = model.num_hidden_layers
+    bf16_rate = float(gpu.dense_bf16_flops_per_second)
+    hbm = float(gpu.hbm_bandwidth_bytes_per_second)
+    head_params = model.vocab_size * model.hidden_size / tp
+    gemms = _GEMMS_PER_LAYER * layers
+    measured = gpu_kernels(gpu.name)
+    if measured is not None:
+        body = measured.linear_seconds(bits, gemms, body_active)
+        read = measured.linear_seconds(bits, gemms, body_total)[0]
+        head = measured.linear_seconds(16, 1, head_params)
+        fixed = layers * measured.attention_fixed_seconds_per_layer
+        per_seq = layers * measured.attention_seconds_per_seq_per_layer
+        kv_rate = hbm * measured.kv_bandwidth_efficiency
+        prefill = tuple(bf16_rate * e for e in measured.prefill_bf16_efficiency_by_context)
+    else:
+        bw = hbm * eff.bandwidth_efficiency
+        per_param = _roofline_table(min(16, bits) / 8 / bw,
+                                    matrix_flops_per_second * eff.compute_efficiency)
+        body = tuple(body_active * g for g in per_param)
+        read = body_total * per_param[0]
+        head = tuple(head_params * g for g in _roofline_table(
+            2 / bw, bf16_rate * eff.compute_efficiency))
+        fixed = per_seq = 0.0
+        kv_rate = bw
+        prefill = (bf16_rate * eff.compute_efficiency,)
+    return KernelTimes(
+        body_seconds=body,
+        head_seconds=head,
+        weight_read_seconds=read,
+        attention_fixed_seconds=fixed,
+        attention_seconds_per_seq=per_seq,
+        kv_bytes_per_second=kv_rate,
+        prefill_flops_per_second=prefill,
+        all_reduces_per_step=2 * layers if tp > 1 else 0,
+        all_reduce_bytes_per_token=model.hidden_size * ACTIVATION_BYTES,
+        all_reduce_seconds=all_reduce_table(gpu.name, tp),
+    )
+
+
+def _roofline_table(read_seconds_per_param: float, flops_per_second: float
+                    ) -> tuple[float, ...]:
+    """Seconds per weight at M = 1, 2, 4, ...: reading it, or its 2 M FLOPs, the larger."""
+    return tuple(max(read_seconds_per_param, 2.0 * 2**i / flops_per_second)
+                 for i in range(_ROOFLINE_M_POINTS))
