@@ -50,8 +50,9 @@ def test_the_installed_wheel_runs_the_operator(
          "print(m.__file__); print(c.__file__)"],
         cwd=tmp_path, capture_output=True, text=True, check=True).stdout.split()
     venv = wheel_kvtune.parent.parent.resolve()
-    assert all(Path(p).resolve().is_relative_to(venv) for p in where), where
-    assert not any(Path(p).resolve().is_relative_to(REPO) for p in where), where
+    assert all(Path(p).resolve().is_relative_to(venv / "lib") for p in where), where
+    assert not any(Path(p).resolve().is_relative_to(REPO / part) for p in where
+                   for part in ("operator", "cli")), where
 
     api = prepare_namespaces(local_cluster, NS)
     monkeypatch.setenv(ENV_VAR, str(wheel_kvtune))
