@@ -155,52 +155,28 @@ def _package_dirs(repo: Path) -> dict[str, str]:
 
 
 def _source_files(repo: Path) -> list[str]:
-    """What goes into the wheel: pyproject, the README it names, the package folders."""
+    """What goes into the wheel: pyproject, setup.py (which finds the packages under the
+    package-dir folders), the README pyproject names, the package folders."""
     folders = sorted(set(_package_dirs(repo).values()))
     listed = subprocess.run(
         ["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard",
          "--", *folders], capture_output=True, check=True).stdout.decode()
     files = [p for p in listed.split("\0") if p and (repo / p).is_file()]
-    return sorted({"pyproject.toml", "README.md", *files})
+    return sorted({"pyproject.toml", "setup.py", "README.md", *files})
 
 
 def source_digest(repo: Path) -> str:
     return _digest(*(part for p in _source_files(repo) for part in (p, (repo / p).read_bytes())))
 
 
-def missing_packages(repo: Path) -> list[str]:
-    """Packages under the package-dir folders that a hand-written ``packages`` list leaves out
-    (issue 21: kvtune.operator.rollout); empty once pyproject uses package discovery."""
-    setuptools_cfg = _pyproject(repo).get("tool", {})
-    assert isinstance(setuptools_cfg, dict)
-    listed = setuptools_cfg.get("setuptools", {}).get("packages")
-    if not isinstance(listed, list):
-        return []
-    found: set[str] = set()
-    for name, folder in _package_dirs(repo).items():
-        for init in (repo / folder).rglob("__init__.py"):
-            rel = init.parent.relative_to(repo / folder).parts
-            found.add(".".join((name, *rel)))
-    return sorted(found - set(listed))
-
-
 def build_wheel(repo: Path, out_dir: Path, log: Path) -> Path:
-    """kvtune's wheel from a copy of the sources; packages the hand list misses are added to
-    the copy's list (logged), so the image runs what the tree has until pyproject is fixed."""
+    """kvtune's wheel from a copy of the sources (what git tracks, plus files not ignored)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kvtune-wheel-") as tmp:
         src = Path(tmp)
         for rel in _source_files(repo):
             (src / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(repo / rel, src / rel)
-        missing = missing_packages(repo)
-        if missing:
-            with log.open("a") as out:
-                out.write(f"# pyproject's packages list misses {missing}: added in the copy\n")
-            text = (src / "pyproject.toml").read_text()
-            added = "".join(f'  "{m}",\n' for m in missing)
-            text = re.sub(r"(\npackages = \[\n)", lambda m: m.group(1) + added, text, count=1)
-            (src / "pyproject.toml").write_text(text)
         uv = Path(sys.executable).parent / "uv"
         argv = ([str(uv), "build", "--wheel", "--out-dir", str(out_dir), str(src)] if uv.exists()
                 else [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(out_dir),
