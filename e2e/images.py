@@ -162,7 +162,8 @@ def _source_files(repo: Path) -> list[str]:
         ["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard",
          "--", *folders], capture_output=True, check=True).stdout.decode()
     files = [p for p in listed.split("\0") if p and (repo / p).is_file()]
-    return sorted({"pyproject.toml", "setup.py", "README.md", *files})
+    top = [p for p in ("pyproject.toml", "setup.py", "README.md") if (repo / p).is_file()]
+    return sorted({*top, *files})
 
 
 def source_digest(repo: Path) -> str:

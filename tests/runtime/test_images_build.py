@@ -1,6 +1,6 @@
-"""kvtune.e2e.images' pure parts (no root, no podman): which packages a hand-written list
-misses, how a Dockerfile's FROM name is spelled in podman's storage, which pins the wheelhouse
-must hold, and what decides a rebuild. Building and running: test_images_run.py."""
+"""kvtune.e2e.images' pure parts (no root, no podman): how a Dockerfile's FROM name is
+spelled in podman's storage, which pins the wheelhouse must hold, and what decides a rebuild.
+Building and running: test_images_run.py."""
 
 from __future__ import annotations
 
@@ -22,18 +22,6 @@ def _repo(tmp_path: Path, packages: str) -> Path:
     for init in ("pkg", "op", "op/rollout", "op/rollout/steps"):
         (tmp_path / init / "__init__.py").write_text("")
     return tmp_path
-
-
-def test_missing_packages_names_every_folder_the_hand_list_leaves_out(tmp_path: Path) -> None:
-    repo = _repo(tmp_path, 'packages = ["kvtune", "kvtune.operator"]')
-    # op/templates has no __init__.py: data, not a package.
-    assert images.missing_packages(repo) == ["kvtune.operator.rollout",
-                                             "kvtune.operator.rollout.steps"]
-
-
-def test_missing_packages_is_empty_under_package_discovery(tmp_path: Path) -> None:
-    repo = _repo(tmp_path, "[tool.setuptools.packages.find]\nwhere = ['.']")
-    assert images.missing_packages(repo) == []
 
 
 def test_from_names_as_podman_stores_them() -> None:
