@@ -170,9 +170,11 @@ def test_sigterm_while_a_search_runs_stops_the_operator_within_seconds(
         create_infd(cluster, NS_B, "long-search", _spec(
             slo={"ttftP95": "2s", "tpotP95": "80ms"},
             workload={**SAMPLE_SPEC["workload"], "requestRatePerSecond": 20000}))
-        # Give the operator time to start and pick the object up; its search (20,000 req/s
-        # on 800 requests per candidate) takes far longer than this.
-        time.sleep(15)
+        # Wait until a search runs (this one, 20,000 req/s on 800 requests per candidate, takes
+        # far longer than the wait); the operator logs each search it starts.
+        wait_for(lambda: "goodput search at" in proc.current_log() or None,
+                 "a goodput search under way", 120, proc.log)
+        time.sleep(2)
         assert not (get_infd(cluster, NS_B, "long-search").get("status") or {}).get("pools"), \
             "the search ended before SIGTERM; nothing was tested"
         assert proc.proc is not None
