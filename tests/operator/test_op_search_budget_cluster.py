@@ -158,6 +158,7 @@ def test_an_impossible_slo_ends_at_once_and_another_tenant_still_goes_ready(
         assert degraded["reason"] == "SearchBudgetSpent", degraded
     assert "Traceback" not in proc.current_log()
     peak = watch.stop()
+    print(f"SLOUnreachable after {took:.1f} s; operator peak RSS {peak / 2**20:.0f} MiB")
     assert 0 < peak < CHART_MEMORY_LIMIT_BYTES, f"operator peak RSS {peak / 2**20:.0f} MiB"
 
 
@@ -183,6 +184,7 @@ def test_sigterm_while_a_search_runs_stops_the_operator_within_seconds(
         proc.stop()
         took = time.monotonic() - t0
         assert popen.returncode is not None and popen.returncode != -9
+        print(f"SIGTERM during a search: exited after {took:.1f} s")
         assert took < SIGTERM_WITHIN_SECONDS, f"SIGTERM took {took:.1f} s"
         # It was searching, and the search stopped by itself (operator/search_budget.py).
         assert "goodput search cancelled: the operator is stopping" in proc.current_log()
