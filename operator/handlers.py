@@ -106,6 +106,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # Node events (heartbeats) and rollout polls are many: keep their successes quiet.
     logging.getLogger("kopf.objects").addFilter(_QuietWatchSuccess())
     memo.kube = kapply.Kube.connect(CONFIG.kubeconfig)
+    search_budget.listen_for_shutdown()
     memo.inventory = {}
     memo.inventory_lock = threading.Lock()
     memo.node_waits = NodeWaits()
@@ -138,8 +139,8 @@ async def index_for_periodic(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) ->
 
 @kopf.on.cleanup()
 async def stop_searches(**_: Any) -> None:
-    # Async, so it runs even while every handler thread is busy in a search; each search
-    # stops at its next check and the process exits (operator/search_budget.py).
+    # A backstop: kopf runs cleanup only after every handler returned, so the switch is
+    # normally thrown earlier, when kopf logs the stop (operator/search_budget.py).
     search_budget.STOPPING.set()
 
 

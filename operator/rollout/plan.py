@@ -135,6 +135,10 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
     if searched(profile):
         from kvtune.tuner.planner.cost import priced
 
+        # Seconds of CPU (a cached result: none); the log says what the operator is busy with.
+        LOG.info("%s (%s): goodput search at %.4g req/s", pool_field, pool.gpu_class,
+                 profile.request_rate_per_second)
+
         by_goodput: PoolPlan = priced(
             plan_by_goodput(request, running=running,
                             replicas=sharing_replicas(spec, pool, scope),

@@ -158,6 +158,7 @@ def test_an_impossible_slo_ends_at_once_and_another_tenant_still_goes_ready(
         assert degraded["reason"] == "SearchBudgetSpent", degraded
     assert "Traceback" not in proc.current_log()
     peak = watch.stop()
+    print(f"SLOUnreachable after {took:.1f} s; operator peak RSS {peak / 2**20:.0f} MiB")
     assert 0 < peak < CHART_MEMORY_LIMIT_BYTES, f"operator peak RSS {peak / 2**20:.0f} MiB"
 
 
@@ -170,9 +171,11 @@ def test_sigterm_while_a_search_runs_stops_the_operator_within_seconds(
         create_infd(cluster, NS_B, "long-search", _spec(
             slo={"ttftP95": "2s", "tpotP95": "80ms"},
             workload={**SAMPLE_SPEC["workload"], "requestRatePerSecond": 20000}))
-        # Give the operator time to start and pick the object up; its search (20,000 req/s
-        # on 800 requests per candidate) takes far longer than this.
-        time.sleep(15)
+        # Wait until a search runs (this one, 20,000 req/s on 800 requests per candidate, takes
+        # far longer than the wait); the operator logs each search it starts.
+        wait_for(lambda: "goodput search at" in proc.current_log() or None,
+                 "a goodput search under way", 120, proc.log)
+        time.sleep(2)
         assert not (get_infd(cluster, NS_B, "long-search").get("status") or {}).get("pools"), \
             "the search ended before SIGTERM; nothing was tested"
         assert proc.proc is not None
@@ -181,6 +184,7 @@ def test_sigterm_while_a_search_runs_stops_the_operator_within_seconds(
         proc.stop()
         took = time.monotonic() - t0
         assert popen.returncode is not None and popen.returncode != -9
+        print(f"SIGTERM during a search: exited after {took:.1f} s")
         assert took < SIGTERM_WITHIN_SECONDS, f"SIGTERM took {took:.1f} s"
         # It was searching, and the search stopped by itself (operator/search_budget.py).
         assert "goodput search cancelled: the operator is stopping" in proc.current_log()

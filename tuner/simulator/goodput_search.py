@@ -24,7 +24,7 @@ import dataclasses
 import hashlib
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvtune.tuner.errors import InvalidInput
@@ -39,7 +39,7 @@ from kvtune.tuner.planner.search import (
     SearchSettings,
     search,
 )
-from kvtune.tuner.planner.search_budget import SearchBudget
+from kvtune.tuner.planner.search_budget import BudgetStop, SearchBudget, SearchBudgetSpent
 from kvtune.tuner.simulator import slo_bound
 from kvtune.tuner.simulator.engine import simulated_plan
 from kvtune.tuner.simulator.metrics import SLOTargets
@@ -105,12 +105,14 @@ def _finite(x: float) -> float:
 
 
 def traffic(request: PlanRequest, trace: Trace | None = None,
-            num_requests: int = TRAFFIC_REQUESTS, seed: int = 0) -> tuple[SimRequest, ...]:
+            num_requests: int = TRAFFIC_REQUESTS, seed: int = 0,
+            check: Callable[[], None] | None = None) -> tuple[SimRequest, ...]:
     """The stream the search replays: the trace's first ``num_requests`` requests, else
-    ``num_requests`` made from the profile (seeded)."""
+    ``num_requests`` made from the profile (seeded; ``check`` between its calibration
+    samples: the budget's meter)."""
     if trace is not None:
         return tuple(requests_from_trace(trace, limit=num_requests))
-    return tuple(traffic_from_profile(request.profile, num_requests, seed=seed))
+    return tuple(traffic_from_profile(request.profile, num_requests, seed=seed, check=check))
 
 
 _cache: OrderedDict[str, PoolPlan] = OrderedDict()
@@ -159,7 +161,10 @@ def plan_by_goodput(
             *base.warnings, unreachable.message)})
     meter = budget.start()
     stream = max(1, min(max(settings.rungs), budget.stream_requests))
-    reqs = traffic(request, trace, stream, seed)
+    try:
+        reqs = traffic(request, trace, stream, seed, check=meter.check)
+    except BudgetStop as exc:
+        raise SearchBudgetSpent(exc.reason) from None
     if replicas > 1:
         reqs = tuple(dataclasses.replace(r, arrival_seconds=r.arrival_seconds * replicas)
                      for r in reqs)

@@ -24,6 +24,7 @@ Deterministic: everything random takes the seed.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -156,7 +157,7 @@ def _make(profile: WorkloadProfile, shape: TrafficShape, n: int, seed: int) -> l
 
 
 def shape_of(profile: WorkloadProfile, rate_per_second: float | None = None,
-             seed: int = 0) -> TrafficShape:
+             seed: int = 0, check: Callable[[], None] | None = None) -> TrafficShape:
     """The stream's figures: the rate and burstiness as observed, the turns per session
     calibrated to the observed prefix hit rate (4 for multi-turn traffic of unknown hit
     rate, 1 otherwise)."""
@@ -173,6 +174,8 @@ def shape_of(profile: WorkloadProfile, rate_per_second: float | None = None,
 
     def hit(turns: int) -> float:
         if turns not in hits:
+            if check is not None:
+                check()  # a search's budget: each sample is 600 requests of work
             cand = TrafficShape(rate, cv, profile.shared_prefix_tokens, turns)
             hits[turns] = ideal_prefix_hit_rate(
                 _make(profile, cand, _CALIBRATION_REQUESTS, seed), 16)
@@ -192,8 +195,13 @@ def shape_of(profile: WorkloadProfile, rate_per_second: float | None = None,
 
 
 def traffic_from_profile(profile: WorkloadProfile, num_requests: int, seed: int = 0,
-                         rate_per_second: float | None = None) -> list[SimRequest]:
-    """``num_requests`` requests that reproduce ``profile`` (module doc), sorted by arrival."""
+                         rate_per_second: float | None = None,
+                         check: Callable[[], None] | None = None) -> list[SimRequest]:
+    """``num_requests`` requests that reproduce ``profile`` (module doc), sorted by arrival.
+    ``check``: called between calibration samples (a search's budget meter; it raises)."""
     if num_requests <= 0:
         raise InvalidInput("num_requests", num_requests, "must be > 0")
-    return _make(profile, shape_of(profile, rate_per_second, seed), num_requests, seed)
+    shape = shape_of(profile, rate_per_second, seed, check)
+    if check is not None:
+        check()
+    return _make(profile, shape, num_requests, seed)
