@@ -188,8 +188,10 @@ def test_traffic_from_a_profile_ranks_configurations_as_the_trace_does() -> None
 
 def test_when_compute_binds_the_search_takes_a_small_batched_token_budget() -> None:
     """Azure at 5x on one H100 (bench/oracle.py's compute-bound setting): a step carrying a
-    large prefill chunk stalls every decoding request, so vLLM's defaults (8K) miss the
-    TPOT target for many requests; a small budget (512 is a candidate) meets it."""
+    large prefill chunk stalls every decoding request, so the search takes a small budget.
+    Under the measured kernels' prefill (docs/simulator.md, "Time") even vLLM's defaults (8K)
+    now stay within the TPOT target at this load (under the earlier roofline they missed it);
+    the small budget still scores at least as well."""
     trace = load_trace(AZURE_TRACE)
     window = dataclasses.replace(trace, requests=tuple(
         dataclasses.replace(r, arrival_seconds=r.arrival_seconds / 5.0)
@@ -204,5 +206,5 @@ def test_when_compute_binds_the_search_takes_a_small_batched_token_budget() -> N
     planned = scorer.score(request, pool.plan, scorer.max_requests)
     defaults = scorer.score(request, vllm_default_plan(request), scorer.max_requests)
     assert pool.plan.max_num_batched_tokens <= 1024
-    assert planned.tpot_p95_seconds < 0.05 < defaults.tpot_p95_seconds
-    assert planned.goodput_requests_per_second > 1.1 * defaults.goodput_requests_per_second
+    assert planned.tpot_p95_seconds < 0.05 and defaults.tpot_p95_seconds < 0.05
+    assert planned.goodput_requests_per_second >= defaults.goodput_requests_per_second
