@@ -52,7 +52,7 @@ POSITIVE = finite(min=0, min_open=True)
 NON_NEGATIVE = finite(min=0)
 
 
-class TimedTrace(click.ParamType):
+class TimedTrace(click.ParamType[tuple[float, Path]]):
     """``TRACE@SECONDS`` (replay's ``--then``): an existing trace file and a finite,
     non-negative delay; checked when the options are parsed, so a typo fails before the
     server starts (it used to fail in a timer thread, which never exited)."""
