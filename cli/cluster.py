@@ -6,7 +6,6 @@ in the state directory; `down` stops them from there.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
@@ -48,8 +47,7 @@ def up(state_dir: Path | None, pools: str) -> None:
     try:
         local.up()
     except ClusterError as error:
-        click.echo(f"error: {error}", err=True)
-        sys.exit(1)
+        raise click.ClickException(str(error)) from None
     click.echo(f"local cluster up in {local.ready_seconds:.1f}s: {local.server}")
     click.echo(f"export KUBECONFIG={local.kubeconfig_path}")
     _print_pools(local)
@@ -76,8 +74,9 @@ def status(state_dir: Path | None) -> None:
     local = LocalCluster.from_state_dir(state_dir or default_state_dir())
     current = local.status()
     if not current.components:
-        click.echo(f"no cluster recorded in {local.state_dir}")
-        sys.exit(1)
+        raise click.ClickException(
+            f"--state-dir={str(local.state_dir)!r}: no cluster recorded there; start one with "
+            f"`kvtune cluster up --state-dir {local.state_dir}`")
     click.echo(f"server: {current.server}  apiserver ready: {current.apiserver_ready}")
     click.echo(f"export KUBECONFIG={current.kubeconfig}")
     for component in current.components:
@@ -88,7 +87,11 @@ def status(state_dir: Path | None) -> None:
     for pool, ready in current.nodes_ready.items():
         click.echo(f"  pool {pool:<5} nodes ready {ready}")
     if not (current.running and current.apiserver_ready):
-        sys.exit(1)
+        stopped = [c.component for c in current.components if not c.running]
+        raise click.ClickException(
+            "the cluster is not fully running ("
+            + (f"stopped: {', '.join(stopped)}" if stopped else "the apiserver is not ready")
+            + "); see the logs above, or restart it with `kvtune cluster down` then `up`")
 
 
 def _print_pools(local: LocalCluster) -> None:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import signal
-import sys
 from pathlib import Path
 
 import click
 
+from kvtune.cli.params import finite
 from kvtune.e2e.binaries import cache_dir
 from kvtune.e2e.cluster import LocalCluster
 from kvtune.e2e.demo import DEFAULT_TRACE, EXAMPLE, Demo
@@ -28,7 +28,8 @@ from kvtune.e2e.errors import ClusterError
               "to profile (Azure CSV or Mooncake JSONL).")
 @click.option("--no-traffic", is_flag=True,
               help="Skip Prometheus and the replay: plan on the declared workload only.")
-@click.option("--timeout", "timeout_seconds", type=float, default=180.0, show_default=True,
+@click.option("--timeout", "timeout_seconds", type=finite(0, 86400, min_open=True),
+              default=180.0, show_default=True,
               help="Seconds to wait for each step (Ready, pods Running).")
 def demo(state_dir: Path | None, example: Path, keep: bool, trace: Path, no_traffic: bool,
          timeout_seconds: float) -> None:
@@ -44,8 +45,7 @@ def demo(state_dir: Path | None, example: Path, keep: bool, trace: Path, no_traf
         Demo(cluster, example, echo=click.echo, timeout_seconds=timeout_seconds,
              trace=None if no_traffic else trace).run(keep=keep)
     except ClusterError as error:
-        click.echo(f"error: {error}", err=True)
-        sys.exit(1)
+        raise click.ClickException(str(error)) from None
     except KeyboardInterrupt:
         click.echo("\ninterrupted", err=True)
     finally:

@@ -5,9 +5,14 @@ Kubernetes client, and a broken optional dependency breaks only its own command.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 import click
+
+from kvtune.cli import errors
 
 # name -> (module under kvtune.cli, attribute, one-line help)
 _COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -36,6 +41,30 @@ class LazyGroup(click.Group):
         command: Any = getattr(module, attr)
         assert isinstance(command, click.Command), f"kvtune.cli.{module_name}.{attr}"
         return command
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True,
+             **extra: Any) -> Any:
+        """Click's main, with every failure as one line on stderr (errors.py): usage errors
+        exit 2, runtime failures exit 1, and an unexpected exception is a one-line internal
+        error rather than a traceback (``KVTUNE_TRACEBACK=1`` shows it)."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.Abort:
+            errors.fail("aborted", errors.RUNTIME_EXIT_CODE)
+        except click.exceptions.NoArgsIsHelpError as exc:
+            exc.show()  # a bare `kvtune` or `kvtune cluster`: the help, as click prints it
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            errors.fail(errors.click_message(exc), exc.exit_code)
+        except Exception as exc:
+            if os.environ.get(errors.TRACEBACK_ENV):
+                raise
+            errors.fail(errors.internal_message(exc), errors.RUNTIME_EXIT_CODE)
+        # --help and --version end in ctx.exit(0), which non-standalone main returns.
+        sys.exit(rv if isinstance(rv, int) else 0)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # Listing help must not import every command (and its dependencies).

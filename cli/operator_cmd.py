@@ -11,6 +11,7 @@ import socket
 
 import click
 
+from kvtune.cli.params import PORT, finite
 from kvtune.cli.search_budget_options import search_budget_options
 from kvtune.operator import render_fairness
 
@@ -41,7 +42,7 @@ def render_limits(in_flight: int, cpu_seconds: float, window_seconds: float,
               help="Kubeconfig file (default: in-cluster service account, else ~/.kube/config).")
 @click.option("--namespace", "-n", "namespaces", multiple=True,
               help="Namespace(s) to serve (repeatable; default: all namespaces).")
-@click.option("--metrics-port", type=int, default=8080, show_default=True,
+@click.option("--metrics-port", type=PORT, default=8080, show_default=True,
               help="Port of the operator's /metrics (0: off).")
 @click.option("--metrics-address", default="127.0.0.1", show_default=True,
               help="Address /metrics binds (0.0.0.0 in a pod).")
@@ -69,14 +70,14 @@ def render_limits(in_flight: int, cpu_seconds: float, window_seconds: float,
               default=render_fairness.IN_FLIGHT_PER_TENANT, show_default=True,
               help="Renders of one namespace's pod templates that may run at once (the "
               "chart's templates.rendersInFlightPerNamespace); beyond it a render is deferred.")
-@click.option("--template-cpu-seconds", type=click.FloatRange(0, 3600, min_open=True),
+@click.option("--template-cpu-seconds", type=finite(0, 3600, min_open=True),
               default=render_fairness.CPU_SECONDS_PER_WINDOW, show_default=True,
               help="Renderer CPU seconds one namespace's templates may use per window (the "
               "chart's templates.cpuSecondsPerWindow).")
-@click.option("--template-cpu-window-seconds", type=click.FloatRange(1, 86400),
+@click.option("--template-cpu-window-seconds", type=finite(1, 86400),
               default=render_fairness.WINDOW_SECONDS, show_default=True,
               help="The sliding window of --template-cpu-seconds (templates.cpuWindowSeconds).")
-@click.option("--template-retry-spread-seconds", type=click.FloatRange(0, 600),
+@click.option("--template-retry-spread-seconds", type=finite(0, 600),
               default=render_fairness.SPREAD_SECONDS, show_default=True,
               help="Seconds between one namespace's deferred renders' retries "
               "(templates.retrySpreadSeconds).")

@@ -7,8 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import annotated_types
 import click
 
+from kvtune.cli.params import Finite
+from kvtune.tuner.errors import InvalidInput, KVTuneError
 from kvtune.tuner.knobs import PINNABLE, Knob
 from kvtune.tuner.planner.policy import Pins
 
@@ -21,16 +24,33 @@ def _option(knob: Knob) -> Callable[[F], F]:
     if knob.type is bool:
         return click.option(f"{knob.option}/--no-{knob.flag}", knob.name, default=None,
                             help=help_)
-    kind: click.ParamType[Any] | type[str]
-    if knob.type is int:
-        kind = click.IntRange(min=1)
-    elif knob.type is float and knob.unit == "fraction":
-        kind = click.FloatRange(0, 1, min_open=True)
-    elif knob.type is float:
-        kind = click.FloatRange(min=0)
-    else:
-        kind = str
+    kind: click.ParamType[Any] | type[str] = str
+    if knob.type in (int, float):
+        kind = _range(knob)
     return click.option(knob.option, knob.name, type=kind, help=help_)
+
+
+def _range(knob: Knob) -> click.ParamType[Any]:
+    """The option's range: the ``Pins`` field's bounds (one source for the CLI, the
+    operator's pins and the planner), finite for floats."""
+    low: float | None = None
+    high: float | None = None
+    low_open = high_open = False
+    for bound in Pins.model_fields[knob.name].metadata:
+        if isinstance(bound, annotated_types.Gt):
+            low, low_open = bound.gt, True  # type: ignore[assignment]
+        elif isinstance(bound, annotated_types.Ge):
+            low = bound.ge  # type: ignore[assignment]
+        elif isinstance(bound, annotated_types.Lt):
+            high, high_open = bound.lt, True  # type: ignore[assignment]
+        elif isinstance(bound, annotated_types.Le):
+            high = bound.le  # type: ignore[assignment]
+    if knob.type is int:
+        # An open integer bound is the next integer (gt=0 is min=1).
+        return click.IntRange(
+            min=None if low is None else int(low) + (1 if low_open else 0),
+            max=None if high is None else int(high) - (1 if high_open else 0))
+    return Finite(min=low, max=high, min_open=low_open, max_open=high_open)
 
 
 def pin_options(command: F) -> F:
@@ -42,6 +62,25 @@ def pin_options(command: F) -> F:
 
 def pins_from(opts: dict[str, Any]) -> Pins:
     return Pins(**{k.name: opts[k.name] for k in PINNABLE})
+
+
+# The planner's field names -> the options that set them, for its errors.
+PLAN_FIELD_OPTIONS: dict[str, str] = {
+    **{f"pins.{k.name}": k.option for k in PINNABLE},
+    "tensor_parallel": "--tp",
+    "policy.min_max_model_len_tokens": "--min-max-model-len",
+}
+
+
+def in_option_terms(exc: KVTuneError, options: dict[str, str] = PLAN_FIELD_OPTIONS) -> str:
+    """The error's line, naming the option a user typed (``--max-num-batched-tokens=100``)
+    where the tuner names its field (``pins.max_num_batched_tokens=100``)."""
+    text = str(exc)
+    if isinstance(exc, InvalidInput) and exc.field in options:
+        prefix = f"{exc.field}={exc.value!r}: "
+        if text.startswith(prefix):
+            return f"{options[exc.field]}={exc.value!r}: {text.removeprefix(prefix)}"
+    return text
 
 
 # --- one spelling per concept across subcommands (issue 14 item 12) ---------------------------

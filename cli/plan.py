@@ -9,21 +9,23 @@ plan it (``kvtune.tuner.planner.planning.plan_pool``), render it (``render``; fo
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
+from kvtune.cli import serve_line
 from kvtune.cli.options import (
     gpu_option,
+    in_option_terms,
     model_option,
     pin_options,
     pins_from,
     tp_option,
     weights_dtype_option,
 )
+from kvtune.cli.params import POSITIVE, finite
 from kvtune.cli.progress import Progress, progress_option
 from kvtune.cli.search_budget_options import budget_from, search_budget_options
 from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan
@@ -43,7 +45,13 @@ from kvtune.tuner.kv_quality import (
 from kvtune.tuner.plan import PoolPlan
 from kvtune.tuner.planner.cost import priced, rank_by_cost
 from kvtune.tuner.planner.planning import PlanRequest, kv_capacity_by_dtype, plan_pool
-from kvtune.tuner.planner.policy import SLO, PlanPolicy
+from kvtune.tuner.planner.policy import (
+    MAX_PIN_OFFLOAD_GIB,
+    MAX_PIN_SEQUENCES,
+    MAX_PIN_TOKENS,
+    SLO,
+    PlanPolicy,
+)
 from kvtune.tuner.planner.presets import (
     PRESET_KINDS,
     fixed_session_profile,
@@ -54,6 +62,15 @@ from kvtune.tuner.simulator.goodput_search import plan_by_goodput
 from kvtune.tuner.traces import load_trace
 from kvtune.tuner.units import GiB
 from kvtune.tuner.workload import WorkloadProfile
+
+# --request-rate's ceiling, which bounds the stream the goodput search simulates. The search
+# replays traffic generated at the whole rate, after a warm-up of sessions already in
+# progress that grows with it (about 2,070 s of sessions for 24-turn chat): ~200,000 requests
+# to generate at 100 req/s (measured at HEAD: 150 s and 146 MiB on a loaded 2-core machine),
+# ten times both at 1,000; 1e5 never finished and 1e9 asked numpy for 7 TiB. 100 req/s is
+# also more than one vLLM replica serves of chat traffic: a larger pool is planned on one
+# replica's share (--request-rate RATE/REPLICAS), which the search treats alike.
+MAX_REQUEST_RATE_PER_SECOND = 100.0
 
 
 def build_profile(
@@ -185,8 +202,8 @@ def render_yaml(pool: PoolPlan, request: PlanRequest) -> str:
 
 
 def render_args(pool: PoolPlan, request: PlanRequest) -> str:
-    parts = [f"vllm serve {pool.model_id}", *pool.vllm_args()]
-    return " \\\n  ".join(parts) + "\n"
+    return serve_line.serve_command(pool.model_id, pool.tensor_parallel, pool.plan,
+                                    separator=" \\\n  ") + "\n"
 
 
 def _gib(n: int) -> str:
@@ -419,15 +436,18 @@ def _models_help() -> str:
 @gpu_option()
 @tp_option()
 @weights_dtype_option()
-@click.option("--context-tokens", type=click.IntRange(min=2),
+@click.option("--context-tokens", type=click.IntRange(2, MAX_PIN_TOKENS),
               help="Session length (prompt+output). With --workload: rescales its p95.")
 @click.option("--workload", type=click.Choice(PRESET_KINDS), help="Workload preset.")
 @click.option("--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Azure CSV or Mooncake JSONL trace to profile (and to replay in the "
               "goodput search).")
-@click.option("--request-rate", type=click.FloatRange(min=0, min_open=True),
+@click.option("--request-rate", type=finite(0, MAX_REQUEST_RATE_PER_SECOND, min_open=True,
+                                            fix="pass one replica's share, RATE/REPLICAS"),
               help="Arrival rate, requests/s: with --workload or --context-tokens the goodput "
-              "search replays traffic made from the profile at this rate.")
+              "search replays traffic made from the profile at this rate (at most "
+              f"{MAX_REQUEST_RATE_PER_SECOND:g}: above it, pass one replica's share, "
+              "RATE/REPLICAS).")
 @click.option("--compare-gpu", "compare_gpu", multiple=True, metavar="CLASS",
               help="Also plan the traffic on this GPU class (repeat) and rank the classes by "
               "the cost of a million requests meeting the SLO (needs --trace or "
@@ -445,20 +465,20 @@ def _models_help() -> str:
 @click.option("--kv-quality-report", type=click.Path(exists=True, dir_okay=False,
                                                       path_type=Path),
               help="A `kvtune quality -o` report: narrower KV dtypes are gated on it.")
-@click.option("--max-kv-quantization-kl", type=click.FloatRange(min=0, min_open=True),
+@click.option("--max-kv-quantization-kl", type=POSITIVE,
               default=DEFAULT_MAX_KV_QUANTIZATION_KL, show_default=True,
               help="Exclude KV dtypes whose measured mean next-token KL exceeds this (nats).")
 @click.option("--require-kv-measurement", is_flag=True,
               help="Keep 16-bit KV unless a measurement allows a narrower dtype.")
-@click.option("--ttft-p95", type=click.FloatRange(min=0, min_open=True),
+@click.option("--ttft-p95", type=POSITIVE,
               help="TTFT p95 SLO, seconds.")
-@click.option("--tpot-p95", type=click.FloatRange(min=0, min_open=True),
+@click.option("--tpot-p95", type=POSITIVE,
               help="TPOT p95 SLO, seconds.")
-@click.option("--target-sequences", type=click.IntRange(min=1),
+@click.option("--target-sequences", type=click.IntRange(1, MAX_PIN_SEQUENCES),
               help="Sequences that must fit at the p95 session.")
-@click.option("--min-max-model-len", type=click.IntRange(min=1),
+@click.option("--min-max-model-len", type=click.IntRange(1, MAX_PIN_TOKENS),
               help="max-model-len never goes below this.")
-@click.option("--cpu-offload-gib", type=click.FloatRange(min=0),
+@click.option("--cpu-offload-gib", type=finite(0, MAX_PIN_OFFLOAD_GIB),
               help="CPU memory per GPU that may hold offloaded KV blocks.")
 @click.option("--vllm-version", default=PINNED_VLLM_VERSION, show_default=True)
 @click.option("--gpu-price", "gpu_price", multiple=True, metavar="CLASS=USD",
@@ -527,6 +547,5 @@ def plan(**opts: Any) -> None:
             text = with_comparison(text, pool, others, opts["output"])
     except KVTuneError as exc:
         # Bad input (a model, GPU or pin that cannot work) exits 1; click's usage errors 2.
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        raise click.ClickException(in_option_terms(exc)) from None
     click.echo(text, nl=False)

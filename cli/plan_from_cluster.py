@@ -143,8 +143,6 @@ FROM_CLUSTER_OPTIONS = ("from_cluster", "namespace", "pool", "kubeconfig")
 def handle_plan_options(opts: dict[str, Any]) -> bool:
     """The ``--from-cluster`` branch of ``kvtune plan``: pops its options from ``opts``;
     True when it ran (the offline planner must not), False to let ``kvtune plan`` go on."""
-    import sys
-
     import click
 
     name, namespace, pool, kubeconfig = (opts.pop(k, None) for k in FROM_CLUSTER_OPTIONS)
@@ -161,6 +159,5 @@ def handle_plan_options(opts: dict[str, Any]) -> bool:
         click.echo(render_patch(obj, pool), nl=False)
     except NoRecommendation as exc:
         # Bad input or an unreachable cluster: exit 1 (usage errors exit 2).
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        raise click.ClickException(str(exc)) from None
     return True

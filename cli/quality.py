@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from kvtune.cli.params import POSITIVE
 from kvtune.cli.progress import Progress, progress_option
 from kvtune.quality import layouts
 from kvtune.tuner.kv_quality import DEFAULT_MAX_KV_QUANTIZATION_KL
@@ -19,12 +20,13 @@ from kvtune.tuner.kv_quality import DEFAULT_MAX_KV_QUANTIZATION_KL
               help=f"KV dtypes to measure, comma-separated: any of {','.join(layouts.LAYOUTS)}.")
 @click.option("--device", default="auto", show_default=True,
               help="auto (cuda when available), cpu, cuda, cuda:1 ...")
-@click.option("--max-prompt-tokens", type=int, default=2048, show_default=True,
+@click.option("--max-prompt-tokens", type=click.IntRange(1, 1 << 24), default=2048,
+              show_default=True,
               help="Each calibration prompt is cut to this many tokens.")
 @click.option("--prompts", type=click.Path(path_type=Path), default=None,
               help="A JSONL file of {id, kind, text} prompts instead of kvtune's set.")
 @click.option("--revision", default=None, help="The model revision, recorded in the report.")
-@click.option("--max-kl", type=float, default=DEFAULT_MAX_KV_QUANTIZATION_KL,
+@click.option("--max-kl", type=POSITIVE, default=DEFAULT_MAX_KV_QUANTIZATION_KL,
               show_default=True, help="The verdict's limit on mean next-token KL (nats), "
               "as quality.maxKVQuantizationKL.")
 @click.option("--out-file", "output", type=click.Path(path_type=Path), default=None,
@@ -44,4 +46,11 @@ def quality(model: Path, dtypes: str, device: str, max_prompt_tokens: int,
                 output=output, max_kl=max_kl), progress=shown)
     except runner.RunError as exc:
         raise click.ClickException(str(exc)) from None
+    except ImportError as exc:
+        # torch, transformers and safetensors are the quality extra (a laptop planning
+        # install leaves them out): say so instead of a traceback.
+        missing = exc.name or str(exc)
+        raise click.ClickException(
+            f"kvtune quality needs {missing!r}, which is not installed (it runs the model "
+            "with torch and transformers); pip install 'kvtune[quality]'") from None
     click.echo("\n".join(runner.verdict_lines(report, max_kl)))

@@ -23,8 +23,10 @@ from typing import Any
 
 import click
 
+from kvtune.cli import serve_line
 from kvtune.cli.options import gpu_option, model_option, tp_option, weights_dtype_option
 from kvtune.cli.outputs import plot_file, writable_file
+from kvtune.cli.params import POSITIVE, finite
 from kvtune.cli.progress import Progress, progress_option
 from kvtune.tuner.errors import InvalidInput, KVTuneError
 from kvtune.tuner.facts import catalog, gpus
@@ -40,6 +42,11 @@ from kvtune.tuner.simulator.scheduler import simulate as simulate_requests
 from kvtune.tuner.simulator.scoring import DEFAULT_SAMPLE_REQUESTS, SimulatorScorer
 from kvtune.tuner.simulator.workload import SimRequest, requests_from_trace
 from kvtune.tuner.traces import load_trace
+
+# --speed: from a thousandth (a 1,000 s gap becomes 11.6 days of simulated time, still a
+# bounded number of steps) to a million (a day of traffic in a tenth of a second: every
+# request at once), beyond which the arrival times stop meaning anything.
+MIN_SPEED, MAX_SPEED = 1e-3, 1e6
 
 _COLUMNS: tuple[tuple[str, str, str], ...] = (
     # (header, summary key, format); a key missing from a row (no SLO given) is left out
@@ -87,11 +94,12 @@ def render_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines + notes)
 
 
-def _row(config: SimulatedPlan, result: SimResult | None, slo: SLOTargets | None = None
-         ) -> dict[str, Any]:
+def _row(config: SimulatedPlan, result: SimResult | None, tensor_parallel: int,
+         slo: SLOTargets | None = None) -> dict[str, Any]:
     row: dict[str, Any] = {
         "name": config.name, "starts": config.starts,
-        "vllm_args": config.plan.vllm_args(),
+        # As `kvtune plan -o json` has them: the TP flag, the weights flags, the KV knobs.
+        "vllm_args": serve_line.serve_args(tensor_parallel, config.plan),
         "engine": {
             "num_gpu_blocks": config.engine.num_gpu_blocks,
             "block_size": config.engine.block_size,
@@ -122,9 +130,9 @@ def _row(config: SimulatedPlan, result: SimResult | None, slo: SLOTargets | None
 @click.option("--vllm-version", default=PINNED_VLLM_VERSION, show_default=True,
               help="vLLM version whose memory accounting and defaults to model "
               "(the versions kvtune is calibrated for).")
-@click.option("--speed", type=float, default=1.0, show_default=True,
+@click.option("--speed", type=finite(MIN_SPEED, MAX_SPEED), default=1.0, show_default=True,
               help="Replay X times faster than recorded (find where a configuration saturates).")
-@click.option("--limit", type=int, default=None,
+@click.option("--limit", type=click.IntRange(min=1), default=None,
               help="Replay only the first N requests (default: all).")
 @click.option("--config", "config_pairs", multiple=True, metavar="K=V",
               help="Overrides for the 'custom' configuration (vLLM defaults + these), e.g. "
@@ -132,13 +140,14 @@ def _row(config: SimulatedPlan, result: SimResult | None, slo: SLOTargets | None
 @click.option("--compare", "compare_names", default="defaults,planned,contiguous,no-prefix-cache",
               show_default=True, help="Comma-separated configurations: "
               + ", ".join(compare.CONFIGURATION_NAMES))
-@click.option("--score-sample", type=int, default=DEFAULT_SAMPLE_REQUESTS, show_default=True,
+@click.option("--score-sample", type=click.IntRange(min=0), default=DEFAULT_SAMPLE_REQUESTS,
+              show_default=True,
               help="Requests of the trace the planner's scorer replays per candidate "
               "(0: plan without the simulator).")
-@click.option("--ttft-p95", "ttft_slo", type=float, default=None, metavar="S",
+@click.option("--ttft-p95", "ttft_slo", type=POSITIVE, default=None, metavar="S",
               help="TTFT target in seconds: each configuration reports SLO-goodput (requests "
               "per second meeting both targets) and attainment; the planner plans for it.")
-@click.option("--tpot-p95", "tpot_slo", type=float, default=None, metavar="S",
+@click.option("--tpot-p95", "tpot_slo", type=POSITIVE, default=None, metavar="S",
               help="TPOT target in seconds (per request: (finish - first token) / (output - 1)).")
 @click.option("--per-request", "per_request_path", type=click.Path(dir_okay=False,
               path_type=Path), default=None,
@@ -167,17 +176,14 @@ def simulate(
         plot_file(plot_path)
     if per_request_path is not None:
         writable_file(per_request_path, "--per-request")
+    names, overrides = _configurations_asked(compare_names, config_pairs)
+    if engine == "vllm" and "contiguous" in names:
+        raise click.BadParameter("'contiguous': vLLM only allocates paged blocks; drop it with "
+                                 "--engine vllm", param_hint="--compare")
     shown = Progress("simulate", progress)
     try:
-        for flag, value in (("--ttft-p95", ttft_slo), ("--tpot-p95", tpot_slo)):
-            if value is not None and not (value > 0 and math.isfinite(value)):
-                raise InvalidInput(flag, value, "must be a positive number of seconds")
         slo = (SLOTargets(ttft_seconds=ttft_slo, tpot_seconds=tpot_slo)
                if ttft_slo is not None or tpot_slo is not None else None)
-        names = [n.strip() for n in compare_names.split(",") if n.strip()]
-        overrides = compare.parse_overrides(config_pairs)
-        if overrides and "custom" not in names:
-            names.append("custom")
         trace = load_trace(trace_path)
         request = PlanRequest(
             model=catalog.get_model(model), gpu=gpus.get_gpu_class(gpu_name),
@@ -187,9 +193,6 @@ def simulate(
         )
         scorer = (SimulatorScorer.from_trace(trace, limit=score_sample, speed=speed)
                   if score_sample > 0 else None)
-        if engine == "vllm" and "contiguous" in names:
-            raise InvalidInput("--compare", "contiguous", "vLLM only allocates paged blocks: "
-                               "drop 'contiguous' with --engine vllm")
         if "planned" in names and scorer is not None:
             shown(f"planning 'planned': scoring its candidates on {score_sample:,} requests "
                   "of the trace")
@@ -206,7 +209,7 @@ def simulate(
             what = f"replaying {config.name} ({i + 1}/{len(configs)}), requests finished"
             result = (_replay(engine, requests, config, shown.counter(what))
                       if config.starts else None)
-            row = _row(config, result, slo)
+            row = _row(config, result, tensor_parallel, slo)
             row["wall_seconds"] = round(time.perf_counter() - t0, 3)
             rows.append(row)
             if result is not None:
@@ -230,13 +233,34 @@ def simulate(
     else:
         click.echo(header + (f"; SLO {_slo_text(slo)}" if slo is not None else ""))
         click.echo(render_table(rows))
-        for row in rows:
-            click.echo(f"  {row['name']}: vllm serve {model} {' '.join(row['vllm_args'])}")
+        for config in configs:
+            click.echo(f"  {config.name}: " + serve_line.serve_command(
+                request.model.hf_id, tensor_parallel, config.plan))
     if plot_path is not None:
         from kvtune.tuner.simulator.plot import plot_comparison
 
         plot_comparison(results, plot_path, title=header)
         click.echo(f"wrote {plot_path}", err=output_format == "json")
+
+
+def _configurations_asked(compare_names: str, config_pairs: tuple[str, ...]
+                          ) -> tuple[list[str], dict[str, Any]]:
+    """``--compare`` and ``--config`` as the comparison takes them; a usage error (exit 2)
+    for an unknown name, a malformed pair or a value out of its bounds, before any work."""
+    names = [n.strip() for n in compare_names.split(",") if n.strip()]
+    unknown = [n for n in names if n not in compare.CONFIGURATION_NAMES]
+    if unknown or not (names or config_pairs):
+        raise click.BadParameter(
+            f"{compare_names!r}: " + (f"unknown {', '.join(unknown)}" if unknown else "empty")
+            + f"; choose from {', '.join(compare.CONFIGURATION_NAMES)}",
+            param_hint="--compare")
+    try:
+        overrides = compare.parse_overrides(config_pairs)
+    except InvalidInput as exc:
+        raise click.UsageError(str(exc)) from None
+    if overrides and "custom" not in names:
+        names.append("custom")
+    return names, overrides
 
 
 def _slo_text(slo: SLOTargets) -> str:

@@ -338,10 +338,13 @@ def parse_config_overrides(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]
             if raw.lower() not in ("true", "false", "1", "0"):
                 raise ValueError(f"--config {key}={raw!r}: expected true or false")
             value = raw.lower() in ("true", "1")
-        elif isinstance(current, int):
-            value = int(raw)
-        elif isinstance(current, float):
-            value = float(raw)
+        elif isinstance(current, int | float):
+            kind = type(current)
+            try:
+                value = kind(raw)
+            except ValueError:
+                what = "an integer" if kind is int else "a number"
+                raise ValueError(f"--config {key}={raw!r}: expected {what}") from None
         else:
             value = raw
         out[key] = value

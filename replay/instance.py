@@ -54,13 +54,31 @@ class InstanceConfig:
     step_seconds: float = 0.05
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "num_gpu_blocks", "max_model_len", "max_num_seqs",
-                     "max_num_batched_tokens"):
+        for name, (low, low_open, high) in _BOUNDS.items():
             value = getattr(self, name)
-            if value <= 0:
-                raise ValueError(f"{name}={value}: must be > 0")
-        if self.step_seconds <= 0:
-            raise ValueError(f"step_seconds={self.step_seconds}: must be > 0")
+            # Written so that NaN, which fails every comparison, is refused too.
+            if not ((value > low if low_open else value >= low) and value <= high):
+                raise ValueError(f"{name}={value!r}: must be {'>' if low_open else '>='} "
+                                 f"{_number(low)} and <= {_number(high)}")
+
+
+def _number(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
+
+# Each number's range (lowest, lowest excluded, highest): vLLM's lower bounds, and upper
+# bounds beyond any real instance, so a typo fails at once instead of allocating a block
+# table for it (num_gpu_blocks=1e12) or stepping a clock that never moves
+# (step_seconds=nan). Tokens: 2**24, as kvtune's pins (tuner/planner/policy.py).
+_TOKENS = float(1 << 24)
+_BOUNDS: dict[str, tuple[float, bool, float]] = {
+    "block_size": (0, True, 4096), "num_gpu_blocks": (0, True, _TOKENS),
+    "max_model_len": (0, True, _TOKENS), "max_num_seqs": (0, True, 100_000),
+    "max_num_batched_tokens": (0, True, _TOKENS), "gpu_memory_utilization": (0, True, 1.0),
+    "kv_cache_memory_bytes": (0, False, float(1 << 50)),
+    "prefill_tokens_per_second": (0, True, 1e9), "decode_step_base_seconds": (0, False, 60.0),
+    "decode_step_seconds_per_kv_token": (0, False, 1.0), "step_seconds": (0, True, 60.0),
+}
 
 
 @dataclass

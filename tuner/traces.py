@@ -12,6 +12,7 @@ Parsing takes lines (pure); ``load_trace`` is the one function that opens a file
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -56,6 +57,12 @@ def _parse_azure_timestamp(text: str) -> datetime:
     return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}" if frac else head)
 
 
+# The most tokens one request of a trace may have: above the longest context of any model
+# (Llama 4 Scout's 10,485,760). A count beyond it is a broken row, and the simulator would
+# size a block table for it.
+MAX_TRACE_TOKENS = 1 << 24
+
+
 def _tokens(value: object, field: str, where: str) -> int:
     """A token count: a whole number >= 0 (a negative or fractional count is a broken trace,
     refused here in one line rather than deep inside the profile)."""
@@ -69,6 +76,10 @@ def _tokens(value: object, field: str, where: str) -> int:
     if count < 0:
         raise InvalidInput(f"trace {where}: {field}", count,
                            "a token count cannot be negative; fix or drop that row")
+    if count > MAX_TRACE_TOKENS:
+        raise InvalidInput(f"trace {where}: {field}", count,
+                           f"more tokens than any model's context (at most {MAX_TRACE_TOKENS:,})"
+                           "; fix or drop that row")
     return count
 
 
@@ -103,6 +114,17 @@ def parse_azure_csv(lines: Iterable[str], name: str = "azure") -> Trace:
     return Trace(name=name, format="azure-csv", requests=requests)
 
 
+def _milliseconds(value: object, where: str) -> float:
+    """A Mooncake timestamp (ms) in seconds; JSON's NaN and Infinity are refused."""
+    if isinstance(value, bool):
+        raise ValueError(f"timestamp {value!r} is not a number")
+    ms = float(value)  # type: ignore[arg-type]  # a str, int or float; else TypeError
+    if not math.isfinite(ms):
+        raise InvalidInput(f"trace {where}: timestamp", value, "expected a finite number of "
+                           "milliseconds; fix or drop that row")
+    return ms / 1000.0
+
+
 def parse_mooncake_jsonl(lines: Iterable[str], name: str = "mooncake") -> Trace:
     requests: list[TraceRequest] = []
     for lineno, line in enumerate(lines, start=1):
@@ -113,7 +135,7 @@ def parse_mooncake_jsonl(lines: Iterable[str], name: str = "mooncake") -> Trace:
             where = f"{name}:{lineno}"
             requests.append(
                 TraceRequest(
-                    arrival_seconds=float(obj["timestamp"]) / 1000.0,
+                    arrival_seconds=_milliseconds(obj["timestamp"], where),
                     prompt_tokens=_tokens(obj["input_length"], "input_length", where),
                     output_tokens=_tokens(obj["output_length"], "output_length", where),
                     prefix_block_ids=tuple(int(h) for h in obj.get("hash_ids", ())),
@@ -143,13 +165,23 @@ def load_trace(path: str | Path) -> Trace:
     p = Path(path)
     if not p.is_file():
         raise InvalidInput("--trace", str(p), "no such file; pass an Azure CSV or Mooncake JSONL")
-    with p.open(encoding="utf-8") as f:
-        first = f.readline()
-        f.seek(0)
-        if first.lstrip().startswith("{"):
-            return parse_mooncake_jsonl(f, name=p.name)
-        if first.startswith("TIMESTAMP"):
-            return parse_azure_csv(f, name=p.name)
+    try:
+        with p.open(encoding="utf-8") as f:
+            first = f.readline()
+            f.seek(0)
+            if first.lstrip().startswith("{"):
+                return parse_mooncake_jsonl(f, name=p.name)
+            if first.startswith("TIMESTAMP"):
+                return parse_azure_csv(f, name=p.name)
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(
+            "--trace", str(p),
+            f"not UTF-8 text (a byte 0x{exc.object[exc.start]:02x}): "
+            "pass an Azure CSV or Mooncake JSONL trace, not a binary or re-encoded file",
+        ) from None
+    except OSError as exc:
+        raise InvalidInput("--trace", str(p), f"cannot read it ({exc.strerror}); pass a "
+                           "readable Azure CSV or Mooncake JSONL trace") from None
     raise InvalidInput(
         "--trace", str(p),
         "unknown format: expected an Azure CSV (header TIMESTAMP,ContextTokens,GeneratedTokens) "

@@ -56,8 +56,9 @@ def load_config_json(path: Path, hf_id: str | None = None) -> ModelArchitecture:
     """A model from a ``config.json`` file on disk (any model, not only the catalog's)."""
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InvalidInput("model", str(path), f"cannot read it as JSON: {exc}") from exc
+    except (OSError, ValueError) as exc:  # ValueError: bad JSON, or bytes that are not UTF-8
+        raise InvalidInput("model", str(path), f"cannot read it as JSON: {exc}; pass the "
+                           "model's config.json (from its Hugging Face repository)") from exc
     if not isinstance(config, dict):
         raise InvalidInput(
             "model", str(path),
@@ -77,7 +78,7 @@ def _read_beside(config_path: Path, name: str) -> str | None:
         return None
     try:
         return candidate.read_text(encoding="utf-8")
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise InvalidInput(name, str(candidate), f"cannot read it: {exc}") from exc
 
 

@@ -65,14 +65,20 @@ def decide(
     seqs = max(1, min(bw, fit_p50, MAX_NUM_SEQS_CEILING, batched))
     if seqs >= 16:
         seqs = seqs // 8 * 8  # CUDA-graph capture sizes are multiples of 8
-    limit = "bandwidth" if bw <= fit_p50 else "KV capacity"
+    # The limit that binds, named: vLLM refuses max-num-batched-tokens < max-num-seqs, so
+    # a small (pinned) step budget caps the batch whatever the bandwidth and KV allow.
+    limit, code = min(
+        (bw, 0, "bandwidth", "DecodeBandwidth"), (fit_p50, 1, "KV capacity", "KVCapacity"),
+        (batched, 2, f"max-num-batched-tokens ({batched})", "BatchedTokens"),
+        (MAX_NUM_SEQS_CEILING, 3, f"ceiling of {MAX_NUM_SEQS_CEILING}", "Ceiling"))[2:]
     run.reasons.append(Reason(
-        knob="max-num-seqs", choice=str(seqs), code=(
-            "DecodeBandwidth" if limit == "bandwidth" else "KVCapacity"),
+        knob="max-num-seqs", choice=str(seqs), code=code,
         message=(
             f"{bw} sequences of the median session keep a decode step within "
             f"{tpot_why}; {fit_p50} median sessions fit in the KV cache; the "
             f"{limit} limit binds"
+            + (" (vLLM needs max-num-batched-tokens >= max-num-seqs)"
+               if code == "BatchedTokens" else "")
         ),
     ))
     return seqs

@@ -99,6 +99,7 @@ def validate(
                 f"kv_cache_dtype={pins.kv_cache_dtype or 'auto'}; allowed: "
                 f"{allowed}",
             )
+    check_scheduler_pins(req, runtime.vllm_version)
     floor = req.policy.min_max_model_len_tokens
     if floor is not None and floor > model.max_position_embeddings:
         raise InvalidInput(
@@ -114,3 +115,37 @@ def validate(
             "VLLM_ALLOW_LONG_MAX_MODEL_LEN",
         )
     return warnings
+
+
+# The most host memory per GPU a KV offload may ask for: 4x the largest GPU servers' share
+# (DGX B200/B300: 2-4 TB for 8 GPUs, GH200/GB200: 480 GB LPDDR per Grace for 1-2 GPUs), so
+# only a typo (TiB for GiB, an extra zero) is refused; the node's free memory is the real limit.
+MAX_OFFLOAD_GIB_PER_GPU = 2048.0
+
+
+def check_scheduler_pins(req: PlanRequest, vllm_version: str) -> None:
+    """Pins vLLM refuses at start, or that no node could back:
+
+    - ``max_num_batched_tokens < max_num_seqs``: vLLM 0.33's ``SchedulerConfig.
+      verify_max_model_len`` raises ("must be greater than or equal to max_num_seqs"). (Its
+      other rule, batched tokens >= max-model-len, holds only without chunked prefill, which
+      vLLM turns on for every decoder model kvtune plans.) With max-num-seqs not pinned the
+      planner keeps it at or below the batched tokens.
+    - ``kv_offloading_size_gib`` beyond ``MAX_OFFLOAD_GIB_PER_GPU`` per TP rank: vLLM pins
+      that much host memory at start and the pod would never be scheduled.
+    """
+    pins, tp = req.policy.pins, req.tensor_parallel
+    batched, seqs = pins.max_num_batched_tokens, pins.max_num_seqs
+    if batched is not None and seqs is not None and batched < seqs:
+        raise InvalidInput(
+            "pins.max_num_batched_tokens", batched,
+            f"below the pinned max_num_seqs={seqs}: vLLM {vllm_version} refuses to start "
+            f"(max_num_batched_tokens must be >= max_num_seqs); pin at least {seqs}, or "
+            "lower max-num-seqs")
+    size = pins.kv_offloading_size_gib
+    if size is not None and size > MAX_OFFLOAD_GIB_PER_GPU * tp:
+        raise InvalidInput(
+            "pins.kv_offloading_size_gib", size,
+            f"{size / tp:g} GiB of host memory per GPU at TP {tp}: more than any GPU node "
+            f"has (kvtune's limit: {MAX_OFFLOAD_GIB_PER_GPU:g} GiB per GPU); size it from "
+            "the node's free memory, in GiB across the TP ranks")

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pydantic import ValidationError
+
 from kvtune.tuner import knobs
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.plan import KVPlan, offload_backend
@@ -25,6 +27,7 @@ CONFIGURATION_NAMES = ("defaults", "planned", "contiguous", "no-prefix-cache", "
 SIMULATED_KNOBS = ("block_size", "kv_cache_dtype", "gpu_memory_utilization",
                    "kv_cache_memory_bytes", "max_model_len", "max_num_seqs",
                    "max_num_batched_tokens", "enable_prefix_caching", "kv_offloading_size_gib")
+_SCHEDULER_PAIR = frozenset({"max_num_seqs", "max_num_batched_tokens"})
 _KNOB_TYPES: dict[str, type] = {name: knobs.BY_NAME[name].type for name in SIMULATED_KNOBS}
 
 
@@ -49,7 +52,18 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
                 out[field] = kind(value)
         except ValueError as exc:
             raise InvalidInput("--config", pair, f"{field} takes a {kind.__name__}") from exc
+        _check_bounds(pair, field, out[field])
     return out
+
+
+def _check_bounds(pair: str, field: str, value: Any) -> None:
+    """The pin's bounds (``Pins``: vLLM's own lower bounds, kvtune's sanity caps, finite):
+    a zero, negative, NaN or absurd value is refused here, naming the pair."""
+    try:
+        Pins.model_validate({field: value})
+    except ValidationError as exc:
+        problem = exc.errors()[0]["msg"]
+        raise InvalidInput("--config", pair, f"{field}: {problem}") from None
 
 
 def check_overrides(request: PlanRequest, overrides: Mapping[str, Any]) -> None:
@@ -99,8 +113,14 @@ def configurations(
             out.append(simulated_plan(
                 request, base.model_copy(update={"enable_prefix_caching": False}), name))
         else:
-            check_overrides(request, overrides or {})
             fields = {**defaults.model_dump(), **(overrides or {})}
+            # vLLM's checks of the pins see the scheduler's pair as custom runs it: an
+            # override of one against the default of the other (batched tokens 1 against
+            # 1,024 default sequences does not start).
+            pins = dict(overrides or {})
+            if _SCHEDULER_PAIR & pins.keys():
+                pins.update({k: fields[k] for k in _SCHEDULER_PAIR})
+            check_overrides(request, pins)
             # 0 turns CPU offload off (the field itself takes only a positive size).
             size = fields.get("kv_offloading_size_gib") or None
             plan = KVPlan.model_validate({**fields, "kv_offloading_size_gib": size,

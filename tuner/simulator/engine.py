@@ -141,6 +141,9 @@ def vllm_default_plan(request: planning.PlanRequest) -> KVPlan:
     runtime = get_runtime(request.vllm_version)
     tokens, seqs = runtime.defaults_for_memory(request.gpu.cuda_total_bytes, request.gpu.name)
     model = request.model
+    # The weights flags the requested weights dtype needs (--quantization for fp8 weights):
+    # the simulation loads the weights that way, so the printed command must say so too.
+    weights = weights_load(model, request.weights_dtype)
     return KVPlan(
         block_size=64 if model.is_mla else runtime.default_block_size,
         kv_cache_dtype="auto",
@@ -149,4 +152,7 @@ def vllm_default_plan(request: planning.PlanRequest) -> KVPlan:
         max_num_seqs=seqs,
         max_num_batched_tokens=tokens,
         enable_prefix_caching=True,
+        dtype=weights.dtype_flag,
+        quantization=weights.quantization_flag,
+        allow_deprecated_quantization=weights.allow_deprecated_quantization,
     )
