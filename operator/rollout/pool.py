@@ -40,10 +40,12 @@ def rollout_pool(ctx: PoolContext, inp: PlanInput,
             return ctx.apply_failed(exc, f"pool {ctx.pool.pool_name}: the KV-quality "
                                     f"calibration Job: {exc}")
         if started:
-            ctx.events.append(Event("Normal", "CalibrationStarted", f"pool "
-                                    f"{ctx.pool.pool_name}: Job {gate.started_jobs[-1]} "
-                                    f"measures {planned.pool_plan.plan.kv_cache_dtype} before "
-                                    f"it rolls out"))
+            # A Job started, or none can run and the gate holds: plan the pool again.
+            if gate.started_jobs:
+                ctx.events.append(Event("Normal", "CalibrationStarted", f"pool "
+                                        f"{ctx.pool.pool_name}: Job {gate.started_jobs[-1]} "
+                                        f"measures {planned.pool_plan.plan.kv_cache_dtype} "
+                                        f"before it rolls out"))
             return rollout_pool(ctx, inp, discovered)
     refused = apply_access(ctx, rendered)
     if refused is not None:
