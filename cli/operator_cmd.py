@@ -62,6 +62,10 @@ def render_limits(in_flight: int, cpu_seconds: float, window_seconds: float,
 @click.option("--allowed-service-account", "service_accounts", multiple=True,
               help="A ServiceAccount a tenant's pod template may name, besides default and "
               "kvtune-runtime (repeatable; the chart's podPolicy.allowedServiceAccounts).")
+@click.option("--allowed-secret", "secrets", multiple=True,
+              help="A Secret a tenant's pod template may reference (volume, env, envFrom, "
+              "imagePullSecrets; repeatable; the chart's podPolicy.allowedSecrets). Without "
+              "it, none.")
 @click.option("--gpu-price", "gpu_prices", multiple=True, metavar="CLASS=USD",
               help="Price of one GPU of a class per hour for the cost figures in status "
               "(repeatable; the chart's gpuPrices). A pool's gpuPriceUsdPerHour overrides it; "
@@ -86,7 +90,8 @@ def render_limits(in_flight: int, cpu_seconds: float, window_seconds: float,
 def operator(kubeconfig: str | None, namespaces: tuple[str, ...], metrics_port: int,
              metrics_address: str, standalone: bool, peering_name: str | None,
              liveness_endpoint: str | None, priority: int | None, pod_security: str,
-             service_accounts: tuple[str, ...], gpu_prices: tuple[str, ...],
+             service_accounts: tuple[str, ...], secrets: tuple[str, ...],
+             gpu_prices: tuple[str, ...],
              template_renders_in_flight: int, template_cpu_seconds: float,
              template_cpu_window_seconds: float, template_retry_spread_seconds: float,
              search_cpu_seconds: float, search_memory_mib: int, verbose: bool) -> None:
@@ -127,6 +132,7 @@ def operator(kubeconfig: str | None, namespaces: tuple[str, ...], metrics_port: 
     handlers.CONFIG.namespaces = namespaces
     pod_policy.CONFIG.level = "restricted" if pod_security == "restricted" else "baseline"
     pod_policy.CONFIG.service_accounts = service_accounts
+    pod_policy.CONFIG.secrets = secrets
     loaded = load_handlers()
     click.echo(f"kvtune operator: handlers {', '.join(loaded)}; namespaces "
                f"{', '.join(namespaces) or 'all'}; metrics on {metrics_address}:{metrics_port}",

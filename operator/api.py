@@ -274,6 +274,12 @@ class QualitySpec(_Model):
         default=False,
         description="Keep 16-bit KV until a measurement for this model revision allows a "
                     "narrower dtype.")
+    accept_unverified: bool = Field(
+        default=False, alias="acceptUnverified",
+        description="Roll out a narrower KV dtype that no measurement covers where none can "
+                    "be made (calibration disabled, no calibration image, or calibration Jobs "
+                    "not allowed in the namespace). Off: the wider dtype stays and "
+                    "status.kvQuality says why.")
     calibration: CalibrationSpec = CalibrationSpec()
 
 

@@ -6,9 +6,12 @@ out for a model revision, keep the report, and gate the plans on it.
   same source as the runtime) with the vLLM container's command replaced by
   ``python3 -m kvtune.quality --model <the runtime's model> ...`` and no probes or ports.
   ``activeDeadlineSeconds`` is ``spec.quality.calibration.timeout``; ``backoffLimit: 0``.
-- The report comes back on the Job's pod: the ``kvtune.io/kv-quality-report`` annotation
-  (patched by the Job with the runtime ServiceAccount's get/patch-pods Role), else the
-  container's termination message (compact JSON, at most 4096 bytes).
+- The report comes back in the Job's own pod's termination message (compact JSON, at most
+  4096 bytes), which only the kubelet writes, from the container's own file: a pod
+  annotation (anyone who may patch pods) or the namespace's shared runtime-reports
+  ConfigMap (any pod of the runtime's account, or anyone who may patch ConfigMaps there)
+  would let another writer vouch for this Job's measurement (issue 25). Only a pod the Job
+  controls (its ownerReference) counts.
 - The operator keeps it in the ConfigMap ``kvtune-kvq-<hash of deployment, model@revision>``
   (key ``report.json``; measurements merged per dtype, so the cache is per model revision and
   dtype) and summarises it in ``status.kvQuality``. The Job and the ConfigMap are applied
@@ -200,10 +203,14 @@ def job_phase(job: Mapping[str, Any] | None) -> tuple[JobPhase, str]:
     return "running", ""
 
 
-def report_from_pod(pod: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The report a Job pod left: its annotation, else its termination message."""
-    texts = [((pod.get("metadata") or {}).get("annotations") or {}).get(REPORT_ANNOTATION)]
+def report_from_pod(pod: Mapping[str, Any], container: str | None = None
+                    ) -> dict[str, Any] | None:
+    """The report a Job pod left in its termination message (of ``container``: the Job's
+    one container; any when None)."""
+    texts = []
     for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if container is not None and status.get("name") != container:
+            continue
         terminated = (status.get("state") or {}).get("terminated") or {}
         texts.append(terminated.get("message"))
     for text in texts:
@@ -218,30 +225,33 @@ def report_from_pod(pod: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-# Where the runtime entrypoint's reports go when its pods may write a ConfigMap instead of
-# annotating themselves (key: the pod's name); the Job, running as the same ServiceAccount,
-# may report there too.
+# The runtime entrypoint's reports (operator/runtime_reports.py); the Job's pod also writes
+# its report there (quality/run.py publish), for people: the operator never reads it as a
+# measurement (any writer of that ConfigMap could vouch for another object's Job).
 RUNTIME_REPORTS_CONFIG_MAP = "kvtune-runtime-reports"
 
 
-def report_from_reports_config_map(config_map: Mapping[str, Any] | None,
-                                   pod_name: str) -> dict[str, Any] | None:
-    text = ((config_map or {}).get("data") or {}).get(pod_name)
-    if not text:
-        return None
-    return report_from_pod({"metadata": {"annotations": {REPORT_ANNOTATION: text}}})
+def _job_container(job: Mapping[str, Any] | None) -> str | None:
+    containers = (((job or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+    names = [c.get("name") for c in containers.get("containers") or [] if isinstance(c, dict)]
+    return names[0] if len(names) == 1 else None
 
 
-def job_result(job: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]],
-               reports_config_map: Mapping[str, Any] | None = None) -> JobResult:
+def _controlled_by(pod: Mapping[str, Any], job: Mapping[str, Any] | None) -> bool:
+    uid = ((job or {}).get("metadata") or {}).get("uid")
+    return owned_by(pod, uid) is not None
+
+
+def job_result(job: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]]) -> JobResult:
+    """The Job's phase and report: from the termination message of the Job's own container
+    in a pod the Job controls (a pod that only carries the Job's label does not count)."""
     phase, message = job_phase(job)
-    pods = list(pods)
-    reports = [r for p in pods if (r := report_from_pod(p)) is not None]
-    reports += [r for p in pods if (r := report_from_reports_config_map(
-        reports_config_map, str((p.get("metadata") or {}).get("name")))) is not None]
+    container = _job_container(job)
+    reports = [r for p in pods if _controlled_by(p, job)
+               and (r := report_from_pod(p, container)) is not None]
     if phase == "succeeded" and not reports:
         return JobResult("failed", None, "the Job completed but its pod left no report "
-                         f"(annotation {REPORT_ANNOTATION} or termination message)")
+                         "(its container's termination message)")
     if phase == "running" and (stuck := _image_not_pulled(pods)):
         # The Job would wait out its whole timeout for an image that never comes.
         return JobResult("failed", None, stuck)

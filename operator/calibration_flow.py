@@ -44,9 +44,9 @@ class Gate:
     # The report ConfigMap's name is taken by an object kvtune did not create for this
     # InferenceDeployment: the report is not stored (Degraded/NameCollision), only used.
     collision: str | None = None
-    # "pool: dtype" per pool whose plan chose a narrower dtype no measurement covers, where
-    # no calibration can run (no image, or 403): the wider dtype is held (never rolled out
-    # unmeasured) and status says Unverified with the reason and the fix.
+    # "pool (dtype)" per pool whose plan wanted a narrower dtype no measurement covers, where
+    # no calibration can run (disabled, no image, or 403): status says Unverified, not
+    # NotNeeded; the wider dtype stays unless spec.quality.acceptUnverified (issue 25).
     unverified: list[str] = field(default_factory=list)
 
     @property
@@ -56,10 +56,16 @@ class Gate:
 
     @property
     def hold(self) -> bool:
-        """A calibration runs, failed or cannot run: unmeasured narrower dtypes must not roll
-        out."""
+        """A calibration runs or failed, or none can run and the spec does not accept
+        unverified dtypes: unmeasured narrower dtypes must not roll out."""
         return bool(self.running_job or self.started_jobs or self.failed_job
-                    or self.unverified)
+                    or self.unmeasurable)
+
+    @property
+    def unmeasurable(self) -> bool:
+        """A narrower dtype was planned that cannot be measured here, and the spec does not
+        accept it unmeasured (the gate fails closed)."""
+        return bool(self.unverified) and not self.quality.accept_unverified
 
     def policy(self) -> kv_quality.KVQualityPolicy:
         job = self.running_job or (self.started_jobs[0] if self.started_jobs else None)
@@ -67,8 +73,9 @@ class Gate:
             why = f"the calibration Job {job} (running)"
         elif self.failed_job is not None:
             why = f"the failed calibration Job {self.failed_job}"
-        elif self.unverified:
-            why = "no calibration Job can run here (status.kvQuality says why)"
+        elif self.unmeasurable:
+            why = ("no calibration possible here (spec.quality.acceptUnverified is false; "
+                   "see status.kvQuality)")
         else:
             why = "quality.requireMeasurement"
         return kv_quality.KVQualityPolicy(
@@ -87,15 +94,19 @@ class Gate:
                 f"calibration Job {self.failed_job} failed ({self.failure}); the wider dtype "
                 "stays (a new Job is tried when this one is deleted, after a day at most)")
             job = self.failed_job
-        elif self.report is not None:
+        elif self.report is not None and not self.unverified:
             phase, message = "Measured", f"report in configmap/{self.config_map}"
+        elif self.unverified:
+            outcome = ("rolled out unmeasured (spec.quality.acceptUnverified)"
+                       if self.quality.accept_unverified else
+                       "the wider dtype stays (set spec.quality.acceptUnverified: true to "
+                       "roll it out unmeasured)")
+            phase, message = "Unverified", (
+                f"the narrower KV dtype is not measured for revision {self.revision} "
+                f"(pool {', pool '.join(self.unverified)}) and cannot be measured here: "
+                f"{outcome}")
         elif not self.quality.calibration.enabled:
             phase, message = "Disabled", "spec.quality.calibration.enabled is false"
-        elif self.unverified:
-            phase, message = "Unverified", (
-                f"the planned narrower KV dtype is not measured for revision {self.revision} "
-                f"(pool {', pool '.join(self.unverified)}) and cannot be measured here; the "
-                f"wider dtype stays")
         else:
             phase, message = "NotNeeded", "no narrower KV dtype is planned"
         if self.notes:
@@ -116,8 +127,10 @@ def from_status(spec: InferenceDeploymentSpec, status: KVQualityStatus | None
     revision = spec.model.revision or calibration.UNPINNED
     usable = status is not None and (status.model, status.revision) == (spec.model.name,
                                                                          revision)
-    hold = usable and status is not None and status.phase in ("Calibrating", "Failed",
-                                                              "Unverified")
+    # A Job runs or failed, or none can run and the spec does not accept an unverified dtype.
+    hold = usable and status is not None and (
+        status.phase in ("Calibrating", "Failed")
+        or (status.phase == "Unverified" and not quality.accept_unverified))
     policy = kv_quality.KVQualityPolicy(
         max_kv_quantization_kl=quality.max_kv_quantization_kl,
         require_measurement=quality.require_measurement or hold,
@@ -190,8 +203,6 @@ def prepare(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeploymen
         gate.notes.append(f"cannot read the KV-quality report or Jobs: {kapply._reason(exc)}")
         return gate
     report = kept
-    reports_cm = _read_config_map(kube, namespace, calibration.RUNTIME_REPORTS_CONFIG_MAP) \
-        if jobs else None
     jobs = [j for j in jobs if calibration.owned_by(j, meta.get("uid")) is not None]
     for job in jobs:
         notes = (job.get("metadata") or {}).get("annotations") or {}
@@ -200,7 +211,7 @@ def prepare(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeploymen
             continue  # another model revision's Job: its report has its own ConfigMap
         job_id = job["metadata"]["name"]
         pods = kapply.list_pods(kube, namespace, f"batch.kubernetes.io/job-name={job_id}")
-        result = calibration.job_result(job, pods, reports_cm)
+        result = calibration.job_result(job, pods)
         if result.phase == "running":
             gate.running_job = job_id
         elif result.phase == "failed":
@@ -229,12 +240,17 @@ def maybe_start(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeplo
                 gate: Gate, pool_plan: PoolPlan, deployment: Mapping[str, Any], *,
                 pool_name: str) -> bool:
     """Start the calibration Job when the pool's plan chose a narrower dtype no measurement
-    covers. True: the caller must plan the pool again with the held policy."""
+    covers. True: the caller must plan the pool again with the held policy (a Job started,
+    or none can run here and the spec does not accept an unverified dtype)."""
     quality = gate.quality
-    if not quality.calibration.enabled or gate.hold:
-        return gate.hold and _unverified(pool_plan, gate)
+    if gate.hold:
+        return _unverified(pool_plan, gate)
     if not _unverified(pool_plan, gate):
         return False
+    if not quality.calibration.enabled:
+        _note_unverified(gate, pool_name, pool_plan, "spec.quality.calibration.enabled is "
+                         "false")
+        return gate.hold
     image = calibration.job_image(deployment, quality.calibration.image,
                                   gpu_class=pool_plan.gpu_class)
     if image is None:
@@ -242,7 +258,7 @@ def maybe_start(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeplo
                 "spec.quality.calibration.image to an image with kvtune, torch and "
                 "transformers, or use runtime.entrypoint: kvtune")
         _note_unverified(gate, pool_name, pool_plan, note)
-        return True  # plan again with the wider dtype held
+        return gate.hold
     dtypes = calibration.dtypes_to_measure(pool_plan, gate.evidence)
     meta = body["metadata"]
     name = calibration.job_name(meta["name"], gate.model, gate.revision, dtypes)
@@ -263,7 +279,7 @@ def maybe_start(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeplo
                 f"add it to the chart value runtime.namespaces; until then the narrower dtype "
                 f"is unverified and the wider one stays")
         _note_unverified(gate, pool_name, pool_plan, note)
-        return True  # plan again with the wider dtype held
+        return gate.hold
     gate.started_jobs.append(name)
     return True
 

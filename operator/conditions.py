@@ -37,8 +37,14 @@ MONITORING_READY = "MonitoringReady"
 # spec.routing.enabled: whether each pool's endpoint picker is available (its ServiceAccount
 # exists) and the gateway accepted the HTTPRoute (operator/routing_status.py).
 ROUTING_READY = "RoutingReady"
+# Set once a planned narrower KV dtype could not be measured here (calibration disabled, no
+# image, Jobs forbidden): False/KVQualityUnmeasurable while the wider dtype stays, False/
+# AcceptedUnverified with spec.quality.acceptUnverified; True again once nothing is unverified
+# (operator/calibration_flow.py, issue 25).
+KV_QUALITY_VERIFIED = "KVQualityVerified"
 CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, PROFILE_STALE, RUNTIME_AS_PLANNED,
-                   SLO_AT_RISK, SLO_BELOW_PREDICTION, MONITORING_READY, ROUTING_READY)
+                   SLO_AT_RISK, SLO_BELOW_PREDICTION, MONITORING_READY, ROUTING_READY,
+                   KV_QUALITY_VERIFIED)
 
 # Reasons.
 ALL_POOLS_APPLIED = "AllPoolsApplied"  # Ready=True: every pool's runtime carries its plan
@@ -67,6 +73,9 @@ RECONCILE_FAILED = "ReconcileFailed"  # an unexpected error (the API server, a b
 AS_EXPECTED = "AsExpected"  # Degraded=False
 # RuntimeAsPlanned: every reporting pod runs the plan's memory fraction (within 5 points).
 AS_PLANNED = "AsPlanned"
+KV_QUALITY_UNMEASURABLE = "KVQualityUnmeasurable"  # KVQualityVerified=False: wider dtype kept
+ACCEPTED_UNVERIFIED = "AcceptedUnverified"  # KVQualityVerified=False: rolled out unmeasured
+KV_QUALITY_OK = "NothingUnverified"  # KVQualityVerified=True
 AWAITING_REPORTS = "AwaitingRuntimeReports"  # Unknown: no pod of the current plan reported
 GPU_MEMORY_LOWERED = "GpuMemoryLowered"  # the runtime lowered the fraction: less KV cache
 RUNTIME_REFUSED = "RuntimeRefused"  # the runtime refused to start vLLM: the plan cannot fit

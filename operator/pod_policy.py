@@ -10,7 +10,16 @@ plus kvtune's own rules, which no Pod Security level covers:
 - no ServiceAccount but ``default``, the runtime's ``kvtune-runtime`` and those the chart
   allows (``podPolicy.allowedServiceAccounts``, e.g. one with a cloud identity for weights);
 - no toleration without a key (it tolerates every taint: control-plane nodes included);
-- no ``system-*`` priority class (it preempts cluster components).
+- no ``system-*`` priority class (it preempts cluster components);
+- no Secret reference (volume, projected source, CSI ``nodePublishSecretRef``, env
+  ``secretKeyRef``, ``envFrom.secretRef``, ``imagePullSecrets``) but those the chart allows
+  (``podPolicy.allowedSecrets``; none by default), and only the volume kinds of "restricted"
+  (plus ``image``): kvtune renders no Secret reference, and the operator's token must not
+  hand a tenant the namespace's Secrets (issue 25);
+- no explicit root user (``runAsUser: 0``) and no ``allowPrivilegeEscalation: true``.
+
+The chart's ValidatingAdmissionPolicy (``templates/admission-policy.yaml``) refuses the same
+pods at the API server, whoever holds the operator's token.
 
 GPU pods need nothing beyond that: an ``nvidia.com/gpu`` request and a memory-backed
 ``/dev/shm`` emptyDir are allowed at both levels. ``check`` is pure and returns the first
@@ -41,6 +50,9 @@ SELINUX_TYPES = frozenset({"", "container_t", "container_init_t", "container_kvm
 # Pod Security "restricted": the only volume types.
 RESTRICTED_VOLUMES = frozenset({"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
                                 "persistentVolumeClaim", "projected", "secret"})
+# Both levels: the volume kinds the admission policy admits (none that carries a secretRef of
+# its own or runs code on the node; a secret volume only of an allowed Secret).
+TOKEN_VOLUMES = RESTRICTED_VOLUMES | {"image"}
 
 
 @dataclass
@@ -50,6 +62,8 @@ class PolicyConfig:
     level: Level = "baseline"
     # Besides ALLOWED_SERVICE_ACCOUNTS (the chart's podPolicy.allowedServiceAccounts).
     service_accounts: tuple[str, ...] = ()
+    # The Secrets a pod may reference (the chart's podPolicy.allowedSecrets); none by default.
+    secrets: tuple[str, ...] = ()
 
 
 CONFIG = PolicyConfig()
@@ -99,6 +113,64 @@ def _kvtune_rules(spec: Mapping[str, Any], level: str) -> Iterator[PolicyViolati
     if isinstance(priority, str) and priority.startswith("system-"):
         yield _refuse("spec.priorityClassName", priority, "system priority classes preempt "
                       "cluster components", "use a priority class of your own", level)
+
+
+def _secret_names(spec: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    """(field, Secret name) of every Secret the pod references."""
+    for i, volume in enumerate(spec.get("volumes") or []):
+        if not isinstance(volume, Mapping):
+            continue
+        if "secret" in volume:
+            yield f"spec.volumes[{i}].secret", (volume["secret"] or {}).get("secretName")
+        for j, source in enumerate((volume.get("projected") or {}).get("sources") or []):
+            if isinstance(source, Mapping) and "secret" in source:
+                yield (f"spec.volumes[{i}].projected.sources[{j}].secret",
+                       (source["secret"] or {}).get("name"))
+        if "nodePublishSecretRef" in (volume.get("csi") or {}):
+            yield (f"spec.volumes[{i}].csi.nodePublishSecretRef",
+                   (volume["csi"]["nodePublishSecretRef"] or {}).get("name"))
+    for i, ref in enumerate(spec.get("imagePullSecrets") or []):
+        yield f"spec.imagePullSecrets[{i}]", ref.get("name") if isinstance(ref, Mapping) else ref
+    for path, container in _containers(spec):
+        for j, env in enumerate(container.get("env") or []):
+            ref = (env.get("valueFrom") or {}) if isinstance(env, Mapping) else {}
+            if "secretKeyRef" in ref:
+                yield (f"{path}.env[{j}].valueFrom.secretKeyRef",
+                       (ref["secretKeyRef"] or {}).get("name"))
+        for j, env_from in enumerate(container.get("envFrom") or []):
+            if isinstance(env_from, Mapping) and "secretRef" in env_from:
+                yield f"{path}.envFrom[{j}].secretRef", (env_from["secretRef"] or {}).get("name")
+
+
+def _secret_rules(spec: Mapping[str, Any], level: str) -> Iterator[PolicyViolation]:
+    for i, volume in enumerate(spec.get("volumes") or []):
+        if not isinstance(volume, Mapping):
+            continue
+        for kind in [k for k in volume if k != "name" and k not in TOKEN_VOLUMES]:
+            yield _refuse(f"spec.volumes[{i}].{kind}", volume.get("name"), "only configMap, "
+                          "csi, downwardAPI, emptyDir, ephemeral, image, persistentVolumeClaim, "
+                          "projected and (allowed) secret volumes", "use one of those", level)
+    for where, name in _secret_names(spec):
+        if name not in CONFIG.secrets:
+            allowed = ", ".join(CONFIG.secrets) or "none"
+            yield _refuse(where, name, f"a Secret reference (allowed: {allowed})", "remove "
+                          "it, or ask the platform team to add it to the chart's "
+                          "podPolicy.allowedSecrets", level)
+
+
+def _root_rules(spec: Mapping[str, Any], level: str) -> Iterator[PolicyViolation]:
+    if _sc(spec).get("runAsUser") == 0:
+        yield _refuse("spec.securityContext.runAsUser", 0, "kvtune's pods never ask for "
+                      "root", "remove it or run as a non-zero user", level)
+    for path, container in _containers(spec):
+        sc = _sc(container)
+        if sc.get("runAsUser") == 0:
+            yield _refuse(f"{path}.securityContext.runAsUser", 0, "kvtune's pods never ask "
+                          "for root", "remove it or run as a non-zero user", level)
+        if sc.get("allowPrivilegeEscalation") is True:
+            yield _refuse(f"{path}.securityContext.allowPrivilegeEscalation", True,
+                          "kvtune's pods never ask for it", "remove it or set it to false",
+                          level)
 
 
 def _baseline(spec: Mapping[str, Any], metadata: Mapping[str, Any],
@@ -216,7 +288,8 @@ def violations(pod: Mapping[str, Any], level: Level) -> list[str]:
     spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
     metadata = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
     assert isinstance(spec, Mapping) and isinstance(metadata, Mapping)
-    found = [*_kvtune_rules(spec, level), *_baseline(spec, metadata, level)]
+    found = [*_kvtune_rules(spec, level), *_baseline(spec, metadata, level),
+             *_secret_rules(spec, level), *_root_rules(spec, level)]
     if level == "restricted":
         found += list(_restricted(spec, level))
     return [str(v) for v in found]

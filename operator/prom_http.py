@@ -31,7 +31,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import unquote, urlencode, urlsplit
 
 ENV_ALLOWED = "KVTUNE_PROMETHEUS_ALLOWED_URLS"
 ENV_CA_FILE = "KVTUNE_PROMETHEUS_CA_FILE"
@@ -79,13 +79,53 @@ class AllowedEndpoint:
             raise ValueError(f"{ENV_ALLOWED}: {entry!r} is not an http(s) URL prefix such as "
                              f"https://prometheus.monitoring.svc:9090 or http://127.0.0.1:*")
         port = None if any_port else (parts.port or _default_port(parts.scheme))
-        path = parts.path if parts.path.endswith("/") else parts.path + "/"
+        resolved = normalised_path(parts.path)
+        if resolved is None:
+            raise ValueError(f"{ENV_ALLOWED}: {entry!r} has a path that cannot be compared "
+                             f"safely; write it plainly, e.g. /prometheus")
+        path = resolved if resolved.endswith("/") else resolved + "/"
         return cls(parts.scheme, parts.hostname.lower(), port, path)
 
     def admits(self, scheme: str, host: str, port: int, path: str) -> bool:
+        """``path`` is compared as the server will resolve it (``normalised_path``): a prefix
+        escaped with ``..`` or ``%2e%2e`` admits nothing outside it."""
+        resolved = normalised_path(path)
         return (scheme == self.scheme and host == self.host
                 and (self.port is None or port == self.port)
-                and (path if path.endswith("/") else path + "/").startswith(self.path))
+                and resolved is not None
+                and (resolved if resolved.endswith("/") else resolved + "/").startswith(
+                    self.path))
+
+
+_MAX_UNQUOTES = 4  # %252e%252e → %2e%2e → ..: decode until stable, a few times at most
+
+
+def normalised_path(path: str) -> str | None:
+    """``path`` percent-decoded until stable and with its dot segments removed (RFC 3986
+    5.2.4): what a server or proxy may resolve it to. None when it cannot be compared
+    safely (still encoded after a few rounds, a backslash, a NUL)."""
+    text = path or "/"
+    for _ in range(_MAX_UNQUOTES):
+        decoded = unquote(text)
+        if decoded == text:
+            break
+        text = decoded
+    else:
+        return None
+    if "\\" in text or "\x00" in text:
+        return None
+    out: list[str] = []
+    for segment in text.split("/")[1:] if text.startswith("/") else text.split("/"):
+        if segment == "..":
+            if out:
+                out.pop()
+        elif segment != ".":
+            out.append(segment)
+    resolved = "/" + "/".join(out)
+    # A trailing "." or ".." segment names a directory: keep the slash.
+    if text.endswith(("/", "/.", "/..")) and not resolved.endswith("/"):
+        resolved += "/"
+    return resolved
 
 
 def _default_port(scheme: str) -> int:
@@ -247,6 +287,10 @@ def query(url: str, promql: str, *, at_unix_seconds: float, access: PrometheusAc
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise PrometheusUnavailable(f"{where}: HTTP {status}, the reply is not JSON") from exc
+    except RecursionError as exc:
+        # A reply nested thousands deep (within the size limit) exhausts the parser's stack.
+        raise PrometheusUnavailable(f"{where}: HTTP {status}, the reply is nested too deeply "
+                                    f"to be Prometheus JSON") from exc
     if not isinstance(doc, dict):
         raise PrometheusUnavailable(f"{where}: HTTP {status}, the reply is not a JSON object")
     if status != 200 or doc.get("status") != "success":

@@ -341,6 +341,15 @@ def _reconcile_locked(
         set_c(cond.READY, True, cond.ALL_POOLS_APPLIED,
               f"{len(outcomes)} pool(s) run their plan")
 
+    # A narrower KV dtype nobody can measure here: said as a condition (the wider dtype stays
+    # unless the spec accepts it unverified); cleared once nothing is unverified.
+    if gate.unverified:
+        set_c(cond.KV_QUALITY_VERIFIED, False, cond.ACCEPTED_UNVERIFIED
+              if spec.quality is not None and spec.quality.accept_unverified
+              else cond.KV_QUALITY_UNMEASURABLE, gate.status().message)
+    elif cond.get_condition(conditions, cond.KV_QUALITY_VERIFIED) is not None:
+        set_c(cond.KV_QUALITY_VERIFIED, True, cond.KV_QUALITY_OK, gate.status().message)
+
     # The goodput search's prediction (pools planned on observed traffic): SLOAtRisk with
     # the numbers, and an Event when it appears or its numbers change.
     at_risk = " | ".join(f"{o.status.name}: {o.status.slo_at_risk}" for o in outcomes

@@ -267,3 +267,19 @@ def create_objects(api_client: Any, objects: list[dict[str, Any]]) -> None:
         except ApiException as exc:
             if exc.status != 409:
                 raise
+
+
+def write_termination_message(api_client: Any, namespace: str, pod: str, message: str) -> None:
+    """The kubelet's part for a Job's pod under kwok (which runs no container): once kwok has
+    ended the pod, its container's termination message is the file the command wrote."""
+    core = client.CoreV1Api(api_client)
+
+    def ended() -> Any:
+        got = core.read_namespaced_pod(pod, namespace)
+        return got if got.status.phase == "Succeeded" else None
+
+    current = wait_for(ended, f"kwok to end pod {namespace}/{pod}", 60)
+    statuses = api_client.sanitize_for_serialization(current.status.container_statuses)
+    for status in statuses:
+        status["state"]["terminated"]["message"] = message
+    core.patch_namespaced_pod_status(pod, namespace, {"status": {"containerStatuses": statuses}})

@@ -448,13 +448,13 @@ def test_endpoint_picker_access_objects_are_the_operators_own(
 
 
 def test_admission_policy_guards_the_operators_own_writes(helm: Path) -> None:
-    docs = render(helm, "--set", "podPolicy.allowedServiceAccounts={weights-reader}")
+    docs = render(helm, "--set", "podPolicy.allowedServiceAccounts={weights-reader}",
+                  "--set", "podPolicy.allowedSecrets={hf-token}")
     policies = by_kind(docs, "ValidatingAdmissionPolicy")
-    assert sorted(p["metadata"]["name"] for p in policies) == [
-        "kvtune-operator-pods", "kvtune-operator-writes"]
+    names = ["kvtune-operator-pods", "kvtune-operator-shapes", "kvtune-operator-writes"]
+    assert sorted(p["metadata"]["name"] for p in policies) == names
     assert sorted(b["spec"]["policyName"] for b in by_kind(
-        docs, "ValidatingAdmissionPolicyBinding")) == ["kvtune-operator-pods",
-                                                       "kvtune-operator-writes"]
+        docs, "ValidatingAdmissionPolicyBinding")) == names
     assert {b["spec"]["validationActions"][0] for b in by_kind(
         docs, "ValidatingAdmissionPolicyBinding")} == {"Deny"}
     for policy in policies:
@@ -464,9 +464,24 @@ def test_admission_policy_guards_the_operators_own_writes(helm: Path) -> None:
     text = " ".join(v["expression"] for p in policies for v in p["spec"]["validations"])
     assert "['kube-system','kube-public','kube-node-lease','kvtune-system']" in text
     assert "['default','kvtune-runtime','weights-reader']" in text
+    assert "in ['hf-token']" in text
+    # The policy's Pod Security lists are the renderer's (operator/pod_policy.py).
+    from kvtune.operator import pod_policy
+
+    caps = "[" + ",".join(f"'{c}'" for c in sorted(pod_policy.BASELINE_CAPABILITIES)) + "]"
+    assert caps in text
+    for sysctl in pod_policy.SAFE_SYSCTLS:
+        assert f"'{sysctl}'" in text
+    # Every kind the operator's RBAC lets it write is matched by the policies.
+    matched = {r for p in policies for rule in p["spec"]["matchConstraints"]["resourceRules"]
+               for r in rule["resources"]}
+    assert {"deployments", "services", "poddisruptionbudgets", "jobs", "configmaps",
+            "inferencepools", "httproutes", "prometheusrules", "podmonitors",
+            "servicemonitors", "events", "inferencedeployments"} <= matched
     (deploy,) = by_kind(docs, "Deployment")
-    assert "--allowed-service-account=weights-reader" in (
-        deploy["spec"]["template"]["spec"]["containers"][0]["args"])
+    args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--allowed-service-account=weights-reader" in args
+    assert "--allowed-secret=hf-token" in args
     off = render(helm, "--set", "admissionPolicy.enabled=false")
     assert by_kind(off, "ValidatingAdmissionPolicy") == []
 

@@ -569,6 +569,8 @@ def test_the_operators_token_is_refused_every_escalation(
     # Not a token that can do nothing: what the operator does is still allowed (a dry run
     # of a kvtune Deployment as the renderer makes them, and reading pods).
     harmless = _deployment(WATCHED_NS, privileged=False, name="chat-h200")
+    # Its selector is kvtune's own (issue 25: the policy refuses a selector over other pods).
+    harmless["spec"]["selector"] = {"matchLabels": {"kvtune.io/deployment": "chat"}}
     spec = harmless["spec"]["template"]["spec"]
     spec.pop("volumes")
     spec["containers"][0].pop("volumeMounts")
@@ -639,9 +641,12 @@ def test_the_operators_token_writes_calibration_objects_only_in_runtime_namespac
 def test_outside_the_runtime_namespaces_a_pool_rolls_out_without_a_calibration_job(
         releases: dict[str, str], admin: Any, local_cluster: Any) -> None:
     """The operator, as the cluster-mode release's token, reconciles an InferenceDeployment
-    whose plan wants an unmeasured fp8 KV cache in a namespace outside runtime.namespaces:
-    the Job is refused (403), which is no failure: no Job, status.kvQuality Unverified with
-    the reason, the pool applied and not Degraded."""
+    whose plan wants an unmeasured narrower KV cache (lowestKVPrecision: int4) in a namespace
+    outside runtime.namespaces: the Job is refused (403), which is no failure: no Job, the
+    pool applied and not Degraded. The gate fails closed (issue 25): the pool keeps 16-bit
+    KV, status.kvQuality is Unverified with the reason and the fix, and the condition
+    KVQualityVerified is False/KVQualityUnmeasurable (before: int4 rolled out unmeasured,
+    Ready=True). With spec.quality.acceptUnverified the narrower dtype rolls out, said so."""
     from kubernetes import client
     from op_samples import SAMPLE_SPEC
 
@@ -656,7 +661,7 @@ def test_outside_the_runtime_namespaces_a_pool_rolls_out_without_a_calibration_j
     spec["pools"] = [{"gpuClass": "H200", "replicas": 1, "tensorParallel": 1}]
     spec.pop("rollout", None)
     spec["workload"]["concurrentSequences"] = 200  # 16-bit KV holds too few: fp8 is planned
-    spec["quality"] = {"lowestKVPrecision": "fp8",
+    spec["quality"] = {"lowestKVPrecision": "int4",
                        "calibration": {"image": "ghcr.io/kvtune/kvtune-quality:0.1.0"}}
     custom = client.CustomObjectsApi(admin)
     custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, {
@@ -672,12 +677,31 @@ def test_outside_the_runtime_namespaces_a_pool_rolls_out_without_a_calibration_j
         degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
         assert degraded["status"] == "False", degraded
         kvq = status["kvQuality"]
-        # The planned fp8 stays unmeasured: Unverified, not NotNeeded.
-        assert kvq["phase"] == "Unverified" and "pool h200: fp8" in kvq["message"], kvq
+        # The planned narrower dtype cannot be measured: Unverified, and the wider dtype stays.
+        assert kvq["phase"] == "Unverified" and "pool h200: " in kvq["message"], kvq
         assert f"may not run calibration Jobs in namespace {ns} (403)" in kvq["message"], kvq
         assert "runtime.namespaces" in kvq["message"]
+        assert "the wider dtype stays" in kvq["message"], kvq
+        assert status["pools"][0]["plan"]["kvCacheDtype"] == "auto", status["pools"][0]
+        verified = next(c for c in status["conditions"] if c["type"] == "KVQualityVerified")
+        assert (verified["status"], verified["reason"]) == ("False", "KVQualityUnmeasurable")
+        assert "spec.quality.acceptUnverified" in verified["message"]
         assert client.BatchV1Api(admin).list_namespaced_job(ns).items == []
-        client.AppsV1Api(admin).read_namespaced_deployment("chat-h200", ns)
+        dep = client.AppsV1Api(admin).read_namespaced_deployment("chat-h200", ns)
+        args = dep.spec.template.spec.containers[0].args or []
+        assert not any(a.startswith("--kv-cache-dtype=") and a != "--kv-cache-dtype=auto"
+                       for a in args), args
+        # The spec accepts unverified dtypes: the narrower one rolls out, said so.
+        custom.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "chat", {
+            "spec": {"quality": {"acceptUnverified": True}}})
+        reconcile(custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "chat"),
+                  kube=as_operator)
+        status = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL,
+                                                     "chat")["status"]
+        assert status["pools"][0]["plan"]["kvCacheDtype"] != "auto", status["pools"][0]
+        assert "rolled out unmeasured" in status["kvQuality"]["message"]
+        verified = next(c for c in status["conditions"] if c["type"] == "KVQualityVerified")
+        assert (verified["status"], verified["reason"]) == ("False", "AcceptedUnverified")
     finally:
         custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "chat")
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from op_samples import make_pool_plan
 
-from kvtune.operator import calibration
+from kvtune.operator import calibration, pod_policy
 from kvtune.operator.render import RenderInput, render_pool
 from kvtune.tuner.kv_quality import KVDtypeMeasurement, KVQualityEvidence
 from kvtune.tuner.plan import CandidateVerdict, Reason
@@ -60,7 +60,10 @@ def _job(deployment: dict[str, Any]) -> dict[str, Any]:
         max_prompt_tokens=1024, labels={"kvtune.io/deployment": "chat"})
 
 
-def test_the_job_is_the_pools_pod_running_the_measurement() -> None:
+def test_the_job_is_the_pools_pod_running_the_measurement(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The model hub token is a Secret the chart allows (podPolicy.allowedSecrets).
+    monkeypatch.setattr(pod_policy.CONFIG, "secrets", ("hf-token",))
     deployment = _deployment()
     job = _job(deployment)
     pod, source = job["spec"]["template"]["spec"], deployment["spec"]["template"]["spec"]
@@ -179,30 +182,41 @@ REPORT = {"schema": "kvtune.io/kv-quality/v1", "weights": "checkpoint",
                             "attention_error_max": 0.04, "attention_error_worst_layer": 1}]}
 
 
-def _pod(annotation: str | None = None, message: str | None = None) -> dict[str, Any]:
+JOB_UID = "job-uid-1"
+
+
+def _pod(annotation: str | None = None, message: str | None = None, owner: str = JOB_UID,
+         container: str = "vllm") -> dict[str, Any]:
     return {"metadata": {"annotations": {calibration.REPORT_ANNOTATION: annotation}
-                         if annotation else {}},
-            "status": {"containerStatuses": [{"state": {"terminated": {"message": message}}}]
+                         if annotation else {},
+                         "ownerReferences": [{"kind": "Job", "uid": owner, "controller": True}]},
+            "status": {"containerStatuses": [{"name": container,
+                                              "state": {"terminated": {"message": message}}}]
                        if message else []}}
 
 
 def test_job_results() -> None:
-    done = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+    done = {"metadata": {"uid": JOB_UID},
+            "spec": {"template": {"spec": {"containers": [{"name": "vllm"}]}}},
+            "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
     timed_out = {"status": {"conditions": [{"type": "Failed", "status": "True",
                                             "reason": "DeadlineExceeded",
                                             "message": "Job was active longer than specified "
                                                        "deadline"}]}}
     assert calibration.job_result(None, []).phase == "absent"
     assert calibration.job_result({"status": {}}, []).phase == "running"
-    ok = calibration.job_result(done, [_pod(annotation=json.dumps(REPORT))])
+    ok = calibration.job_result(done, [_pod(message=json.dumps(REPORT))])
     assert ok.phase == "succeeded" and ok.report == REPORT
-    by_message = calibration.job_result(done, [_pod(message=json.dumps(REPORT))])
-    assert by_message.report == REPORT
     empty = calibration.job_result(done, [_pod(message="Completed")])
     assert empty.phase == "failed" and "left no report" in empty.message
-    pod = {"metadata": {"name": "chat-kvq-1-abcde"}, "status": {}}
-    channel = {"data": {"chat-kvq-1-abcde": json.dumps(REPORT), "other-pod": "{}"}}
-    assert calibration.job_result(done, [pod], channel).report == REPORT
+    # Issue 25: only the termination message of the Job's own container, in a pod the Job
+    # controls, vouches for the measurement: not an annotation (anyone who may patch pods),
+    # not another container's message, not a pod that only carries the Job's label.
+    for forged in (_pod(annotation=json.dumps(REPORT)),
+                   _pod(message=json.dumps(REPORT), container="sidecar"),
+                   _pod(message=json.dumps(REPORT), owner="another-job")):
+        result = calibration.job_result(done, [forged])
+        assert result.phase == "failed" and result.report is None, forged
     late = calibration.job_result(timed_out, [])
     assert late.phase == "failed" and late.message.startswith("DeadlineExceeded")
 
@@ -249,15 +263,23 @@ def test_the_retune_timer_sees_the_gate_from_status() -> None:
     other = calibration.status(model=model, revision="old", phase="Failed", job="j0")
     policy, evidence = from_status(spec, other)
     assert not policy.require_measurement and evidence is None
+    # Unmeasurable here: the timer holds the wider dtype too, unless the spec accepts it.
+    unmeasurable = calibration.status(model=model, revision="r", phase="Unverified")
+    assert from_status(spec, unmeasurable)[0].require_measurement
+    accepting = spec.model_copy(update={"quality": spec.quality.model_copy(  # type: ignore[union-attr]
+        update={"accept_unverified": True})})
+    assert not from_status(accepting, unmeasurable)[0].require_measurement
 
 
 def test_a_narrower_dtype_that_cannot_be_measured_here_is_unverified_not_not_needed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """No calibration image (a plain vLLM pod, no spec.quality.calibration.image, the chart's
-    calibration.image emptied): the pool is planned again with the wider dtype held, and
-    status.kvQuality says why instead of NotNeeded. The no-image path makes no API call (the
-    403 path is tested on the real apiserver in tests/chart/test_chart_cluster.py)."""
+    calibration.image emptied): the gate fails closed (issue 25): maybe_start asks for the pool
+    to be planned again with the held policy (the wider dtype), and status.kvQuality says
+    Unverified, why and the fix; with spec.quality.acceptUnverified the planned fp8 rolls out
+    unmeasured, said as such. The no-image path makes no API call (the 403 path is tested on
+    the real apiserver in tests/chart/test_chart_cluster.py)."""
     monkeypatch.delenv(calibration.DEFAULT_IMAGE_ENV, raising=False)
     from op_samples import SAMPLE_SPEC
 
@@ -268,8 +290,9 @@ def test_a_narrower_dtype_that_cannot_be_measured_here_is_unverified_not_not_nee
     body = {"metadata": {"name": "chat", "namespace": "llm", "uid": "u1"}}
     plain = _deployment(entrypoint="vllm", template=None)
 
-    def gate() -> Gate:
-        return Gate(model="m", revision="r", config_map="kvtune-kvq-x", quality=QualitySpec())
+    def gate(accept: bool = False) -> Gate:
+        return Gate(model="m", revision="r", config_map="kvtune-kvq-x",
+                    quality=QualitySpec(acceptUnverified=accept))
 
     narrow = gate()
     # True: plan the pool again with the wider dtype held (fp8 is not rolled out unmeasured).
@@ -282,6 +305,20 @@ def test_a_narrower_dtype_that_cannot_be_measured_here_is_unverified_not_not_nee
     assert "the wider dtype stays" in status.message
     assert "spec.quality.calibration.image" in status.message  # the reason and the fix
     assert "chart value calibration.image" in status.message
+    assert "spec.quality.acceptUnverified" in status.message
+
+    accepted = gate(accept=True)
+    assert not maybe_start(None, body, spec, accepted, make_pool_plan(), plain,  # type: ignore[arg-type]
+                           pool_name="h200")
+    assert not accepted.hold and not accepted.policy().require_measurement
+    assert "rolled out unmeasured" in accepted.status().message
+
+    disabled = Gate(model="m", revision="r", config_map="kvtune-kvq-x", quality=QualitySpec(
+        calibration={"enabled": False}))  # type: ignore[arg-type]
+    assert maybe_start(None, body, spec, disabled, make_pool_plan(), plain,  # type: ignore[arg-type]
+                       pool_name="h200")
+    assert disabled.status().phase == "Unverified"
+    assert "calibration.enabled is false" in disabled.status().message
 
     wide = gate()
     assert not maybe_start(None, body, spec, wide, make_pool_plan(kv_cache_dtype="auto"),  # type: ignore[arg-type]

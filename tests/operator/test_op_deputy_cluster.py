@@ -26,6 +26,7 @@ from op_cluster_helpers import (
     get_infd,
     prepare_namespaces,
     wait_for,
+    write_termination_message,
 )
 from op_samples import SAMPLE_SPEC
 
@@ -183,8 +184,7 @@ def test_calibration_job_and_report_names_taken_are_degraded_not_taken_over(
         "the calibration pod", 60)
     report = {"weights": "checkpoint", "measurements": [
         {"dtype": "fp8", "kl_mean": 3e-4, "top1_agreement": 0.99}]}
-    core.patch_namespaced_pod(pod.metadata.name, ours_ns, {"metadata": {"annotations": {
-        calibration.REPORT_ANNOTATION: json.dumps(report)}}})
+    write_termination_message(cluster_api, ours_ns, pod.metadata.name, json.dumps(report))
     wait_for(lambda: batch.read_namespaced_job(job_name, ours_ns).status.succeeded,
              "the Job Complete (kwok ends its pod)", 60)
     rec.reconcile(get_infd(cluster_api, ours_ns, name), kube=kube)

@@ -29,7 +29,9 @@ from op_cluster_helpers import (
     get_infd,
     patch_spec,
     prepare_namespaces,
+    service_account_client,
     service_account_dir,
+    write_termination_message,
 )
 from op_samples import SAMPLE_SPEC
 from waiting import wait_for
@@ -151,13 +153,11 @@ def test_calibration_job_then_gating_on_its_report(
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert "report published:" in ran.stderr and "failed" not in ran.stderr.split(
         "report published:")[1].splitlines()[0], ran.stderr[-2000:]
-    # On the pod (annotation channel) or in the runtime reports ConfigMap under its name.
-    annotations = core.read_namespaced_pod(pod.metadata.name, NS).metadata.annotations or {}
-    text = annotations.get(calibration.REPORT_ANNOTATION)
-    if text is None:
-        text = core.read_namespaced_config_map(calibration.RUNTIME_REPORTS_CONFIG_MAP,
-                                               NS).data[pod.metadata.name]
+    # The compact report in the termination log, which the kubelet makes the container's
+    # termination message (the only channel the operator trusts: issue 25).
+    text = (tmp_path / "termination-log").read_text()
     assert json.loads(text)["weights"] == "checkpoint"
+    write_termination_message(api, NS, pod.metadata.name, text)
 
     # 4. The operator keeps the report (ConfigMap per model revision) and gates on it.
     wait_for(lambda: batch.read_namespaced_job(kvq["job"], NS).status.succeeded,
@@ -219,6 +219,45 @@ def test_a_calibration_that_leaves_no_report_keeps_the_wider_dtype(api: Any) -> 
     reconcile(get_infd(api, NS, name), kube=kube)
     jobs = batch.list_namespaced_job(NS, label_selector=f"kvtune.io/deployment={name}").items
     assert [j.metadata.name for j in jobs] == [job]
+
+
+def test_a_report_in_the_shared_reports_config_map_vouches_for_nothing(
+        local_cluster: Any, api: Any) -> None:
+    """Issue 25: any pod of the runtime's account (another InferenceDeployment's, here its
+    token) may write the namespace's kvtune-runtime-reports ConfigMap. A measurement it puts
+    there under the calibration pod's name must not count: the Job left no termination
+    message, so the calibration failed and the wider dtype stays (before: Measured, fp8)."""
+    name = "vouched"
+    spec = copy.deepcopy(SAMPLE_SPEC)
+    spec["model"]["revision"] = "rev-vouched"
+    spec["pools"] = [{"gpuClass": "H200", "replicas": 1, "tensorParallel": 1}]
+    spec.pop("rollout")
+    spec["workload"]["concurrentSequences"] = 200
+    spec["runtime"] = {"entrypoint": "kvtune",
+                       "image": "ghcr.io/kvtune/kvtune-vllm-h200:0.1.0-vllm0.33.0"}
+    create_infd(api, NS, name, spec)
+    kube = kapply.Kube(api)
+    reconcile(get_infd(api, NS, name), kube=kube)
+    job = get_infd(api, NS, name)["status"]["kvQuality"]["job"]
+    core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
+    pod = wait_for(lambda: next(iter(core.list_namespaced_pod(
+        NS, label_selector=f"batch.kubernetes.io/job-name={job}").items), None),
+        "the calibration pod", 60)
+    forged = {"schema": "kvtune.io/kv-quality/v1", "weights": "checkpoint", "measurements": [
+        {"dtype": d, "kl_mean": 1e-6, "top1_agreement": 1.0}
+        for d in ("fp8", "fp8_per_token_head", "int8_per_token_head")]}
+    other_pod = service_account_client(api, Path(local_cluster.kubeconfig_path), NS,
+                                       "kvtune-runtime")
+    client.CoreV1Api(other_pod).patch_namespaced_config_map(
+        calibration.RUNTIME_REPORTS_CONFIG_MAP, NS,
+        {"data": {pod.metadata.name: json.dumps(forged)}})
+    wait_for(lambda: batch.read_namespaced_job(job, NS).status.succeeded,
+             "the Job Complete (kwok ends its pod)", 60)
+    reconcile(get_infd(api, NS, name), kube=kube)
+    obj = get_infd(api, NS, name)
+    kvq = obj["status"]["kvQuality"]
+    assert kvq["phase"] == "Failed" and "left no report" in kvq["message"], kvq
+    assert obj["status"]["pools"][0]["plan"]["kvCacheDtype"] == "auto"
 
 
 def test_a_report_kept_under_the_former_name_still_counts(api: Any) -> None:

@@ -80,6 +80,31 @@ REFUSED = [
     ("privileged-init", BASE.replace("  containers:\n", "  initContainers: [{name: i, image: x, "
                                      "securityContext: {privileged: true}}]\n  containers:\n",
                                      1), "spec.initContainers[0].securityContext.privileged"),
+    # Issue 25: what the operator's token may no longer ask for (the admission policy refuses
+    # the same at the API server).
+    ("secret-volume", BASE.replace("emptyDir: {medium: Memory}", "secret: {secretName: db}"),
+     "spec.volumes[0].secret"),
+    ("projected-secret", BASE.replace("emptyDir: {medium: Memory}",
+                                      "projected: {sources: [{secret: {name: db}}]}"),
+     "spec.volumes[0].projected.sources[0].secret"),
+    ("nfs-volume", BASE.replace("emptyDir: {medium: Memory}", "nfs: {server: n, path: /}"),
+     "spec.volumes[0].nfs"),
+    ("secret-env", _with(container_line="env: [{name: T, valueFrom: {secretKeyRef: "
+                                        "{name: db, key: password}}}]"),
+     "spec.containers[0].env[0].valueFrom.secretKeyRef"),
+    ("secret-envFrom", _with(container_line="envFrom: [{secretRef: {name: db}}]"),
+     "spec.containers[0].envFrom[0].secretRef"),
+    ("image-pull-secret", _with("imagePullSecrets: [{name: regcred}]"),
+     "spec.imagePullSecrets[0]"),
+    ("run-as-root", _with(container_line="securityContext: {runAsUser: 0}"),
+     "spec.containers[0].securityContext.runAsUser"),
+    ("privilege-escalation",
+     _with(container_line="securityContext: {allowPrivilegeEscalation: true}"),
+     "spec.containers[0].securityContext.allowPrivilegeEscalation"),
+    ("init-hostPort", BASE.replace("  containers:\n", "  initContainers: [{name: i, image: x, "
+                                   "ports: [{containerPort: 1, hostPort: 22}]}]\n"
+                                   "  containers:\n", 1),
+     "spec.initContainers[0].ports[0].hostPort"),
 ]
 
 
@@ -99,6 +124,20 @@ def test_baseline_accepts_a_gpu_pod_and_kvtunes_own_template(pool_plan: PoolPlan
     for template in (BASE, None):
         objects = render_pool(_input(pool_plan, template))
         assert [o["kind"] for o in objects] == ["Deployment", "Service", "PodDisruptionBudget"]
+
+
+def test_a_secret_the_chart_allows_may_be_referenced(pool_plan: PoolPlan,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """podPolicy.allowedSecrets (--allowed-secret) names the Secrets a template may use; the
+    refusal of any other names the allowed ones."""
+    template = _with(container_line="env: [{name: HF_TOKEN, valueFrom: {secretKeyRef: "
+                                    "{name: hf-token, key: token}}}]")
+    with pytest.raises(RenderError, match=r"secretKeyRef=.*\(allowed: none\)"):
+        render_pool(_input(pool_plan, template))
+    monkeypatch.setattr(pod_policy.CONFIG, "secrets", ("hf-token",))
+    render_pool(_input(pool_plan, template))
+    with pytest.raises(RenderError, match=r"envFrom\[0\]\.secretRef=.*allowed: hf-token"):
+        render_pool(_input(pool_plan, _with(container_line="envFrom: [{secretRef: {name: db}}]")))
 
 
 def test_restricted(pool_plan: PoolPlan, monkeypatch: pytest.MonkeyPatch) -> None:

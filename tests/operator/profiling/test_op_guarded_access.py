@@ -118,6 +118,49 @@ def test_a_url_off_the_allow_list_is_never_requested() -> None:
     assert not api.admits("http", "prom.example", 9090, "/api")
 
 
+# Issue 25 item 6: a prefix escaped with dot segments, plain or percent-encoded (once or
+# twice), admits nothing outside it. Offline, as strings: never sent anywhere.
+ESCAPES = ["/prom/../admin", "/prom/%2e%2e/admin", "/prom/%2E%2E/admin",
+           "/prom/%252e%252e/admin", "/prom/..%2fadmin", "/prom/%2e%2e%2fadmin",
+           "/prom/./../admin", "/prom/..", "/prom/x/../../admin", "/prom\\..\\admin",
+           "/prom/%25252e%25252e/admin"]
+
+
+@pytest.mark.parametrize("path", ESCAPES)
+def test_a_path_prefix_escaped_with_dot_segments_is_refused(path: str) -> None:
+    access = PrometheusAccess(allowed=(AllowedEndpoint.parse(
+        "https://prometheus.monitoring.svc:9090/prom"),))
+    with pytest.raises(PrometheusNotAllowed, match="not on the operator's allow-list"):
+        access.check(f"https://prometheus.monitoring.svc:9090{path}")
+
+
+def test_dot_segments_inside_the_prefix_stay_allowed() -> None:
+    access = PrometheusAccess(allowed=(AllowedEndpoint.parse(
+        "https://prometheus.monitoring.svc:9090/prom"),))
+    for path in ("/prom", "/prom/", "/prom/a/../b", "/prom/%2e/x"):
+        access.check(f"https://prometheus.monitoring.svc:9090{path}")
+    # An allow-list entry is normalised too: /prom/../admin means /admin.
+    entry = AllowedEndpoint.parse("https://prometheus.monitoring.svc:9090/prom/%2e%2e/admin")
+    assert entry.path == "/admin/"
+
+
+def test_a_deeply_nested_reply_is_unavailable_not_a_recursion_error() -> None:
+    """A reply nested 100,000 deep (200 kB, within the size limit) once raised RecursionError
+    on every tick, and ProfileStale was never set."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with serving(lambda h: _send(h, 200, deep)) as url:
+        with pytest.raises(PrometheusUnavailable, match="nested too deeply"):
+            _query(url)
+        body, kube = _retune_body(url), _StatusOnlyKube()
+        kube.body = body
+        outcome = retune_handlers.retune_once(
+            body, kube=kube,  # type: ignore[arg-type]
+            profiler=lambda u, s: profile_from_prometheus(u, s, access=LOOPBACK))
+    assert outcome.failed and outcome.reason == "PrometheusUnavailable"
+    stale = next(c for c in kube.body["status"]["conditions"] if c["type"] == "ProfileStale")
+    assert stale["status"] == "True" and "nested too deeply" in stale["message"]
+
+
 def test_redirects_are_not_followed() -> None:
     with serving(lambda h: _send(h, 200, SECRET.encode())) as inner, \
             serving(lambda h: _send(h, 302, b"", {"Location": f"{inner}/latest/meta-data"})
