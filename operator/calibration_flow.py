@@ -44,9 +44,10 @@ class Gate:
     # The report ConfigMap's name is taken by an object kvtune did not create for this
     # InferenceDeployment: the report is not stored (Degraded/NameCollision), only used.
     collision: str | None = None
-    # "pool: dtype" per pool whose plan chose a narrower dtype no measurement covers, where
-    # no calibration can run (no image, or 403): the wider dtype is held (never rolled out
-    # unmeasured) and status says Unverified with the reason and the fix.
+    # "pool: dtype" per pool whose plan keeps a narrower dtype no measurement covers, where
+    # no calibration can run (no image, or 403): status says Unverified with the reason and
+    # the fix, and a Warning Event CalibrationUnavailable (operator/rollout/pool.py), never
+    # silently.
     unverified: list[str] = field(default_factory=list)
 
     @property
@@ -56,10 +57,8 @@ class Gate:
 
     @property
     def hold(self) -> bool:
-        """A calibration runs, failed or cannot run: unmeasured narrower dtypes must not roll
-        out."""
-        return bool(self.running_job or self.started_jobs or self.failed_job
-                    or self.unverified)
+        """A calibration runs or failed: unmeasured narrower dtypes must not roll out."""
+        return bool(self.running_job or self.started_jobs or self.failed_job)
 
     def policy(self) -> kv_quality.KVQualityPolicy:
         job = self.running_job or (self.started_jobs[0] if self.started_jobs else None)
@@ -67,8 +66,6 @@ class Gate:
             why = f"the calibration Job {job} (running)"
         elif self.failed_job is not None:
             why = f"the failed calibration Job {self.failed_job}"
-        elif self.unverified:
-            why = "no calibration Job can run here (status.kvQuality says why)"
         else:
             why = "quality.requireMeasurement"
         return kv_quality.KVQualityPolicy(
@@ -94,8 +91,7 @@ class Gate:
         elif self.unverified:
             phase, message = "Unverified", (
                 f"the planned narrower KV dtype is not measured for revision {self.revision} "
-                f"(pool {', pool '.join(self.unverified)}) and cannot be measured here; the "
-                f"wider dtype stays")
+                f"(pool {', pool '.join(self.unverified)}) and cannot be measured here")
         else:
             phase, message = "NotNeeded", "no narrower KV dtype is planned"
         if self.notes:
@@ -116,8 +112,7 @@ def from_status(spec: InferenceDeploymentSpec, status: KVQualityStatus | None
     revision = spec.model.revision or calibration.UNPINNED
     usable = status is not None and (status.model, status.revision) == (spec.model.name,
                                                                          revision)
-    hold = usable and status is not None and status.phase in ("Calibrating", "Failed",
-                                                              "Unverified")
+    hold = usable and status is not None and status.phase in ("Calibrating", "Failed")
     policy = kv_quality.KVQualityPolicy(
         max_kv_quantization_kl=quality.max_kv_quantization_kl,
         require_measurement=quality.require_measurement or hold,
@@ -242,7 +237,7 @@ def maybe_start(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeplo
                 "spec.quality.calibration.image to an image with kvtune, torch and "
                 "transformers, or use runtime.entrypoint: kvtune")
         _note_unverified(gate, pool_name, pool_plan, note)
-        return True  # plan again with the wider dtype held
+        return False
     dtypes = calibration.dtypes_to_measure(pool_plan, gate.evidence)
     meta = body["metadata"]
     name = calibration.job_name(meta["name"], gate.model, gate.revision, dtypes)
@@ -261,9 +256,9 @@ def maybe_start(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeplo
         # cluster-wide: here the dtype stays unverified, as without a calibration image.
         note = (f"kvtune may not run calibration Jobs in namespace {meta['namespace']} (403): "
                 f"add it to the chart value runtime.namespaces; until then the narrower dtype "
-                f"is unverified and the wider one stays")
+                f"is unverified")
         _note_unverified(gate, pool_name, pool_plan, note)
-        return True  # plan again with the wider dtype held
+        return False
     gate.started_jobs.append(name)
     return True
 

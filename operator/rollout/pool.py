@@ -32,7 +32,7 @@ def rollout_pool(ctx: PoolContext, inp: PlanInput,
         # A narrower KV dtype no measurement covers: measure it first (a Job on this pool's
         # nodes, as this pool's pod), and plan the pool again with the wider dtype held.
         deployment = model_server(rendered.objects)
-        jobs_before = len(gate.started_jobs)
+        unverified_before = len(gate.unverified)
         try:
             started = calibration_flow.maybe_start(ctx.kube, ctx.body, ctx.spec, gate,
                                                    planned.pool_plan, deployment,
@@ -40,18 +40,18 @@ def rollout_pool(ctx: PoolContext, inp: PlanInput,
         except kapply.ApplyError as exc:
             return ctx.apply_failed(exc, f"pool {ctx.pool.pool_name}: the KV-quality "
                                     f"calibration Job: {exc}")
-        if started and len(gate.started_jobs) > jobs_before:
+        if started:
             ctx.events.append(Event("Normal", "CalibrationStarted", f"pool "
                                     f"{ctx.pool.pool_name}: Job {gate.started_jobs[-1]} "
                                     f"measures {planned.pool_plan.plan.kv_cache_dtype} before "
                                     f"it rolls out"))
-        elif started:  # no Job can run here: the wider dtype is held, and the user told why
+            return rollout_pool(ctx, inp, discovered)
+        if len(gate.unverified) > unverified_before:
+            # No Job can run here: the narrower dtype rolls out unmeasured, never silently.
             ctx.events.append(Event("Warning", "CalibrationUnavailable", f"pool "
                                     f"{ctx.pool.pool_name}: "
-                                    f"{planned.pool_plan.plan.kv_cache_dtype} is not rolled "
-                                    f"out unmeasured: {gate.notes[-1]}"))
-        if started:
-            return rollout_pool(ctx, inp, discovered)
+                                    f"{planned.pool_plan.plan.kv_cache_dtype} rolls out "
+                                    f"unmeasured: {gate.notes[-1]}"))
     refused = apply_access(ctx, rendered)
     if refused is not None:
         return refused

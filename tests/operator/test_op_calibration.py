@@ -255,9 +255,9 @@ def test_a_narrower_dtype_that_cannot_be_measured_here_is_unverified_not_not_nee
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """No calibration image (a plain vLLM pod, no spec.quality.calibration.image, the chart's
-    calibration.image emptied): the pool is planned again with the wider dtype held, and
-    status.kvQuality says why instead of NotNeeded. The no-image path makes no API call (the
-    403 path is tested on the real apiserver in tests/chart/test_chart_cluster.py)."""
+    calibration.image emptied): the pool keeps its planned fp8 unmeasured, and
+    status.kvQuality says so (and why) instead of NotNeeded. The no-image path makes no API
+    call (the 403 path is tested on the real apiserver in tests/chart/test_chart_cluster.py)."""
     monkeypatch.delenv(calibration.DEFAULT_IMAGE_ENV, raising=False)
     from op_samples import SAMPLE_SPEC
 
@@ -272,14 +272,12 @@ def test_a_narrower_dtype_that_cannot_be_measured_here_is_unverified_not_not_nee
         return Gate(model="m", revision="r", config_map="kvtune-kvq-x", quality=QualitySpec())
 
     narrow = gate()
-    # True: plan the pool again with the wider dtype held (fp8 is not rolled out unmeasured).
-    assert maybe_start(None, body, spec, narrow, make_pool_plan(), plain,  # type: ignore[arg-type]
-                       pool_name="h200")
-    assert narrow.hold and narrow.policy().require_measurement
+    assert not maybe_start(None, body, spec, narrow, make_pool_plan(), plain,  # type: ignore[arg-type]
+                           pool_name="h200")
+    assert narrow.unverified == ["h200: fp8"]  # rollout/pool.py posts CalibrationUnavailable
     status = narrow.status()
     assert status.phase == "Unverified", status
     assert "pool h200: fp8" in status.message and "revision r" in status.message
-    assert "the wider dtype stays" in status.message
     assert "spec.quality.calibration.image" in status.message  # the reason and the fix
     assert "chart value calibration.image" in status.message
 
