@@ -46,7 +46,7 @@ def rollout_pool(ctx: PoolContext, inp: PlanInput,
                                     f"measures {planned.pool_plan.plan.kv_cache_dtype} before "
                                     f"it rolls out"))
             return rollout_pool(ctx, inp, discovered)
-        if len(gate.unverified) > unverified_before:
+        if len(gate.unverified) > unverified_before and not _said(ctx, gate.unverified[-1]):
             # No Job can run here: the narrower dtype rolls out unmeasured, never silently.
             ctx.events.append(Event("Warning", "CalibrationUnavailable", f"pool "
                                     f"{ctx.pool.pool_name}: "
@@ -62,3 +62,11 @@ def rollout_pool(ctx: PoolContext, inp: PlanInput,
     if isinstance(applied, PoolOutcome):
         return applied
     return observe(ctx, planned, applied)
+
+
+def _said(ctx: PoolContext, entry: str) -> bool:
+    """The last status already said this pool's dtype is Unverified: its Event was posted
+    (one when it appears, not one per reconcile)."""
+    before = ((ctx.body.get("status") or {}).get("kvQuality") or {})
+    return before.get("phase") == "Unverified" and f"pool {entry}" in (before.get("message")
+                                                                        or "")
