@@ -68,5 +68,5 @@ def _said(ctx: PoolContext, entry: str) -> bool:
     """The last status already said this pool's dtype is Unverified: its Event was posted
     (one when it appears, not one per reconcile)."""
     before = ((ctx.body.get("status") or {}).get("kvQuality") or {})
-    return before.get("phase") == "Unverified" and f"pool {entry}" in (before.get("message")
-                                                                        or "")
+    return bool(before.get("phase") == "Unverified"
+                and f"pool {entry}" in str(before.get("message") or ""))
