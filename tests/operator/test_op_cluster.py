@@ -431,7 +431,10 @@ def test_reconcile_seam_writes_status_only_when_it_changes(cluster_api: Any) -> 
     kube = Kube(cluster_api)
     first = reconcile(get_infd(cluster_api, ns, "seam"), kube=kube)
     assert first.status_changed and first.permanent_error is None
-    assert [e.reason for e in first.events] == ["PlanChanged", "RolloutStarted"]
+    # The H100 plan's fp8 cannot be measured here (no calibration image in this test's
+    # operator): a Warning says so once, not on every reconcile (second.events below).
+    assert [e.reason for e in first.events] == ["PlanChanged", "CalibrationUnavailable",
+                                                "RolloutStarted"]
     wait_for(lambda: (_deployments(cluster_api, ns)["seam-h100"].status.ready_replicas or 0)
              >= 1, "the Deployment's pod ready", 60)
     settled = reconcile(get_infd(cluster_api, ns, "seam"), kube=kube)  # sees the rollout end
