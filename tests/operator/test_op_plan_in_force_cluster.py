@@ -84,15 +84,12 @@ def cluster_api(local_cluster: Any) -> Any:
 
 
 def _in_force(api: Any) -> dict[str, Any]:
-    """What must not move while no planning input changes: the plan, its identity, its
-    revision, the digest it was made from, and the pods' template."""
-    from kubernetes import client
-
+    """What must not move while no planning input changes: the plan, its identity (the
+    hash the pods run: a new one is a rollout), its revision and the digest it was made
+    from."""
     pool = get_infd(api, NS, NAME)["status"]["pools"][0]
-    deployment = client.AppsV1Api(api).read_namespaced_deployment(pool["deployment"], NS)
     return {"revision": pool["revision"], "planHash": pool["planHash"],
-            "planInputs": pool["planInputs"], "plan": pool["plan"],
-            "template generation": deployment.metadata.generation}
+            "planInputs": pool["planInputs"], "plan": pool["plan"]}
 
 
 def _kept_warnings(api: Any) -> list[str]:
@@ -148,7 +145,7 @@ def test_after_a_retune_a_planner_change_an_edit_and_a_restart_keep_the_plan_in_
                                tmp_path / "operator.log")
     operator.start()
     try:
-        wait_for(lambda: "reconciled" in operator.current_log(), "the resume reconcile", 90,
+        wait_for(lambda: "reconciled" in operator.current_log(), "the resume reconcile", 240,
                  operator.log)
         assert _in_force(cluster_api) == after_retune, operator.current_log()[-3000:]
         # And an unrelated edit the operator reconciles itself.
@@ -156,7 +153,7 @@ def test_after_a_retune_a_planner_change_an_edit_and_a_restart_keep_the_plan_in_
                    {"tuning": {"prometheus": {"url": "http://127.0.0.1:19090"}}})
         generation = get_infd(cluster_api, NS, NAME)["metadata"]["generation"]
         wait_for(lambda: get_infd(cluster_api, NS, NAME)["status"].get(
-            "observedGeneration") == generation, "the edit reconciled", 90, operator.log)
+            "observedGeneration") == generation, "the edit reconciled", 240, operator.log)
         assert _in_force(cluster_api) == after_retune, operator.current_log()[-3000:]
     finally:
         operator.stop()

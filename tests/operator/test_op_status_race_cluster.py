@@ -70,7 +70,7 @@ def _traffic(requests: int) -> ProfileResult:
     profile = declared.model_copy(update={"source": "prometheus", "requests": requests,
                                           "window_seconds": 60.0})
     observed = ObservedFigures(
-        window_seconds=60, at_unix_seconds=0, requests=requests, request_rate_per_second=None,
+        window_seconds=60, at_unix_seconds=0, requests=requests, request_rate_per_second=1.0,
         prefix_hit_rate=None, kv_cache_usage_mean=None, kv_cache_usage_max=None,
         preemptions_per_second=0.0, waiting_mean=None, ttft=LatencyQuantiles(),
         tpot=LatencyQuantiles())
