@@ -20,7 +20,9 @@ The alerts, from the article's "how to measure KV cache efficiency" and the spec
 - TTFT/TPOT SLO burn: multi-window, multi-burn-rate alerts (Google SRE workbook, ch. 5):
   page at 14.4x over 1h and 5m or 6x over 6h and 30m, ticket at 3x over 1d and 2h or 1x
   over 3d and 6h. A "p95 under X" SLO is a 5 % error budget of requests slower than X; X
-  is rounded down to a histogram bucket bound (stricter, never laxer), said in the alert.
+  is read at ``le`` = X where the pods render kvtune's SLO buckets (``slo_buckets``: X is
+  then a bound), else rounded down to vLLM's default bound (stricter, never laxer), said in
+  the alert.
 - KVCacheCapacityOffPlan: ``vllm:cache_config_info``'s ``num_gpu_blocks`` more than 15 %
   from what the plan expects (the memory model is wrong for this GPU, or someone changed
   the runtime). The label is matched with a numeric-range regex (PromQL cannot read a label
@@ -39,6 +41,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kvtune.operator import slo_buckets
 from kvtune.operator import vllm_metrics as vm
 
 RECORD_PREFIX = "kvtune"
@@ -66,6 +69,9 @@ class AlertInputs(BaseModel):
     target_labels: dict[str, str] = Field(default_factory=dict)
     capacity_tolerance: float = Field(default=0.15, gt=0, lt=1)
     profile_window_seconds: float = Field(default=6 * 3600, gt=0)
+    # The pods render the SLO targets as bucket bounds (``slo_buckets.rendered_for``): the
+    # burn rules then read le="<target>"; without them, the default bound at or below it.
+    slo_buckets_rendered: bool = False
 
 
 def _sel(labels: Mapping[str, str], extra: str = "") -> str:
@@ -88,8 +94,7 @@ def le_string(bound: float) -> str:
 def slo_bucket(threshold_seconds: float, bounds: tuple[float, ...]) -> float:
     """The largest bucket bound <= the SLO threshold (stricter); the smallest bound when the
     threshold is below all of them."""
-    below = [b for b in bounds if b <= threshold_seconds + 1e-12]
-    return below[-1] if below else bounds[0]
+    return slo_buckets.lower_bound(threshold_seconds, bounds)
 
 
 def _fmt_duration(seconds: float) -> str:
@@ -165,9 +170,10 @@ SLO_TARGET = 0.95  # "p95 under X": 95 % of requests under X
 
 
 def _burn_group(inp: AlertInputs, kind: str, histogram: str, threshold: float,
-                bounds: tuple[float, ...], labels: dict[str, str]) -> dict[str, Any]:
+                family: str, labels: dict[str, str]) -> dict[str, Any]:
     s = _sel({**inp.target_labels, "namespace": inp.namespace, "model_name": inp.model_name})
-    bound = slo_bucket(threshold, bounds)
+    read = slo_buckets.slo_bound(threshold, family, inp.slo_buckets_rendered)
+    bound = read.bound_seconds
     good = f'{histogram}_bucket{_sel({**inp.target_labels, "namespace": inp.namespace, "model_name": inp.model_name, "le": le_string(bound)})}'  # noqa: E501
     total = f"{histogram}_count{s}"
     budget = 1 - SLO_TARGET
@@ -192,9 +198,9 @@ def _burn_group(inp: AlertInputs, kind: str, histogram: str, threshold: float,
                 "summary": f"{inp.namespace}/{inp.name}: {pretty} SLO budget burning "
                            f"{factor}x over {long_w} and {short_w}",
                 "description": (
-                    f"{pretty} p95 SLO {threshold:g}s, measured as requests slower than the "
-                    f"{bound:g}s bucket bound (vLLM's nearest bound at or below the SLO); "
-                    f"error budget {budget:.0%}. Error ratio over {long_w}: "
+                    f"{read.describe(pretty + ' p95')}; measured as requests slower than "
+                    f"the {bound:g}s bucket bound; error budget {budget:.0%}. Error ratio "
+                    f"over {long_w}: "
                     f"{{{{ $value | humanizePercentage }}}}."),
             },
         })
@@ -334,10 +340,10 @@ def rule_groups(inp: AlertInputs) -> list[dict[str, Any]]:
     ]
     if inp.ttft_p95_seconds is not None:
         groups.append(_burn_group(inp, "ttft", vm.TIME_TO_FIRST_TOKEN, inp.ttft_p95_seconds,
-                                  vm.TIME_TO_FIRST_TOKEN_BUCKETS, labels))
+                                  slo_buckets.TTFT_FAMILY, labels))
     if inp.tpot_p95_seconds is not None:
         groups.append(_burn_group(inp, "tpot", vm.TIME_PER_OUTPUT_TOKEN, inp.tpot_p95_seconds,
-                                  vm.INTER_TOKEN_LATENCY_BUCKETS, labels))
+                                  slo_buckets.TPOT_FAMILY, labels))
     return groups
 
 
@@ -390,4 +396,7 @@ def inputs_from_body(body: Mapping[str, Any]) -> AlertInputs:
                                    expected_num_gpu_blocks=expected.get(p.pool_name))
                     for p in spec.pools),
         profile_window_seconds=window,
+        slo_buckets_rendered=slo_buckets.rendered_for(
+            spec.slo is not None and (spec.slo.ttft_p95 or spec.slo.tpot_p95) is not None,
+            spec.runtime.pod_template is not None),
     )

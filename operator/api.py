@@ -863,6 +863,10 @@ class PoolRoutingStatus(_Status):
 
     max_model_len: int
     endpoint_picker: str  # its Deployment and Service
+    # Requests/s one replica of the applied plan sustains within the SLO (the goodput
+    # search's bisection, when it ran): the HTTPRoute weighs pools by it x replicas
+    # (operator/http_route.py). None: not measured; the weights then follow replicas.
+    capacity_requests_per_second_per_replica: float | None = None
     endpoint_picker_available: bool | None = None  # None: not read yet
     message: str = ""
 

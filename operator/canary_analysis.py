@@ -22,8 +22,9 @@ The checks run in order, each returning (reason, message, failed), as cert-manag
 5. Otherwise ``CanaryMeetsSLO``: promote. KV usage is evidence only: a tighter plan is expected
    to fill more of its cache.
 
-The SLO threshold is read at the histogram bucket bound at or below it (``slo_bucket``), as the
-alert rules do: stricter, never laxer, and stated in the message.
+The SLO threshold is read at its own bucket bound where the pods render kvtune's SLO buckets
+(``slo_buckets``), else at vLLM's default bound at or below it, as the alert rules do:
+stricter, never laxer, and the message says which.
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ class AnalysisSettings(BaseModel):
     objective: float = SLO_OBJECTIVE
     ttft_bound_seconds: float | None = None  # the bucket bound the SLO was read at
     tpot_bound_seconds: float | None = None
+    # The targets themselves: a bound below its target is said to be one in the message.
+    ttft_slo_seconds: float | None = None
+    tpot_slo_seconds: float | None = None
 
 
 class CanaryAnalysis(BaseModel):
@@ -99,15 +103,24 @@ def binomial_noise(p1: float, n1: float, p2: float, n2: float) -> float:
     return _Z_ONE_SIDED_99 * math.sqrt(variance)
 
 
+def _read_at(bound_seconds: float | None, slo_seconds: float | None) -> str:
+    if bound_seconds is None:
+        return ""
+    if slo_seconds is not None and bound_seconds < slo_seconds - 1e-12:
+        return (f" (judged at the lower {bound_seconds:g} s bucket bound, not the "
+                f"{slo_seconds:g} s target: the pods do not render kvtune's SLO buckets)")
+    return f" (read at the {bound_seconds:g} s bucket)"
+
+
 def _attainment(name: str, stable: float | None, canary: float | None, n_stable: float,
                 n_canary: float, settings: AnalysisSettings,
-                bound_seconds: float | None) -> Check:
+                bound_seconds: float | None, slo_seconds: float | None = None) -> Check:
     reason = f"{name}AttainmentWorse"
     if stable is None or canary is None:
         return reason, f"{name}: no SLO or no data", False
     drop = stable - canary
     margin = max(settings.min_drop, binomial_noise(stable, n_stable, canary, n_canary))
-    at = f" (read at the {bound_seconds:g} s bucket)" if bound_seconds is not None else ""
+    at = _read_at(bound_seconds, slo_seconds)
     if drop > margin and canary < settings.objective:
         return reason, (f"{name} within SLO{at}: canary {canary:.1%} vs stable {stable:.1%}, "
                         f"{drop:.1%} lower (noise margin {margin:.1%}) and below the "
@@ -144,9 +157,11 @@ def analyse(stable: RevisionFigures, canary: RevisionFigures,
                       f"{stable.requests:.0f}, need {need} each (spec.rollout.minRequests)")
     checks = [
         _attainment("TTFT", stable.ttft_within_slo, canary.ttft_within_slo, stable.requests,
-                    canary.requests, settings, settings.ttft_bound_seconds),
+                    canary.requests, settings, settings.ttft_bound_seconds,
+                    settings.ttft_slo_seconds),
         _attainment("TPOT", stable.tpot_within_slo, canary.tpot_within_slo, stable.requests,
-                    canary.requests, settings, settings.tpot_bound_seconds),
+                    canary.requests, settings, settings.tpot_bound_seconds,
+                    settings.tpot_slo_seconds),
         _preemptions(stable, canary),
         _queue(stable, canary),
     ]

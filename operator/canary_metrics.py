@@ -2,8 +2,9 @@
 
 The PromQL is built here (pure, shown in docs and tested against a real Prometheus); the HTTP
 call goes through the profiler's Prometheus client, so the same endpoint policy (allow-list,
-TLS, bounded replies) applies. Shares within the SLO come from the histograms' bucket at or
-below the SLO threshold (``alerts.slo_bucket``): ``increase(bucket{le=B}) / increase(count)``.
+TLS, bounded replies) applies. Shares within the SLO come from the histograms' bucket at the
+SLO threshold where the pods render it (``slo_buckets``), else the bucket at or below it:
+``increase(bucket{le=B}) / increase(count)``.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 
+from kvtune.operator import slo_buckets
 from kvtune.operator import vllm_metrics as vm
-from kvtune.operator.alerts import le_string, slo_bucket
+from kvtune.operator.alerts import le_string
 from kvtune.operator.canary_analysis import AnalysisSettings, RevisionFigures
 from kvtune.operator.selectors import SeriesSelector
 
@@ -22,16 +24,18 @@ from kvtune.operator.selectors import SeriesSelector
 QueryFn = Callable[[str, str], float | None]
 
 
-def ttft_bound(ttft_seconds: float | None) -> float | None:
+def ttft_bound(ttft_seconds: float | None, rendered: bool = False) -> float | None:
+    """The ``le`` the TTFT target is read at: itself where the pods render kvtune's SLO
+    buckets (``slo_buckets``), else vLLM's default bound at or below it."""
     if ttft_seconds is None:
         return None
-    return slo_bucket(ttft_seconds, vm.TIME_TO_FIRST_TOKEN_BUCKETS)
+    return slo_buckets.slo_bound(ttft_seconds, slo_buckets.TTFT_FAMILY, rendered).bound_seconds
 
 
-def tpot_bound(tpot_seconds: float | None) -> float | None:
+def tpot_bound(tpot_seconds: float | None, rendered: bool = False) -> float | None:
     if tpot_seconds is None:
         return None
-    return slo_bucket(tpot_seconds, vm.INTER_TOKEN_LATENCY_BUCKETS)
+    return slo_buckets.slo_bound(tpot_seconds, slo_buckets.TPOT_FAMILY, rendered).bound_seconds
 
 
 def revision_queries(series: SeriesSelector, window_seconds: float, *,

@@ -22,8 +22,17 @@ what Gateway API v1.5.1 with the Inference Extension v1.5.0 cannot:
   the patterns use only anchors, digits, classes, ``{n}``, ``{n,}`` and ``|``, common to RE2,
   ECMAScript and PCRE) takes the lengths above the next shorter pool's max-model-len up to
   its own, and sends them to the shortest pools that hold them. Requests without the header
-  go to every pool by replicas (the shortest pool may then refuse a long one, as without
+  go to every pool by weight (the shortest pool may then refuse a long one, as without
   routing).
+
+**Weights by capacity.** A backend's weight is proportional to the pool's capacity (the
+requests/s one replica of its applied plan sustains within the SLO, ``capacity_of``) times its
+replicas, so a pool of fast GPUs gets the share of traffic it can serve rather than its share
+of pods. The plan carries a capacity only where the goodput search measured one (its
+``max_rate_within_slo_per_second`` bisection, run when the SLO is missed at the observed
+rate); when any routed pool lacks one, every weight is the pool's replica count, as before,
+since mixing the two scales would be meaningless. Status holds the pool's replicas, not its
+ready ones, so the count is the replicas kvtune asked for.
 
 Several weighted InferencePools in one rule is the Extension's own documented pattern (its
 ``inferencepool-rollout`` guide); some gateways have mishandled it (each pool must keep its
@@ -42,12 +51,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kvtune.operator.api import PoolStatus, RoutingSpec
+    from kvtune.tuner.plan import PoolPlan
 
 API = "gateway.networking.k8s.io/v1"
 GATEWAY_GROUP = "gateway.networking.k8s.io"
 POOL_GROUP = "inference.networking.k8s.io"
 GATEWAY_API_VERSION = "v1.5.1"  # the release whose CRDs the tests install
 MAX_RULES = 16  # the HTTPRoute CRD's maxItems on spec.rules
+# Capacity weights are scaled so the largest is this: enough resolution (0.1 %) and far under
+# the Gateway API's maximum weight (1,000,000).
+WEIGHT_SCALE = 1000
 
 
 @dataclass(frozen=True)
@@ -57,6 +70,8 @@ class PoolRoute:
     inference_pool: str
     max_model_len: int
     replicas: int
+    # Requests/s one replica sustains within the SLO; None when the plan has no measure.
+    capacity_per_replica_per_second: float | None = None
 
 
 @dataclass(frozen=True)
@@ -105,9 +120,34 @@ def integer_range_pattern(low: int, high: int | None) -> str:
     return "^(" + "|".join(parts) + ")$"
 
 
+def capacity_of(pool_plan: PoolPlan) -> float | None:
+    """Requests/s one replica of the plan sustains within the SLO: the goodput search's
+    sustainable rate when it measured one; None otherwise (see the module's docstring)."""
+    search = pool_plan.search
+    rate = search.max_rate_within_slo_per_second if search is not None else None
+    return rate if rate is not None and rate > 0 else None
+
+
+def weights(pools: list[PoolRoute]) -> dict[str, int]:
+    """Backend weight per InferencePool: capacity x replicas scaled to ``WEIGHT_SCALE`` when
+    every pool has a capacity (a pool with replicas never rounds to 0), else replicas."""
+    capacities = [p.capacity_per_replica_per_second for p in pools]
+    if not pools or any(c is None for c in capacities):
+        return {p.inference_pool: p.replicas for p in pools}
+    served = {p.inference_pool: (p.capacity_per_replica_per_second or 0.0) * p.replicas
+              for p in pools}
+    top = max(served.values())
+    if top <= 0:
+        return {p.inference_pool: p.replicas for p in pools}
+    return {name: max(1, round(WEIGHT_SCALE * rate / top)) if rate > 0 else 0
+            for name, rate in served.items()}
+
+
 def _backends(pools: list[PoolRoute]) -> list[dict[str, Any]]:
+    weight = weights(pools)
     return [{"group": POOL_GROUP, "kind": "InferencePool", "name": p.inference_pool,
-             "weight": p.replicas} for p in sorted(pools, key=lambda p: p.inference_pool)]
+             "weight": weight[p.inference_pool]}
+            for p in sorted(pools, key=lambda p: p.inference_pool)]
 
 
 def length_tiers(pools: list[PoolRoute]) -> list[tuple[int, int | None, list[PoolRoute]]]:
@@ -178,7 +218,9 @@ def route_for(*, name: str, namespace: str, labels: dict[str, str], routing: Rou
     ``spec.routing.gateway`` or a pool whose InferencePool is applied."""
     if not routing.enabled or routing.gateway is None:
         return None
-    routed = [PoolRoute(inference_pool_name[p.name], length, p.replicas)
+    routed = [PoolRoute(inference_pool_name[p.name], length, p.replicas,
+                        p.routing.capacity_requests_per_second_per_replica
+                        if p.routing is not None else None)
               for p in pools if p.phase in _ROUTED_PHASES and p.name in inference_pool_name
               and (length := routed_max_model_len(p)) is not None]
     if not routed:

@@ -24,7 +24,13 @@ import jinja2
 import yaml
 from jinja2.sandbox import SandboxedEnvironment
 
-from kvtune.operator import endpoint_picker, pod_policy, runtime_access, template_sandbox
+from kvtune.operator import (
+    endpoint_picker,
+    pod_policy,
+    runtime_access,
+    slo_buckets,
+    template_sandbox,
+)
 from kvtune.tuner.facts import host_resources
 from kvtune.tuner.plan import PoolPlan
 
@@ -65,6 +71,10 @@ class RenderInput:
     # ServiceAccount that may write the namespace's reports ConfigMap; ``command`` is then
     # ignored.
     entrypoint: str = "vllm"
+    # The spec's SLO targets: each becomes a bound of vLLM's latency histograms
+    # (operator/slo_buckets.py), so alerts, canary and observed attainment read it exactly.
+    ttft_slo_seconds: float | None = None
+    tpot_slo_seconds: float | None = None
 
 
 def object_name(name: str, pool: str) -> str:
@@ -113,6 +123,7 @@ def vllm_args(inp: RenderInput) -> list[str]:
         f"--port={VLLM_PORT}",
         f"--served-model-name={inp.model_name}",
         *inp.pool_plan.vllm_args(),
+        *slo_buckets.vllm_flag(inp.ttft_slo_seconds, inp.tpot_slo_seconds),
     ]
 
 

@@ -4,9 +4,10 @@ The retune timer's profiling window already reads vLLM's TTFT and per-request TP
 histograms (``profiling.queries``: ``ttft_buckets``, ``tpot_buckets``); nothing more is
 asked of Prometheus. From them:
 
-- **shown**: the share of requests within each target, read at the bucket at or below the
-  target (``canary_metrics.ttft_bound``/``tpot_bound``, as the canary analysis and the alert
-  rules read it: stricter, never laxer);
+- **shown**: the share of requests within each target, read at the target's own bucket where
+  the histograms have it as a bound (the pods render kvtune's SLO buckets, ``slo_buckets``),
+  else at the bucket at or below it (as the canary analysis and the alert rules read it:
+  stricter, never laxer), and the message says which;
 - **judged**: the search predicts the share meeting *both* targets; the histograms give each
   target alone, so the most the pool can have attained is the smaller of the two shares, read
   at the bucket at or *above* each target (never stricter than the prediction). The
@@ -21,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvtune.operator import canary_metrics, histograms
+from kvtune.operator import histograms, slo_buckets
 from kvtune.operator import vllm_metrics as vm
 from kvtune.operator.canary_analysis import binomial_noise
 
@@ -63,23 +64,35 @@ class Observation:
     tpot_within_slo: float | None
     ttft_bound_seconds: float | None
     tpot_bound_seconds: float | None
+    # The targets, so a bound below its target is named as one.
+    ttft_slo_seconds: float | None
+    tpot_slo_seconds: float | None
     # The most the pool can have attained on both targets (the smaller share, each read at
     # the bucket at or above its target); None without a target or data.
     attainment_upper_bound: float | None
 
 
+def _bounds(buckets: Buckets, defaults: tuple[float, ...]) -> tuple[float, ...]:
+    """The finite bounds the histogram has (the pods' own: kvtune's SLO buckets or vLLM's
+    defaults); vLLM's defaults when there is no data to say."""
+    finite = sorted({b for b, _ in buckets if b != float("inf")})
+    return tuple(finite) if finite else defaults
+
+
 def observe(ttft_buckets: Buckets, tpot_buckets: Buckets, requests: int,
             window_seconds: float, ttft_slo_seconds: float | None,
             tpot_slo_seconds: float | None) -> Observation:
-    ttft_b = canary_metrics.ttft_bound(ttft_slo_seconds)
-    tpot_b = canary_metrics.tpot_bound(tpot_slo_seconds)
+    ttft_bounds = _bounds(ttft_buckets, vm.TIME_TO_FIRST_TOKEN_BUCKETS)
+    tpot_bounds = _bounds(tpot_buckets, vm.INTER_TOKEN_LATENCY_BUCKETS)
+    ttft_b = None if ttft_slo_seconds is None else slo_buckets.lower_bound(
+        ttft_slo_seconds, ttft_bounds)
+    tpot_b = None if tpot_slo_seconds is None else slo_buckets.lower_bound(
+        tpot_slo_seconds, tpot_bounds)
     uppers: list[float | None] = []
     if ttft_slo_seconds is not None:
-        uppers.append(share_within(ttft_buckets, bound_above(
-            ttft_slo_seconds, vm.TIME_TO_FIRST_TOKEN_BUCKETS)))
+        uppers.append(share_within(ttft_buckets, bound_above(ttft_slo_seconds, ttft_bounds)))
     if tpot_slo_seconds is not None:
-        uppers.append(share_within(tpot_buckets, bound_above(
-            tpot_slo_seconds, vm.INTER_TOKEN_LATENCY_BUCKETS)))
+        uppers.append(share_within(tpot_buckets, bound_above(tpot_slo_seconds, tpot_bounds)))
     upper = None if not uppers or any(u is None for u in uppers) \
         else min(u for u in uppers if u is not None)
     return Observation(
@@ -87,6 +100,7 @@ def observe(ttft_buckets: Buckets, tpot_buckets: Buckets, requests: int,
         ttft_within_slo=None if ttft_b is None else share_within(ttft_buckets, ttft_b),
         tpot_within_slo=None if tpot_b is None else share_within(tpot_buckets, tpot_b),
         ttft_bound_seconds=ttft_b, tpot_bound_seconds=tpot_b,
+        ttft_slo_seconds=ttft_slo_seconds, tpot_slo_seconds=tpot_slo_seconds,
         attainment_upper_bound=upper)
 
 
@@ -100,14 +114,21 @@ class Judgement:
         return self.verdict == BELOW_PREDICTION
 
 
+def _at(bound: float, slo: float | None) -> str:
+    if slo is not None and bound < slo - 1e-12:
+        return (f"(judged at the lower {bound:g} s bucket bound, not the {slo:g} s target: "
+                f"the pods do not render kvtune's SLO buckets)")
+    return f"(at the {bound:g} s bucket)"
+
+
 def _shares(o: Observation) -> str:
     parts = []
     if o.ttft_within_slo is not None and o.ttft_bound_seconds is not None:
-        parts.append(f"TTFT within SLO {o.ttft_within_slo:.1%} (at the "
-                     f"{o.ttft_bound_seconds:g} s bucket)")
+        parts.append(f"TTFT within SLO {o.ttft_within_slo:.1%} "
+                     f"{_at(o.ttft_bound_seconds, o.ttft_slo_seconds)}")
     if o.tpot_within_slo is not None and o.tpot_bound_seconds is not None:
-        parts.append(f"TPOT within SLO {o.tpot_within_slo:.1%} (at the "
-                     f"{o.tpot_bound_seconds:g} s bucket)")
+        parts.append(f"TPOT within SLO {o.tpot_within_slo:.1%} "
+                     f"{_at(o.tpot_bound_seconds, o.tpot_slo_seconds)}")
     return ", ".join(parts) or "no SLO target or no latency data"
 
 

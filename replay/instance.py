@@ -52,6 +52,9 @@ class InstanceConfig:
     # Reading the KV of every token in the batch once per step (bandwidth-bound decode).
     decode_step_seconds_per_kv_token: float = 2e-8
     step_seconds: float = 0.05
+    # vLLM's --custom-histogram-buckets: (family, bounds) pairs replacing a family's defaults
+    # (kvtune renders its SLO targets as bounds: operator/slo_buckets.py).
+    custom_histogram_buckets: tuple[tuple[str, tuple[float, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         for name, (low, low_open, high) in _BOUNDS.items():
@@ -125,8 +128,10 @@ class InstanceMetrics:
                 self.gauges[spec.name] = 0.0
             elif spec.kind == "histogram":
                 assert spec.bucket_family is not None
+                custom = dict(self.config.custom_histogram_buckets)
                 self.histograms[spec.name] = HistogramState(
-                    vm.buckets_for(spec.bucket_family, self.config.max_model_len)
+                    custom.get(spec.bucket_family)
+                    or vm.buckets_for(spec.bucket_family, self.config.max_model_len)
                 )
         self.finished = dict.fromkeys(vm.FINISHED_REASONS, 0)
 

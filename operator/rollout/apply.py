@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtune.operator import apply as kapply
-from kvtune.operator import routing
+from kvtune.operator import http_route, routing
 from kvtune.operator.api import PoolRoutingStatus, PoolStatus
 from kvtune.operator.render import model_server, object_name
 from kvtune.operator.rollout.canary import CanaryResult
@@ -74,5 +74,7 @@ def routed(ctx: PoolContext, planned: Planned, rendered: Rendered) -> PoolRoutin
     available = before.endpoint_picker_available if before is not None \
         and before.endpoint_picker == picker else None
     return PoolRoutingStatus(max_model_len=planned.pool_plan.plan.max_model_len,
+                             capacity_requests_per_second_per_replica=http_route.capacity_of(
+                                 planned.pool_plan),
                              endpoint_picker=picker, endpoint_picker_available=available,
                              message=before.message if available is not None and before else "")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from kvtune.operator import apply as kapply
 from kvtune.operator import canary as canary_policy
-from kvtune.operator import canary_metrics, prom_http, selectors
+from kvtune.operator import canary_metrics, prom_http, selectors, slo_buckets
 from kvtune.operator import conditions as cond
 from kvtune.operator import prom_replies as replies
 from kvtune.operator.api import (
@@ -129,10 +129,17 @@ def _analyse(ctx: PoolContext, series: tuple[selectors.SeriesSelector,
     prom = ctx.spec.tuning.prometheus
     assert prom is not None
     slo = ctx.spec.slo
+    ttft = slo.ttft_p95_seconds() if slo else None
+    tpot = slo.tpot_p95_seconds() if slo else None
+    # Both revisions' pods were rendered with the SLO buckets unless a user's pod template
+    # may have dropped the arguments (slo_buckets.rendered_for).
+    rendered = slo_buckets.rendered_for((ttft or tpot) is not None,
+                                        ctx.spec.runtime.pod_template is not None)
     settings = AnalysisSettings(
         min_requests=rollout.min_requests,
-        ttft_bound_seconds=canary_metrics.ttft_bound(slo.ttft_p95_seconds() if slo else None),
-        tpot_bound_seconds=canary_metrics.tpot_bound(slo.tpot_p95_seconds() if slo else None))
+        ttft_bound_seconds=canary_metrics.ttft_bound(ttft, rendered),
+        tpot_bound_seconds=canary_metrics.tpot_bound(tpot, rendered),
+        ttft_slo_seconds=ttft, tpot_slo_seconds=tpot)
     at = time.time()
     try:
         access = access_from_env()

@@ -110,3 +110,23 @@ def test_figures_from_missing_or_not_finite_answers_are_no_data() -> None:
     assert got.kv_usage_mean == 1.0  # a share, clamped
     assert got.waiting_mean is None
     assert canary_metrics.figures({}).requests == 0
+
+
+def test_rendered_slo_buckets_read_the_exact_threshold() -> None:
+    # The pods render the targets as bounds (slo_buckets): le is the target itself.
+    assert canary_metrics.ttft_bound(2.0, rendered=True) == 2.0
+    assert canary_metrics.tpot_bound(0.08, rendered=True) == 0.08
+    qs = canary_metrics.revision_queries(selectors.SeriesSelector(equal={"namespace": "llm"}),
+                                         600, ttft_bound_seconds=2.0, tpot_bound_seconds=0.08)
+    assert 'le="2.0"' in qs["ttft_within_slo"] and 'le="0.08"' in qs["tpot_within_slo"]
+
+
+@pytest.mark.parametrize(("bound", "said"), [
+    (2.0, "read at the 2 s bucket)"),
+    (1.0, "judged at the lower 1 s bucket bound, not the 2 s target"),
+])
+def test_the_verdict_says_at_which_bound_the_slo_was_read(bound: float, said: str) -> None:
+    settings = AnalysisSettings(min_requests=100, ttft_bound_seconds=bound, ttft_slo_seconds=2.0)
+    worse = analyse(RevisionFigures(requests=500, ttft_within_slo=0.99),
+                    RevisionFigures(requests=500, ttft_within_slo=0.80), settings)
+    assert worse.verdict == "rollback" and said in worse.message

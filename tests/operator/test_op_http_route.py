@@ -134,3 +134,60 @@ def test_during_a_canary_the_length_rules_keep_the_plan_the_stable_pods_run() ->
     # A status written before kvtune recorded the routed length: the plan in status, as before.
     assert http_route.routed_max_model_len(
         _pool_status("long", "Canary", 4096, None, 1)) == 4096
+
+
+# --- weights by capacity x replicas (issue 22 item 9) ----------------------------------------
+
+@pytest.mark.parametrize(("pools", "expected", "why"), [
+    # (name, replicas, capacity req/s per replica) -> weight
+    ([("a", 4, 10.0), ("b", 2, 40.0)], {"a": 500, "b": 1000},
+     "b serves 80 req/s, a 40: b gets twice a's share though it has half the replicas"),
+    ([("a", 3, 5.0), ("b", 3, 5.0)], {"a": 1000, "b": 1000}, "equal pools, equal weights"),
+    ([("a", 1, 0.5), ("b", 10, 100.0)], {"a": 1, "b": 1000},
+     "a tiny pool still gets traffic: never rounded to 0"),
+    ([("a", 0, 10.0), ("b", 2, 10.0)], {"a": 0, "b": 1000}, "no replicas, no traffic"),
+    ([("a", 4, 10.0), ("b", 2, None)], {"a": 4, "b": 2},
+     "a pool without a measured capacity: every weight falls back to replicas"),
+    ([("a", 4, None), ("b", 2, None)], {"a": 4, "b": 2}, "no capacities: replicas, as before"),
+])
+def test_backend_weights_follow_capacity_times_replicas(
+        pools: list[tuple[str, int, float | None]], expected: dict[str, int], why: str) -> None:
+    routes = [PoolRoute(name, 8192, replicas, capacity)
+              for name, replicas, capacity in pools]
+    assert http_route.weights(routes) == expected, why
+    route = http_route.http_route(name="bot", namespace="llm", labels={},
+                                  gateway=GatewayRef("gw"), pools=routes)
+    backends = {b["name"]: b["weight"] for b in route["spec"]["rules"][-1]["backendRefs"]}
+    assert backends == expected, why
+
+
+def test_route_for_reads_capacity_from_the_applied_routing_status() -> None:
+    spec = RoutingSpec.model_validate({"enabled": True, "gateway": {"name": "gw"}})
+    fast = _pool_status("fast", "Applied", 8192, 8192, 2).model_copy(update={
+        "routing": PoolRoutingStatus(max_model_len=8192, endpoint_picker="bot-fast-epp",
+                                     capacity_requests_per_second_per_replica=30.0)})
+    slow = _pool_status("slow", "Applied", 8192, 8192, 3).model_copy(update={
+        "routing": PoolRoutingStatus(max_model_len=8192, endpoint_picker="bot-slow-epp",
+                                     capacity_requests_per_second_per_replica=10.0)})
+    out = http_route.route_for(name="bot", namespace="llm", labels={}, routing=spec,
+                               pools=[fast, slow],
+                               inference_pool_name={"fast": "bot-fast", "slow": "bot-slow"})
+    assert out is not None
+    weights = {b["name"]: b["weight"] for b in out["spec"]["rules"][-1]["backendRefs"]}
+    assert weights == {"bot-fast": 1000, "bot-slow": 500}  # 60 vs 30 req/s
+
+
+def test_capacity_of_reads_the_searchs_sustainable_rate() -> None:
+    from op_samples import make_pool_plan
+
+    from kvtune.tuner.plan import SearchSummary
+
+    plan = make_pool_plan()
+    assert http_route.capacity_of(plan) is None  # no search: no capacity
+    summary = SearchSummary(
+        observed_rate_per_second=20.0, littles_law_sequences=10,
+        goodput_requests_per_second=5.0, slo_attainment=0.6, ttft_p95_seconds=3.0,
+        tpot_p95_seconds=0.05, slo_met=False, slo_set=True,
+        max_rate_within_slo_per_second=12.5, replicas_needed=2, candidates=3,
+        simulated_requests=100, requests_per_candidate=50, changed_from="rules' plan")
+    assert http_route.capacity_of(plan.model_copy(update={"search": summary})) == 12.5

@@ -258,3 +258,25 @@ def test_the_runtime_images_pod_template_renders(pool_plan: PoolPlan) -> None:
     assert container["args"][0] == "meta-llama/Llama-3.1-8B-Instruct"
     assert dep["spec"]["template"]["spec"]["affinity"] == {"nodeAffinity": AFFINITY}
     assert "kvtune.io/pool" in dep["spec"]["template"]["metadata"]["labels"]
+
+
+def test_slo_targets_are_rendered_as_histogram_bounds(pool_plan: PoolPlan) -> None:
+    """issue 22 item 8: each SLO target is a bound of vLLM's latency histograms, added to
+    vLLM's default bounds, so alerts, canary and observed attainment read it exactly."""
+    from kvtune.operator import slo_buckets
+    from kvtune.operator import vllm_metrics as vm
+
+    args = _container(_by_kind(render_pool(_input(
+        pool_plan, ttft_slo_seconds=2.0, tpot_slo_seconds=0.08)))["Deployment"])["args"]
+    flags = [a for a in args if a.startswith(slo_buckets.FLAG + "=")]
+    assert len(flags) == 1
+    buckets = json.loads(flags[0].split("=", 1)[1])
+    assert set(buckets) == {"time_to_first_token", "inter_token_latency"}
+    assert buckets["time_to_first_token"] == sorted([*vm.TIME_TO_FIRST_TOKEN_BUCKETS, 2.0])
+    assert buckets["inter_token_latency"] == sorted([*vm.INTER_TOKEN_LATENCY_BUCKETS, 0.08])
+    # A target already a default bound is not repeated (vLLM refuses equal bounds).
+    one = slo_buckets.custom_buckets(1.0, None)
+    assert one == {"time_to_first_token": list(vm.TIME_TO_FIRST_TOKEN_BUCKETS)}
+    # Without an SLO nothing is added.
+    plain = _container(_by_kind(render_pool(_input(pool_plan)))["Deployment"])["args"]
+    assert not any(a.startswith(slo_buckets.FLAG) for a in plain)

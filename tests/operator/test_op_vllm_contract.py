@@ -212,3 +212,41 @@ def test_plan_json_args_deployment_and_runtime_render_the_same_flags(case: list[
     parser = _parser_flags()
     unknown = [a for a in from_json if a.split("=", 1)[0] not in parser]
     assert not unknown, f"flags vLLM {VLLM_VERSION} does not know: {unknown}"
+
+
+# --- issue 22 item 8: the SLO buckets flag parses in vLLM's own argument parser -------------
+
+def test_rendered_slo_buckets_parse_in_vllms_parser_and_validator() -> None:
+    """``--custom-histogram-buckets`` as rendered for a 2 s TTFT and 80 ms TPOT target is
+    parsed by vLLM 0.33's own ``EngineArgs`` parser into ``custom_histogram_buckets`` and
+    passes ``ObservabilityConfig``'s validator; the families it sets are the ones vLLM's
+    TTFT and TPOT histograms take their buckets from."""
+    import json
+
+    from vllm.config.observability import ObservabilityConfig
+    from vllm.engine.arg_utils import get_kwargs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from kvtune.operator import slo_buckets
+
+    flag = slo_buckets.vllm_flag(2.0, 0.08)
+    assert flag and flag[0].split("=", 1)[0] in _parser_flags()
+    # EngineArgs.add_cli_args adds the flag exactly so (it needs a device for other groups):
+    # observability_group.add_argument("--custom-histogram-buckets",
+    #                                  **observability_kwargs["custom_histogram_buckets"])
+    source = (_root() / "engine" / "arg_utils.py").read_text()
+    assert re.search(r'add_argument\(\s*"--custom-histogram-buckets",\s*'
+                     r'\*\*observability_kwargs\["custom_histogram_buckets"\]', source)
+    parser = FlexibleArgumentParser()
+    parser.add_argument(slo_buckets.FLAG,
+                        **get_kwargs(ObservabilityConfig)["custom_histogram_buckets"])
+    ns = parser.parse_args(flag)
+    parsed = ns.custom_histogram_buckets
+    assert parsed == json.loads(flag[0].split("=", 1)[1])
+    assert 2.0 in parsed["time_to_first_token"] and 0.08 in parsed["inter_token_latency"]
+    ObservabilityConfig(custom_histogram_buckets=parsed)  # raises on a refused list
+    loggers = (_root() / "v1" / "metrics" / "loggers.py").read_text()
+    for family, metric in (("time_to_first_token", "vllm:time_to_first_token_seconds"),
+                           ("inter_token_latency", "vllm:request_time_per_output_token_seconds")):
+        at = loggers.index(f'name="{metric}"')
+        assert f"buckets={family}_buckets" in loggers[at:at + 400], (family, metric)

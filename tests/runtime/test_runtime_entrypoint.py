@@ -224,7 +224,9 @@ def test_command_from_the_operators_rendered_args_replaces_only_the_memory_flag(
     pool = pool_plan("H200")
     rendered = vllm_args(RenderInput(name="bot", namespace="llm", pool="h200", pool_plan=pool,
                                      model_name=pool.model_id, image="i", replicas=1,
-                                     revision=1))
+                                     revision=1, ttft_slo_seconds=2.0, tpot_slo_seconds=0.08))
+    # The SLO buckets flag (operator/slo_buckets.py) passes through to vllm unchanged.
+    assert any(a.startswith("--custom-histogram-buckets=") for a in rendered)
     plan = parse_plan(pool.model_dump_json())
     d = decisions.decide(plan, [gpu(H200, free_bytes=100 * GIB)])
     cmd = decisions.build_command(plan, d, rendered)

@@ -181,18 +181,18 @@ SCENARIOS: dict[str, tuple[str, str, list[dict[str, str]], list[dict[str, str]],
     ),
     "ttft-burn": (
         "TTFTSLOBurnFast", "70m",
-        # Every request slower than the 1.0 s bound (the 2 s SLO rounded down).
-        [_s("vllm:time_to_first_token_seconds_bucket", "0x80", 'le="1.0"'),
+        # Every request slower than the 2 s SLO, read at its own bound (the pods render it).
+        [_s("vllm:time_to_first_token_seconds_bucket", "0x80", 'le="2.0"'),
          _s("vllm:time_to_first_token_seconds_count", "0+10x80")],
-        [_s("vllm:time_to_first_token_seconds_bucket", "0+10x80", 'le="1.0"'),
+        [_s("vllm:time_to_first_token_seconds_bucket", "0+10x80", 'le="2.0"'),
          _s("vllm:time_to_first_token_seconds_count", "0+10x80")],
         {"severity": "page"},
     ),
     "tpot-burn": (
         "TPOTSLOBurnFast", "70m",
-        [_s("vllm:request_time_per_output_token_seconds_bucket", "0+2x80", 'le="0.075"'),
+        [_s("vllm:request_time_per_output_token_seconds_bucket", "0+2x80", 'le="0.08"'),
          _s("vllm:request_time_per_output_token_seconds_count", "0+10x80")],
-        [_s("vllm:request_time_per_output_token_seconds_bucket", "0+10x80", 'le="0.075"'),
+        [_s("vllm:request_time_per_output_token_seconds_bucket", "0+10x80", 'le="0.08"'),
          _s("vllm:request_time_per_output_token_seconds_count", "0+10x80")],
         {"severity": "page"},
     ),
@@ -246,7 +246,7 @@ def test_each_alert_fires_on_its_symptom_and_stays_quiet_when_healthy(tmp_path: 
                                            "exp_alerts": []}]})
     # The slower burn windows page/ticket on a moderate burn where the fast one stays quiet:
     # 20 % of requests too slow is 4x the 5 % budget (above 3x, below 6x and 14.4x).
-    moderate = [_s("vllm:time_to_first_token_seconds_bucket", "0+8x200", 'le="1.0"'),
+    moderate = [_s("vllm:time_to_first_token_seconds_bucket", "0+8x200", 'le="2.0"'),
                 _s("vllm:time_to_first_token_seconds_count", "0+10x200")]
     tests.append({"name": "ttft-burn: moderate burn tickets, does not page", "interval": "1m",
                   "input_series": moderate,
@@ -282,7 +282,13 @@ def test_rules_evaluate_live_on_the_replayed_vllm_series(tmp_path: Path) -> None
     body["status"]["pools"][0]["expected"]["numGpuBlocks"] = 30000  # replay runs 60000
     rules = tmp_path / "rules.yaml"
     rules.write_text(yaml.safe_dump(alerts.rule_file(alerts.inputs_from_body(body))))
-    server = ReplayServer(Replay(InstanceConfig(model_name=MODEL),
+    from kvtune.operator import slo_buckets
+
+    # The pods render the SLO targets as bounds (slo_buckets): the replayed instance too.
+    custom = tuple((family, tuple(bounds))
+                   for family, bounds in slo_buckets.custom_buckets(2.0, 0.08).items())
+    server = ReplayServer(Replay(InstanceConfig(model_name=MODEL,
+                                                custom_histogram_buckets=custom),
                                  AZURE_TRACE, speed=20.0), port=0)
     server.start()
     try:
@@ -304,3 +310,60 @@ def test_rules_evaluate_live_on_the_replayed_vllm_series(tmp_path: Path) -> None
             assert "KVCacheSaturated" not in names
     finally:
         server.stop()
+
+
+# --- the SLO read at its exact bound (issue 22 item 8) -------------------------------------
+
+def _with_pod_template(body: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(body)
+    out["spec"]["runtime"] = {"podTemplate": {"configMapRef": {"name": "pods"}}}
+    return out
+
+
+def test_burn_rules_read_the_exact_threshold_when_the_pods_render_it() -> None:
+    exact = alerts.inputs_from_body(BODY)
+    assert exact.slo_buckets_rendered
+    text = yaml.safe_dump(alerts.rule_file(exact))
+    assert 'le=\\"2.0\\"' in text or 'le="2.0"' in text
+    assert 'le=\\"0.08\\"' in text or 'le="0.08"' in text
+    assert 'le="1.0"' not in text and 'le=\\"1.0\\"' not in text
+    ttft = next(r for g in alerts.rule_groups(exact) for r in g["rules"]
+                if r.get("alert") == "TTFTSLOBurnFast")
+    assert "read at its own bucket bound" in ttft["annotations"]["description"]
+
+
+def test_burn_rules_say_when_they_judge_at_a_lower_bound() -> None:
+    # A user's pod template may drop kvtune's arguments: the default bound at or below.
+    lower = alerts.inputs_from_body(_with_pod_template(BODY))
+    assert not lower.slo_buckets_rendered
+    rules = {r["alert"]: r for g in alerts.rule_groups(lower) for r in g["rules"]
+             if "alert" in r}
+    records = [r["expr"] for g in alerts.rule_groups(lower) for r in g["rules"]
+               if r.get("record", "").startswith("kvtune:ttft")]
+    assert all('le="1.0"' in e for e in records), records
+    desc = rules["TTFTSLOBurnFast"]["annotations"]["description"]
+    assert "judged at the lower bucket bound 1s" in desc and "--custom-histogram-buckets" in desc
+
+
+def test_requests_between_the_default_bound_and_the_target_burn_no_budget(
+        tmp_path: Path) -> None:
+    """Every request takes 1.5 s against a 2 s target: within the SLO. Read at the exact
+    bound the burn alert stays quiet; read at vLLM's default 1.0 bound it pages."""
+    between = [_s("vllm:time_to_first_token_seconds_bucket", "0x80", 'le="1.0"'),
+               _s("vllm:time_to_first_token_seconds_bucket", "0+10x80", 'le="2.0"'),
+               _s("vllm:time_to_first_token_seconds_count", "0+10x80")]
+    for name, body, firing in (("exact", BODY, False),
+                               ("lower", _with_pod_template(BODY), True)):
+        rules_path = tmp_path / f"{name}.yaml"
+        rules_path.write_text(yaml.safe_dump(_without_annotations(
+            alerts.rule_file(alerts.inputs_from_body(body)))))
+        exp = [{"exp_labels": {**RULE_LABELS, "severity": "page"}}] if firing else []
+        test_path = tmp_path / f"{name}_test.yaml"
+        test_path.write_text(yaml.safe_dump({
+            "rule_files": [str(rules_path)], "evaluation_interval": "1m",
+            "tests": [{"name": name, "interval": "1m", "input_series": between,
+                       "alert_rule_test": [{"eval_time": "70m", "alertname": "TTFTSLOBurnFast",
+                                            "exp_alerts": exp}]}]}))
+        proc = subprocess.run([_promtool(), "test", "rules", str(test_path)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, name + ": " + proc.stdout + proc.stderr

@@ -162,3 +162,25 @@ def test_a_starved_pool_is_observed_below_its_prediction_and_a_healthy_one_is_no
     finally:
         healthy.stop()
         starved.stop()
+
+
+def test_a_target_the_pods_render_as_a_bound_is_read_exactly() -> None:
+    # Pods with kvtune's SLO buckets (2 s TTFT among vLLM's 1.0 and 2.5): 90 % of requests
+    # took 1-2 s, within the target. Read at the 2 s bound: all within; shown and judged alike.
+    ttft = [(1.0, 10.0), (2.0, 100.0), (2.5, 100.0), (INF, 100.0)]
+    tpot = [(0.075, 100.0), (0.08, 100.0), (0.1, 100.0), (INF, 100.0)]
+    o = slo_observed.observe(ttft, tpot, 100, 20, ttft_slo_seconds=2.0, tpot_slo_seconds=0.08)
+    assert o.ttft_bound_seconds == 2.0 and o.ttft_within_slo == 1.0
+    assert o.tpot_bound_seconds == 0.08 and o.attainment_upper_bound == 1.0
+    message = slo_observed.judge(o, 0.97, 800, 50).message
+    assert "at the 2 s bucket" in message and "lower" not in message
+
+
+def test_without_the_rendered_bound_the_message_says_it_judges_lower() -> None:
+    # vLLM's default buckets only: the 2 s target is shown at the 1.0 bound, said so.
+    ttft = [(1.0, 10.0), (2.5, 100.0), (INF, 100.0)]
+    tpot = [(0.1, 100.0), (INF, 100.0)]
+    o = slo_observed.observe(ttft, tpot, 100, 20, ttft_slo_seconds=2.0, tpot_slo_seconds=0.1)
+    assert o.ttft_bound_seconds == 1.0 and o.ttft_within_slo == pytest.approx(0.1)
+    message = slo_observed.judge(o, 0.97, 800, 50).message
+    assert "judged at the lower 1 s bucket bound, not the 2 s target" in message
