@@ -19,8 +19,8 @@ def search_budget_options(f: F) -> F:
         "--search-memory-mib", type=click.IntRange(min=sb.MIN_MEMORY_BYTES // sb.MiB),
         default=sb.DEFAULT_MEMORY_BYTES // sb.MiB, show_default=True,
         envvar="KVTUNE_SEARCH_MEMORY_MIB",
-        help="The goodput search stops (keeping its best plan so far) once the process's "
-        "resident memory passes this many MiB.")(f)
+        help="The goodput search stops (keeping its best plan so far) once it has grown the "
+        "process's resident memory by this many MiB.")(f)
     f = click.option(
         "--search-cpu-seconds", type=click.FloatRange(min=0, max=sb.MAX_CPU_SECONDS,
                                                       min_open=True),

@@ -45,5 +45,5 @@ def test_engine_vllm_refuses_the_contiguous_baseline() -> None:
     args = [*ARGS[:-6], "--compare", "contiguous", "--score-sample", "0", "--engine", "vllm"]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code != 0
-    assert "--compare='contiguous'" in result.output and "paged" in result.output
+    assert "--compare: 'contiguous'" in result.output and "paged" in result.output
     assert "Traceback" not in result.output

@@ -129,8 +129,11 @@ def test_control_config_restarts_the_simulated_instance_with_the_planned_kv_cach
         assert _counter(after, vm.GENERATION_TOKENS) < _counter(before, vm.GENERATION_TOKENS)
 
         # A configuration vLLM would not start with is refused; nothing changes.
-        code, msg = _post(f"{base}/control/config", {"max_model_len": 50_000_000})
+        code, msg = _post(f"{base}/control/config", {"max_model_len": 16_000_000})
         assert code == 400 and "would not start" in msg
+        # Out of any range at all: refused at the boundary, naming the field and the bound.
+        code, msg = _post(f"{base}/control/config", {"max_model_len": 50_000_000})
+        assert code == 400 and "max_model_len=50000000" in msg and "16,777,216" in msg
         code, msg = _post(f"{base}/control/config", {"swap_space": 4})
         assert code == 400
         state = json.loads(_get(f"{base}/control/state"))

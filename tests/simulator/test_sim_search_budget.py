@@ -100,10 +100,16 @@ def test_a_budget_spent_before_any_score_is_a_clean_error() -> None:
         plan_by_goodput(_request(7.0), settings=TINY, budget=budget)
 
 
-def test_memory_over_the_budget_stops_the_search() -> None:
-    budget = SearchBudget(memory_bytes=2**30, rss_bytes=lambda: 2**31)
-    with pytest.raises(SearchBudgetSpent, match="memory"):
-        plan_by_goodput(_request(7.0), settings=TINY, budget=budget)
+def test_memory_the_search_adds_past_the_budget_stops_it() -> None:
+    # The budget is the search's growth of the process, not the process's size: a process
+    # already at 2 GiB (torch imported) searches; one that grows by 2 GiB mid-search stops.
+    sizes = iter([2**31, *([2**31 + 2**20] * 10**6)])
+    big_process = SearchBudget(memory_bytes=2**30, rss_bytes=lambda: next(sizes))
+    assert plan_by_goodput(_request(7.0), settings=TINY, budget=big_process)
+    grows = iter([2**31, *([2**32] * 10**6)])
+    runaway = SearchBudget(memory_bytes=2**30, rss_bytes=lambda: next(grows))
+    with pytest.raises(SearchBudgetSpent, match="grew the process's memory by 2048 MiB"):
+        plan_by_goodput(_request(7.0), settings=TINY, budget=runaway)
 
 
 def test_a_budget_spent_midway_keeps_the_best_scored_plan_and_says_why() -> None:
