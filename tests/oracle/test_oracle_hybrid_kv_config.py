@@ -162,8 +162,18 @@ def test_kvtune_sizes_hybrid_models_as_vllm_does(vllm: object, name: str, tp: in
         device_config=DeviceConfig(device="cpu"), cache_config=CacheConfig(block_size=16),
         scheduler_config=SchedulerConfig(
             max_num_seqs=64, max_num_batched_tokens=8192, max_model_len=8192,
-            enable_chunked_prefill=True, is_encoder_decoder=False,
-            disable_hybrid_kv_cache_manager=False))
+            enable_chunked_prefill=True, is_encoder_decoder=False))
+    # Without a model vLLM leaves its hybrid manager off; with one of these models it is on.
+    vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = False
+    # The engine core's layout resolution, for a worker running FlashAttention.
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+    from vllm.v1.attention.backends.utils import (
+        get_supported_kv_cache_layouts,
+        resolve_kv_cache_layout,
+    )
+
+    layouts = [x.name for x in get_supported_kv_cache_layouts([FlashAttentionBackend])]
+    resolve_kv_cache_layout(vllm_config, [layouts], specs.values())
     groups = get_kv_cache_groups(vllm_config, specs)
     config = get_kv_cache_config_from_groups(vllm_config, groups, BUDGET_BYTES)
     ours = kv_cache_groups(model)

@@ -19,9 +19,10 @@ Sources (vLLM 0.33.0):
   page is padded up to exactly that page (``mamba_page_size_padded``).
 
 Worked example, granite-4.0-h-small at bf16, TP 1: one Mamba-2 state is a conv state of
-3 x (8,192 + 2 x 1 x 128) and an SSM state of 128 x 64 x 128, 1,099,264 bytes; one token of one
-attention layer is 2 x 8 x 128 x 2 = 4,096 bytes, so the attention block becomes
-16 x cdiv(1,099,264, 16 x 4,096) = 272 tokens and every page 1,114,112 bytes.
+3 x (8,192 + 2 x 1 x 128) and an SSM state of 128 x 64 x 128, (25,344 + 1,048,576) x 2 =
+2,147,840 bytes; one token of one attention layer is 2 x 8 x 128 x 2 = 4,096 bytes, so the
+attention block becomes 16 x cdiv(2,147,840, 16 x 4,096) = 528 tokens and every page
+2,162,688 bytes (vLLM's own ``_align_hybrid_block_size`` gives the same on CPU).
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def mamba_facts(cfg: Mapping[str, Any], model_type: str, hf_id: str) -> MambaFac
                           n_groups=_int(cfg, "n_groups", hf_id), num_heads=heads,
                           head_dim=head_dim, state_size=_int(cfg, "ssm_state_size", hf_id),
                           conv_kernel=_int(cfg, "conv_kernel", hf_id),
-                          ssm_dtype=ssm if ssm in _DTYPE_BYTES else "float32")  # type: ignore[arg-type]
+                          ssm_dtype=ssm if ssm in _DTYPE_BYTES else "float32")
     if model_type.startswith("qwen3_next"):
         v_heads, v_dim = (_int(cfg, "linear_num_value_heads", hf_id),
                           _int(cfg, "linear_value_head_dim", hf_id))

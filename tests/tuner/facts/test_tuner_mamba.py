@@ -115,3 +115,28 @@ def test_an_unknown_layer_type_is_refused() -> None:
     with pytest.raises(InvalidInput, match="not modelled") as info:
         ModelArchitecture.from_hf_config(cfg, "x")
     assert info.value.field == "config.json:layer_types[39]"
+
+
+@pytest.mark.parametrize(("name", "weights"), [
+    ("granite-4.0-h-small", "auto"), ("qwen3-next-80b-a3b", "fp8"), ("nemotron-h-8b", "auto")])
+def test_the_planner_plans_a_hybrid_model_at_the_block_size_vllm_forces(
+        name: str, weights: str) -> None:
+    from kvtune.tuner.facts.gpus import get_gpu_class
+    from kvtune.tuner.planner.planning import PlanRequest, plan_pool
+    from kvtune.tuner.planner.presets import fixed_session_profile
+
+    model = _model(name)
+    pool = plan_pool(PlanRequest(model=model, gpu=get_gpu_class("H200"),
+                                 weights_dtype=weights,  # type: ignore[arg-type]
+                                 profile=fixed_session_profile(4096)))
+    plan = pool.plan
+    assert plan.block_size == hybrid_block_size(model, plan.kv_cache_dtype, 1, 16)
+    assert plan.block_size > 16
+    reason = next(r for r in pool.reasons if r.knob == "block-size")
+    assert reason.code == "HybridMambaPage"
+    # The pool's blocks are vLLM's: the budget over one block at the forced size.
+    expected = pool.expected
+    assert expected.num_gpu_blocks == num_gpu_blocks(
+        model, plan.kv_cache_dtype, 1, plan.block_size, expected.kv_cache_bytes)
+    assert kv_cache_tokens(model, plan.kv_cache_dtype, 1, plan.block_size,
+                           expected.kv_cache_bytes, plan.max_num_seqs) > 0
