@@ -140,3 +140,23 @@ def test_the_planner_plans_a_hybrid_model_at_the_block_size_vllm_forces(
         model, plan.kv_cache_dtype, 1, plan.block_size, expected.kv_cache_bytes)
     assert kv_cache_tokens(model, plan.kv_cache_dtype, 1, plan.block_size,
                            expected.kv_cache_bytes, plan.max_num_seqs) > 0
+
+
+def test_the_simulator_sets_the_mamba_states_aside() -> None:
+    from kvtune.tuner.facts.gpus import get_gpu_class
+    from kvtune.tuner.planner import planning
+    from kvtune.tuner.planner.presets import fixed_session_profile
+    from kvtune.tuner.simulator.engine import simulated_plan
+
+    model = _model("granite-4.0-h-small")
+    request = planning.PlanRequest(model=model, gpu=get_gpu_class("H200"),
+                                   profile=fixed_session_profile(4096))
+    plan = planning.plan_pool(request).plan
+    _, _, available = planning.preflight(request, plan)
+    sim = simulated_plan(request, plan, "granite")
+    tokens = kv_cache_tokens(model, plan.kv_cache_dtype, 1, plan.block_size, available,
+                             plan.max_num_seqs)
+    assert sim.engine.num_gpu_blocks == tokens // plan.block_size + 1
+    # Fewer than if the budget were all attention pages.
+    assert sim.engine.num_gpu_blocks < available // block_bytes(
+        model, plan.kv_cache_dtype, 1, plan.block_size) + 1
