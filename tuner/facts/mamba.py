@@ -132,9 +132,20 @@ def _opt(cfg: Mapping[str, Any], key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+_FAMILIES = ("granitemoehybrid", "nemotron_h", "jamba", "falcon_h1")
+
+
 def mamba_facts(cfg: Mapping[str, Any], model_type: str, hf_id: str) -> MambaFacts:
     """The state facts of a hybrid model's Mamba layers, read as its vLLM model class reads
     them (``get_mamba_state_shape_from_config``)."""
+    if model_type not in _FAMILIES and not model_type.startswith("qwen3_next"):
+        # Another model's recurrent layers may keep a state of another shape (KDA, short
+        # conv, ...): refuse rather than size it as a Mamba-2 state.
+        raise InvalidInput(
+            "config.json:model_type", model_type,
+            f"{hf_id} has Mamba or linear-attention layers, and kvtune models the state of "
+            f"{', '.join(_FAMILIES)} and qwen3_next only; this one's cache is not modelled: "
+            "pin kv_cache_memory_bytes")
     hidden = _int(cfg, "hidden_size", hf_id)
     if model_type == "jamba":
         return MambaFacts(family="mamba1",

@@ -134,3 +134,7 @@ def test_state_space_hybrids_with_a_wrong_pattern_are_refused_not_guessed() -> N
     with pytest.raises(InvalidInput, match="Mamba") as info:
         ModelArchitecture.from_hf_config(config, "x/hybrid")
     assert info.value.field == "config.json:mamba_num_heads"
+    config = dict(LLAMA_8B, hybrid_override_pattern="M*" * 16)
+    with pytest.raises(InvalidInput, match="not modelled") as info:
+        ModelArchitecture.from_hf_config(config, "x/hybrid")
+    assert info.value.field == "config.json:model_type"
