@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from kvtune.tuner.errors import InvalidInput
+from kvtune.tuner.facts.mamba import aligned_block_size, state_bytes
 from kvtune.tuner.facts.models import AttentionKind, LayerGroup, ModelArchitecture
 
 _ELEMENT_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -137,8 +138,9 @@ def kv_bytes_per_token(
     model_dtype: str = "bfloat16",
 ) -> int:
     """Bytes one token occupies across all attention layers on one GPU (as if every layer
-    kept it; sliding-window and chunked layers keep fewer, see ``request_kv_bytes``)."""
-    return model.num_hidden_layers * layer_kv_bytes_per_token(
+    kept it; sliding-window and chunked layers keep fewer, see ``request_kv_bytes``). Mamba
+    layers keep no per-token KV (their per-sequence state: ``mamba_state_bytes``)."""
+    return model.attention_layers * layer_kv_bytes_per_token(
         model, kv_cache_dtype, tensor_parallel, model_dtype=model_dtype
     )
 
@@ -205,6 +207,10 @@ def blocks_per_request(
         elif group.kind == "chunked" and group.window_tokens is not None:
             cap = cdiv(min(group.window_tokens + in_flight, max_model_len), block_size)
             blocks = min(full, cap)
+        elif group.kind == "mamba":
+            # One state block per sequence (``MambaSpec.max_memory_usage_bytes`` with
+            # mamba_cache_mode "none" and no speculative tokens).
+            blocks = 1
         else:
             blocks = full
         out.append(GroupBlocks(group.kind, group.num_layers, blocks))
@@ -264,7 +270,77 @@ def block_bytes(
         raise InvalidInput("block_size", block_size, "must be a positive number of tokens")
     per_layer = layer_kv_bytes_per_token(
         model, kv_cache_dtype, tensor_parallel, model_dtype=model_dtype)
+    block_size = hybrid_block_size(
+        model, kv_cache_dtype, tensor_parallel, block_size, model_dtype=model_dtype)
     return kv_cache_groups(model)[0].layers_per_group * block_size * per_layer
+
+
+def mamba_state_bytes(
+    model: ModelArchitecture, tensor_parallel: int, *, model_dtype: str = "bfloat16"
+) -> int:
+    """One sequence's state in one Mamba layer on one GPU, unpadded (0 without Mamba)."""
+    if model.mamba is None:
+        return 0
+    return state_bytes(model.mamba, tensor_parallel, model_dtype)
+
+
+def hybrid_block_size(
+    model: ModelArchitecture,
+    kv_cache_dtype: str,
+    tensor_parallel: int,
+    block_size: int,
+    *,
+    model_dtype: str = "bfloat16",
+) -> int:
+    """The attention block size vLLM 0.33 runs with: ``block_size`` itself, or on a hybrid
+    Mamba model the smallest kernel-aligned size whose one-layer page holds a Mamba state
+    (``Platform._align_hybrid_block_size``; the Mamba page is padded up to that page)."""
+    if model.mamba is None:
+        return block_size
+    per_layer = layer_kv_bytes_per_token(
+        model, kv_cache_dtype, tensor_parallel, model_dtype=model_dtype)
+    return aligned_block_size(
+        block_size, mamba_state_bytes(model, tensor_parallel, model_dtype=model_dtype),
+        per_layer)
+
+
+def num_gpu_blocks(
+    model: ModelArchitecture,
+    kv_cache_dtype: str,
+    tensor_parallel: int,
+    block_size: int,
+    kv_budget_bytes: int,
+    *,
+    model_dtype: str = "bfloat16",
+) -> int:
+    """vLLM's num_gpu_blocks for a KV budget: the budget over one block of the shared pool
+    (``get_kv_cache_config_from_groups``)."""
+    return max(0, kv_budget_bytes) // block_bytes(
+        model, kv_cache_dtype, tensor_parallel, block_size, model_dtype=model_dtype)
+
+
+def kv_cache_tokens(
+    model: ModelArchitecture,
+    kv_cache_dtype: str,
+    tensor_parallel: int,
+    block_size: int,
+    kv_budget_bytes: int,
+    max_num_seqs: int,
+    *,
+    model_dtype: str = "bfloat16",
+) -> int:
+    """Tokens of attention KV the pool holds when ``max_num_seqs`` sequences run: the
+    Mamba groups take one block per sequence each, the null block is never handed out, and
+    every attention group takes a block per ``block_size`` tokens of a sequence."""
+    blocks = num_gpu_blocks(model, kv_cache_dtype, tensor_parallel, block_size,
+                            kv_budget_bytes, model_dtype=model_dtype)
+    groups = kv_cache_groups(model)
+    mamba_groups = sum(g.count for g in groups if g.kind == "mamba")
+    attention_groups = sum(g.count for g in groups if g.kind != "mamba")
+    left = max(0, blocks - 1 - max_num_seqs * mamba_groups)
+    size = hybrid_block_size(model, kv_cache_dtype, tensor_parallel, block_size,
+                             model_dtype=model_dtype)
+    return left // max(1, attention_groups) * size
 
 
 def request_blocks(
@@ -297,9 +373,11 @@ def request_kv_bytes(
 ) -> int:
     """Bytes one request of ``context_tokens`` holds on one GPU, in whole blocks of vLLM's
     pool, with the sliding-window and chunked caps (and vLLM's group padding)."""
+    size = hybrid_block_size(model, kv_cache_dtype, tensor_parallel, block_size,
+                             model_dtype=model_dtype)
     return request_blocks(
-        model, context_tokens, block_size, max_num_batched_tokens, max_model_len
-    ) * block_bytes(model, kv_cache_dtype, tensor_parallel, block_size, model_dtype=model_dtype)
+        model, context_tokens, size, max_num_batched_tokens, max_model_len
+    ) * block_bytes(model, kv_cache_dtype, tensor_parallel, size, model_dtype=model_dtype)
 
 
 def effective_kv_bytes_per_token(

@@ -21,8 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.facts.kv_scheme import declared_kv_scheme, modelopt_export
+from kvtune.tuner.facts.mamba import MambaFacts, layer_kinds, mamba_facts
 
-AttentionKind = Literal["full", "sliding_window", "chunked", "mla"]
+AttentionKind = Literal["full", "sliding_window", "chunked", "mla", "mamba"]
+
 ModelDType = Literal["bfloat16", "float16", "float32"]
 
 
@@ -151,6 +153,7 @@ class ModelArchitecture(BaseModel):
     torch_dtype: ModelDType = "bfloat16"
     layer_groups: tuple[LayerGroup, ...]
     mla: MLAFacts | None = None
+    mamba: MambaFacts | None = None
     moe: MoEFacts | None = None
     quantization: CheckpointQuantization | None = None
     # Learned attention sinks per head (gpt-oss): no KV of their own, but only some vLLM
@@ -164,8 +167,16 @@ class ModelArchitecture(BaseModel):
 
     @model_validator(mode="after")
     def _groups_cover_layers(self) -> ModelArchitecture:
-        total = sum(g.num_layers for g in self.layer_groups)
-        if total != self.num_hidden_layers:
+        total = sum(g.num_layers for g in self.layer_groups if g.kind != "mamba")
+        mamba = sum(g.num_layers for g in self.layer_groups if g.kind == "mamba")
+        if (self.mamba is not None) != (mamba > 0):
+            raise ValueError("a model with mamba layers must have mamba facts, and only it")
+        # Falcon-H1 runs attention and Mamba side by side in every layer (both kinds cover
+        # all layers); the others alternate them (the kinds partition the layers).
+        # Nemotron-H also has MLP-only layers, which keep no cache.
+        parallel = mamba == total == self.num_hidden_layers
+        covered = total if parallel else total + mamba
+        if covered != self.num_hidden_layers and not (mamba and covered < self.num_hidden_layers):
             raise ValueError(
                 f"layer_groups cover {total} layers but num_hidden_layers="
                 f"{self.num_hidden_layers}; the groups must partition the layers"
@@ -182,6 +193,11 @@ class ModelArchitecture(BaseModel):
         if len(kinds) == 1:
             return next(iter(kinds))
         return "hybrid"
+
+    @property
+    def attention_layers(self) -> int:
+        """Layers that keep per-token KV (all but the Mamba / linear-attention ones)."""
+        return sum(g.num_layers for g in self.layer_groups if g.kind != "mamba")
 
     @property
     def is_mla(self) -> bool:
@@ -344,6 +360,15 @@ def _layer_groups(
     chunk = _optional_int(cfg, "attention_chunk_size")
     layer_types = cfg.get("layer_types")
     kinds: list[AttentionKind]
+    hybrid = layer_kinds(cfg, num_layers, model_type)
+    if hybrid is not None:
+        # Mamba / linear-attention layers keep one state per sequence (kvtune.facts.mamba);
+        # Falcon-H1 has attention and Mamba in every layer.
+        found_kinds, parallel = hybrid
+        mamba_layers = num_layers if parallel else found_kinds.count("mamba")
+        attention = [k for k in found_kinds if k not in ("mamba", "none")]
+        return (*_groups_from_kinds(attention, window, chunk),
+                LayerGroup(kind="mamba", num_layers=mamba_layers))
     if isinstance(layer_types, list) and len(layer_types) == num_layers:
         # Newer transformers configs spell every layer out.
         mapping: dict[str, AttentionKind] = {
@@ -388,6 +413,11 @@ def _layer_groups(
         kinds = ["sliding_window"] * num_layers
     else:
         kinds = ["full"] * num_layers
+    return _groups_from_kinds(kinds, window, chunk)
+
+
+def _groups_from_kinds(kinds: list[AttentionKind] | list[str], window: int | None,
+                       chunk: int | None) -> tuple[LayerGroup, ...]:
     groups: list[LayerGroup] = []
     for kind in ("full", "sliding_window", "chunked"):
         count = kinds.count(kind)
@@ -609,7 +639,8 @@ def _moe(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> MoEFacts |
             1 for i in range(num_layers) if i in only or (i + 1) % step != 0)
         shared_inter = _optional_int(cfg, "shared_expert_intermediate_size")
         shared = 1 if shared_inter else 0
-    elif expert_inter is None and cfg.get("num_local_experts") is not None:
+    elif expert_inter is None and (cfg.get("num_local_experts") is not None
+                                   or model_type == "jamba"):
         # Mixtral, gpt-oss: every expert is a full-width MLP of intermediate_size.
         expert_inter = _optional_int(cfg, "intermediate_size")
     if expert_inter is None:
@@ -679,14 +710,6 @@ def estimate_parameter_count(
     return embed + num_layers * (attn + norms) + mlp_total + hidden_size
 
 
-# Config keys that mark hybrid state-space / linear-attention models (Jamba, Nemotron-H,
-# Qwen3-Next, Falcon-H1, ...).
-_STATE_SPACE_MARKERS: tuple[str, ...] = (
-    "hybrid_override_pattern", "layers_block_type", "full_attention_interval",
-    "attn_layer_indices", "mamba_d_state", "linear_num_value_heads",
-)
-
-
 def _parse_hf_config(
     config: Mapping[str, Any], hf_id: str, parameter_count: int | None, source: str,
     quantization_file: tuple[str, Mapping[str, Any]] | None = None,
@@ -697,16 +720,6 @@ def _parse_hf_config(
             "expected a JSON object (a model's config.json from its Hugging Face repository)")
     cfg = _merged_text_config(config)
     model_type = str(cfg.get("model_type", "unknown"))
-    for marker in _STATE_SPACE_MARKERS:
-        if cfg.get(marker) is not None:
-            # Mamba / linear-attention layers keep a fixed state per request, not per token;
-            # sizing them as attention would be wrong, so say so instead of guessing.
-            raise InvalidInput(
-                f"config.json:{marker}", cfg.get(marker),
-                f"{hf_id} ({model_type}) mixes attention with Mamba or linear-attention "
-                "layers, whose per-request state kvtune does not model yet; plan a "
-                "pure-attention model or pin kv_cache_memory_bytes and size it by hand",
-            )
     num_layers = _required_int(cfg, "num_hidden_layers", hf_id)
     num_heads = _required_int(cfg, "num_attention_heads", hf_id)
     hidden = _required_int(cfg, "hidden_size", hf_id)
@@ -741,6 +754,8 @@ def _parse_hf_config(
             q_lora_rank=_optional_int(cfg, "q_lora_rank"),
         )
     moe = _moe(cfg, model_type, num_layers)
+    mamba = (mamba_facts(cfg, model_type, hf_id)
+             if layer_kinds(cfg, num_layers, model_type) is not None else None)
     intermediate = _optional_int(cfg, "intermediate_size") or (
         moe.expert_intermediate_size if moe else None
     )
@@ -780,6 +795,7 @@ def _parse_hf_config(
             torch_dtype=torch_dtype,
             layer_groups=_layer_groups(cfg, num_layers, model_type, mla is not None),
             mla=mla,
+            mamba=mamba,
             moe=moe,
             quantization=_quantization(
                 cfg, num_layers, quantization_file,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvtune.tuner.errors import InvalidInput
+from kvtune.tuner.facts.kvmemory import hybrid_block_size
 from kvtune.tuner.plan import CandidateScore, CandidateVerdict, KVPlan, Reason
 from kvtune.tuner.planner import scored as scoring
 from kvtune.tuner.planner.backend_choice import BLOCK_SIZE_CANDIDATES
@@ -31,8 +32,21 @@ if TYPE_CHECKING:
     from kvtune.tuner.planner.request import CandidateScorer
 
 
+def hybrid_forced(run: PlanRun, dtype_name: str, block_size: int) -> int | None:
+    """The block size vLLM forces on a hybrid Mamba model (its attention page must hold one
+    Mamba state: ``kvmemory.hybrid_block_size``); None for other models."""
+    if run.model.mamba is None:
+        return None
+    return hybrid_block_size(run.model, dtype_name, run.tp, block_size,
+                             model_dtype=run.model_dtype)
+
+
 def candidates(run: PlanRun, dtype_name: str) -> list[int]:
-    """Sizes the preferred backend accepts (the pin alone when pinned)."""
+    """Sizes the preferred backend accepts (the pin alone when pinned; on a hybrid Mamba
+    model the size vLLM forces, which it would raise any smaller choice to)."""
+    forced = hybrid_forced(run, dtype_name, run.pins.block_size or 16)
+    if forced is not None:
+        return [forced]
     if run.pins.block_size is not None:
         return [run.pins.block_size]
     return [bs for bs in BLOCK_SIZE_CANDIDATES if run.backends.preferred_ok(dtype_name, bs)] or [
@@ -42,6 +56,13 @@ def candidates(run: PlanRun, dtype_name: str) -> list[int]:
 def closed_form(
     run: PlanRun, dtype_name: str, sessions: int, prefix_caching: bool
 ) -> tuple[int, Reason]:
+    forced = hybrid_forced(run, dtype_name, run.pins.block_size or 16)
+    if forced is not None:
+        return forced, Reason(
+            knob="block-size", choice=str(forced), code="HybridMambaPage",
+            message=f"{forced} tokens: vLLM raises a hybrid model's attention block until "
+            "one page holds a Mamba state (and pads the state to that page)",
+        )
     if run.pins.block_size is not None:
         return run.pins.block_size, Reason(
             knob="block-size", choice=str(run.pins.block_size), code=PINNED,

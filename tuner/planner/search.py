@@ -280,6 +280,7 @@ def _candidates(run: PlanRun, base: KVPlan, rate: float, settings: SearchSetting
     for dtype in _dtypes(run):
         bs = pins.block_size or (base.block_size if dtype == base.kv_cache_dtype
                                  else run.backends.smallest_block(dtype))
+        bs = decide_block_size.hybrid_forced(run, dtype, bs) or bs
         for s in seqs:
             for b in batched:
                 plan = base.model_copy(update={

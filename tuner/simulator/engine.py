@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.facts.capabilities import get_runtime
-from kvtune.tuner.facts.kvmemory import kv_bytes_per_token, page_size_bytes
+from kvtune.tuner.facts.kvmemory import kv_bytes_per_token, kv_cache_tokens, page_size_bytes
 from kvtune.tuner.facts.weights import weight_bits, weights_bytes_per_gpu, weights_load
 from kvtune.tuner.plan import KVPlan
 from kvtune.tuner.planner import planning
@@ -82,6 +82,12 @@ def simulated_plan(
     page = page_size_bytes(request.model, plan.kv_cache_dtype, request.tensor_parallel,
                            plan.block_size, model_dtype=served)
     num_gpu_blocks = available_bytes // page + 1  # + vLLM's null block
+    if request.model.mamba is not None:
+        # A hybrid Mamba model: the simulator runs its attention as one full-attention pool;
+        # the Mamba states of max-num-seqs sequences are set aside first (kv_cache_tokens).
+        num_gpu_blocks = kv_cache_tokens(
+            request.model, plan.kv_cache_dtype, request.tensor_parallel, plan.block_size,
+            available_bytes, plan.max_num_seqs, model_dtype=served) // plan.block_size + 1
     error = "" if ok else (
         f"vLLM would not start: one max-model-len ({plan.max_model_len}) request needs "
         f"{need_bytes / 2**30:.2f} GiB of KV cache but {available_bytes / 2**30:.2f} GiB is "

@@ -123,9 +123,18 @@ def test_unknown_model_lists_close_matches() -> None:
     assert "Did you mean" in str(info.value)
 
 
-def test_state_space_hybrids_are_refused_not_guessed() -> None:
-    # nvidia/NVIDIA-Nemotron-Nano-9B-v2 style: most layers are Mamba.
+def test_state_space_hybrids_with_a_wrong_pattern_are_refused_not_guessed() -> None:
+    # Hybrid Mamba models are sized (tests/tuner/facts/test_tuner_mamba.py); a pattern that
+    # does not name every layer, or one without the Mamba shapes, is refused.
     config = dict(LLAMA_8B, hybrid_override_pattern="M-M-M-M*-M-M-M-M*-")
-    with pytest.raises(InvalidInput, match="Mamba") as info:
+    with pytest.raises(InvalidInput, match="num_hidden_layers") as info:
         ModelArchitecture.from_hf_config(config, "x/hybrid")
     assert info.value.field == "config.json:hybrid_override_pattern"
+    config = dict(LLAMA_8B, hybrid_override_pattern="M*" * 16, model_type="nemotron_h")
+    with pytest.raises(InvalidInput, match="Mamba") as info:
+        ModelArchitecture.from_hf_config(config, "x/hybrid")
+    assert info.value.field == "config.json:mamba_num_heads"
+    config = dict(LLAMA_8B, hybrid_override_pattern="M*" * 16)
+    with pytest.raises(InvalidInput, match="not modelled") as info:
+        ModelArchitecture.from_hf_config(config, "x/hybrid")
+    assert info.value.field == "config.json:model_type"

@@ -150,6 +150,12 @@ def test_bad_kv_heads_are_refused(heads: object) -> None:
 def test_unknown_layer_types_are_refused() -> None:
     config = {**PHI_4, "num_hidden_layers": 2,
               "layer_types": ["full_attention", "linear_attention"]}
+    # linear_attention is sized for the hybrid families kvtune models (Qwen3-Next); on
+    # another model_type its state is refused, not guessed.
+    with pytest.raises(InvalidInput, match="not modelled") as info:
+        ModelArchitecture.from_hf_config(config, "x")
+    assert info.value.field == "config.json:model_type"
+    config = {**config, "layer_types": ["full_attention", "retention"]}
     with pytest.raises(InvalidInput, match=r"layer_types\[1\]"):
         ModelArchitecture.from_hf_config(config, "x")
 
