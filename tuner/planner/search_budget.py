@@ -128,8 +128,8 @@ class BudgetMeter:
                              f"({used:.1f} s used)")
         if b.memory_bytes is not None:
             rss = b.rss_bytes()
-            grown = None if rss is None else rss - (self.started_rss_bytes or 0)
-            if grown is not None and grown > b.memory_bytes:
+            grown = 0 if rss is None else rss - (self.started_rss_bytes or 0)
+            if rss is not None and grown > b.memory_bytes:
                 raise BudgetStop(f"the search grew the process's memory by {grown / MiB:.0f} MiB "
                                  f"(to {rss / MiB:.0f} MiB resident), past its budget of "
                                  f"{b.memory_bytes / MiB:.0f} MiB")
