@@ -136,6 +136,9 @@ class Demo:
             ready = self._wait_settled(api)
             timings["observed"] = time.monotonic() - t
             self.echo(f"      re-planned on observed traffic after {timings['observed']:.1f}s")
+            if profile.get("keptBecause"):
+                self.echo("      the plan for it differs from the running one only by noise: "
+                          "kept, nothing rolled out (PlanChangeNotMaterial)")
         else:
             self.echo("[6/6] no traffic to profile: the plans stay on the declared workload")
         pods = self._wait_pods(api)
@@ -264,9 +267,22 @@ class Demo:
         return self._wait(f"InferenceDeployment {self.name} to be Ready", ready, "kvtune-operator")
 
     def _wait_observed_profile(self, api: Any) -> dict[str, Any]:
+        """The observed profile once the operator planned for it: adopted (status.profile
+        from Prometheus), or planned and kept because the plan for it differs from the
+        running one only by noise (the retune timer's PlanChangeNotMaterial: the running
+        plan's basis stays, so the profile shown is the window's, status.observed)."""
+
         def observed() -> dict[str, Any] | None:
-            profile = (self._get(api).get("status") or {}).get("profile") or {}
-            return dict(profile) if profile.get("source") == "prometheus" else None
+            status = self._get(api).get("status") or {}
+            profile = status.get("profile") or {}
+            if profile.get("source") == "prometheus":
+                return dict(profile)
+            if (status.get("retune") or {}).get("reason") == "PlanChangeNotMaterial":
+                window = dict(status.get("observed") or {})
+                seconds = window.get("windowSeconds")
+                return {**window, "window": f"{seconds:g}s" if seconds else None,
+                        "keptBecause": status["retune"].get("message", "")}
+            return None
 
         return self._wait("a profile observed in Prometheus", observed, "kvtune-operator")
 
