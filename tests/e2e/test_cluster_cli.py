@@ -55,7 +55,7 @@ def test_cluster_up_status_down(tmp_path: Path) -> None:
     )
     assert processes_mentioning(str(state)) == []
     after = kvtune("cluster", "status", "--state-dir", str(state))
-    assert after.returncode == 1 and "no cluster recorded" in after.stdout
+    assert after.returncode == 1 and "no cluster recorded" in after.stderr
 
 
 def test_bad_pool_spec_is_a_usage_error(tmp_path: Path) -> None:
