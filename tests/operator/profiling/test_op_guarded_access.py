@@ -390,7 +390,8 @@ _POOLS = [{"name": "h200", "gpuClass": "H200", "tensorParallel": 1, "replicas": 
 
 
 def _retune_body(url: str) -> dict[str, Any]:
-    return {"metadata": {"name": "bot", "namespace": "llm", "generation": 1},
+    return {"metadata": {"name": "bot", "namespace": "llm", "generation": 1,
+                         "resourceVersion": "1"},
             "spec": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
                      "workload": {"profile": "chat"}, "pools": [{"gpuClass": "H200"}],
                      "tuning": {"prometheus": {"url": url, "window": "1m",
@@ -419,5 +420,11 @@ class _StatusOnlyKube:
                     out[k] = v
             return out
 
+        # As the API server: a write at a stale resourceVersion would be a 409 (status.update
+        # sends the one it read); each write moves the version on.
+        meta = self.body["metadata"]
+        sent = (body.get("metadata") or {}).get("resourceVersion")
+        assert sent in (None, meta["resourceVersion"]), (sent, meta["resourceVersion"])
         self.body["status"] = merge(self.body.get("status") or {}, body["status"])
-        return {}
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+        return json.loads(json.dumps(self.body))
