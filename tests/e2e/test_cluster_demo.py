@@ -35,8 +35,15 @@ def test_demo_prints_plans_per_pool_and_pods_on_their_gpu_class(tmp_path: Path) 
     assert "re-planned on observed traffic" in out
     observed = re.search(r"Traffic kvtune observed in Prometheus: .* (\d+) requests", out)
     assert observed and int(observed.group(1)) >= 100, out
-    assert out.count("changed from the declared-workload plan:") == 2
-    assert "revision 2" in out
+    # The observed traffic either changed a pool's plan (rolled out: revision 2) or the plan
+    # for it is the running one, or differs from it only by noise (kept: revision 1). Which
+    # depends on the window the timer saw; the report must agree with itself either way.
+    changed = re.findall(r"changed from the declared-workload plan: (.*)", out)
+    assert len(changed) == 2, out
+    if all(c.startswith("nothing") for c in changed):
+        assert "revision 2" not in out, out
+    else:
+        assert "revision 2" in out, out
     # One plan per pool, each with its knobs and the reasons for them.
     for gpu_class in ("H200", "H100"):
         header = re.search(rf"pool \S+ \({gpu_class}, 2 replica\(s\).*Applied", out)
