@@ -101,7 +101,19 @@ def test_a_declared_rate_is_searched_and_shared_by_the_replicas() -> None:
     needed = one.search.replicas_needed
     assert needed is not None and needed >= 2
     assert rec.slo_at_risk(one) is not None
-    more = spec.model_copy(update={"pools": [pool.model_copy(update={"replicas": needed})]})
-    enough = rec.plan_one_pool(more, more.pools[0], model, declared, rec.policy_for(more))
-    assert enough.search is not None and enough.search.replicas == needed
-    assert enough.search.slo_met and rec.slo_at_risk(enough) is None
+    # Followed, replicas_needed reaches a count whose plan meets the SLO. Not always in one
+    # step: the search at the new share may pick another plan, whose capacity the 6-step
+    # bisection of the first plan did not measure (at 30 req/s of RAG: 3, then 4). Issue 22
+    # item 1 (capacity per replica as the objective) is what makes it one step, within 2 %.
+    replicas, enough = needed, one
+    for _ in range(3):
+        more = spec.model_copy(update={"pools": [pool.model_copy(update={"replicas": replicas})]})
+        enough = rec.plan_one_pool(more, more.pools[0], model, declared, rec.policy_for(more))
+        assert enough.search is not None and enough.search.replicas == replicas
+        if enough.search.slo_met:
+            break
+        assert enough.search.replicas_needed is not None
+        assert enough.search.replicas_needed > replicas  # it moves on, never back
+        replicas = enough.search.replicas_needed
+    assert enough.search is not None and enough.search.slo_met, enough.search
+    assert rec.slo_at_risk(enough) is None and replicas <= needed + 2
