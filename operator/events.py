@@ -2,8 +2,10 @@
 
 The timers post an outcome every minute (the retune timer's ``RetuneNoDrift``, a refused
 runtime, a routing warning): a core/v1 Event for each would be one object a minute per
-InferenceDeployment. ``EventRecorder.post`` posts a new Event only when the object's reason
-(with its type) differs from the last one posted for it; a repeat is counted into that Event,
+InferenceDeployment. ``EventRecorder.post`` posts a new Event unless it repeats the last one
+posted for the object: the same type and reason with the same message, or the retune timer's
+outcome (a ``Retune*`` reason, whose figures change every tick). A repeat is counted into that
+Event,
 which is patched (``count``, ``lastTimestamp``, the latest ``message``) at most once per
 ``SERIES_UPDATE_SECONDS``, as client-go's event correlator folds repeats into one series.
 
@@ -40,9 +42,19 @@ class _Series:
 
     type_: str
     reason: str
+    message: str
     event_name: str | None  # None: the POST's reply carried no name (cannot be patched)
     count: int
     patched_at: float
+
+
+def _repeats(series: _Series, type_: str, reason: str, message: str) -> bool:
+    """A repeat of the last Event: folded, not posted. A new rollout (``RolloutStarted`` for
+    another revision) says something new and is posted, as client-go's correlator posts a
+    new message; the retune timer's tick is folded though its drift figures differ."""
+    if (series.type_, series.reason) != (type_, reason):
+        return False
+    return series.message == message or reason.startswith("Retune")
 
 
 def _timestamp(now_seconds: float) -> str:
@@ -71,7 +83,7 @@ class EventRecorder:
         now = self._clock()
         with self._lock:
             series = self._series.get(key)
-            if series is not None and (series.type_, series.reason) == (type_, reason):
+            if series is not None and _repeats(series, type_, reason, message):
                 self._series.move_to_end(key)
                 series.count += 1
                 if series.event_name is None \
@@ -92,7 +104,7 @@ class EventRecorder:
                 # repeat patched it in time) or was deleted: start a new series.
         created = self._create(request, owner, type_, reason, message, now)
         with self._lock:
-            self._series[key] = _Series(type_, reason, created, 1, now)
+            self._series[key] = _Series(type_, reason, message, created, 1, now)
             self._series.move_to_end(key)
             while len(self._series) > MAX_OBJECTS:
                 self._series.popitem(last=False)

@@ -125,3 +125,24 @@ def test_post_event_goes_through_the_recorder(monkeypatch: pytest.MonkeyPatch) -
     for _ in range(3):
         kapply.post_event(Kube(), _owner(), "Normal", "RetuneNoDrift", "no drift")  # type: ignore[arg-type]
     assert api.methods() == ["POST"]
+
+
+def test_a_new_rollout_is_a_new_event_and_a_retune_tick_is_a_repeat(
+    setup: tuple[events.EventRecorder, FakeApi, Clock],
+) -> None:
+    """Same reason, new message: a rollout of revision 3 after revision 2 says something new
+    (posted); the retune timer's tick folds though its drift figures change."""
+    recorder, api, _clock = setup
+    owner = _owner()
+    assert recorder.post(api.request, owner, "Normal", "RolloutStarted", "revision 2") \
+        == "posted"
+    assert recorder.post(api.request, owner, "Normal", "RolloutStarted", "revision 2") \
+        == "counted"
+    assert recorder.post(api.request, owner, "Normal", "RolloutStarted", "revision 3") \
+        == "posted"
+    assert recorder.post(api.request, owner, "Normal", "RetuneNoDrift", "drift 0.01") \
+        == "posted"
+    assert recorder.post(api.request, owner, "Normal", "RetuneNoDrift", "drift 0.02") \
+        == "counted"
+    assert sorted(e["message"] for e in api.events.values()) == [
+        "drift 0.01", "revision 2", "revision 3"]
