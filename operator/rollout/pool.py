@@ -21,6 +21,7 @@ from kvtune.operator.rollout.render import render
 
 def rollout_pool(ctx: PoolContext, inp: PlanInput,
                  discovered: Mapping[str, gpu_pools.GPUPool]) -> PoolOutcome:
+    events_before = len(ctx.events)
     planned = plan(ctx, inp)
     if isinstance(planned, PoolOutcome):
         return planned
@@ -40,6 +41,10 @@ def rollout_pool(ctx: PoolContext, inp: PlanInput,
         except kapply.ApplyError as exc:
             return ctx.apply_failed(exc, f"pool {ctx.pool.pool_name}: the KV-quality "
                                     f"calibration Job: {exc}")
+        if started:
+            # The pool is planned again below: what this pass said of its plan (PlanChanged
+            # for the narrower dtype) is not what rolls out, and the second pass says it.
+            del ctx.events[events_before:]
         if started and len(gate.started_jobs) > jobs_before:
             ctx.events.append(Event("Normal", "CalibrationStarted", f"pool "
                                     f"{ctx.pool.pool_name}: Job {gate.started_jobs[-1]} "
