@@ -456,8 +456,9 @@ def test_what_kvtune_renders_is_admitted(token: Any, admin: Any) -> None:
         name=OWNER, namespace=NS, pool="h100", pool_plan=make_pool_plan(),
         model_name="m", image="vllm/vllm-openai:v0.33.0", replicas=1, revision=1))
     requests = _kind(plain, "Deployment")
-    _container(requests["spec"]["template"]["spec"])["resources"]["requests"].update(
-        {"cpu": "8", "memory": "64Gi"})
+    resources = _container(requests["spec"]["template"]["spec"])["resources"]
+    resources["requests"].update({"cpu": "8", "memory": "64Gi"})
+    resources.setdefault("limits", {})["memory"] = "64Gi"  # the limit is the request
     requests["metadata"]["name"] = "chat-h100-requests"
     objects += [*plain, requests]
     refused = []

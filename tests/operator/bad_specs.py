@@ -219,7 +219,7 @@ CASES: list[BadSpec] = [
                                          at("tuning.pin", {"maxModelLen": 1})),
          "InvalidSpec", "spec.tuning.pin.maxModelLen=1", "p99", "raise it"),
     _deg("offload-64-tib", at("tuning.pin", {"kvOffloadingSizeGiB": 65536}), "InvalidSpec",
-         "spec.tuning.pin.kvOffloadingSizeGiB=65536", "lower it"),
+         "spec.tuning.pin.kvOffloadingSizeGiB=65536", "size it from the node's free memory"),
     _deg("absurd-slo", at("slo", {"ttftP95": "1ms", "tpotP95": "1ms"}), "NoFeasiblePlan",
          "spec.slo", "1ms", "relax the SLO"),
     _deg("contradictory-node-selector", at("pools.0.nodeSelector", {"zone": "nowhere"}),
