@@ -67,7 +67,7 @@ def test_an_slo_the_traffic_cannot_get_is_at_risk_until_replicas_or_the_slo_chan
     spec = copy.deepcopy(SAMPLE_SPEC)
     spec.update({
         "pools": [{"gpuClass": "H100", "replicas": 1}],
-        "workload": {"profile": "rag", "requestRatePerSecond": 9},
+        "workload": {"profile": "rag", "requestRatePerSecond": 20},
         "slo": STRICT,
     })
     spec["tuning"]["mode"] = "recommend"  # plans in status; nothing needs GPUs
