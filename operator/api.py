@@ -1031,6 +1031,8 @@ class RetuneStatus(_Status):
 # here (no calibration image, or calibration Jobs are forbidden in the namespace).
 KVQualityPhase = Literal["Measured", "Calibrating", "Failed", "Disabled", "NotNeeded",
                          "Unverified"]
+# Why none can run: calibration disabled in the spec, no image with kvtune, Jobs forbidden.
+UnverifiedCause = Literal["Disabled", "NoImage", "Forbidden"]
 
 
 class KVQualityDtypeStatus(_Status):
@@ -1055,6 +1057,11 @@ class KVQualityStatus(_Status):
     weights: str | None = None  # "checkpoint" | "random-init"
     checkpoint_kv_scales: str | None = None  # what the checkpoint says of its KV scales
     dtypes: list[KVQualityDtypeStatus] = []
+    # Phase Unverified: "pool: dtype" per pool held at the wider dtype, and why no calibration
+    # can run (UnverifiedCause). A later reconcile holds from these while the cause stands,
+    # instead of planning the narrower dtype again only to be held again.
+    unverified: list[str] = []
+    unverified_cause: UnverifiedCause | None = None
 
 
 class InferenceDeploymentStatus(_Status):

@@ -2,9 +2,11 @@
 
 1. ``prepare`` (once per InferenceDeployment, before the pools are planned): reads the report
    ConfigMap of the model revision and this InferenceDeployment's calibration Jobs; stores
-   the report of a Job that succeeded; says whether plans must hold (a Job runs or failed:
+   the report of a Job that succeeded; says whether plans must hold (a Job runs or failed, or
+   the last reconcile found that none can run here and its cause stands:
    ``require_measurement``, so the wider dtype stays) and gives the evidence the planner gates
-   on.
+   on. Holding from the start, not after a first planning pass, plans each pool once and
+   keeps the plan-in-force digest (``planInputs``) the same from one reconcile to the next.
 2. ``maybe_start`` (per pool, after its plan is rendered): when the plan chose a narrower
    dtype that no measurement covers, applies the Job (the pool's rendered Deployment turned
    into it) and says so; the caller then plans the pool again with ``held`` policy.
@@ -21,7 +23,12 @@ from kubernetes.client.exceptions import ApiException
 
 from kvtune.operator import apply as kapply
 from kvtune.operator import calibration
-from kvtune.operator.api import InferenceDeploymentSpec, KVQualityStatus, QualitySpec
+from kvtune.operator.api import (
+    InferenceDeploymentSpec,
+    KVQualityStatus,
+    QualitySpec,
+    UnverifiedCause,
+)
 from kvtune.tuner import kv_quality
 from kvtune.tuner.plan import PoolPlan
 from kvtune.tuner.planner.policy import PlanPolicy
@@ -35,6 +42,7 @@ class Gate:
     revision: str
     config_map: str
     quality: QualitySpec
+    namespace: str = ""
     report: dict[str, Any] | None = None
     running_job: str | None = None
     failed_job: str | None = None
@@ -48,6 +56,7 @@ class Gate:
     # no calibration can run (disabled, no image, or 403): status says Unverified, not
     # NotNeeded; the wider dtype stays unless spec.quality.acceptUnverified (issue 25).
     unverified: list[str] = field(default_factory=list)
+    unverified_cause: UnverifiedCause | None = None
 
     @property
     def evidence(self) -> kv_quality.KVQualityEvidence | None:
@@ -74,8 +83,7 @@ class Gate:
         elif self.failed_job is not None:
             why = f"the failed calibration Job {self.failed_job}"
         elif self.unmeasurable:
-            why = ("no calibration possible here (spec.quality.acceptUnverified is false; "
-                   "see status.kvQuality)")
+            why = UNMEASURABLE_REQUIRED_BY
         else:
             why = "quality.requireMeasurement"
         return kv_quality.KVQualityPolicy(
@@ -115,7 +123,13 @@ class Gate:
             model=self.model, revision=self.revision, phase=phase, message=message,
             report=self.report, job=job,
             config_map=self.config_map if self.report is not None else None,
-            policy=self.policy())
+            policy=self.policy()).model_copy(update={
+                "unverified": list(self.unverified),
+                "unverified_cause": self.unverified_cause if self.unverified else None})
+
+
+UNMEASURABLE_REQUIRED_BY = ("no calibration possible here (spec.quality.acceptUnverified is "
+                            "false; see status.kvQuality)")
 
 
 def from_status(spec: InferenceDeploymentSpec, status: KVQualityStatus | None
@@ -134,8 +148,9 @@ def from_status(spec: InferenceDeploymentSpec, status: KVQualityStatus | None
     policy = kv_quality.KVQualityPolicy(
         max_kv_quantization_kl=quality.max_kv_quantization_kl,
         require_measurement=quality.require_measurement or hold,
-        required_by=(f"the calibration Job {status.job}" if hold and status is not None
-                     else "quality.requireMeasurement"))
+        required_by=("quality.requireMeasurement" if not hold or status is None
+                     else UNMEASURABLE_REQUIRED_BY if status.phase == "Unverified"
+                     else f"the calibration Job {status.job}"))
     if not usable or status is None or not status.dtypes:
         return policy, None
     return policy, kv_quality.KVQualityEvidence(
@@ -178,7 +193,7 @@ def prepare(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeploymen
     revision = spec.model.revision or calibration.UNPINNED
     quality = spec.quality or QualitySpec()
     gate = Gate(model=model, revision=revision, config_map=calibration.cache_name(
-        name, model, revision), quality=quality)
+        name, model, revision), quality=quality, namespace=namespace)
     if not body.get("status"):
         # Never reconciled: no report and no Job can count for this object yet. Only kvtune's
         # reconcile of it makes them (owned by its UID), and a reconcile writes status. (One
@@ -233,7 +248,68 @@ def prepare(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeploymen
         measured = {m.get("dtype") for m in gate.report.get("measurements") or []}
         if measured and gate.failed_job is not None and not gate.running_job:
             gate.failed_job, gate.failure = None, ""
+    _hold_if_still_unmeasurable(kube, body, spec, gate)
     return gate
+
+
+def _hold_if_still_unmeasurable(kube: kapply.Kube, body: Mapping[str, Any],
+                                spec: InferenceDeploymentSpec, gate: Gate) -> None:
+    """The last reconcile held a narrower dtype that cannot be measured here: hold it again
+    from status while its cause stands (calibration still disabled, still no image, Jobs
+    still forbidden), so the pools are planned once, with the wider dtype, as before. Once
+    the cause is gone the narrower dtype is planned again and its calibration Job started."""
+    if gate.quality.accept_unverified or gate.report is not None or gate.running_job \
+            or gate.failed_job:
+        return
+    raw = (body.get("status") or {}).get("kvQuality")
+    try:
+        before = KVQualityStatus.model_validate(raw) if raw else None
+    except ValueError:
+        return
+    if before is None or before.phase != "Unverified" or not before.unverified \
+            or before.unverified_cause is None \
+            or (before.model, before.revision) != (gate.model, gate.revision):
+        return
+    cause = before.unverified_cause
+    namespace = body["metadata"]["namespace"]
+    if cause == "Disabled":
+        stands = not gate.quality.calibration.enabled
+    elif cause == "NoImage":
+        stands = gate.quality.calibration.enabled and not gate.quality.calibration.image \
+            and spec.runtime.entrypoint != "kvtune" \
+            and all(calibration.default_image(p.gpu_class) is None for p in spec.pools)
+    else:
+        stands = gate.quality.calibration.enabled and not _may_create_jobs(kube, namespace)
+    if stands:
+        gate.unverified, gate.unverified_cause = list(before.unverified), cause
+        gate.notes.append(_unmeasurable_note(cause, namespace))
+
+
+def _may_create_jobs(kube: kapply.Kube, namespace: str) -> bool:
+    """Whether kvtune may create Jobs in ``namespace`` now (a SelfSubjectAccessReview, which
+    every authenticated user may make): the chart's runtime.namespaces may have changed."""
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+              "spec": {"resourceAttributes": {"group": "batch", "resource": "jobs",
+                                              "verb": "create", "namespace": namespace}}}
+    try:
+        answer = kube.request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+                              body=review)
+    except ApiException:
+        return False  # cannot tell: stay held, as the last reconcile was
+    return bool((answer.get("status") or {}).get("allowed"))
+
+
+def _unmeasurable_note(cause: UnverifiedCause, namespace: str) -> str:
+    """Why no calibration can run here, and the fix."""
+    if cause == "Disabled":
+        return "spec.quality.calibration.enabled is false"
+    if cause == "NoImage":
+        return ("no calibration image: set the chart value calibration.image or "
+                "spec.quality.calibration.image to an image with kvtune, torch and "
+                "transformers, or use runtime.entrypoint: kvtune")
+    return (f"kvtune may not run calibration Jobs in namespace {namespace} (403): add it to "
+            f"the chart value runtime.namespaces; until then the narrower dtype is "
+            f"unverified and the wider one stays")
 
 
 def maybe_start(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeploymentSpec,
@@ -248,16 +324,12 @@ def maybe_start(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeplo
     if not _unverified(pool_plan, gate):
         return False
     if not quality.calibration.enabled:
-        _note_unverified(gate, pool_name, pool_plan, "spec.quality.calibration.enabled is "
-                         "false")
+        _note_unverified(gate, pool_name, pool_plan, "Disabled")
         return gate.hold
     image = calibration.job_image(deployment, quality.calibration.image,
                                   gpu_class=pool_plan.gpu_class)
     if image is None:
-        note = ("no calibration image: set the chart value calibration.image or "
-                "spec.quality.calibration.image to an image with kvtune, torch and "
-                "transformers, or use runtime.entrypoint: kvtune")
-        _note_unverified(gate, pool_name, pool_plan, note)
+        _note_unverified(gate, pool_name, pool_plan, "NoImage")
         return gate.hold
     dtypes = calibration.dtypes_to_measure(pool_plan, gate.evidence)
     meta = body["metadata"]
@@ -275,19 +347,19 @@ def maybe_start(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeplo
     except kapply.Forbidden:
         # Calibration Jobs are granted per runtime namespace (the chart's Role), not
         # cluster-wide: here the dtype stays unverified, as without a calibration image.
-        note = (f"kvtune may not run calibration Jobs in namespace {meta['namespace']} (403): "
-                f"add it to the chart value runtime.namespaces; until then the narrower dtype "
-                f"is unverified and the wider one stays")
-        _note_unverified(gate, pool_name, pool_plan, note)
+        _note_unverified(gate, pool_name, pool_plan, "Forbidden")
         return gate.hold
     gate.started_jobs.append(name)
     return True
 
 
-def _note_unverified(gate: Gate, pool_name: str, pool_plan: PoolPlan, note: str) -> None:
-    """The pool keeps an unmeasured narrower dtype, and ``note`` says why none is measured."""
+def _note_unverified(gate: Gate, pool_name: str, pool_plan: PoolPlan,
+                     cause: UnverifiedCause) -> None:
+    """The pool keeps an unmeasured narrower dtype, and ``cause`` says why none is measured."""
+    note = _unmeasurable_note(cause, gate.namespace)
     if note not in gate.notes:
         gate.notes.append(note)
+    gate.unverified_cause = gate.unverified_cause or cause
     entry = f"{pool_name}: {pool_plan.plan.kv_cache_dtype}"
     if entry not in gate.unverified:
         gate.unverified.append(entry)

@@ -175,7 +175,10 @@ def planning_inputs(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         "tp": pool.tensor_parallel, "vllm": spec.runtime.vllm_version,
         # Defaults left out: a field a later kvtune adds (at its default) changes no digest.
         "profile": profile.model_dump(mode="json", exclude_defaults=True),
-        "policy": policy.model_dump(mode="json", exclude_defaults=True),
+        # Not who required a measurement (the gate's words differ between the reconcile that
+        # found no calibration can run and the later ones that hold from its status).
+        "policy": policy.model_dump(mode="json", exclude_defaults=True,
+                                    exclude={"kv_quality": {"required_by"}}),
         "evidence": evidence.model_dump(mode="json", exclude_defaults=True)
         if evidence is not None else None,
     }

@@ -50,10 +50,10 @@ def rollout_pool(ctx: PoolContext, inp: PlanInput,
                                     f"{ctx.pool.pool_name}: Job {gate.started_jobs[-1]} "
                                     f"measures {planned.pool_plan.plan.kv_cache_dtype} before "
                                     f"it rolls out"))
-        elif started and gate.notes and gate.unverified \
-                and not _said(ctx, gate.unverified[-1]):
+        elif started and gate.notes and gate.unverified:
             # No Job can run here: the wider dtype is held, and the user told why (once: a
-            # later reconcile plans the narrower dtype again and is held again, silently).
+            # later reconcile holds from status while the cause stands, and plans nothing
+            # narrower to be held again).
             ctx.events.append(Event("Warning", "CalibrationUnavailable", f"pool "
                                     f"{ctx.pool.pool_name}: "
                                     f"{planned.pool_plan.plan.kv_cache_dtype} is not rolled "
@@ -71,9 +71,3 @@ def rollout_pool(ctx: PoolContext, inp: PlanInput,
         return applied
     return observe(ctx, planned, applied)
 
-
-def _said(ctx: PoolContext, entry: str) -> bool:
-    """The last status already said this pool's dtype is Unverified: its Event was posted."""
-    before = ((ctx.body.get("status") or {}).get("kvQuality") or {})
-    return bool(before.get("phase") == "Unverified"
-                and f"pool {entry}" in str(before.get("message") or ""))
