@@ -270,18 +270,22 @@ class Demo:
         """The observed profile once the operator planned for it: adopted (status.profile
         from Prometheus), or planned and kept because the plan for it differs from the
         running one only by noise (the retune timer's PlanChangeNotMaterial: the running
-        plan's basis stays, so the profile shown is the window's, status.observed)."""
+        plan's basis stays, so the profile shown is the window's, status.profile.observed)."""
 
         def observed() -> dict[str, Any] | None:
             status = self._get(api).get("status") or {}
             profile = status.get("profile") or {}
             if profile.get("source") == "prometheus":
                 return dict(profile)
-            if (status.get("retune") or {}).get("reason") == "PlanChangeNotMaterial":
-                window = dict(status.get("observed") or {})
+            retune = profile.get("retune") or {}
+            if retune.get("reason") == "PlanChangeNotMaterial":
+                window = dict(profile.get("observed") or {})
                 seconds = window.get("windowSeconds")
                 return {**window, "window": f"{seconds:g}s" if seconds else None,
-                        "keptBecause": status["retune"].get("message", "")}
+                        # The window's lengths are estimates per quantile, read from buckets.
+                        "contextTokens": _by_quantile(window.get("contextTokens")),
+                        "outputTokens": _by_quantile(window.get("outputTokens")),
+                        "keptBecause": retune.get("message", "")}
             return None
 
         return self._wait("a profile observed in Prometheus", observed, "kvtune-operator")
@@ -393,6 +397,12 @@ class Demo:
         for row in report.pods:
             echo(f"  {row.name:<44} {row.node:<8} {row.gpu_product:<22} {row.gpus:<5} "
                  f"{row.phase:<8} {row.ready}")
+
+
+def _by_quantile(estimates: Any) -> dict[str, Any]:
+    """``status.profile.observed``'s estimates ([{q: 0.5, estimate: ...}, ...]) as p50/p95/..."""
+    return {f"p{round(float(e['q']) * 100)}": e.get("estimate")
+            for e in estimates or [] if isinstance(e, dict) and "q" in e}
 
 
 def _profile_line(profile: dict[str, Any]) -> str:
