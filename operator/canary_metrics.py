@@ -98,3 +98,29 @@ def read_revisions(query: QueryFn, stable: SeriesSelector, canary: SeriesSelecto
         return figures({name: query(name, promql) for name, promql in qs.items()})
 
     return read(stable), read(canary)
+
+
+def read_judgeable(query: QueryFn, stable: SeriesSelector, canary: SeriesSelector,
+                   window_seconds: float, settings: AnalysisSettings
+                   ) -> tuple[RevisionFigures, RevisionFigures, AnalysisSettings]:
+    """``read_revisions`` at the SLO's own bucket bound; where a revision that served requests
+    has no series at that bound (its pods were rendered before kvtune rendered the SLO
+    buckets, or by a template that drops the flag), both revisions again at vLLM's default
+    bound at or below the target: the two are judged at one bound, the stricter one, and the
+    settings returned say which (the verdict's message names it)."""
+    figs = read_revisions(query, stable, canary, window_seconds, settings)
+
+    def missing(field: str) -> bool:
+        return any(f.requests > 0 and getattr(f, field) is None for f in figs)
+
+    fallback: dict[str, float | None] = {}
+    if missing("ttft_within_slo") and settings.ttft_slo_seconds is not None:
+        fallback["ttft_bound_seconds"] = ttft_bound(settings.ttft_slo_seconds)
+    if missing("tpot_within_slo") and settings.tpot_slo_seconds is not None:
+        fallback["tpot_bound_seconds"] = tpot_bound(settings.tpot_slo_seconds)
+    fallback = {k: v for k, v in fallback.items() if v != getattr(settings, k)}
+    if not fallback:
+        return figs[0], figs[1], settings
+    lower = settings.model_copy(update=fallback)
+    again = read_revisions(query, stable, canary, window_seconds, lower)
+    return again[0], again[1], lower

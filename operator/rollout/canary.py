@@ -149,8 +149,8 @@ def _analyse(ctx: PoolContext, series: tuple[selectors.SeriesSelector,
                                    name=f"canary {name}")
             return replies.scalar(replies.vector(data, name), name)
 
-        stable, canary_figures = canary_metrics.read_revisions(query, series[0], series[1],
-                                                               window_seconds, settings)
+        stable, canary_figures, settings = canary_metrics.read_judgeable(
+            query, series[0], series[1], window_seconds, settings)
     except prom_http.PrometheusUnavailable as exc:
         nothing = RevisionFigures(requests=0)
         return CanaryAnalysis(verdict="inconclusive", reason="PrometheusUnavailable",

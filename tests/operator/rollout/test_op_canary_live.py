@@ -23,7 +23,8 @@ WINDOW_SECONDS = 20
 SPEED = 5.0  # ~27 requests/s: a healthy instance keeps up, a starved one queues
 
 
-def _judge(prometheus: PrometheusServer, canary_config: InstanceConfig) -> CanaryAnalysis:
+def _judge(prometheus: PrometheusServer, canary_config: InstanceConfig,
+           rendered: bool = False) -> CanaryAnalysis:
     stable = ReplayServer(Replay(InstanceConfig(model_name=MODEL), AZURE, speed=SPEED,
                                  shuffle_seed=1), port=0)
     canary = ReplayServer(Replay(canary_config, AZURE, speed=SPEED, shuffle_seed=2), port=0)
@@ -42,13 +43,14 @@ def _judge(prometheus: PrometheusServer, canary_config: InstanceConfig) -> Canar
                 f"sum(increase(vllm:request_success_total{series.promql()}"
                 f"[{WINDOW_SECONDS}s]))", min_value=150, timeout_seconds=120)
         settings = AnalysisSettings(min_requests=100,
-                                    ttft_bound_seconds=canary_metrics.ttft_bound(2.0),
-                                    tpot_bound_seconds=canary_metrics.tpot_bound(0.1))
+                                    ttft_bound_seconds=canary_metrics.ttft_bound(2.0, rendered),
+                                    tpot_bound_seconds=canary_metrics.tpot_bound(0.1, rendered),
+                                    ttft_slo_seconds=2.0, tpot_slo_seconds=0.1)
         def query(name: str, promql: str) -> float | None:
             data = {"resultType": "vector", "result": prometheus.query(promql)}
             return replies.scalar(replies.vector(data, name), name)
 
-        stable_fig, canary_fig = canary_metrics.read_revisions(
+        stable_fig, canary_fig, settings = canary_metrics.read_judgeable(
             query, pair[0], pair[1], WINDOW_SECONDS, settings)
         return analyse(stable_fig, canary_fig, settings)
     finally:
@@ -75,3 +77,18 @@ def test_a_canary_as_good_as_stable_is_promoted(prometheus: PrometheusServer) ->
     verdict = _judge(prometheus, InstanceConfig(model_name=MODEL))
     assert verdict.verdict == "promote", verdict
     assert verdict.reason == "CanaryMeetsSLO"
+
+
+@pytest.mark.prometheus
+def test_pods_without_the_slo_bucket_are_judged_at_the_default_bound_below_it(
+    prometheus: PrometheusServer,
+) -> None:
+    """Pods expected to render the SLO buckets that do not (rendered before kvtune added them,
+    as the replay exporters here, with vLLM's default bounds): no le="2" series, so both
+    revisions are read at the 1 s bound below the 2 s target, said so, never left unjudged."""
+    starved = InstanceConfig(model_name=MODEL, num_gpu_blocks=400, max_model_len=4096)
+    verdict = _judge(prometheus, starved, rendered=True)
+    assert verdict.stable.ttft_within_slo is not None, verdict
+    assert verdict.canary.ttft_within_slo is not None, verdict
+    assert verdict.verdict == "rollback", verdict
+    assert "TTFT within SLO (judged at the lower 1 s bucket bound" in verdict.message, verdict
