@@ -5,9 +5,10 @@ configurations and compare them.
         --model meta-llama/Llama-3.1-8B-Instruct \\
         --gpu H100 --compare defaults,planned,contiguous,no-prefix-cache --plot out.png
 
-``defaults`` is vLLM 0.33's behaviour with no KV flags, ``planned`` is ``kvtune plan`` for the
-trace's profile (its block size and max-num-seqs scored by this simulator on a sample of
-the trace), ``contiguous`` the planned plan with every request reserving max-model-len up
+``defaults`` is vLLM 0.33's behaviour with no KV flags, ``planned`` is ``kvtune plan
+--trace``'s plan for the same trace (the same goodput search, on the trace at ``--speed``,
+within the same search budget; ``--no-search``: the planner's rules alone, as ``kvtune plan
+--no-search``), ``contiguous`` the planned plan with every request reserving max-model-len up
 front (equal memory), ``no-prefix-cache`` the planned plan without prefix caching, and
 ``custom`` vLLM's defaults with the ``--config K=V`` overrides.
 """
@@ -28,20 +29,23 @@ from kvtune.cli.options import gpu_option, model_option, tp_option, weights_dtyp
 from kvtune.cli.outputs import plot_file, writable_file
 from kvtune.cli.params import POSITIVE, finite
 from kvtune.cli.progress import Progress, progress_option
+from kvtune.cli.search_budget_options import budget_from, search_budget_options
 from kvtune.tuner.errors import InvalidInput, KVTuneError
 from kvtune.tuner.facts import catalog, gpus
 from kvtune.tuner.facts.capabilities import PINNED_VLLM_VERSION
-from kvtune.tuner.planner.planning import PlanRequest
+from kvtune.tuner.plan import KVPlan
+from kvtune.tuner.planner.planning import PlanRequest, plan_pool
 from kvtune.tuner.planner.policy import SLO, PlanPolicy
 from kvtune.tuner.planner.presets import profile_from_trace
+from kvtune.tuner.planner.search_budget import SearchBudget
 from kvtune.tuner.simulator import compare
 from kvtune.tuner.simulator.engine import SimulatedPlan
+from kvtune.tuner.simulator.goodput_search import plan_by_goodput
 from kvtune.tuner.simulator.metrics import SimResult, SLOTargets
 from kvtune.tuner.simulator.scheduler import ProgressHook
 from kvtune.tuner.simulator.scheduler import simulate as simulate_requests
-from kvtune.tuner.simulator.scoring import DEFAULT_SAMPLE_REQUESTS, SimulatorScorer
 from kvtune.tuner.simulator.workload import SimRequest, requests_from_trace
-from kvtune.tuner.traces import load_trace
+from kvtune.tuner.traces import Trace, load_trace
 
 # --speed: from a thousandth (a 1,000 s gap becomes 11.6 days of simulated time, still a
 # bounded number of steps) to a million (a day of traffic in a tenth of a second: every
@@ -140,10 +144,12 @@ def _row(config: SimulatedPlan, result: SimResult | None, tensor_parallel: int,
 @click.option("--compare", "compare_names", default="defaults,planned,contiguous,no-prefix-cache",
               show_default=True, help="Comma-separated configurations: "
               + ", ".join(compare.CONFIGURATION_NAMES))
-@click.option("--score-sample", type=click.IntRange(min=0), default=DEFAULT_SAMPLE_REQUESTS,
-              show_default=True,
-              help="Requests of the trace the planner's scorer replays per candidate "
-              "(0: plan without the simulator).")
+@click.option("--search/--no-search", default=True, show_default=True,
+              help="'planned' is kvtune plan --trace's plan: the goodput search on this trace "
+              "(at --speed); --no-search: the planner's rules alone.")
+@click.option("--score-sample", type=click.IntRange(min=0), default=None, hidden=True,
+              help="Before the goodput search planned 'planned': 0 is --no-search.")
+@search_budget_options
 @click.option("--ttft-p95", "ttft_slo", type=POSITIVE, default=None, metavar="S",
               help="TTFT target in seconds: each configuration reports SLO-goodput (requests "
               "per second meeting both targets) and attainment; the planner plans for it.")
@@ -166,11 +172,20 @@ def _row(config: SimulatedPlan, result: SimResult | None, tensor_parallel: int,
 def simulate(
     trace_path: Path, model: str, gpu_name: str, tensor_parallel: int, weights_dtype: str,
     vllm_version: str, speed: float, limit: int | None, config_pairs: tuple[str, ...],
-    compare_names: str, score_sample: int, ttft_slo: float | None, tpot_slo: float | None,
-    per_request_path: Path | None, engine: str, output_format: str, plot_path: Path | None,
-    progress: bool | None,
+    compare_names: str, search: bool, score_sample: int | None, ttft_slo: float | None,
+    tpot_slo: float | None, per_request_path: Path | None, engine: str, output_format: str,
+    plot_path: Path | None, progress: bool | None, **budget_opts: Any,
 ) -> None:
     """Replay a trace through the KV-cache simulator and compare configurations."""
+    if score_sample is not None:
+        # Scripts written before 'planned' became kvtune plan's own plan: 0 meant the rules.
+        if score_sample != 0:
+            raise click.BadParameter(
+                f"{score_sample}: 'planned' is now kvtune plan --trace's goodput search, which "
+                "replays its own stream; drop --score-sample (or use --no-search for the rules "
+                "alone)", param_hint="--score-sample")
+        search = False
+    budget = budget_from(budget_opts)
     # Outputs are checked before the replay, which can take a while on a long trace.
     if plot_path is not None:
         plot_file(plot_path)
@@ -191,12 +206,9 @@ def simulate(
             profile=profile_from_trace(trace), vllm_version=vllm_version,
             policy=PlanPolicy(slo=SLO(ttft_p95_seconds=ttft_slo, tpot_p95_seconds=tpot_slo)),
         )
-        scorer = (SimulatorScorer.from_trace(trace, limit=score_sample, speed=speed)
-                  if score_sample > 0 else None)
-        if "planned" in names and scorer is not None:
-            shown(f"planning 'planned': scoring its candidates on {score_sample:,} requests "
-                  "of the trace")
-        configs = compare.configurations(request, names, overrides, scorer)
+        planned = _planned(request, trace, speed, search, budget, shown) \
+            if "planned" in names else None
+        configs = compare.configurations(request, names, overrides, planned_plan=planned)
         if engine == "vllm" and any(c.engine.cpu_offload_blocks for c in configs):
             raise InvalidInput("--config", "kv_offloading_size_gib",
                                "--engine vllm runs vLLM's scheduler without its KV connector: "
@@ -241,6 +253,16 @@ def simulate(
 
         plot_comparison(results, plot_path, title=header)
         click.echo(f"wrote {plot_path}", err=output_format == "json")
+
+
+def _planned(request: PlanRequest, trace: Trace, speed: float, search: bool,
+              budget: SearchBudget, shown: Progress) -> KVPlan:
+    """'planned': the plan ``kvtune plan --trace`` gives for this trace (one function for
+    both commands and the operator: ``plan_by_goodput``), or the rules' with ``--no-search``."""
+    if not search:
+        return plan_pool(request).plan
+    return plan_by_goodput(request, trace=trace, speed=speed, budget=budget,
+                           progress=lambda step: shown(step.text())).plan
 
 
 def _configurations_asked(compare_names: str, config_pairs: tuple[str, ...]

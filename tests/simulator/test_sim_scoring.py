@@ -94,7 +94,7 @@ def test_cli_json_and_plot(tmp_path: Path) -> None:
     out = tmp_path / "sim.png"
     result = CliRunner().invoke(cli, [
         "simulate", "--trace", str(AZURE), "--model", "meta-llama/Llama-3.1-8B-Instruct",
-        "--gpu", "H100", "--limit", "400", "--speed", "4", "--score-sample", "150",
+        "--gpu", "H100", "--limit", "400", "--speed", "4", "--no-search",
         "--compare", "defaults,planned,contiguous,no-prefix-cache",
         "--config", "block_size=64", "-o", "json", "--plot", str(out),
     ])
@@ -120,6 +120,11 @@ def test_cli_table_and_bad_input() -> None:
         "simulate", "--trace", str(AZURE), "--model", "meta-llama/Llama-3.1-8B-Instruct",
         "--gpu", "H100", "--config", "nonsense=1"])
     assert bad.exit_code != 0 and "expected K=V" in bad.output
+    # --score-sample N sized the former scorer: now one line saying what replaced it.
+    old = runner.invoke(cli, [
+        "simulate", "--trace", str(AZURE), "--model", "meta-llama/Llama-3.1-8B-Instruct",
+        "--gpu", "H100", "--score-sample", "150"])
+    assert old.exit_code == 2 and "--no-search" in old.output and "Traceback" not in old.output
 
 
 def test_step_costs_follow_the_model_gpu_and_tensor_parallel() -> None:

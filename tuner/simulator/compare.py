@@ -84,9 +84,10 @@ def check_overrides(request: PlanRequest, overrides: Mapping[str, Any]) -> None:
 
 def configurations(
     request: PlanRequest, names: Sequence[str], overrides: Mapping[str, Any] | None = None,
-    scorer: SimulatorScorer | None = None,
+    scorer: SimulatorScorer | None = None, planned_plan: KVPlan | None = None,
 ) -> list[SimulatedPlan]:
-    """The named configurations, in the order asked. ``planned`` is ``plan_pool`` (with
+    """The named configurations, in the order asked. ``planned`` is ``planned_plan`` when
+    given (``kvtune simulate`` passes ``kvtune plan``'s own), else ``plan_pool`` (with
     ``scorer`` when given); the baselines take the planned plan (or the defaults when
     ``planned`` is not asked for) and change only allocation or prefix caching."""
     unknown = [n for n in names if n not in CONFIGURATION_NAMES]
@@ -96,7 +97,8 @@ def configurations(
     defaults = vllm_default_plan(request)
     planned: KVPlan | None = None
     if "planned" in names:
-        planned = plan_pool(request, scorer=scorer).plan
+        planned = planned_plan if planned_plan is not None \
+            else plan_pool(request, scorer=scorer).plan
     base = planned or defaults
     out: list[SimulatedPlan] = []
     for name in names:

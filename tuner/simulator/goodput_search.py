@@ -106,12 +106,13 @@ def _finite(x: float) -> float:
 
 def traffic(request: PlanRequest, trace: Trace | None = None,
             num_requests: int = TRAFFIC_REQUESTS, seed: int = 0,
-            check: Callable[[], None] | None = None) -> tuple[SimRequest, ...]:
-    """The stream the search replays: the trace's first ``num_requests`` requests, else
-    ``num_requests`` made from the profile (seeded; ``check`` between its calibration
-    samples: the budget's meter)."""
+            check: Callable[[], None] | None = None,
+            speed: float = 1.0) -> tuple[SimRequest, ...]:
+    """The stream the search replays: the trace's first ``num_requests`` requests (arrivals
+    ``speed`` times faster), else ``num_requests`` made from the profile (seeded; ``check``
+    between its calibration samples: the budget's meter)."""
     if trace is not None:
-        return tuple(requests_from_trace(trace, limit=num_requests))
+        return tuple(requests_from_trace(trace, speed=speed, limit=num_requests))
     return tuple(traffic_from_profile(request.profile, num_requests, seed=seed, check=check))
 
 
@@ -134,7 +135,7 @@ def plan_by_goodput(
     request: PlanRequest, trace: Trace | None = None, running: KVPlan | None = None,
     seed: int = 0, settings: SearchSettings = DEFAULT_SETTINGS,
     progress: SearchProgressHook | None = None, replicas: int = 1,
-    budget: SearchBudget | None = None,
+    budget: SearchBudget | None = None, speed: float = 1.0,
 ) -> PoolPlan:
     """The pool's plan chosen by simulated SLO-goodput (module doc). Without an arrival rate
     (no trace, none in the profile) there is no traffic to replay: the rule-based plan,
@@ -142,7 +143,8 @@ def plan_by_goodput(
     ``replicas``: how many replicas share the traffic; each is planned on its share (the
     stream's gaps stretched ``replicas`` times: a random split, in expectation).
     ``budget``: what the search may use (the default ``SearchBudget()``); a spent budget
-    gives the best plan so far with ``search.stopped_by``, or ``SearchBudgetSpent``."""
+    gives the best plan so far with ``search.stopped_by``, or ``SearchBudgetSpent``.
+    ``speed``: the trace replayed that many times faster (``kvtune simulate --speed``)."""
     if trace is None and not request.profile.request_rate_per_second:
         base = plan_pool(request)
         return base.model_copy(update={"warnings": (
@@ -162,7 +164,7 @@ def plan_by_goodput(
     meter = budget.start()
     stream = max(1, min(max(settings.rungs), budget.stream_requests))
     try:
-        reqs = traffic(request, trace, stream, seed, check=meter.check)
+        reqs = traffic(request, trace, stream, seed, check=meter.check, speed=speed)
     except BudgetStop as exc:
         raise SearchBudgetSpent(exc.reason) from None
     if replicas > 1:
