@@ -74,6 +74,7 @@ from kvtune.tuner.planner.search_budget import (
     BudgetStop,
     SearchBudgetSpent,
 )
+from kvtune.tuner.planner.search_reasons import told_for_final
 
 # Goodputs within 2% of the best are a tie: the spread of repeated simulations with
 # different seeds on the shipped traces (bench/oracle.py) stays under it.
@@ -656,7 +657,7 @@ def _pool_plan(run: PlanRun, base_pool: PoolPlan, best: _Scored, summary: Search
                f"({s.slo_attainment:.1%} of requests meet the SLO), TTFT p95 "
                f"{s.ttft_p95_seconds:.3f} s, TPOT p95 {s.tpot_p95_seconds * 1000:.1f} ms over "
                f"{s.requests} requests at {summary.observed_rate_per_second:.2f} req/s")
-    reasons = [r for r in base_pool.reasons if r.knob not in changed]
+    reasons = told_for_final(run.req, plan, base_pool.reasons, changed, summary.candidates)
     for knob in sorted(changed):
         if offload_reason is not None and knob == "kv-offloading-size":
             reasons.append(offload_reason)
