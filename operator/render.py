@@ -30,6 +30,7 @@ from kvtune.operator import (
     runtime_access,
     slo_buckets,
     template_sandbox,
+    tenant_reach,
 )
 from kvtune.tuner.facts import host_resources
 from kvtune.tuner.plan import PoolPlan
@@ -51,6 +52,11 @@ class RenderError(Exception):
     """A template produced no valid object; the message says which template and why."""
 
 
+class ReachError(RenderError):
+    """The pod would run an image or read a Secret its spec may not reach
+    (operator/tenant_reach.py): an invalid spec, whichever template rendered it."""
+
+
 @dataclass(frozen=True)
 class RenderInput:
     name: str  # the InferenceDeployment's name
@@ -66,6 +72,8 @@ class RenderInput:
     tolerations: list[dict[str, Any]] = field(default_factory=list)
     command: tuple[str, ...] = DEFAULT_COMMAND
     pod_template: str | None = None  # the user's Jinja2 pod template, if any
+    # spec.runtime.secrets: the Secrets the pod may reference (operator/tenant_reach.py).
+    secrets: tuple[str, ...] = ()
     progress_deadline_seconds: int = 1800
     # "kvtune": the container runs kvtune's runtime entrypoint (which execs vllm) as the
     # ServiceAccount that may write the namespace's reports ConfigMap; ``command`` is then
@@ -283,6 +291,10 @@ def render_pool(inp: RenderInput) -> list[dict[str, Any]]:
         pod_policy.check(pod)
     except pod_policy.PolicyViolation as exc:
         raise RenderError(f"{pod_where}: {exc}") from exc
+    try:
+        tenant_reach.check(pod, spec_image=inp.image, spec_secrets=inp.secrets)
+    except tenant_reach.ReachRefused as exc:
+        raise ReachError(f"{pod_where}: {exc}") from exc
     if kvtune_entrypoint:
         # The ServiceAccount, its Role and the reports ConfigMap are the chart's, per
         # namespace (operator/runtime_access.py): the operator creates no RBAC objects.

@@ -1,0 +1,99 @@
+"""What a tenant's spec may reach through the operator (issue 25 item 3,
+operator/tenant_reach.py): images from the allow-list, Secrets only when the spec names them
+and the API server checked the writer may read them. The refusals are InvalidSpec-worthy
+one-liners naming the field, the value and the fix; the cluster test
+(test_op_tenant_reach_cluster.py) runs the same through the reconcile and the chart's
+admission policy."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kvtune.operator import calibration, pod_policy, tenant_reach
+from kvtune.operator.render import ReachError, RenderInput, render_pool
+from kvtune.tuner.plan import PoolPlan
+
+SPEC_IMAGE = "vllm/vllm-openai:v0.33.0"
+TEMPLATE = """
+metadata: {labels: {team: a}}
+spec:
+  containers:
+    - name: vllm
+      image: %s
+      command: {{ command | tojson }}
+      args: {{ args | tojson }}
+%s
+"""
+
+
+def _input(pool_plan: PoolPlan, image: str, extra: str = "",
+           secrets: tuple[str, ...] = ()) -> RenderInput:
+    return RenderInput(name="chat", namespace="llm", pool="h200", pool_plan=pool_plan,
+                       model_name="meta-llama/Llama-3.1-8B-Instruct", image=SPEC_IMAGE,
+                       replicas=1, revision=1, pod_template=TEMPLATE % (image, extra),
+                       secrets=secrets)
+
+
+@pytest.mark.parametrize("image", ["{{ image | tojson }}",
+                                   "ghcr.io/kvtune/kvtune-vllm-h200:0.1.0-vllm0.33.0"])
+def test_the_specs_image_and_kvtunes_runtime_images_are_allowed_by_default(
+        pool_plan: PoolPlan, image: str) -> None:
+    render_pool(_input(pool_plan, image))
+
+
+def test_another_image_is_refused_with_field_value_and_fix(pool_plan: PoolPlan) -> None:
+    with pytest.raises(ReachError) as refused:
+        render_pool(_input(pool_plan, "evil.example/miner:1"))
+    message = str(refused.value)
+    assert "spec.containers[0].image='evil.example/miner:1' is not an allowed image" in message
+    assert SPEC_IMAGE in message and "podPolicy.allowedImages" in message
+    assert "\n" not in message
+
+
+def test_an_init_container_image_is_checked_too(pool_plan: PoolPlan) -> None:
+    extra = "  initContainers: [{name: fetch, image: busybox}]"
+    with pytest.raises(ReachError, match=r"spec.initContainers\[0\].image='busybox'"):
+        render_pool(_input(pool_plan, "{{ image | tojson }}", extra))
+
+
+def test_an_allow_list_binds_the_specs_own_image(pool_plan: PoolPlan,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tenant_reach.CONFIG, "images", ("registry.example/vllm/*",))
+    with pytest.raises(ReachError, match=r"image='vllm/vllm-openai:v0.33.0'"):
+        render_pool(_input(pool_plan, "{{ image | tojson }}"))
+    render_pool(_input(pool_plan, "registry.example/vllm/vllm-openai:v0.33.0"))
+    # kvtune's own runtime images stay allowed (the chart's calibration.image too).
+    monkeypatch.setenv(calibration.DEFAULT_IMAGE_ENV, "mirror.example/kvtune-{gpuClass}:1")
+    render_pool(_input(pool_plan, "mirror.example/kvtune-h200:1"))
+    assert not tenant_reach.image_allowed("mirror.example/other:1",
+                                          tenant_reach.allowed_images(SPEC_IMAGE))
+
+
+SECRET_ENV = ("      env: [{name: T, valueFrom: {secretKeyRef: {name: hf-token, key: t}}}]")
+
+
+def test_a_secret_needs_the_spec_to_name_it_and_admission_to_have_checked_the_writer(
+        pool_plan: PoolPlan, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pod_policy.CONFIG, "secrets", ("hf-token",))  # the chart allows it
+    inp = _input(pool_plan, "{{ image | tojson }}", SECRET_ENV)
+    monkeypatch.setattr(tenant_reach.CONFIG, "secrets_checked_at_admission", True)
+    with pytest.raises(ReachError, match=r"secretKeyRef='hf-token': a Secret the spec does "
+                       r"not name. Fix: add it to spec.runtime.secrets"):
+        render_pool(inp)
+    named = dataclasses.replace(inp, secrets=("hf-token",))
+    render_pool(named)
+    monkeypatch.setattr(tenant_reach.CONFIG, "secrets_checked_at_admission", False)
+    with pytest.raises(ReachError, match=r"admissionPolicy.enabled=true"):
+        render_pool(named)
+
+
+def test_the_chart_allow_list_still_bounds_a_named_secret(
+        pool_plan: PoolPlan, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Named in the spec and readable by its writer is not enough: the operator's token may
+    mount only podPolicy.allowedSecrets (its own admission policy refuses the rest)."""
+    monkeypatch.setattr(tenant_reach.CONFIG, "secrets_checked_at_admission", True)
+    inp = _input(pool_plan, "{{ image | tojson }}", SECRET_ENV, secrets=("hf-token",))
+    with pytest.raises(Exception, match=r"podPolicy.allowedSecrets"):
+        render_pool(inp)
