@@ -1105,8 +1105,9 @@ class RetuneStatus(_Status):
 # here (no calibration image, or calibration Jobs are forbidden in the namespace).
 KVQualityPhase = Literal["Measured", "Calibrating", "Failed", "Disabled", "NotNeeded",
                          "Unverified"]
-# Why none can run: calibration disabled in the spec, no image with kvtune, Jobs forbidden.
-UnverifiedCause = Literal["Disabled", "NoImage", "Forbidden"]
+# Why none can run: calibration disabled in the spec, no image with kvtune, Jobs forbidden,
+# the spec's calibration image off the chart's podPolicy.allowedImages.
+UnverifiedCause = Literal["Disabled", "NoImage", "Forbidden", "ImageNotAllowed"]
 
 
 class KVQualityDtypeStatus(_Status):
