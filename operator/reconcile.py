@@ -45,6 +45,7 @@ from kvtune.operator.api import (
     ProfileScope,
     ProfileStatus,
 )
+from kvtune.operator.dropped_fields import dropped_fields
 from kvtune.operator.locks import object_lock
 from kvtune.operator.render import LABEL_DEPLOYMENT, object_name
 from kvtune.operator.rollout import observe
@@ -197,6 +198,14 @@ def _reconcile_locked(
             raise InvalidInput("metadata.name", name, OBJECT_NAME_RULE)
         spec = InferenceDeploymentSpec.model_validate(body.get("spec") or {})
         policy = policy_for(spec)  # the SLO's and pins' own checks
+        dropped = dropped_fields(body)  # pruned by the API server: never run without it
+        if dropped:
+            (field, value), more = dropped[0], len(dropped) - 1
+            raise InvalidInput(field, value, "the API server dropped this field (the "
+                               "InferenceDeployment has none of that name), so kvtune would "
+                               "run without it. Fix: correct its name or remove it (kubectl "
+                               "apply --validate=strict refuses such a field)"
+                               + (f" (and {more} more)" if more else ""))
     except (ValidationError, KVTuneError) as exc:
         message = describe_validation_error(exc) if isinstance(exc, ValidationError) \
             else str(exc)

@@ -4,11 +4,14 @@ CRD is still never trusted), and every spec meant to be Degraded passes both."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
-from bad_specs import CASES, BadSpec
+from bad_specs import BASE, CASES, BadSpec
 from pydantic import ValidationError
 
 from kvtune.operator.api import InferenceDeploymentSpec
+from kvtune.operator.dropped_fields import LAST_APPLIED, dropped_fields
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.expect == "admission" and not c.name],
@@ -27,3 +30,20 @@ def test_typos_and_degraded_cases_are_valid_specs(case: BadSpec) -> None:
             InferenceDeploymentSpec.model_validate(spec)
         return
     InferenceDeploymentSpec.model_validate(spec)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.expect == "strict"], ids=lambda c: c.id)
+def test_a_pruned_field_is_named_from_the_last_applied_configuration(case: BadSpec) -> None:
+    """What a client-side apply sent keeps the typo the API server pruned: the operator names
+    it (the stored spec lacks it), and nothing when the stored spec is what was applied."""
+    applied = {"apiVersion": "kvtune.io/v1alpha1", "kind": "InferenceDeployment",
+               "spec": case.spec()}
+    stored = InferenceDeploymentSpec.model_validate(BASE).model_dump(by_alias=True,
+                                                                     exclude_unset=True)
+    body = {"metadata": {"annotations": {LAST_APPLIED: json.dumps(applied)}}, "spec": stored}
+    found = dropped_fields(body)
+    assert len(found) == 1 and found[0][0].endswith(case.needles[0]), found
+    clean = {"metadata": {"annotations": {LAST_APPLIED: json.dumps({"spec": BASE})}},
+             "spec": BASE}
+    assert dropped_fields(clean) == []
+
