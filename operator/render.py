@@ -29,6 +29,7 @@ from kvtune.operator import (
     pod_policy,
     runtime_access,
     slo_buckets,
+    spec_bounds,
     template_sandbox,
     tenant_reach,
 )
@@ -280,8 +281,12 @@ def render_pool(inp: RenderInput) -> list[dict[str, Any]]:
         # or the Deployment is refused; the plan hash too, so a plan change rolls out.
         meta = pod.setdefault("metadata", {}) or {}
         pod["metadata"] = meta
-        meta["labels"] = {**(meta.get("labels") or {}), **selector,
-                          LABEL_PLAN_REVISION: str(inp.revision)}
+        # kvtune's own labels (its selector, class, revision) always win over the template's
+        # (issue 25); a label the API server would refuse fails here, once, not at each apply.
+        meta["labels"] = {**(meta.get("labels") or {}), **labels}
+        problem = spec_bounds.label_problem(meta["labels"])
+        if problem:
+            raise RenderError(f"{pod_where}: metadata.labels{problem}; fix the template")
         meta["annotations"] = {**(meta.get("annotations") or {}), ANNOTATION_PLAN_HASH: hash_}
     else:
         pod_where = "pod.yaml.j2"

@@ -40,8 +40,8 @@ DURATION_BOUNDS: dict[str, tuple[str, str]] = {
 }
 
 # A label value the API server accepts (at most 63 characters).
-LabelValue = Annotated[str, StringConstraints(
-    max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")]
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+LabelValue = Annotated[str, StringConstraints(max_length=63, pattern=LABEL_VALUE_PATTERN)]
 # A label key: an optional DNS-subdomain prefix and '/', then a name of at most 63.
 LABEL_KEY_PATTERN = (r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?"
                      r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
@@ -103,3 +103,16 @@ def check_labels(labels: Mapping[str, str] | None, path: str, *, reserved: bool)
             raise ValueError(f"{path}[{key!r}]: keys under "
                              f"{', '.join(RESERVED_LABEL_PREFIXES)} are kvtune's own (it selects "
                              f"on them); remove the key or use another prefix")
+
+
+def label_problem(labels: Mapping[Any, Any]) -> str | None:
+    """``[key]=value: why`` for the first label the API server would refuse; None if none."""
+    for key, value in labels.items():
+        if not isinstance(key, str) or not re.fullmatch(LABEL_KEY_PATTERN, key):
+            return f"[{key!r}]: not a label key ([prefix/]name, the name at most 63 characters)"
+        if not isinstance(value, str) or len(value) > 63 \
+                or not re.fullmatch(LABEL_VALUE_PATTERN, value):
+            return (f"[{key!r}]={value!r}: not a label value (a string of at most 63 "
+                    f"characters of A-Z, a-z, 0-9, '-', '_', '.', alphanumeric at both ends)")
+    return None
+

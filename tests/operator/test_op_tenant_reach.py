@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 
 from kvtune.operator import calibration, pod_policy, tenant_reach
-from kvtune.operator.render import ReachError, RenderInput, render_pool
+from kvtune.operator.render import ReachError, RenderError, RenderInput, render_pool
 from kvtune.tuner.plan import PoolPlan
 
 SPEC_IMAGE = "vllm/vllm-openai:v0.33.0"
@@ -97,3 +97,21 @@ def test_the_chart_allow_list_still_bounds_a_named_secret(
     inp = _input(pool_plan, "{{ image | tojson }}", SECRET_ENV, secrets=("hf-token",))
     with pytest.raises(Exception, match=r"podPolicy.allowedSecrets"):
         render_pool(inp)
+
+
+def test_kvtunes_labels_win_and_a_label_the_api_server_refuses_fails_once(
+        pool_plan: PoolPlan) -> None:
+    """A template's labels cannot override kvtune's own (its selector, GPU class, revision,
+    app.kubernetes.io/*), and one the API server would refuse is a render error naming it
+    (before: the apply failed on every reconcile)."""
+    claims = TEMPLATE.replace("metadata: {labels: {team: a}}", "metadata: {labels: {team: a, "
+                              "kvtune.io/gpu-class: B200, app.kubernetes.io/managed-by: me}}")
+    inp = dataclasses.replace(_input(pool_plan, "{{ image | tojson }}"), pod_template=claims % (
+        "{{ image | tojson }}", ""))
+    (dep, *_) = render_pool(inp)
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert labels["team"] == "a" and labels["app.kubernetes.io/managed-by"] == "kvtune"
+    assert labels["kvtune.io/gpu-class"] == pool_plan.gpu_class
+    bad = TEMPLATE.replace("{team: a}", "{team: 'a b'}")
+    with pytest.raises(RenderError, match=r"metadata.labels\['team'\]='a b': not a label value"):
+        render_pool(dataclasses.replace(inp, pod_template=bad % ("{{ image | tojson }}", "")))
