@@ -35,8 +35,9 @@ from typing import Any
 
 from kvtune.operator import calibration, pod_policy
 
-# kvtune's runtime images (runtime_images/build.sh), whatever GPU class and tag.
-KVTUNE_RUNTIME_IMAGES = ("ghcr.io/kvtune/kvtune-vllm-*",)
+# kvtune's own images (the runtime images of runtime_images/build.sh, whatever GPU class
+# and tag, and the project's other images): its registry namespace.
+KVTUNE_RUNTIME_IMAGES = ("ghcr.io/kvtune/*",)
 
 
 @dataclass
