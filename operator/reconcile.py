@@ -81,13 +81,23 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out
 
 
+# The fix for pydantic's generic errors (a spec admitted under an older CRD: issue 25).
+_FIXES = {"string_pattern_mismatch": "change it to match", "string_too_long": "shorten it",
+          "string_too_short": "lengthen it", "too_long": "remove entries",
+          "greater_than": "raise it", "greater_than_equal": "raise it",
+          "less_than": "lower it", "less_than_equal": "lower it",
+          "extra_forbidden": "remove it or correct its name"}
+
+
 def describe_validation_error(exc: ValidationError) -> str:
     """One line per problem: the field path (as in YAML), the value, and what is wrong."""
     lines = []
     for err in exc.errors()[:5]:
         value = err.get("input")
         shown = json.dumps(value, default=str)[:80] if not isinstance(value, dict) else "{…}"
-        lines.append(f"{_loc(tuple(err['loc']))}={shown}: {err['msg']}")
+        fix = _FIXES.get(err["type"])
+        lines.append(f"{_loc(tuple(err['loc']))}={shown}: {err['msg']}"
+                     + (f" (fix: {fix})" if fix else ""))
     return "; ".join(lines)
 
 

@@ -47,3 +47,20 @@ def test_a_pruned_field_is_named_from_the_last_applied_configuration(case: BadSp
              "spec": BASE}
     assert dropped_fields(clean) == []
 
+
+def test_a_label_value_admitted_under_an_older_crd_is_named_with_its_fix() -> None:
+    """The operator never trusts the CRD it was admitted under: a label value the API server
+    would refuse on the PodMonitor is InvalidSpec naming field, value and fix (before: an
+    apply failure on every reconcile)."""
+    from pydantic import ValidationError
+
+    from kvtune.operator.reconcile import describe_validation_error
+
+    spec = {**BASE, "monitoring": {"scrape": {"labels": {"release": "kube prom"}}}}
+    with pytest.raises(ValidationError) as refused:
+        InferenceDeploymentSpec.model_validate(spec)
+    message = describe_validation_error(refused.value)
+    assert message.startswith('spec.monitoring.scrape.labels.release="kube prom": String '
+                              "should match pattern"), message
+    assert message.endswith("(fix: change it to match)"), message
+
