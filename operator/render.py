@@ -281,9 +281,16 @@ def render_pool(inp: RenderInput) -> list[dict[str, Any]]:
         # or the Deployment is refused; the plan hash too, so a plan change rolls out.
         meta = pod.setdefault("metadata", {}) or {}
         pod["metadata"] = meta
-        # kvtune's own labels (its selector, class, revision) always win over the template's
-        # (issue 25); a label the API server would refuse fails here, once, not at each apply.
-        meta["labels"] = {**(meta.get("labels") or {}), **labels}
+        # kvtune's own labels (its selector, class, revision) are not the template's to change
+        # (issue 25): one with another value is refused, loudly; a label the API server would
+        # refuse fails here, once, not at each apply.
+        own = meta.get("labels") or {}
+        for key, value in labels.items():
+            if key in own and own[key] != value:
+                raise RenderError(f"{pod_where}: metadata.labels[{key!r}]={own[key]!r} "
+                                  f"overrides kvtune's own ({value!r}), which it selects on; "
+                                  f"remove it from the template (pod_labels has kvtune's)")
+        meta["labels"] = {**own, **labels}
         problem = spec_bounds.label_problem(meta["labels"])
         if problem:
             raise RenderError(f"{pod_where}: metadata.labels{problem}; fix the template")

@@ -99,19 +99,25 @@ def test_the_chart_allow_list_still_bounds_a_named_secret(
         render_pool(inp)
 
 
-def test_kvtunes_labels_win_and_a_label_the_api_server_refuses_fails_once(
+def test_a_template_may_not_override_kvtunes_labels_nor_set_one_the_api_server_refuses(
         pool_plan: PoolPlan) -> None:
-    """A template's labels cannot override kvtune's own (its selector, GPU class, revision,
-    app.kubernetes.io/*), and one the API server would refuse is a render error naming it
-    (before: the apply failed on every reconcile)."""
-    claims = TEMPLATE.replace("metadata: {labels: {team: a}}", "metadata: {labels: {team: a, "
-                              "kvtune.io/gpu-class: B200, app.kubernetes.io/managed-by: me}}")
-    inp = dataclasses.replace(_input(pool_plan, "{{ image | tojson }}"), pod_template=claims % (
-        "{{ image | tojson }}", ""))
-    (dep, *_) = render_pool(inp)
+    """A template's label cannot change kvtune's own (its selector, GPU class, revision,
+    app.kubernetes.io/*): refused naming it; the same value (pod_labels) is fine. One the API
+    server would refuse is a render error naming it (before: the apply failed on every
+    reconcile)."""
+    inp = _input(pool_plan, "{{ image | tojson }}")
+
+    def labelled(labels: str) -> RenderInput:
+        template = TEMPLATE.replace("{team: a}", labels)
+        return dataclasses.replace(inp, pod_template=template % ("{{ image | tojson }}", ""))
+
+    for claim in ("kvtune.io/gpu-class: B200", "app.kubernetes.io/managed-by: me"):
+        with pytest.raises(RenderError, match=rf"metadata.labels\['{claim.split(':')[0]}'\]="
+                           r".* overrides kvtune's own"):
+            render_pool(labelled("{team: a, " + claim + "}"))
+    (dep, *_) = render_pool(labelled("{{ pod_labels | tojson }}"))
     labels = dep["spec"]["template"]["metadata"]["labels"]
-    assert labels["team"] == "a" and labels["app.kubernetes.io/managed-by"] == "kvtune"
+    assert labels["app.kubernetes.io/managed-by"] == "kvtune"
     assert labels["kvtune.io/gpu-class"] == pool_plan.gpu_class
-    bad = TEMPLATE.replace("{team: a}", "{team: 'a b'}")
     with pytest.raises(RenderError, match=r"metadata.labels\['team'\]='a b': not a label value"):
-        render_pool(dataclasses.replace(inp, pod_template=bad % ("{{ image | tojson }}", "")))
+        render_pool(labelled("{team: 'a b'}"))
