@@ -39,6 +39,9 @@ TEMPLATE_NOT_A_POD = "- just\n- a list\n"
 _POD = ("metadata: {{labels: {{{{ pod_labels | tojson }}}}}}\nspec:\n  containers:\n"
         "    - {{name: vllm, image: {image}, args: {{{{ args | tojson }}}}}}\n{extra}")
 TEMPLATE_IMAGE = _POD.format(image="evil.example/miner:1", extra="")
+TEMPLATE_LABEL = ("metadata: {labels: {kvtune.io/deployment: someone-else}}\nspec:\n"
+                  "  containers: [{name: vllm, image: {{ image | tojson }}}]\n")
+TEMPLATE_BAD_LABEL = TEMPLATE_LABEL.replace("kvtune.io/deployment: someone-else", "team: 'a b'")
 TEMPLATE_SECRET = _POD.format(image="{{ image | tojson }}",
                               extra="  volumes: [{name: db, secret: {secretName: db}}]\n")
 
@@ -324,6 +327,14 @@ CASES: list[BadSpec] = [
     _deg("template-secret-not-named", at("runtime.podTemplate", {"configMapRef": {
         "name": "mounts-db"}}), "InvalidPodTemplate", "secret='db'",
          "podPolicy.allowedSecrets", config_maps={"mounts-db": {"pod.yaml.j2": TEMPLATE_SECRET}}),
+    _deg("template-claims-kvtunes-label", at("runtime.podTemplate", {"configMapRef": {
+        "name": "claims-label"}}), "InvalidPodTemplate",
+         "metadata.labels['kvtune.io/deployment']='someone-else' overrides kvtune's own",
+         config_maps={"claims-label": {"pod.yaml.j2": TEMPLATE_LABEL}}),
+    _deg("template-label-value-refused", at("runtime.podTemplate", {"configMapRef": {
+        "name": "bad-label"}}), "InvalidPodTemplate",
+         "metadata.labels['team']='a b': not a label value", "fix the template",
+         config_maps={"bad-label": {"pod.yaml.j2": TEMPLATE_BAD_LABEL}}),
     # --- accepted at the edge of a bound, and applied as written ---------------------------
     BadSpec("replicas-exactly-the-nodes", at("pools.0.replicas", 32), "accepted", (),
             deployment={"replicas": 32}),
