@@ -135,6 +135,12 @@ class PodTemplateRef(_Model):
 
 class PodTemplateSource(_Model):
     config_map_ref: PodTemplateRef
+    sha256: str | None = Field(
+        default=None, pattern=r"^[a-f0-9]{64}$",
+        description="The SHA-256 (hex) of the template's text. Required when "
+                    "spec.runtime.secrets names a Secret: the ConfigMap's writers are not "
+                    "checked at admission, so the spec's writer pins what runs beside the "
+                    "Secrets; a template with another digest is not rendered (InvalidSpec).")
 
 
 # A Secret's name (a DNS subdomain), as spec.runtime.secrets lists it.

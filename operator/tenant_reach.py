@@ -20,7 +20,9 @@ could not get directly. Two rules, on top of the pod policy (``operator/pod_poli
   ``spec.runtime.secrets`` only when the chart says that policy is installed
   (``--tenant-secrets-admission``); without it every Secret reference is refused (fail
   closed). The chart's ``podPolicy.allowedSecrets`` still bounds it: the operator's token
-  may mount no other Secret whoever asks (the operator-pods policy).
+  may mount no other Secret whoever asks (the operator-pods policy). The admission check
+  covers the spec's writer, not the template ConfigMap's: with Secrets named, the spec pins
+  the template by its SHA-256 (``spec.runtime.podTemplate.sha256``, ``unpinned_template``).
 
 ``check`` is pure; a refusal is one line naming the field, the value and the fix.
 """
@@ -28,12 +30,16 @@ could not get directly. Two rules, on top of the pod policy (``operator/pod_poli
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtune.operator import calibration, pod_policy
+
+if TYPE_CHECKING:
+    from kvtune.operator.api import RuntimeSpec
 
 # kvtune's own images (the runtime images of runtime_images/build.sh, whatever GPU class
 # and tag, and the project's other images): its registry namespace.
@@ -116,3 +122,23 @@ def check(pod: Mapping[str, Any], *, spec_image: str, spec_secrets: Sequence[str
     if found:
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
         raise ReachRefused(found[0] + more)
+
+
+def unpinned_template(runtime: RuntimeSpec, template: str | None) -> str | None:
+    """Why ``template`` (the text of spec.runtime.podTemplate's ConfigMap key) may not be
+    rendered beside the spec's Secrets; None when it may. The admission check covers the
+    spec's writer, not the ConfigMap's: with a Secret named, the spec pins the template by
+    its digest, so a ConfigMap writer cannot change what runs with the Secret."""
+    if not runtime.secrets or template is None or runtime.pod_template is None:
+        return None
+    digest = hashlib.sha256(template.encode()).hexdigest()
+    pinned = runtime.pod_template.sha256
+    if pinned == digest:
+        return None
+    got = f"={pinned!r}" if pinned else " is unset"
+    return (f"spec.runtime.podTemplate.sha256{got}, but the template in ConfigMap "
+            f"{runtime.pod_template.config_map_ref.name} (key "
+            f"{runtime.pod_template.config_map_ref.key}) has SHA-256 {digest}: with "
+            f"spec.runtime.secrets set the spec pins the template it runs beside them. Fix: "
+            f"review the template, then set spec.runtime.podTemplate.sha256 to its digest")
+

@@ -18,7 +18,7 @@ from typing import Any
 from kvtune.operator import apply as kapply
 from kvtune.operator import conditions as cond
 from kvtune.operator import pools as gpu_pools
-from kvtune.operator import routing, template_sandbox
+from kvtune.operator import routing, template_sandbox, tenant_reach
 from kvtune.operator.api import PoolStatus
 from kvtune.operator.render import (
     ANNOTATION_PLAN_HASH,
@@ -119,6 +119,10 @@ def render(ctx: PoolContext, planned: Planned,
                                                   field="spec.runtime.podTemplate.configMapRef")
         except LookupError as exc:
             return ctx.failed(cond.INVALID_POD_TEMPLATE, str(exc))
+        unpinned = tenant_reach.unpinned_template(ctx.spec.runtime, template)
+        if unpinned:
+            return ctx.failed(cond.INVALID_SPEC, f"pool {pool.pool_name}: {unpinned}; nothing "
+                              f"was changed")
     inp = dataclasses.replace(planned.render_input, affinity=affinity, pod_template=template)
     # What the Deployment runs now (the plan in status may be one only recommended).
     running = kapply.read_deployment(ctx.kube, ctx.namespace,

@@ -121,3 +121,26 @@ def test_a_template_may_not_override_kvtunes_labels_nor_set_one_the_api_server_r
     assert labels["kvtune.io/gpu-class"] == pool_plan.gpu_class
     with pytest.raises(RenderError, match=r"metadata.labels\['team'\]='a b': not a label value"):
         render_pool(labelled("{team: 'a b'}"))
+
+
+def test_a_template_beside_named_secrets_must_be_pinned_by_its_digest() -> None:
+    """The ConfigMap's writers are not checked at admission: with spec.runtime.secrets set,
+    the spec pins the template's SHA-256; unset or another digest is refused, naming the
+    current one (to set after review); without Secrets nothing is required."""
+    import hashlib
+
+    from kvtune.operator.api import RuntimeSpec
+
+    text = TEMPLATE % ("{{ image | tojson }}", "")
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    ref = {"configMapRef": {"name": "tpl"}}
+    assert tenant_reach.unpinned_template(RuntimeSpec(podTemplate=ref), text) is None
+    unset = tenant_reach.unpinned_template(
+        RuntimeSpec(podTemplate=ref, secrets=["hf-token"]), text)
+    assert unset is not None and "spec.runtime.podTemplate.sha256 is unset" in unset
+    assert f"has SHA-256 {digest}" in unset and "Fix: review the template" in unset
+    other = tenant_reach.unpinned_template(RuntimeSpec(
+        podTemplate={**ref, "sha256": "0" * 64}, secrets=["hf-token"]), text)
+    assert other is not None and f"sha256='{'0' * 64}'" in other
+    assert tenant_reach.unpinned_template(RuntimeSpec(
+        podTemplate={**ref, "sha256": digest}, secrets=["hf-token"]), text) is None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import json
 import subprocess
 from pathlib import Path
@@ -139,13 +140,16 @@ def apis(local_cluster: Any) -> tuple[Any, Any]:
     return admin, alice
 
 
-def _spec(secrets: list[str], template: str | None = None) -> dict[str, Any]:
+def _spec(secrets: list[str], template: str | None = None,
+          sha256: str | None = None) -> dict[str, Any]:
     spec = copy.deepcopy(SAMPLE_SPEC)
     spec["pools"] = [{"gpuClass": "H100", "replicas": 1}]
     spec.pop("rollout", None)
     spec["runtime"] = {"secrets": secrets}
     if template:
         spec["runtime"]["podTemplate"] = {"configMapRef": {"name": template}}
+        if sha256:
+            spec["runtime"]["podTemplate"]["sha256"] = sha256
     return spec
 
 
@@ -186,10 +190,12 @@ def test_a_spec_names_only_secrets_its_writer_may_read(apis: tuple[Any, Any]) ->
     assert "spec.runtime.secrets[0]=db" in message, message
 
 
-def _template(alice: Any, name: str, image: str, env_secret: str) -> None:
+def _template(alice: Any, name: str, image: str, env_secret: str) -> str:
+    """The template's ConfigMap; its SHA-256, which a spec naming Secrets pins."""
+    text = TEMPLATE % {"image": image, "env_secret": env_secret}
     client.CoreV1Api(alice).create_namespaced_config_map(NS, {
-        "metadata": {"name": name},
-        "data": {"pod.yaml.j2": TEMPLATE % {"image": image, "env_secret": env_secret}}})
+        "metadata": {"name": name}, "data": {"pod.yaml.j2": text}})
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _degraded(admin: Any, name: str) -> dict[str, Any]:
@@ -214,12 +220,20 @@ def test_the_operator_mounts_only_named_secrets_into_allowed_images(
     monkeypatch.setattr(pod_policy.CONFIG, "secrets", ("hf-token", "db"))
     monkeypatch.setattr(tenant_reach.CONFIG, "secrets_checked_at_admission", True)
     runtime = SAMPLE_SPEC.get("runtime", {}).get("image", "vllm/vllm-openai:v0.33.0")
-    _template(alice, "steals-db", "{{ image | tojson }}", "db")
-    _template(alice, "own-image", "evil.example/miner:1", "hf-token")
-    _template(alice, "fine", "{{ image | tojson }}", "hf-token")
-    _create(alice, "db-thief", _spec(["hf-token"], "steals-db"))
-    _create(alice, "miner", _spec(["hf-token"], "own-image"))
-    _create(alice, "fine", _spec(["hf-token"], "fine"))
+    thief = _template(alice, "steals-db", "{{ image | tojson }}", "db")
+    miner = _template(alice, "own-image", "evil.example/miner:1", "hf-token")
+    fine = _template(alice, "fine", "{{ image | tojson }}", "hf-token")
+    _create(alice, "db-thief", _spec(["hf-token"], "steals-db", thief))
+    _create(alice, "miner", _spec(["hf-token"], "own-image", miner))
+    _create(alice, "fine", _spec(["hf-token"], "fine", fine))
+    # Unpinned, the template beside a named Secret is not rendered: whoever may write the
+    # ConfigMap (not checked at admission) could change what runs with the Secret.
+    _create(alice, "unpinned", _spec(["hf-token"], "fine"))
+    degraded = _degraded(admin, "unpinned")
+    assert degraded["reason"] == "InvalidSpec", degraded
+    assert "spec.runtime.podTemplate.sha256 is unset" in degraded["message"], degraded
+    assert f"has SHA-256 {fine}" in degraded["message"], degraded
+    _no_deployment(admin, "unpinned")
 
     degraded = _degraded(admin, "db-thief")
     assert degraded["reason"] == "InvalidSpec", degraded
@@ -248,7 +262,7 @@ def test_the_operator_mounts_only_named_secrets_into_allowed_images(
 
     # Without the admission policy nobody checked the writer: a named Secret is refused.
     monkeypatch.setattr(tenant_reach.CONFIG, "secrets_checked_at_admission", False)
-    _create(admin, "unchecked", _spec(["hf-token"], "fine"))
+    _create(admin, "unchecked", _spec(["hf-token"], "fine", fine))
     degraded = _degraded(admin, "unchecked")
     assert degraded["reason"] == "InvalidSpec"
     assert "admissionPolicy.enabled=true" in degraded["message"], degraded
