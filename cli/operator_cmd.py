@@ -66,6 +66,14 @@ def render_limits(in_flight: int, cpu_seconds: float, window_seconds: float,
               help="A Secret a tenant's pod template may reference (volume, env, envFrom, "
               "imagePullSecrets; repeatable; the chart's podPolicy.allowedSecrets). Without "
               "it, none.")
+@click.option("--allowed-image", "images", multiple=True,
+              help="An image (exact, or a glob like registry.example.com/vllm/*) a tenant's pod "
+              "may run besides kvtune's runtime images (repeatable; the chart's "
+              "podPolicy.allowedImages). Without it: the spec's runtime.image.")
+@click.option("--tenant-secrets-admission", "secrets_admission", is_flag=True,
+              help="The chart's tenant-secrets admission policy is installed: the API server "
+              "checks that whoever writes a spec may read each Secret in spec.runtime.secrets, "
+              "so the operator may mount them. Without it, no tenant Secret is mounted.")
 @click.option("--gpu-price", "gpu_prices", multiple=True, metavar="CLASS=USD",
               help="Price of one GPU of a class per hour for the cost figures in status "
               "(repeatable; the chart's gpuPrices). A pool's gpuPriceUsdPerHour overrides it; "
@@ -91,6 +99,7 @@ def operator(kubeconfig: str | None, namespaces: tuple[str, ...], metrics_port: 
              metrics_address: str, standalone: bool, peering_name: str | None,
              liveness_endpoint: str | None, priority: int | None, pod_security: str,
              service_accounts: tuple[str, ...], secrets: tuple[str, ...],
+             images: tuple[str, ...], secrets_admission: bool,
              gpu_prices: tuple[str, ...],
              template_renders_in_flight: int, template_cpu_seconds: float,
              template_cpu_window_seconds: float, template_retry_spread_seconds: float,
@@ -99,7 +108,14 @@ def operator(kubeconfig: str | None, namespaces: tuple[str, ...], metrics_port: 
     import kopf
 
     from kvtune.operator import gpu_prices as prices
-    from kvtune.operator import handlers, metrics, pod_policy, search_budget, template_sandbox
+    from kvtune.operator import (
+        handlers,
+        metrics,
+        pod_policy,
+        search_budget,
+        template_sandbox,
+        tenant_reach,
+    )
     from kvtune.tuner.errors import KVTuneError
     from kvtune.tuner.facts.prices import parse_overrides
 
@@ -133,6 +149,8 @@ def operator(kubeconfig: str | None, namespaces: tuple[str, ...], metrics_port: 
     pod_policy.CONFIG.level = "restricted" if pod_security == "restricted" else "baseline"
     pod_policy.CONFIG.service_accounts = service_accounts
     pod_policy.CONFIG.secrets = secrets
+    tenant_reach.CONFIG.images = images
+    tenant_reach.CONFIG.secrets_checked_at_admission = secrets_admission
     loaded = load_handlers()
     click.echo(f"kvtune operator: handlers {', '.join(loaded)}; namespaces "
                f"{', '.join(namespaces) or 'all'}; metrics on {metrics_address}:{metrics_port}",

@@ -10,12 +10,19 @@ validators (so the operator never trusts an object that bypassed the CRD, e.g. a
 from __future__ import annotations
 
 import itertools
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel
 
 from kvtune.operator.durations import DURATION_PATTERN, parse_duration
+from kvtune.operator.spec_bounds import (
+    LabelValue,
+    check_durations,
+    check_labels,
+    duration_rules,
+    label_rules,
+)
 from kvtune.tuner.facts.capabilities import PINNED_VLLM_VERSION, get_runtime
 from kvtune.tuner.facts.vllm_memory import supported_versions
 from kvtune.tuner.facts.weights import WEIGHTS_DTYPES
@@ -128,6 +135,17 @@ class PodTemplateRef(_Model):
 
 class PodTemplateSource(_Model):
     config_map_ref: PodTemplateRef
+    sha256: str | None = Field(
+        default=None, pattern=r"^[a-f0-9]{64}$",
+        description="The SHA-256 (hex) of the template's text. Required when "
+                    "spec.runtime.secrets names a Secret: the ConfigMap's writers are not "
+                    "checked at admission, so the spec's writer pins what runs beside the "
+                    "Secrets; a template with another digest is not rendered (InvalidSpec).")
+
+
+# A Secret's name (a DNS subdomain), as spec.runtime.secrets lists it.
+SecretName = Annotated[str, StringConstraints(
+    min_length=1, max_length=253, pattern=r"^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$")]
 
 
 class RuntimeSpec(_Model):
@@ -143,6 +161,14 @@ class RuntimeSpec(_Model):
     pod_template: PodTemplateSource | None = Field(
         default=None,
         description="A ConfigMap whose key holds a Jinja2 pod template replacing kvtune's own.",
+    )
+    secrets: list[SecretName] = Field(
+        default_factory=list, max_length=16,
+        description="Secrets (in this namespace) the pod template may reference: a volume, env "
+                    "secretKeyRef, envFrom or imagePullSecrets. The API server checks at "
+                    "admission that whoever writes the spec may read each (the chart's "
+                    "tenant-secrets policy); the chart's podPolicy.allowedSecrets must also "
+                    "allow it. Any other Secret reference is refused (InvalidSpec).",
     )
     entrypoint: Literal["vllm", "kvtune"] = Field(
         default="vllm",
@@ -218,6 +244,7 @@ class SLOSpec(_Model):
          "slo.ttftP95 must be above 0s; give the p95 time to first token, e.g. 2s"),
         ("!has(self.tpotP95) || duration(self.tpotP95) > duration('0s')",
          "slo.tpotP95 must be above 0s; give the p95 time per output token, e.g. 80ms"),
+        *duration_rules("spec.slo", "ttftP95", "tpotP95"),
     ))
 
     ttft_p95: str | None = Field(default=None, pattern=DURATION_PATTERN, max_length=32)
@@ -229,6 +256,7 @@ class SLOSpec(_Model):
             if text is not None and parse_duration(text, field=f"spec.slo.{name}") <= 0:
                 raise ValueError(f"spec.slo.{name}={text!r} must be above 0s; give the p95 "
                                  f"target, e.g. 2s or 80ms")
+        check_durations(self, "spec.slo", "ttft_p95", "tpot_p95")
         return self
 
     def ttft_p95_seconds(self) -> float | None:
@@ -243,6 +271,9 @@ class SLOSpec(_Model):
 class CalibrationSpec(_Model):
     """The KV-quality calibration Job (issue 15): measured before a narrower KV dtype first
     rolls out for a model revision."""
+
+    model_config = ConfigDict(json_schema_extra=_rules(
+        *duration_rules("spec.quality.calibration", "timeout")))
 
     enabled: bool = Field(
         default=True,
@@ -259,6 +290,11 @@ class CalibrationSpec(_Model):
         description="The Job's activeDeadlineSeconds; past it the Job fails and the wider "
                     "dtype stays.")
     max_prompt_tokens: int = Field(default=2048, ge=16, le=32768)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> CalibrationSpec:
+        check_durations(self, "spec.quality.calibration", "timeout")
+        return self
 
     def timeout_seconds(self) -> int:
         return max(1, int(parse_duration(self.timeout, field="spec.quality.calibration.timeout")))
@@ -291,7 +327,7 @@ class Toleration(_Model):
     operator: Literal["Exists", "Equal"] | None = None
     value: str | None = Field(default=None, max_length=63)
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = None
+    toleration_seconds: int | None = Field(default=None, ge=0, le=31_536_000)  # a year
 
 
 _QUANTITY = r"^[0-9]+(\.[0-9]+)?\s*[A-Za-z/]+$"
@@ -324,6 +360,7 @@ class PoolSpec(_Model):
         (f"!{_POOL_KEY.format(v='self')}.endsWith('-canary')",
          "a pool name must not end in -canary (kvtune names the canary Deployment of pool "
          "<p> <name>-<p>-canary); set pools[].name"),
+        *label_rules("spec.pools[]", "nodeSelector", reserved=False),
     ))
 
     gpu_class: str = Field(
@@ -342,7 +379,7 @@ class PoolSpec(_Model):
         default=None, gt=0, le=100_000,
         description="What one GPU of this pool costs per hour, in USD, for the cost figures in "
         "status (overrides the chart's gpuPrices and kvtune's list prices).")
-    node_selector: dict[str, str] | None = Field(default=None, max_length=16)
+    node_selector: dict[str, LabelValue] | None = Field(default=None, max_length=16)
     tolerations: list[Toleration] | None = Field(default=None, max_length=16)
 
     @property
@@ -359,6 +396,7 @@ class PoolSpec(_Model):
         if self.pool_name.endswith("-canary"):
             raise ValueError(f"pool name {self.pool_name!r} ends in -canary, the suffix of "
                              f"kvtune's canary Deployments; set pools[].name")
+        check_labels(self.node_selector, "spec.pools[].nodeSelector", reserved=False)
         return self
 
 
@@ -367,6 +405,9 @@ PoolSelectorKind = Literal["pod", "labels", "none"]
 
 
 class PrometheusSpec(_Model):
+    model_config = ConfigDict(json_schema_extra=_rules(
+        *duration_rules("spec.tuning.prometheus", "window")))
+
     url: str = Field(min_length=1, max_length=512, pattern=r"^https?://")
     window: str = Field(default="6h", pattern=DURATION_PATTERN, max_length=32)
     pool_selector: PoolSelectorKind = Field(
@@ -384,11 +425,19 @@ class PrometheusSpec(_Model):
                                   max_length=128)
     pool_label: str = Field(default="kvtune_io_pool", pattern=_LABEL_NAME, max_length=128)
 
+    @model_validator(mode="after")
+    def _bounded(self) -> PrometheusSpec:
+        check_durations(self, "spec.tuning.prometheus", "window")
+        return self
+
     def window_seconds(self) -> float:
         return parse_duration(self.window, field="spec.tuning.prometheus.window")
 
 
 class RetuneSpec(_Model):
+    model_config = ConfigDict(json_schema_extra=_rules(
+        *duration_rules("spec.tuning.retune", "minInterval", "dwell")))
+
     min_interval: str = Field(default="6h", pattern=DURATION_PATTERN, max_length=32)
     drift_threshold: float = Field(default=0.2, gt=0.0, le=1.0)
     dwell: str | None = Field(
@@ -398,6 +447,11 @@ class RetuneSpec(_Model):
                     "At least the window: a shift fills the window only after one window, "
                     "and a shorter dwell would plan for a mix of old and new traffic.",
     )
+
+    @model_validator(mode="after")
+    def _bounded(self) -> RetuneSpec:
+        check_durations(self, "spec.tuning.retune", "min_interval", "dwell")
+        return self
 
     def dwell_seconds(self, window_seconds: float) -> float:
         """The dwell time; the window when the spec leaves it out."""
@@ -423,7 +477,7 @@ class PinSpec(_Model):
     block_size: int | None = Field(default=None, ge=16, le=1024)
     kv_cache_dtype: KVCacheDtype | None = None
     gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
-    kv_cache_memory_bytes: int | None = Field(default=None, ge=1)
+    kv_cache_memory_bytes: int | None = Field(default=None, ge=1, le=2**40)  # 1 TiB a GPU
     max_model_len: int | None = Field(default=None, ge=1, le=10_000_000)
     max_num_seqs: int | None = Field(default=None, ge=1, le=100_000)
     max_num_batched_tokens: int | None = Field(default=None, ge=1, le=10_000_000)
@@ -492,6 +546,9 @@ class TuningSpec(_Model):
 
 
 class RolloutSpec(_Model):
+    model_config = ConfigDict(json_schema_extra=_rules(
+        *duration_rules("spec.rollout", "analysis", "progressDeadline")))
+
     canary_replicas: int = Field(default=0, ge=0, le=512)
     analysis: str = Field(default="10m", pattern=DURATION_PATTERN, max_length=32)
     progress_deadline: str = Field(
@@ -513,6 +570,11 @@ class RolloutSpec(_Model):
                     "analysis + progressDeadline becomes: promote (availability held, no "
                     "evidence against it; said in status and an Event) or rollback.",
     )
+
+    @model_validator(mode="after")
+    def _bounded(self) -> RolloutSpec:
+        check_durations(self, "spec.rollout", "analysis", "progress_deadline")
+        return self
 
     def progress_deadline_seconds(self) -> int:
         seconds = parse_duration(self.progress_deadline, field="spec.rollout.progressDeadline")
@@ -585,6 +647,10 @@ class ScrapeSpec(_Model):
     """How the Prometheus operator scrapes the pools' vLLM pods (it ignores the
     prometheus.io annotations a stock Prometheus reads)."""
 
+    model_config = ConfigDict(json_schema_extra=_rules(
+        *duration_rules("spec.monitoring.scrape", "interval"),
+        *label_rules("spec.monitoring.scrape", "labels", reserved=True)))
+
     enabled: bool = Field(default=True, description=(
         "Render a PodMonitor (or ServiceMonitor) per pool; applied where the cluster serves "
         "monitoring.coreos.com, deleted when switched off."))
@@ -593,18 +659,32 @@ class ScrapeSpec(_Model):
         description="PodMonitor selects the pool's pods; ServiceMonitor its Service.")
     interval: str | None = Field(default=None, pattern=DURATION_PATTERN, max_length=32,
                                  description="Scrape interval; empty: Prometheus's own.")
-    labels: dict[str, str] | None = Field(default=None, max_length=16,
-                                          description=_LABELS_DESCRIPTION)
+    labels: dict[str, LabelValue] | None = Field(default=None, max_length=16,
+                                                 description=_LABELS_DESCRIPTION)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> ScrapeSpec:
+        check_durations(self, "spec.monitoring.scrape", "interval")
+        check_labels(self.labels, "spec.monitoring.scrape.labels", reserved=True)
+        return self
 
 
 class PrometheusRuleSpec(_Model):
+    model_config = ConfigDict(json_schema_extra=_rules(
+        *label_rules("spec.monitoring.prometheusRule", "labels", reserved=True)))
+
     enabled: bool = Field(default=True, description=(
         "Render this deployment's KV-cache and SLO alerts as a PrometheusRule (the one source "
         "of kvtune's alert rules); deleted when switched off."))
-    labels: dict[str, str] | None = Field(
+    labels: dict[str, LabelValue] | None = Field(
         default=None, max_length=16,
         description="Extra labels for the Prometheus ruleSelector (kube-prometheus-stack: "
                     "release=<its release name>).")
+
+    @model_validator(mode="after")
+    def _bounded(self) -> PrometheusRuleSpec:
+        check_labels(self.labels, "spec.monitoring.prometheusRule.labels", reserved=True)
+        return self
 
 
 class MonitoringSpec(_Model):
@@ -1031,8 +1111,9 @@ class RetuneStatus(_Status):
 # here (no calibration image, or calibration Jobs are forbidden in the namespace).
 KVQualityPhase = Literal["Measured", "Calibrating", "Failed", "Disabled", "NotNeeded",
                          "Unverified"]
-# Why none can run: calibration disabled in the spec, no image with kvtune, Jobs forbidden.
-UnverifiedCause = Literal["Disabled", "NoImage", "Forbidden"]
+# Why none can run: calibration disabled in the spec, no image with kvtune, Jobs forbidden,
+# the spec's calibration image off the chart's podPolicy.allowedImages.
+UnverifiedCause = Literal["Disabled", "NoImage", "Forbidden", "ImageNotAllowed"]
 
 
 class KVQualityDtypeStatus(_Status):

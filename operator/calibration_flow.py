@@ -22,7 +22,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from kvtune.operator import apply as kapply
-from kvtune.operator import calibration
+from kvtune.operator import calibration, tenant_reach
 from kvtune.operator.api import (
     InferenceDeploymentSpec,
     KVQualityStatus,
@@ -274,6 +274,9 @@ def _hold_if_still_unmeasurable(kube: kapply.Kube, body: Mapping[str, Any],
     namespace = body["metadata"]["namespace"]
     if cause == "Disabled":
         stands = not gate.quality.calibration.enabled
+    elif cause == "ImageNotAllowed":
+        stands = gate.quality.calibration.enabled \
+            and not _calibration_image_allowed(spec, gate.quality.calibration.image)
     elif cause == "NoImage":
         stands = gate.quality.calibration.enabled and not gate.quality.calibration.image \
             and spec.runtime.entrypoint != "kvtune" \
@@ -282,7 +285,8 @@ def _hold_if_still_unmeasurable(kube: kapply.Kube, body: Mapping[str, Any],
         stands = gate.quality.calibration.enabled and not _may_create_jobs(kube, namespace)
     if stands:
         gate.unverified, gate.unverified_cause = list(before.unverified), cause
-        gate.notes.append(_unmeasurable_note(cause, namespace))
+        gate.notes.append(_unmeasurable_note(cause, namespace, gate.quality.calibration.image,
+                                             spec.runtime.image))
 
 
 def _may_create_jobs(kube: kapply.Kube, namespace: str) -> bool:
@@ -299,10 +303,24 @@ def _may_create_jobs(kube: kapply.Kube, namespace: str) -> bool:
     return bool((answer.get("status") or {}).get("allowed"))
 
 
-def _unmeasurable_note(cause: UnverifiedCause, namespace: str) -> str:
+def _calibration_image_allowed(spec: InferenceDeploymentSpec, image: str | None) -> bool:
+    """Whether the Job may run ``image``: the operator runs it with its own rights, so a
+    tenant's image must be on the chart's podPolicy.allowedImages (operator/tenant_reach.py)
+    like any container of the pods."""
+    return image is None or tenant_reach.image_allowed(
+        image, tenant_reach.allowed_images(spec.runtime.image))
+
+
+def _unmeasurable_note(cause: UnverifiedCause, namespace: str, image: str | None = None,
+                       spec_image: str = "") -> str:
     """Why no calibration can run here, and the fix."""
     if cause == "Disabled":
         return "spec.quality.calibration.enabled is false"
+    if cause == "ImageNotAllowed":
+        allowed = ", ".join(tenant_reach.allowed_images(spec_image))
+        return (f"spec.quality.calibration.image={image!r} is not an allowed image (allowed: "
+                f"{allowed}): the operator would run it with its own rights; leave it unset, or "
+                f"ask the platform team to add it to the chart's podPolicy.allowedImages")
     if cause == "NoImage":
         return ("no calibration image: set the chart value calibration.image or "
                 "spec.quality.calibration.image to an image with kvtune, torch and "
@@ -331,6 +349,10 @@ def maybe_start(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeplo
     if image is None:
         _note_unverified(gate, pool_name, pool_plan, "NoImage")
         return gate.hold
+    if not _calibration_image_allowed(spec, quality.calibration.image):
+        _note_unverified(gate, pool_name, pool_plan, "ImageNotAllowed",
+                         image=quality.calibration.image, spec_image=spec.runtime.image)
+        return gate.hold
     dtypes = calibration.dtypes_to_measure(pool_plan, gate.evidence)
     meta = body["metadata"]
     name = calibration.job_name(meta["name"], gate.model, gate.revision, dtypes)
@@ -354,9 +376,10 @@ def maybe_start(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeplo
 
 
 def _note_unverified(gate: Gate, pool_name: str, pool_plan: PoolPlan,
-                     cause: UnverifiedCause) -> None:
+                     cause: UnverifiedCause, image: str | None = None,
+                     spec_image: str = "") -> None:
     """The pool keeps an unmeasured narrower dtype, and ``cause`` says why none is measured."""
-    note = _unmeasurable_note(cause, gate.namespace)
+    note = _unmeasurable_note(cause, gate.namespace, image, spec_image)
     if note not in gate.notes:
         gate.notes.append(note)
     gate.unverified_cause = gate.unverified_cause or cause

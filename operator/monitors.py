@@ -76,7 +76,9 @@ def scrape_monitors(body: Mapping[str, Any], owner: Mapping[str, Any] | None = N
     out = []
     for pool in spec.pools:
         selector = {LABEL_DEPLOYMENT: name, LABEL_POOL: pool.pool_name}
-        labels = {**chart_labels(), **MANAGED_BY, **selector, **(scrape.labels or {})}
+        # kvtune's own labels last: a tenant's (refused at admission since issue 25) never
+        # overrides the labels kvtune and its admission policy select on.
+        labels = {**chart_labels(), **(scrape.labels or {}), **MANAGED_BY, **selector}
         meta = _meta(object_name(name, pool.pool_name), namespace, labels, owner)
         copied = [LABEL_DEPLOYMENT, LABEL_POOL]
         if scrape.kind == "PodMonitor":
@@ -104,8 +106,8 @@ def prometheus_rule(body: Mapping[str, Any], owner: Mapping[str, Any] | None = N
     if not rule_spec.enabled:
         return None
     rule = alerts.prometheus_rule(alerts.inputs_from_body(body), owner)
-    rule["metadata"]["labels"] = {**chart_labels(), **rule["metadata"]["labels"],
-                                  **(rule_spec.labels or {})}
+    rule["metadata"]["labels"] = {**chart_labels(), **(rule_spec.labels or {}),
+                                  **rule["metadata"]["labels"]}
     return rule
 
 

@@ -302,3 +302,8 @@ def check(pod: Mapping[str, Any], level: Level | None = None) -> None:
     if found:
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
         raise PolicyViolation(found[0] + more)
+
+
+# For operator/tenant_reach.py (what a tenant's spec may reach: images, named Secrets).
+iter_containers = _containers
+secret_names = _secret_names

@@ -45,6 +45,7 @@ from kvtune.operator.api import (
     ProfileScope,
     ProfileStatus,
 )
+from kvtune.operator.dropped_fields import dropped_fields
 from kvtune.operator.locks import object_lock
 from kvtune.operator.render import LABEL_DEPLOYMENT, object_name
 from kvtune.operator.rollout import observe
@@ -80,13 +81,23 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out
 
 
+# The fix for pydantic's generic errors (a spec admitted under an older CRD: issue 25).
+_FIXES = {"string_pattern_mismatch": "change it to match", "string_too_long": "shorten it",
+          "string_too_short": "lengthen it", "too_long": "remove entries",
+          "greater_than": "raise it", "greater_than_equal": "raise it",
+          "less_than": "lower it", "less_than_equal": "lower it",
+          "extra_forbidden": "remove it or correct its name"}
+
+
 def describe_validation_error(exc: ValidationError) -> str:
     """One line per problem: the field path (as in YAML), the value, and what is wrong."""
     lines = []
     for err in exc.errors()[:5]:
         value = err.get("input")
         shown = json.dumps(value, default=str)[:80] if not isinstance(value, dict) else "{…}"
-        lines.append(f"{_loc(tuple(err['loc']))}={shown}: {err['msg']}")
+        fix = _FIXES.get(err["type"])
+        lines.append(f"{_loc(tuple(err['loc']))}={shown}: {err['msg']}"
+                     + (f" (fix: {fix})" if fix else ""))
     return "; ".join(lines)
 
 
@@ -197,6 +208,14 @@ def _reconcile_locked(
             raise InvalidInput("metadata.name", name, OBJECT_NAME_RULE)
         spec = InferenceDeploymentSpec.model_validate(body.get("spec") or {})
         policy = policy_for(spec)  # the SLO's and pins' own checks
+        dropped = dropped_fields(body)  # pruned by the API server: never run without it
+        if dropped:
+            (field, value), more = dropped[0], len(dropped) - 1
+            raise InvalidInput(field, value, "the API server dropped this field (the "
+                               "InferenceDeployment has none of that name), so kvtune would "
+                               "run without it. Fix: correct its name or remove it (kubectl "
+                               "apply --validate=strict refuses such a field)"
+                               + (f" (and {more} more)" if more else ""))
     except (ValidationError, KVTuneError) as exc:
         message = describe_validation_error(exc) if isinstance(exc, ValidationError) \
             else str(exc)

@@ -29,7 +29,9 @@ from kvtune.operator import (
     pod_policy,
     runtime_access,
     slo_buckets,
+    spec_bounds,
     template_sandbox,
+    tenant_reach,
 )
 from kvtune.tuner.facts import host_resources
 from kvtune.tuner.plan import PoolPlan
@@ -51,6 +53,11 @@ class RenderError(Exception):
     """A template produced no valid object; the message says which template and why."""
 
 
+class ReachError(RenderError):
+    """The pod would run an image or read a Secret its spec may not reach
+    (operator/tenant_reach.py): an invalid spec, whichever template rendered it."""
+
+
 @dataclass(frozen=True)
 class RenderInput:
     name: str  # the InferenceDeployment's name
@@ -66,6 +73,8 @@ class RenderInput:
     tolerations: list[dict[str, Any]] = field(default_factory=list)
     command: tuple[str, ...] = DEFAULT_COMMAND
     pod_template: str | None = None  # the user's Jinja2 pod template, if any
+    # spec.runtime.secrets: the Secrets the pod may reference (operator/tenant_reach.py).
+    secrets: tuple[str, ...] = ()
     progress_deadline_seconds: int = 1800
     # "kvtune": the container runs kvtune's runtime entrypoint (which execs vllm) as the
     # ServiceAccount that may write the namespace's reports ConfigMap; ``command`` is then
@@ -272,8 +281,19 @@ def render_pool(inp: RenderInput) -> list[dict[str, Any]]:
         # or the Deployment is refused; the plan hash too, so a plan change rolls out.
         meta = pod.setdefault("metadata", {}) or {}
         pod["metadata"] = meta
-        meta["labels"] = {**(meta.get("labels") or {}), **selector,
-                          LABEL_PLAN_REVISION: str(inp.revision)}
+        # kvtune's own labels (its selector, class, revision) are not the template's to change
+        # (issue 25): one with another value is refused, loudly; a label the API server would
+        # refuse fails here, once, not at each apply.
+        own = meta.get("labels") or {}
+        for key, value in labels.items():
+            if key in own and own[key] != value:
+                raise RenderError(f"{pod_where}: metadata.labels[{key!r}]={own[key]!r} "
+                                  f"overrides kvtune's own ({value!r}), which it selects on; "
+                                  f"remove it from the template (pod_labels has kvtune's)")
+        meta["labels"] = {**own, **labels}
+        problem = spec_bounds.label_problem(meta["labels"])
+        if problem:
+            raise RenderError(f"{pod_where}: metadata.labels{problem}; fix the template")
         meta["annotations"] = {**(meta.get("annotations") or {}), ANNOTATION_PLAN_HASH: hash_}
     else:
         pod_where = "pod.yaml.j2"
@@ -283,6 +303,10 @@ def render_pool(inp: RenderInput) -> list[dict[str, Any]]:
         pod_policy.check(pod)
     except pod_policy.PolicyViolation as exc:
         raise RenderError(f"{pod_where}: {exc}") from exc
+    try:
+        tenant_reach.check(pod, spec_image=inp.image, spec_secrets=inp.secrets)
+    except tenant_reach.ReachRefused as exc:
+        raise ReachError(f"{pod_where}: {exc}") from exc
     if kvtune_entrypoint:
         # The ServiceAccount, its Role and the reports ConfigMap are the chart's, per
         # namespace (operator/runtime_access.py): the operator creates no RBAC objects.

@@ -368,6 +368,7 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
         name=ctx.name, namespace=ctx.namespace, pool=pool.pool_name,
         pool_plan=pool_plan, model_name=spec.model.name, image=spec.runtime.image,
         replicas=pool.replicas, revision=revision, entrypoint=spec.runtime.entrypoint,
+        secrets=tuple(spec.runtime.secrets),
         ttft_slo_seconds=spec.slo.ttft_p95_seconds() if spec.slo else None,
         tpot_slo_seconds=spec.slo.tpot_p95_seconds() if spec.slo else None,
         progress_deadline_seconds=(spec.rollout or RolloutSpec()).progress_deadline_seconds(),

@@ -3,24 +3,26 @@
 In: ``Planned`` and the GPU pools discovered from the nodes. Out: ``Rendered`` (the
 objects to apply, the runtime's access objects apart, and the plan hash the running
 Deployment carries), or the pool's outcome when it stops here: ``recommend`` mode, no
-nodes of its class, nodes too small for its tensor parallelism, a pod template that cannot
-be read or renders no valid object.
+nodes of its class, nodes too small for its tensor parallelism or too few for its replicas,
+a pod template that cannot be read or renders no valid object, or reaches for an image or
+Secret its spec may not (operator/tenant_reach.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kvtune.operator import apply as kapply
 from kvtune.operator import conditions as cond
 from kvtune.operator import pools as gpu_pools
-from kvtune.operator import routing, template_sandbox
+from kvtune.operator import routing, template_sandbox, tenant_reach
 from kvtune.operator.api import PoolStatus
 from kvtune.operator.render import (
     ANNOTATION_PLAN_HASH,
+    ReachError,
     RenderError,
     RenderInput,
     model_server,
@@ -47,6 +49,26 @@ class Rendered:
     running_hash: str | None  # the plan hash of the Deployment running now
     # The pool's Deployment did not exist when it was read here (apply reads it no more)
     deployment_absent: bool = False
+
+
+def _capacity_shortfall(ctx: PoolContext, planned: Planned,
+                        placed: Sequence[gpu_pools.GPUNode]) -> str | None:
+    """The message when the pool's replicas can never all be placed: each replica needs
+    tensorParallel GPUs of one node, and the nodes it may use have fewer in all (issue 25
+    item 5: 512 replicas on 32 GPUs was Degraded=False until the progress deadline). None
+    when they fit, or when a node does not say how many GPUs it has."""
+    tp, replicas = ctx.pool.tensor_parallel, planned.render_input.replicas
+    if not placed or any(n.gpus <= 0 for n in placed):
+        return None
+    fit = sum(n.gpus // tp for n in placed)
+    if replicas <= fit:
+        return None
+    total = sum(n.gpus for n in placed)
+    gpu_class = planned.pool_plan.gpu_class
+    return (f"{ctx.field}.replicas={replicas}: {replicas} replicas x tensorParallel={tp} need "
+            f"{replicas * tp} {gpu_class} GPUs, but the {len(placed)} schedulable {gpu_class} "
+            f"node(s) it may use have {total} in all, room for {fit} replica(s); lower "
+            f"replicas to at most {fit} or add nodes")
 
 
 def render(ctx: PoolContext, planned: Planned,
@@ -85,6 +107,9 @@ def render(ctx: PoolContext, planned: Planned,
                           f"{pool.tensor_parallel}: {gpu_class} nodes have at most "
                           f"{nodes.max_gpus_per_node} GPUs; lower tensorParallel or add "
                           f"larger nodes")
+    short = _capacity_shortfall(ctx, planned, placed if selector else nodes.schedulable_nodes)
+    if short is not None:
+        return ctx.failed(cond.INVALID_SPEC, short)
 
     template = None
     if ctx.spec.runtime.pod_template is not None:
@@ -94,6 +119,10 @@ def render(ctx: PoolContext, planned: Planned,
                                                   field="spec.runtime.podTemplate.configMapRef")
         except LookupError as exc:
             return ctx.failed(cond.INVALID_POD_TEMPLATE, str(exc))
+        unpinned = tenant_reach.unpinned_template(ctx.spec.runtime, template)
+        if unpinned:
+            return ctx.failed(cond.INVALID_SPEC, f"pool {pool.pool_name}: {unpinned}; nothing "
+                              f"was changed")
     inp = dataclasses.replace(planned.render_input, affinity=affinity, pod_template=template)
     # What the Deployment runs now (the plan in status may be one only recommended).
     running = kapply.read_deployment(ctx.kube, ctx.namespace,
@@ -106,6 +135,9 @@ def render(ctx: PoolContext, planned: Planned,
         outcome = ctx.failed(cond.TEMPLATE_RENDER_DEFERRED, f"pool {pool.pool_name}: "
                              f"spec.runtime.podTemplate: {exc}; nothing was changed")
         return dataclasses.replace(outcome, retry_after=exc.retry_after_seconds)
+    except ReachError as exc:  # an image or Secret the spec may not reach: the spec's fault
+        return ctx.failed(cond.INVALID_SPEC, f"pool {pool.pool_name}: {exc}; nothing was "
+                          f"changed")
     except RenderError as exc:
         return ctx.failed(cond.INVALID_POD_TEMPLATE, f"pool {pool.pool_name}: {exc}; nothing "
                           f"was changed")

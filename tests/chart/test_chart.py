@@ -81,6 +81,8 @@ def test_default_render(helm: Path) -> None:
     assert container["args"] == [
         "operator", "--peering=kvtune", "--liveness=http://0.0.0.0:8081/healthz",
         "--metrics-port=8080", "--metrics-address=0.0.0.0", "--pod-security=baseline",
+        # admissionPolicy.enabled: the tenant-secrets policy checks spec.runtime.secrets.
+        "--tenant-secrets-admission",
         "--template-renders-in-flight=1", "--template-cpu-seconds=6",
         "--template-cpu-window-seconds=60", "--template-retry-spread-seconds=2",
         # The goodput search's budget, under the 512Mi limit (operator/search_budget.py).
@@ -449,12 +451,21 @@ def test_endpoint_picker_access_objects_are_the_operators_own(
 
 def test_admission_policy_guards_the_operators_own_writes(helm: Path) -> None:
     docs = render(helm, "--set", "podPolicy.allowedServiceAccounts={weights-reader}",
-                  "--set", "podPolicy.allowedSecrets={hf-token}")
-    policies = by_kind(docs, "ValidatingAdmissionPolicy")
-    names = ["kvtune-operator-pods", "kvtune-operator-shapes", "kvtune-operator-writes"]
-    assert sorted(p["metadata"]["name"] for p in policies) == names
+                  "--set", "podPolicy.allowedSecrets={hf-token}",
+                  "--set", "podPolicy.allowedImages={registry.example/vllm/*}")
+    every = by_kind(docs, "ValidatingAdmissionPolicy")
+    names = ["kvtune-operator-pods", "kvtune-operator-shapes", "kvtune-operator-writes",
+             "kvtune-tenant-secrets"]
+    assert sorted(p["metadata"]["name"] for p in every) == names
     assert sorted(b["spec"]["policyName"] for b in by_kind(
         docs, "ValidatingAdmissionPolicyBinding")) == names
+    # The tenant-secrets policy applies to every writer of an InferenceDeployment (issue 25
+    # item 3): one authorizer check per index of spec.runtime.secrets (at most 16).
+    (tenant,) = [p for p in every if p["metadata"]["name"] == "kvtune-tenant-secrets"]
+    assert "matchConditions" not in tenant["spec"]
+    checks = [v["expression"] for v in tenant["spec"]["validations"]]
+    assert len(checks) == 16 and all(".check('get').allowed()" in c for c in checks)
+    policies = [p for p in every if p is not tenant]
     assert {b["spec"]["validationActions"][0] for b in by_kind(
         docs, "ValidatingAdmissionPolicyBinding")} == {"Deny"}
     for policy in policies:
@@ -482,8 +493,13 @@ def test_admission_policy_guards_the_operators_own_writes(helm: Path) -> None:
     args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--allowed-service-account=weights-reader" in args
     assert "--allowed-secret=hf-token" in args
+    assert "--tenant-secrets-admission" in args
+    assert "--allowed-image=registry.example/vllm/*" in args
     off = render(helm, "--set", "admissionPolicy.enabled=false")
     assert by_kind(off, "ValidatingAdmissionPolicy") == []
+    (deploy,) = by_kind(off, "Deployment")
+    assert "--tenant-secrets-admission" not in deploy["spec"]["template"]["spec"]["containers"][
+        0]["args"]
 
 
 def test_kube_version_floor_is_what_the_chart_renders(helm: Path) -> None:

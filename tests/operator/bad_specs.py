@@ -8,6 +8,12 @@
 - ``degraded``: accepted, then the reconcile sets ``Degraded=True`` with ``reason`` and a
   message holding the needles (field, value, fix), and the runtime already running is left
   as it was.
+- ``accepted``: a value at the edge of its bounds, admitted and applied as written (the
+  Deployment carries ``deployment``'s fields), not Degraded.
+
+A ``strict`` case stored under ``Warn`` (the field pruned) with the
+``kubectl.kubernetes.io/last-applied-configuration`` a client-side apply writes is also
+``Degraded``/InvalidSpec naming the dropped field (operator/dropped_fields.py).
 """
 
 from __future__ import annotations
@@ -30,17 +36,27 @@ BASE: Spec = {
 
 TEMPLATE_DIVIDES_BY_ZERO = "spec:\n  containers:\n    - name: vllm\n      image: {{1/0}}\n"
 TEMPLATE_NOT_A_POD = "- just\n- a list\n"
+_POD = ("metadata: {{labels: {{{{ pod_labels | tojson }}}}}}\nspec:\n  containers:\n"
+        "    - {{name: vllm, image: {image}, args: {{{{ args | tojson }}}}}}\n{extra}")
+TEMPLATE_IMAGE = _POD.format(image="evil.example/miner:1", extra="")
+TEMPLATE_LABEL = ("metadata: {labels: {kvtune.io/deployment: someone-else}}\nspec:\n"
+                  "  containers: [{name: vllm, image: {{ image | tojson }}}]\n")
+TEMPLATE_BAD_LABEL = TEMPLATE_LABEL.replace("kvtune.io/deployment: someone-else", "team: 'a b'")
+TEMPLATE_SECRET = _POD.format(image="{{ image | tojson }}",
+                              extra="  volumes: [{name: db, secret: {secretName: db}}]\n")
 
 
 @dataclass(frozen=True)
 class BadSpec:
     id: str
     change: Callable[[Spec], None]
-    expect: Literal["admission", "strict", "degraded"]
+    expect: Literal["admission", "strict", "degraded", "accepted"]
     needles: tuple[str, ...]
     reason: str | None = None  # the Degraded reason
     name: str | None = None  # metadata.name, when the name is the bad part
     config_maps: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> data
+    # accepted: Deployment fields (dotted path under .spec) and their expected values
+    deployment: dict[str, Any] = field(default_factory=dict)
 
     def spec(self) -> Spec:
         spec = copy.deepcopy(BASE)
@@ -201,6 +217,51 @@ CASES: list[BadSpec] = [
          "dwell must be at least"),
     _adm("canary-above-replicas", at("rollout", {"canaryReplicas": 3}), "canaryReplicas"),
     _adm("analysis-words", at("rollout", {"analysis": "soon"}), "rollout.analysis"),
+    # --- issue 25: durations that make no sense, bounded in the CRD and pydantic alike ------
+    _adm("progress-deadline-1ms", at("rollout", {"progressDeadline": "1ms"}),
+         "rollout.progressDeadline must be between 1s and 24h"),
+    _adm("progress-deadline-a-week", at("rollout", {"progressDeadline": "168h"}),
+         "rollout.progressDeadline must be between 1s and 24h"),
+    _adm("analysis-a-year", at("rollout", {"analysis": "8760h"}),
+         "rollout.analysis must be between 1s and 24h"),
+    _adm("prometheus-window-11000-years", at("tuning.prometheus", {
+        "url": "http://p:9090", "window": "96360000h"}), "tuning.prometheus.window"),
+    _adm("prometheus-window-1ms", at("tuning.prometheus", {"url": "http://p:9090",
+                                                           "window": "1ms"}),
+         "tuning.prometheus.window must be between 10s and 720h"),
+    _adm("retune-min-interval-two-months", at("tuning.retune", {"minInterval": "1440h"}),
+         "tuning.retune.minInterval must be between 0s and 720h"),
+    _adm("calibration-timeout-1s", at("quality", {"calibration": {"timeout": "1s"}}),
+         "quality.calibration.timeout must be between 1m and 24h"),
+    _adm("scrape-interval-1ms", at("monitoring", {"scrape": {"interval": "1ms"}}),
+         "monitoring.scrape.interval must be between 1s and 1h"),
+    _adm("ttft-an-hour", at("slo", {"ttftP95": "1h"}), "slo.ttftP95 must be between 0s and 10m"),
+    _adm("tpot-a-minute", at("slo", {"tpotP95": "1m"}), "slo.tpotP95 must be between 0s and 10s"),
+    # --- issue 25: sizes ---------------------------------------------------------------------
+    _adm("toleration-seconds-negative", at("pools.0.tolerations", [{
+        "key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": -5}]),
+         "tolerationSeconds"),
+    _adm("kv-cache-bytes-a-pebibyte", at("tuning.pin", {"kvCacheMemoryBytes": 2**50}),
+         "kvCacheMemoryBytes"),
+    _adm("runtime-secrets-bad-name", at("runtime", {"secrets": ["Bad_Name"]}),
+         "spec.runtime.secrets[0]"),
+    _adm("runtime-secrets-seventeen", at("runtime", {"secrets": [f"s{i}" for i in range(17)]}),
+         "spec.runtime.secrets"),
+    # --- issue 25: labels kvtune renders onto objects ----------------------------------------
+    _adm("scrape-label-claims-kvtunes", at("monitoring", {"scrape": {"labels": {
+        "kvtune.io/deployment": "someone-else"}}}), "kvtune's own"),
+    _adm("rule-label-claims-managed-by", at("monitoring", {"prometheusRule": {"labels": {
+        "app.kubernetes.io/managed-by": "me"}}}), "kvtune's own"),
+    _adm("scrape-label-value-space", at("monitoring", {"scrape": {"labels": {
+        "release": "kube prom"}}}), "monitoring.scrape.labels.release"),
+    _adm("scrape-label-key-leading-dash", at("monitoring", {"scrape": {"labels": {
+        "-team": "a"}}}), "not a label key"),
+    _adm("rule-label-value-64", at("monitoring", {"prometheusRule": {"labels": {
+        "release": "r" * 64}}}), "prometheusRule.labels.release"),
+    _adm("node-selector-value-slash", at("pools.0.nodeSelector", {"zone": "eu/west"}),
+         "nodeSelector.zone"),
+    _adm("node-selector-key-space", at("pools.0.nodeSelector", {"my zone": "a"}),
+         "not a label key"),
     # --- the object's own name -------------------------------------------------------------
     _adm("name-64-chars", _noop, "metadata.name must be at most 63", name="n" * 64),
     _adm("name-200-chars", _noop, "metadata.name must be at most 63", name="n" * 200),
@@ -212,6 +273,11 @@ CASES: list[BadSpec] = [
     BadSpec("typo-max-num-seq", at("tuning.pin", {"maxNumSeq": 8}), "strict", ("maxNumSeq",)),
     BadSpec("typo-context", at("workload.contextToken", {"p50": 5}), "strict",
             ("contextToken",)),
+    # issue 25: the p99 SLO a user believed in (kvtune has p95 targets only)
+    BadSpec("slo-p99-pruned", at("slo", {"ttftP95": "2s", "ttftP99": "4s"}), "strict",
+            ("ttftP99",)),
+    BadSpec("typo-progress-deadline", at("rollout", {"progresDeadline": "10m"}), "strict",
+            ("progresDeadline",)),
     # --- accepted, then Degraded with field, value and fix; the running runtime untouched -
     _deg("batched-tokens-one", at("tuning.pin", {"maxNumBatchedTokens": 1}), "InvalidSpec",
          "spec.tuning.pin.maxNumBatchedTokens=1", "pin at least"),
@@ -247,4 +313,33 @@ CASES: list[BadSpec] = [
     _deg("pod-template-not-a-pod", at("runtime.podTemplate", {"configMapRef": {
         "name": "not-a-pod"}}), "InvalidPodTemplate", "pool h100", "nothing was changed",
          config_maps={"not-a-pod": {"pod.yaml.j2": TEMPLATE_NOT_A_POD}}),
+    # --- issue 25: capacity that can never be met; what a tenant's template may not reach --
+    _deg("replicas-beyond-the-nodes", at("pools.0.replicas", 512), "InvalidSpec",
+         "spec.pools[0].replicas=512", "need 512 H100 GPUs", "have 32 in all",
+         "lower replicas to at most 32"),
+    _deg("replicas-tp-beyond-the-nodes", both(at("pools.0.replicas", 20),
+                                              at("pools.0.tensorParallel", 2)),
+         "InvalidSpec", "spec.pools[0].replicas=20", "tensorParallel=2", "need 40 H100 GPUs",
+         "room for 16"),
+    _deg("template-own-image", at("runtime.podTemplate", {"configMapRef": {
+        "name": "own-image"}}), "InvalidSpec", "image='evil.example/miner:1'",
+         "podPolicy.allowedImages", config_maps={"own-image": {"pod.yaml.j2": TEMPLATE_IMAGE}}),
+    _deg("template-secret-not-named", at("runtime.podTemplate", {"configMapRef": {
+        "name": "mounts-db"}}), "InvalidPodTemplate", "secret='db'",
+         "podPolicy.allowedSecrets", config_maps={"mounts-db": {"pod.yaml.j2": TEMPLATE_SECRET}}),
+    _deg("template-claims-kvtunes-label", at("runtime.podTemplate", {"configMapRef": {
+        "name": "claims-label"}}), "InvalidPodTemplate",
+         "metadata.labels['kvtune.io/deployment']='someone-else' overrides kvtune's own",
+         config_maps={"claims-label": {"pod.yaml.j2": TEMPLATE_LABEL}}),
+    _deg("template-label-value-refused", at("runtime.podTemplate", {"configMapRef": {
+        "name": "bad-label"}}), "InvalidPodTemplate",
+         "metadata.labels['team']='a b': not a label value", "fix the template",
+         config_maps={"bad-label": {"pod.yaml.j2": TEMPLATE_BAD_LABEL}}),
+    # --- accepted at the edge of a bound, and applied as written ---------------------------
+    BadSpec("replicas-exactly-the-nodes", at("pools.0.replicas", 32), "accepted", (),
+            deployment={"replicas": 32}),
+    BadSpec("progress-deadline-a-day", at("rollout", {"progressDeadline": "24h"}),
+            "accepted", (), deployment={"progressDeadlineSeconds": 86400}),
+    BadSpec("progress-deadline-one-second", at("rollout", {"progressDeadline": "1s"}),
+            "accepted", (), deployment={"progressDeadlineSeconds": 1}),
 ]

@@ -28,6 +28,7 @@ from op_cluster_helpers import (
 
 from kvtune.operator import reconcile as rec
 from kvtune.operator.apply import Kube
+from kvtune.operator.dropped_fields import LAST_APPLIED
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 NS = "bad-specs"
@@ -44,16 +45,37 @@ def _body(case: BadSpec, name: str) -> dict[str, Any]:
             "metadata": {"name": case.name or name, "namespace": NS}, "spec": case.spec()}
 
 
-def _create(api: Any, body: dict[str, Any], validation: str) -> Any:
+def _create(api: Any, body: dict[str, Any], validation: str | None) -> Any:
+    """``validation`` None: the client sends no fieldValidation (the API server's default)."""
     return client.CustomObjectsApi(api).create_namespaced_custom_object(
         GROUP, VERSION, NS, PLURAL, body, field_validation=validation,
         _preload_content=False)
 
 
+def _dropped_is_degraded(api: Any, case: BadSpec, name: str) -> None:
+    """As ``kubectl apply --validate=false`` stores it: no fieldValidation sent (Kubernetes
+    1.35 then warns and prunes), the applied object in the last-applied annotation. The
+    reconcile is Degraded/InvalidSpec naming the dropped field, and nothing is applied."""
+    body = _body(case, name)
+    body["metadata"]["annotations"] = {LAST_APPLIED: json.dumps(body)}
+    warned = _create(api, body, None)
+    warning = warned.headers.get("Warning") or ""
+    assert "unknown field" in warning and case.needles[0] in warning, (case.id, warning)
+    stored = get_infd(api, NS, name)
+    assert f'"{case.needles[0]}":' not in json.dumps(stored["spec"]), (case.id, stored)
+    result = rec.reconcile(stored, kube=Kube(api))
+    degraded = condition(get_infd(api, NS, name), "Degraded")
+    assert degraded is not None and degraded["status"] == "True", (case.id, result.status)
+    assert degraded["reason"] == "InvalidSpec", (case.id, degraded)
+    assert case.needles[0] in degraded["message"] and "dropped" in degraded["message"], degraded
+    with pytest.raises(ApiException):
+        client.AppsV1Api(api).read_namespaced_deployment(f"{name}-h100", NS)
+
+
 def test_the_corpus_is_large_and_named_once() -> None:
     assert len(CASES) >= 80
     assert len({c.id for c in CASES}) == len(CASES)
-    assert {c.expect for c in CASES} == {"admission", "strict", "degraded"}
+    assert {c.expect for c in CASES} == {"admission", "strict", "degraded", "accepted"}
 
 
 def test_every_bad_spec_is_refused_or_degraded_and_nothing_running_changes(
@@ -85,6 +107,7 @@ def test_every_bad_spec_is_refused_or_degraded_and_nothing_running_changes(
         warning = warned.headers.get("Warning") or ""
         assert "unknown field" in warning and case.needles[0] in warning, (case.id, warning)
         custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, f"typo-{i}")
+        _dropped_is_degraded(cluster_api, case, f"dropped-{i}")
         outcomes[case.id] = "refused when strict"
 
     # A runtime running a good plan; each Degraded case is an edit of it.
@@ -118,6 +141,22 @@ def test_every_bad_spec_is_refused_or_degraded_and_nothing_running_changes(
         assert running.metadata.generation == generation, case.id
         assert running.metadata.annotations["kvtune.io/plan-hash"] == plan_hash, case.id
         outcomes[case.id] = f"Degraded/{case.reason}"
+
+    # Accepted at the edge of a bound: applied as written, not Degraded.
+    for case in (c for c in CASES if c.expect == "accepted"):
+        obj = get_infd(cluster_api, NS, RUNNING)
+        obj["spec"] = case.spec()
+        custom.replace_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, RUNNING, obj,
+                                                field_validation="Strict")
+        result = rec.reconcile(get_infd(cluster_api, NS, RUNNING), kube=kube)
+        assert result.permanent_error is None, (case.id, result.permanent_error)
+        degraded = condition(get_infd(cluster_api, NS, RUNNING), "Degraded")
+        assert degraded is None or degraded["status"] == "False", (case.id, degraded)
+        running = apps.read_namespaced_deployment(f"{RUNNING}-h100", NS).to_dict()["spec"]
+        for key, value in case.deployment.items():
+            got = running[{"progressDeadlineSeconds": "progress_deadline_seconds"}.get(key, key)]
+            assert got == value, (case.id, key, got)
+        outcomes[case.id] = "accepted"
 
     assert set(outcomes) == {c.id for c in CASES}
     counts: dict[str, int] = {}

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from op_samples import make_pool_plan
 
-from kvtune.operator import calibration, pod_policy
+from kvtune.operator import calibration, pod_policy, tenant_reach
 from kvtune.operator.render import RenderInput, render_pool
 from kvtune.tuner.kv_quality import KVDtypeMeasurement, KVQualityEvidence
 from kvtune.tuner.plan import CandidateVerdict, Reason
@@ -41,12 +41,21 @@ spec:
 """
 
 
+@pytest.fixture(autouse=True)
+def _tenant_reach(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The template's log-shipper sidecar is an image the chart allows
+    (podPolicy.allowedImages), and its hf-token is named in the spec and checked at
+    admission (operator/tenant_reach.py)."""
+    monkeypatch.setattr(tenant_reach.CONFIG, "images", ("vllm/vllm-openai:*", "busybox"))
+    monkeypatch.setattr(tenant_reach.CONFIG, "secrets_checked_at_admission", True)
+
+
 def _deployment(entrypoint: str = "kvtune", template: str | None = TEMPLATE) -> dict[str, Any]:
     objects = render_pool(RenderInput(
         name="chat", namespace="llm", pool="h200", pool_plan=make_pool_plan(),
         model_name="/models/llama-3.1-8b",
         image="vllm/vllm-openai:v0.33.0", replicas=2, revision=1, affinity=AFFINITY,
-        pod_template=template, entrypoint=entrypoint,
+        pod_template=template, entrypoint=entrypoint, secrets=("hf-token",),
         tolerations=[{"key": "dedicated", "operator": "Equal", "value": "llm",
                       "effect": "NoSchedule"}]))
     return next(o for o in objects if o["kind"] == "Deployment")
@@ -324,3 +333,36 @@ def test_a_narrower_dtype_that_cannot_be_measured_here_is_unverified_not_not_nee
     assert not maybe_start(None, body, spec, wide, make_pool_plan(kv_cache_dtype="auto"),  # type: ignore[arg-type]
                            plain, pool_name="h200")
     assert wide.status().phase == "NotNeeded"
+
+
+def test_a_calibration_image_off_the_allow_list_is_not_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """spec.quality.calibration.image is a tenant's image the operator would run as a Job
+    (issue 25 item 3): off the chart's podPolicy.allowedImages it is not started; the dtype
+    stays unverified (the wider one planned) and status.kvQuality names the field, the value
+    and the fix. On the list, the Job is rendered as before."""
+    monkeypatch.delenv(calibration.DEFAULT_IMAGE_ENV, raising=False)
+    from op_samples import SAMPLE_SPEC
+
+    from kvtune.operator.api import InferenceDeploymentSpec, QualitySpec
+    from kvtune.operator.calibration_flow import Gate, maybe_start
+
+    spec = InferenceDeploymentSpec.model_validate(SAMPLE_SPEC)
+    body = {"metadata": {"name": "chat", "namespace": "llm", "uid": "u1"}}
+    plain = _deployment(entrypoint="vllm", template=None)
+    gate = Gate(model="m", revision="r", config_map="kvtune-kvq-x", quality=QualitySpec(
+        calibration={"image": "evil.example/miner:1"}))  # type: ignore[arg-type]
+    assert maybe_start(None, body, spec, gate, make_pool_plan(), plain,  # type: ignore[arg-type]
+                       pool_name="h200")
+    status = gate.status()
+    assert status.phase == "Unverified" and status.unverified_cause == "ImageNotAllowed"
+    assert "spec.quality.calibration.image='evil.example/miner:1' is not an allowed image" \
+        in status.message and "podPolicy.allowedImages" in status.message, status.message
+    monkeypatch.setattr(tenant_reach.CONFIG, "images", ("evil.example/*",))
+    allowed = Gate(model="m", revision="r", config_map="kvtune-kvq-x", quality=QualitySpec(
+        calibration={"image": "evil.example/miner:1"}))  # type: ignore[arg-type]
+    with pytest.raises(AttributeError):  # past the check: it applies the Job (kube is None)
+        maybe_start(None, body, spec, allowed, make_pool_plan(), plain,  # type: ignore[arg-type]
+                    pool_name="h200")
+

@@ -4,6 +4,7 @@ pod the chart's pod policy refuses; either way, the error names what was refused
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import re
 import signal
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from kvtune.operator import pod_policy, template_sandbox
+from kvtune.operator import pod_policy, template_sandbox, tenant_reach
 from kvtune.operator.render import RenderError, RenderInput, render_pool
 from kvtune.tuner.plan import PoolPlan
 
@@ -135,7 +136,10 @@ def test_a_secret_the_chart_allows_may_be_referenced(pool_plan: PoolPlan,
     with pytest.raises(RenderError, match=r"secretKeyRef=.*\(allowed: none\)"):
         render_pool(_input(pool_plan, template))
     monkeypatch.setattr(pod_policy.CONFIG, "secrets", ("hf-token",))
-    render_pool(_input(pool_plan, template))
+    # The spec must also name it, and the API server have checked its writer may read it
+    # (operator/tenant_reach.py, issue 25): both tested in test_op_tenant_reach.py.
+    monkeypatch.setattr(tenant_reach.CONFIG, "secrets_checked_at_admission", True)
+    render_pool(dataclasses.replace(_input(pool_plan, template), secrets=("hf-token",)))
     with pytest.raises(RenderError, match=r"envFrom\[0\]\.secretRef=.*allowed: hf-token"):
         render_pool(_input(pool_plan, _with(container_line="envFrom: [{secretRef: {name: db}}]")))
 
