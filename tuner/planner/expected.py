@@ -29,7 +29,7 @@ def figures(run: PlanRun, plan: KVPlan, score: CandidateScore | None) -> Expecte
         batched, plan.max_model_len,
     )
     step = decode.decode_step_seconds(
-        run.model, run.gpu, run.tp, run.weights_bytes, plan.max_num_seqs, per_seq
+        run.model, run.gpu, run.tp, run.weights_bytes, plan.max_num_seqs, per_seq, run.layout
     )
     return ExpectedFigures(
         kv_bytes_per_token=kv_bytes_per_token(

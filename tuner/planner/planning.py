@@ -141,6 +141,8 @@ def plan_pool(request: PlanRequest, scorer: CandidateScorer | None = None) -> Po
         expected=expected.figures(run, plan, chosen_score),
         reasons=tuple(run.reasons),
         warnings=tuple(run.warnings),
+        # TP alone keeps the plan's shape of before layouts (no layout key).
+        layout=run.layout if run.layout.gpus > run.tp or run.layout.expert_parallel else None,
     )
 
 

@@ -66,8 +66,9 @@ class PlanRun:
             self.gpu.name, self.model_dtype, sinks=self.model.attention_sinks)
         self.warnings += validation.validate(
             request, self.runtime, self.backends, self.attention, self.weights)
+        self.layout = request.layout
         self.weights_bytes = weights_bytes_per_gpu(
-            self.model, request.weights_dtype, self.tp
+            self.model, request.weights_dtype, self.tp, data_parallel=self.layout.data_parallel
         )
         self.p95_session = session_tokens(request.profile, "p95")
         # vLLM's profiling run sizes the sampler for max-num-seqs sequences: until that is
@@ -98,6 +99,7 @@ class PlanRun:
         non_kv = budget.non_kv_bytes(
             self.model, self.weights_bytes, self.tp, batched_tokens, max_num_seqs,
             vllm_version=self.req.vllm_version, gpu=self.gpu, model_dtype=self.model_dtype,
+            communicating_ranks=self.layout.gpus,
         )
         if self.pins.kv_cache_memory_bytes is not None:
             kv_budget = self.pins.kv_cache_memory_bytes

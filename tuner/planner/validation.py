@@ -53,6 +53,11 @@ def validate(
             "Try " + (", ".join(str(t) for t in (1, 2, 4, 8) if tensor_parallel_ok(model, t))
                       or "a checkpoint with other head counts"),
         )
+    if req.expert_parallel and model.moe is None:
+        raise InvalidInput(
+            "expert_parallel", True,
+            f"{model.hf_id} is dense (no experts to split); drop expert parallel (--ep) or "
+            "plan a mixture-of-experts model")
     bits = weights.bits
     if bits == 8 and not gpu.supports_fp8 and weights.weights_dtype == "fp8":
         warnings.append(

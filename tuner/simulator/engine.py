@@ -60,7 +60,8 @@ def step_cost_for(request: planning.PlanRequest, kv_cache_dtype: str) -> StepCos
         pair_flops = 4.0 * model.num_hidden_layers * heads_per_gpu * model.head_dim
     eff = efficiency_for(gpu.name)
     return StepCostModel(
-        weights_bytes=weights_bytes_per_gpu(model, request.weights_dtype, tp),
+        weights_bytes=weights_bytes_per_gpu(model, request.weights_dtype, tp,
+                                            data_parallel=request.data_parallel),
         kv_bytes_per_token=kv_bytes_per_token(
             model, kv_cache_dtype, tp,
             model_dtype=weights_load(model, request.weights_dtype).served_dtype),
