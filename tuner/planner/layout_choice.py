@@ -121,13 +121,14 @@ def choose_layout(
             continue
         planned.append((layout, pool, None, objective(pool, layout)))
     options = [_option(request, *row) for row in planned]
-    fitting = [i for i, (_, pool, _, _) in enumerate(planned) if pool is not None]
+    fitting = [i for i, row in enumerate(planned) if row[1] is not None]
     if not fitting:
         raise _nothing_fits(request, gpus, options)
     best = max(fitting, key=lambda i: (options[i].score, options[i].kv_cache_tokens_per_replica,
                                        -options[i].kv_copies))
-    layout, pool, _, _ = planned[best]
-    assert pool is not None
+    layout, chosen, _, _ = planned[best]
+    assert chosen is not None
+    pool = chosen
     options[best] = options[best].model_copy(update={"chosen": True})
     return pool.model_copy(update={
         "layout": layout, "layouts_considered": tuple(options),
