@@ -91,6 +91,7 @@ def print_layouts(console: Any, pool: PoolPlan) -> None:
         table.add_row(
             name, str(o.kv_copies), f"{o.weights_bytes_per_gpu / GiB:.1f} GiB",
             f"{o.kv_cache_tokens_per_gpu:,}", f"{o.kv_cache_tokens_per_replica:,}",
-            f"{o.concurrent_sequences_per_replica:,}", f"{o.score:g}",
+            f"{o.concurrent_sequences_per_replica:,}",
+            f"{o.score:.2f}" if by_goodput else f"{o.score:g}",
             "-" if o.decode_step_seconds is None else f"{o.decode_step_seconds * 1000:.1f} ms")
     console.print(table)

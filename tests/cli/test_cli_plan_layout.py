@@ -134,3 +134,21 @@ def test_layout_flags_parse_in_vllms_own_parser_into_its_parallel_config(
                             enable_expert_parallel=bool(ns.enable_expert_parallel))
     # One engine's workers are TP (x PP); the replica's GPUs are that times DP.
     assert config.world_size * config.data_parallel_size == 8
+
+
+@pytest.mark.slow
+def test_with_a_rate_the_goodput_search_runs_per_layout_and_ranks_them() -> None:
+    """Each layout's engine is searched on its DP share of the rate; the replica's goodput
+    (engine's x DP) picks the layout."""
+    doc = plan_json("plan", "-m", "deepseek-ai/DeepSeek-V2-Lite", "-g", "H100",
+                    "--gpus-per-replica", "2", "--request-rate", "4")
+    assert doc["search"] is not None
+    rows = doc["layouts_considered"]
+    assert [r["label"] for r in rows] == ["TP2", "DP2+EP"]
+    chosen = next(r for r in rows if r["chosen"])
+    assert chosen["label"] == doc["layout"]["label"]
+    assert chosen["score"] == max(r["score"] for r in rows) > 0
+    assert "goodput req/s per replica" in doc["reasons"][0]["message"]
+    dp = doc["layout"]["data_parallel"]
+    assert chosen["score"] == pytest.approx(
+        doc["search"]["goodput_requests_per_second"] * dp, abs=1e-3)

@@ -141,14 +141,18 @@ def _reason(layout: ParallelLayout, options: list[LayoutOption], best: int, gpus
             *, pinned: bool, by_goodput: bool) -> Reason:
     o = options[best]
     what = "goodput req/s" if by_goodput else "sequences at once within the TPOT target"
+
+    def figure(x: LayoutOption) -> str:
+        return f"{x.score:.2f} {what}" if by_goodput else f"{x.score:g} {what}"
+
     others = "; ".join(
         f"{x.layout.label}: " + (x.refused[:80] if x.refused else
-                                 f"{x.score:g} {what}, {x.kv_cache_tokens_per_replica:,} KV tokens")
+                                 f"{figure(x)}, {x.kv_cache_tokens_per_replica:,} KV tokens")
         for i, x in enumerate(options) if i != best)
     copies = f", each token's KV on {o.kv_copies} ranks" if o.kv_copies > 1 else ""
     return Reason(
         knob=LAYOUT, choice=layout.label, code=PINNED if pinned else CHOSEN,
-        message=(f"{layout.label} of {gpus} GPUs: {o.score:g} {what} per replica, "
+        message=(f"{layout.label} of {gpus} GPUs: {figure(o)} per replica, "
                  f"{o.kv_cache_tokens_per_replica:,} KV tokens per replica "
                  f"({layout.data_parallel} engine(s) x {o.kv_cache_tokens_per_gpu:,}{copies})"
                  + (f"; also weighed {others}" if others else "")))
