@@ -70,6 +70,7 @@ PLAN_FIELD_OPTIONS: dict[str, str] = {
     "tensor_parallel": "--tp",
     "data_parallel": "--dp",
     "expert_parallel": "--ep",
+    "decode_context_parallel": "--dcp",
     "gpus_per_replica": "--gpus-per-replica",
     "policy.min_max_model_len_tokens": "--min-max-model-len",
 }

@@ -1,8 +1,8 @@
-"""`kvtune plan --gpus-per-replica N`: the parallel layout (TP x DP, +EP) as a planned
+"""`kvtune plan --gpus-per-replica N`: the parallel layout (TP x DP, +EP, +DCP) as a planned
 decision (``kvtune.tuner.planner.layout_choice``), its options and how the plan shows it.
 
 ``--gpus-per-replica`` alone: every layout of N GPUs is planned and the best kept; ``--tp``,
-``--dp`` and ``--ep/--no-ep`` pin parts of it. ``--dp`` or ``--ep`` without
+``--dp``, ``--ep/--no-ep`` and ``--dcp`` pin parts of it. ``--dp``, ``--ep`` or ``--dcp`` without
 ``--gpus-per-replica`` pins the whole layout (TP x DP GPUs). Without any of them, the plan is
 TP alone, as before.
 """
@@ -34,6 +34,10 @@ def layout_options(command: F) -> F:
                      "--data-parallel-size): each is an engine with its own KV cache."),
         click.option("--ep/--no-ep", "ep", default=None,
                      help="Expert parallel for MoE layers (vLLM --enable-expert-parallel)."),
+        click.option("--dcp", "--decode-context-parallel", "dcp", type=click.IntRange(min=1),
+                     help="Decode context parallel (MLA models; vLLM "
+                     "--decode-context-parallel-size): each sequence's tokens split among this "
+                     "many TP ranks. Pinned only, never chosen."),
     )):
         command = option(command)
     return command
@@ -41,7 +45,7 @@ def layout_options(command: F) -> F:
 
 def wants_layout(opts: dict[str, Any]) -> bool:
     return (opts["gpus_per_replica"] is not None or opts["dp"] is not None
-            or opts["ep"] is not None)
+            or opts["ep"] is not None or opts["dcp"] is not None)
 
 
 def plan_with_layout(request: PlanRequest, opts: dict[str, Any], plan_fn: PlanFn,
@@ -49,7 +53,8 @@ def plan_with_layout(request: PlanRequest, opts: dict[str, Any], plan_fn: PlanFn
     """The layout chosen (or pinned) for the request, planned with ``plan_fn``."""
     tp = opts["tp"] if tp_given or opts["gpus_per_replica"] is None else None
     gpus = opts["gpus_per_replica"] or opts["tp"] * (opts["dp"] or 1)
-    return choose_layout(request, gpus, plan_fn, tp=tp, dp=opts["dp"], ep=opts["ep"])
+    return choose_layout(request, gpus, plan_fn, tp=tp, dp=opts["dp"], ep=opts["ep"],
+                         dcp=opts["dcp"] or 1)
 
 
 def request_for(pool: PoolPlan, request: PlanRequest) -> PlanRequest:
@@ -59,7 +64,8 @@ def request_for(pool: PoolPlan, request: PlanRequest) -> PlanRequest:
     return request.model_copy(update={
         "tensor_parallel": pool.layout.tensor_parallel,
         "data_parallel": pool.layout.data_parallel,
-        "expert_parallel": pool.layout.expert_parallel})
+        "expert_parallel": pool.layout.expert_parallel,
+        "decode_context_parallel": pool.layout.decode_context_parallel})
 
 
 def layout_rows(pool: PoolPlan) -> list[dict[str, Any]]:
@@ -78,7 +84,7 @@ def print_layouts(console: Any, pool: PoolPlan) -> None:
     by_goodput = pool.search is not None
     table = Table(title=f"Layouts of {gpus} {pool.gpu_class} GPUs per replica "
                   "(KV per replica: every DP rank is an engine with its own cache)")
-    for col in ("layout", "KV copies", "weights/GPU", "KV tokens/GPU", "KV tokens/replica",
+    for col in ("layout", "KV copies", "weights/GPU", "KV tokens/engine", "KV tokens/replica",
                 "seqs/replica", "goodput req/s" if by_goodput else "seqs in TPOT",
                 "decode step"):
         table.add_column(col, justify="left" if col == "layout" else "right")
@@ -90,7 +96,7 @@ def print_layouts(console: Any, pool: PoolPlan) -> None:
             continue
         table.add_row(
             name, str(o.kv_copies), f"{o.weights_bytes_per_gpu / GiB:.1f} GiB",
-            f"{o.kv_cache_tokens_per_gpu:,}", f"{o.kv_cache_tokens_per_replica:,}",
+            f"{o.kv_cache_tokens_per_engine:,}", f"{o.kv_cache_tokens_per_replica:,}",
             f"{o.concurrent_sequences_per_replica:,}",
             f"{o.score:.2f}" if by_goodput else f"{o.score:g}",
             "-" if o.decode_step_seconds is None else f"{o.decode_step_seconds * 1000:.1f} ms")

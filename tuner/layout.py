@@ -1,5 +1,6 @@
 """The parallel layout of one replica: tensor parallel (TP) x data-parallel attention (DP),
-with or without expert parallelism (EP) for MoE models, as vLLM 0.33 runs it.
+with or without expert parallelism (EP) for MoE models, and decode context parallel (DCP:
+each sequence's tokens split among the TP ranks), as vLLM 0.33 runs it.
 
 A replica of ``tensor_parallel * data_parallel`` GPUs runs ``data_parallel`` engines (one per
 DP rank, each with its own scheduler, KV cache and sequences), each over ``tensor_parallel``
@@ -21,6 +22,7 @@ from kvtune.tuner.knobs import TENSOR_PARALLEL_FLAG
 # vLLM 0.33's spellings (vllm/engine/arg_utils.py, the ParallelConfig group).
 DATA_PARALLEL_FLAG = "--data-parallel-size"
 EXPERT_PARALLEL_FLAG = "--enable-expert-parallel"
+DECODE_CONTEXT_PARALLEL_FLAG = "--decode-context-parallel-size"
 
 
 class ParallelLayout(BaseModel):
@@ -31,6 +33,9 @@ class ParallelLayout(BaseModel):
     tensor_parallel: int = Field(default=1, gt=0)
     data_parallel: int = Field(default=1, gt=0)
     expert_parallel: bool = False
+    # Decode context parallel: the TP ranks split each sequence's tokens among DCP groups
+    # (vLLM: tp % dcp == 0, DCP reuses the TP ranks); 1: off.
+    decode_context_parallel: int = Field(default=1, gt=0)
 
     @property
     def gpus(self) -> int:
@@ -50,7 +55,8 @@ class ParallelLayout(BaseModel):
             parts.append(f"TP{self.tensor_parallel}")
         if self.data_parallel > 1:
             parts.append(f"DP{self.data_parallel}")
-        return "x".join(parts) + ("+EP" if self.expert_parallel else "")
+        dcp = f"+DCP{self.decode_context_parallel}" if self.decode_context_parallel > 1 else ""
+        return "x".join(parts) + ("+EP" if self.expert_parallel else "") + dcp
 
     def vllm_args(self) -> list[str]:
         """The layout's ``vllm serve`` flags: TP always (kvtune's lines always carry it), DP and
@@ -60,4 +66,6 @@ class ParallelLayout(BaseModel):
             args.append(f"{DATA_PARALLEL_FLAG}={self.data_parallel}")
         if self.expert_parallel:
             args.append(EXPERT_PARALLEL_FLAG)
+        if self.decode_context_parallel > 1:
+            args.append(f"{DECODE_CONTEXT_PARALLEL_FLAG}={self.decode_context_parallel}")
         return args

@@ -219,7 +219,8 @@ class LayoutOption(BaseModel):
     # kv_tp_replicas).
     kv_copies: int
     weights_bytes_per_gpu: int
-    kv_cache_tokens_per_gpu: int = 0
+    # Tokens one engine (DP rank) holds: blocks per GPU x block size (x DCP).
+    kv_cache_tokens_per_engine: int = 0
     # Tokens the replica holds: its engines' (DP ranks') caches together.
     kv_cache_tokens_per_replica: int = 0
     concurrent_sequences_per_replica: int = 0

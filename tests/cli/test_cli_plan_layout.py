@@ -29,8 +29,8 @@ def plan_json(*args: str) -> dict[str, Any]:
 
 def test_deepseek_v3_on_8_h200_chooses_dp8_ep_and_lists_the_layouts() -> None:
     doc = plan_json(*DSV3, "-g", "H200", "--gpus-per-replica", "8")
-    assert doc["layout"] == {"tensor_parallel": 1, "data_parallel": 8,
-                             "expert_parallel": True, "label": "DP8+EP"}
+    assert doc["layout"] == {"tensor_parallel": 1, "data_parallel": 8, "expert_parallel": True,
+                             "decode_context_parallel": 1, "label": "DP8+EP"}
     assert doc["vllm_args"][:3] == [
         "--tensor-parallel-size=1", "--data-parallel-size=8", "--enable-expert-parallel"]
     rows = {r["label"]: r for r in doc["layouts_considered"]}
@@ -80,6 +80,7 @@ def test_tp_dp_ep_pin_the_layout() -> None:
     (["-m", "meta-llama/Llama-3.3-70B-Instruct", "--ep", "--dp", "2"], "--ep=True"),
     (["-m", "deepseek-ai/DeepSeek-V3", "--gpus-per-replica", "8", "--tp", "3"], "--tp=3"),
     (["-m", "deepseek-ai/DeepSeek-V3", "--gpus-per-replica", "8", "--dp", "3"], "--dp=3"),
+    (["-m", "meta-llama/Llama-3.3-70B-Instruct", "--tp", "8", "--dcp", "2"], "--dcp=2"),
 ])
 def test_impossible_layout_pins_fail_in_one_line_naming_the_option(
         args: list[str], expect: str) -> None:
@@ -98,7 +99,9 @@ def test_without_layout_options_the_plan_is_tp_alone_as_before() -> None:
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("extra", [["--gpus-per-replica", "8"], ["--tp", "2", "--dp", "4"],
-                                   ["--tp", "4", "--dp", "2", "--no-ep"]])
+                                   ["--tp", "4", "--dp", "2", "--no-ep"],
+                                   ["--tp", "8", "--dcp", "8"],
+                                   ["--gpus-per-replica", "8", "--dcp", "2"]])
 def test_layout_flags_parse_in_vllms_own_parser_into_its_parallel_config(
         extra: list[str]) -> None:
     """The rendered layout flags, parsed by a ``FlexibleArgumentParser`` holding vLLM 0.33's
@@ -113,13 +116,16 @@ def test_layout_flags_parse_in_vllms_own_parser_into_its_parallel_config(
 
     doc = plan_json(*DSV3, "-g", "H200", *extra)
     layout_args = [a for a in doc["vllm_args"] if a.split("=", 1)[0] in (
-        "--tensor-parallel-size", "--data-parallel-size", "--enable-expert-parallel")]
+        "--tensor-parallel-size", "--data-parallel-size", "--enable-expert-parallel",
+        "--decode-context-parallel-size")]
     source = (Path(vllm.__file__).parent / "engine" / "arg_utils.py").read_text()
     kwargs = get_kwargs(ParallelConfig)
     parser = FlexibleArgumentParser()
     for flags, field in ((("--tensor-parallel-size", "-tp"), "tensor_parallel_size"),
                          (("--data-parallel-size", "-dp"), "data_parallel_size"),
-                         (("--enable-expert-parallel", "-ep"), "enable_expert_parallel")):
+                         (("--enable-expert-parallel", "-ep"), "enable_expert_parallel"),
+                         (("--decode-context-parallel-size", "-dcp"),
+                          "decode_context_parallel_size")):
         # EngineArgs.add_cli_args: parallel_group.add_argument("--flag", "-x",
         #                                                      **parallel_kwargs["field"])
         assert re.search(r'add_argument\(\s*"' + flags[0] + r'",\s*"' + flags[1]
@@ -127,11 +133,15 @@ def test_layout_flags_parse_in_vllms_own_parser_into_its_parallel_config(
         parser.add_argument(*flags, **kwargs[field])
     ns = parser.parse_args(layout_args)
     layout = doc["layout"]
-    assert (ns.tensor_parallel_size, ns.data_parallel_size, bool(ns.enable_expert_parallel)) == (
-        layout["tensor_parallel"], layout["data_parallel"], layout["expert_parallel"])
+    assert (ns.tensor_parallel_size, ns.data_parallel_size, bool(ns.enable_expert_parallel),
+            ns.decode_context_parallel_size) == (
+        layout["tensor_parallel"], layout["data_parallel"], layout["expert_parallel"],
+        layout["decode_context_parallel"])
+    # ParallelConfig's own checks (tp % dcp == 0 among them) pass.
     config = ParallelConfig(tensor_parallel_size=ns.tensor_parallel_size,
                             data_parallel_size=ns.data_parallel_size,
-                            enable_expert_parallel=bool(ns.enable_expert_parallel))
+                            enable_expert_parallel=bool(ns.enable_expert_parallel),
+                            decode_context_parallel_size=ns.decode_context_parallel_size)
     # One engine's workers are TP (x PP); the replica's GPUs are that times DP.
     assert config.world_size * config.data_parallel_size == 8
 

@@ -11,8 +11,11 @@ Per layout, vLLM is given what one engine (one DP rank) gives it at start:
   (the KV layout resolved for FlashMLA, the backend kvtune plans for fp8 MLA on Hopper).
 
 Checked: vLLM's num_blocks per worker is kvtune's num_gpu_blocks; vLLM's ``kv_tp_replicas``
-(TP ranks holding the same KV) is kvtune's ``kv_copies``; and the replica's tokens kvtune
-reports are DP engines x vLLM's blocks x block size (each DP rank is its own engine).
+(TP ranks holding the same KV) is kvtune's ``kv_copies``; one engine's tokens are vLLM's
+blocks x its scheduler block (``resolve_dcp_kv_block_size``: block_size x DCP); and the
+replica's tokens kvtune reports are DP engines x that (each DP rank is its own engine).
+Decode context parallel is checked at TP8+DCP8 (vLLM's kv_tp_replicas says 1 whenever DCP is
+on; with DCP < TP the copies are TP/DCP, which vLLM does not report).
 """
 
 from __future__ import annotations
@@ -78,22 +81,25 @@ def _vllm_engine_configs(layout: ParallelLayout, pool: PoolPlan, budget: int) ->
         parallel_config=ParallelConfig(
             tensor_parallel_size=layout.tensor_parallel,
             data_parallel_size=layout.data_parallel,
-            enable_expert_parallel=layout.expert_parallel),
+            enable_expert_parallel=layout.expert_parallel,
+            decode_context_parallel_size=layout.decode_context_parallel),
         scheduler_config=SchedulerConfig(
             max_num_seqs=p.max_num_seqs, max_num_batched_tokens=p.max_num_batched_tokens,
             max_model_len=p.max_model_len, enable_chunked_prefill=True,
             is_encoder_decoder=False))
+    import torch
+
+    # Only what the KV planning reads of the model config (DeepseekV3ForCausalLM does not
+    # group its own KV cache: that is DeepSeek V4's SupportsKVCacheGrouping).
+    vllm_config.model_config = SimpleNamespace(  # type: ignore[assignment]
+        original_max_model_len=p.max_model_len, max_model_len=p.max_model_len,
+        supports_kv_cache_grouping=False, dtype=torch.bfloat16)
     stand_in = SimpleNamespace(
         kv_cache_dtype=p.kv_cache_dtype, head_size=cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"],
         sliding_window=None, topk_buffer_width=None, indexer=None,
         non_causal_multi_token_decode=False)
     spec = MLAAttention.get_kv_cache_spec(stand_in, vllm_config)  # type: ignore[arg-type]
     specs = {f"model.layers.{i}.self_attn.attn": spec for i in range(cfg["num_hidden_layers"])}
-    # Only what the KV planning reads of the model config (DeepseekV3ForCausalLM does not
-    # group its own KV cache: that is DeepSeek V4's SupportsKVCacheGrouping).
-    vllm_config.model_config = SimpleNamespace(  # type: ignore[assignment]
-        original_max_model_len=p.max_model_len, max_model_len=p.max_model_len,
-        supports_kv_cache_grouping=False)
     names = [x.name for x in get_supported_kv_cache_layouts([FlashMLABackend])]
     resolve_kv_cache_layout(vllm_config, [names], specs.values())
     workers = [specs] * layout.tensor_parallel
@@ -119,13 +125,17 @@ def planned() -> dict[str, tuple[PlanRequest, PoolPlan]]:
                 "data_parallel": layout.data_parallel,
                 "expert_parallel": layout.expert_parallel})
             out[f"{gpu} {layout.label}"] = (req, plan_pool(req))
-            assert option.kv_cache_tokens_per_gpu == out[f"{gpu} {layout.label}"][
+            assert option.kv_cache_tokens_per_engine == out[f"{gpu} {layout.label}"][
                 1].expected.kv_cache_tokens
+    # Decode context parallel, pinned: each latent on one rank of eight.
+    request = PlanRequest(model=model, gpu=get_gpu_class("H200"), tensor_parallel=8,
+                          decode_context_parallel=8, profile=preset_profile("chat"))
+    out["H200 TP8+DCP8"] = (request, plan_pool(request))
     return out
 
 
 CASES = ["H200 TP8", "H200 TP4xDP2+EP", "H200 DP8+EP", "H100 TP16", "H100 TP8xDP2+EP",
-         "H100 DP16+EP"]
+         "H100 DP16+EP", "H200 TP8+DCP8"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -137,7 +147,14 @@ def test_kv_capacity_per_layout_is_vllms(vllm: object, planned: dict[str, Any],
     assert len(configs) == layout.tensor_parallel
     assert {c.num_blocks for c in configs} == {pool.expected.num_gpu_blocks}
     assert {c.kv_tp_replicas for c in configs} == {kv_copies(request.model, layout)}
-    engine_tokens = configs[0].num_blocks * pool.plan.block_size
+    from vllm.v1.core.kv_cache_utils import resolve_dcp_kv_block_size
+
+    # The scheduler's block: block_size tokens on each DCP rank.
+    scheduler_block = resolve_dcp_kv_block_size(
+        configs[0].kv_cache_groups[0].kv_cache_spec, layout.decode_context_parallel)
+    assert scheduler_block == pool.plan.block_size * layout.decode_context_parallel
+    engine_tokens = configs[0].num_blocks * scheduler_block
+    assert pool.expected.kv_cache_tokens == engine_tokens
     assert replica_kv_tokens(layout, pool.expected.num_gpu_blocks, pool.plan.block_size) == (
         layout.data_parallel * engine_tokens)
 

@@ -11,6 +11,9 @@ them out (``tuner/layout.py`` names the layout).
   per token that every TP rank holds in full (``num_kv_heads=1, max_tp_shards=1`` in
   ``MLAAttention.get_kv_cache_spec``; vLLM's ``kv_tp_replicas`` = TP). So TP8 holds one eighth
   of the tokens DP8 does at the same bytes per GPU.
+- Decode context parallel (MLA): each TP rank of a DCP group holds 1/DCP of a sequence's
+  tokens; a scheduler block is ``block_size * dcp`` tokens, so an engine holds DCP times the
+  tokens at the same blocks per GPU.
 - Weights: ``weights.weights_bytes_per_gpu(..., data_parallel=)``.
 
 Worked example, DeepSeek-V3 (61 MLA layers, 576-element fp8 latent: 35,136 bytes per token) on
@@ -31,15 +34,18 @@ def kv_copies(model: ModelArchitecture, layout: ParallelLayout) -> int:
     exceeds the KV heads."""
     tp = layout.tensor_parallel
     if model.is_mla:
-        return tp
+        # DCP splits the tokens among DCP ranks: tp / dcp copies of each (vLLM's
+        # kv_tp_replicas says 1 whenever DCP is on).
+        return tp // layout.decode_context_parallel
     return max(1, tp // max(1, model.num_kv_heads))
 
 
-def engine_kv_tokens(num_gpu_blocks: int, block_size: int) -> int:
-    """Tokens one engine (DP rank) holds: every TP rank has the same blocks."""
-    return max(0, num_gpu_blocks) * block_size
+def engine_kv_tokens(layout: ParallelLayout, num_gpu_blocks: int, block_size: int) -> int:
+    """Tokens one engine (DP rank) holds: every TP rank has the same blocks; under DCP a
+    scheduler block is ``block_size * dcp`` tokens (``resolve_dcp_kv_block_size``)."""
+    return max(0, num_gpu_blocks) * block_size * layout.decode_context_parallel
 
 
 def replica_kv_tokens(layout: ParallelLayout, num_gpu_blocks: int, block_size: int) -> int:
     """Tokens a replica holds: its DP ranks' caches are separate, so they add up."""
-    return layout.data_parallel * engine_kv_tokens(num_gpu_blocks, block_size)
+    return layout.data_parallel * engine_kv_tokens(layout, num_gpu_blocks, block_size)

@@ -87,8 +87,10 @@ def communication_seconds(
         return 0.0
     if moe_layers == 0 or (layout.data_parallel == 1 and not layout.expert_parallel):
         # TP alone: two all-reduces per layer (measured, step_kernels.json).
-        return 2 * layers * _all_reduce(gpu, tp, activation) if tp > 1 else 0.0
+        return ((2 * layers * _all_reduce(gpu, tp, activation) if tp > 1 else 0.0)
+                + _dcp_seconds(model, gpu, layout, activation))
     seconds = layers * _all_reduce(gpu, tp, activation) if tp > 1 else 0.0
+    seconds += _dcp_seconds(model, gpu, layout, activation)
     # Dense-MLP layers (DeepSeek's first three) all-reduce among the TP ranks.
     if tp > 1:
         seconds += (layers - moe_layers) * _all_reduce(gpu, tp, activation)
@@ -98,6 +100,17 @@ def communication_seconds(
         # Dispatch and combine: two all-to-alls, each an all-reduce of half the bytes.
         return seconds + moe_layers * 2 * _all_reduce(gpu, layout.gpus, routed / 2)
     return seconds + moe_layers * _all_reduce(gpu, layout.gpus, activation * layout.data_parallel)
+
+
+def _dcp_seconds(model: ModelArchitecture, gpu: GPUClass, layout: ParallelLayout,
+                 activation_bytes: float) -> float:
+    """Decode context parallel: per layer the DCP ranks gather the queries and reduce the
+    partial attention outputs (vLLM's ag_rs backend), charged as one all-reduce of the
+    batch's activations among them."""
+    dcp = layout.decode_context_parallel
+    if dcp == 1:
+        return 0.0
+    return model.num_hidden_layers * _all_reduce(gpu, dcp, activation_bytes)
 
 
 def decode_step_seconds(

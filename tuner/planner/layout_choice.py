@@ -41,9 +41,10 @@ LAYOUT = "layout"
 
 def candidate_layouts(
     model: ModelArchitecture, gpus: int, *, tp: int | None = None, dp: int | None = None,
-    ep: bool | None = None,
+    ep: bool | None = None, dcp: int = 1,
 ) -> list[ParallelLayout]:
-    """The layouts of ``gpus`` GPUs the pins allow, TP largest first."""
+    """The layouts of ``gpus`` GPUs the pins allow, TP largest first. Decode context parallel
+    is never chosen, only pinned (``dcp``): each layout whose TP it divides gets it."""
     if not 1 <= gpus <= MAX_GPUS_PER_REPLICA:
         raise InvalidInput("gpus_per_replica", gpus, f"must be 1 to {MAX_GPUS_PER_REPLICA}")
     for name, value in (("tensor_parallel", tp), ("data_parallel", dp)):
@@ -58,15 +59,17 @@ def candidate_layouts(
         d = gpus // t
         if (tp is not None and t != tp) or (dp is not None and d != dp):
             continue
-        if not tensor_parallel_ok(model, t):
+        if not tensor_parallel_ok(model, t) or t % dcp:
             continue
         use_ep = ep if ep is not None else (model.moe is not None and d > 1)
-        out.append(ParallelLayout(tensor_parallel=t, data_parallel=d, expert_parallel=use_ep))
+        out.append(ParallelLayout(tensor_parallel=t, data_parallel=d, expert_parallel=use_ep,
+                                  decode_context_parallel=dcp))
     if not out:
         raise InvalidInput(
             "tensor_parallel", tp,
             f"no layout of {gpus} GPUs has a TP {model.hf_id} can be split by"
             + (f" with DP {dp}" if dp is not None else "")
+            + (f" that DCP {dcp} divides" if dcp > 1 else "")
             + "; pin another --tp or change --gpus-per-replica")
     return out
 
@@ -82,7 +85,7 @@ def _option(request: PlanRequest, layout: ParallelLayout, pool: PoolPlan | None,
     e, p = pool.expected, pool.plan
     return LayoutOption(
         layout=layout, kv_copies=kv_copies(model, layout), weights_bytes_per_gpu=weights,
-        kv_cache_tokens_per_gpu=e.kv_cache_tokens,
+        kv_cache_tokens_per_engine=e.kv_cache_tokens,
         kv_cache_tokens_per_replica=replica_kv_tokens(layout, e.num_gpu_blocks, p.block_size),
         concurrent_sequences_per_replica=e.concurrent_sequences * layout.data_parallel,
         decode_step_seconds=e.decode_step_seconds, score=round(objective, 4),
@@ -100,16 +103,17 @@ def objective(pool: PoolPlan, layout: ParallelLayout) -> float:
 def _with_layout(request: PlanRequest, layout: ParallelLayout) -> PlanRequest:
     return request.model_copy(update={
         "tensor_parallel": layout.tensor_parallel, "data_parallel": layout.data_parallel,
-        "expert_parallel": layout.expert_parallel})
+        "expert_parallel": layout.expert_parallel,
+        "decode_context_parallel": layout.decode_context_parallel})
 
 
 def choose_layout(
     request: PlanRequest, gpus: int, plan_fn: PlanFn, *, tp: int | None = None,
-    dp: int | None = None, ep: bool | None = None,
+    dp: int | None = None, ep: bool | None = None, dcp: int = 1,
 ) -> PoolPlan:
     """Plan every candidate layout of ``gpus`` GPUs and return the best one's plan, with the
     layout, a reason and every layout considered (``PoolPlan.layouts_considered``)."""
-    layouts = candidate_layouts(request.model, gpus, tp=tp, dp=dp, ep=ep)
+    layouts = candidate_layouts(request.model, gpus, tp=tp, dp=dp, ep=ep, dcp=dcp)
     planned: list[tuple[ParallelLayout, PoolPlan | None, str | None, float]] = []
     for layout in layouts:
         try:
@@ -154,7 +158,7 @@ def _reason(layout: ParallelLayout, options: list[LayoutOption], best: int, gpus
         knob=LAYOUT, choice=layout.label, code=PINNED if pinned else CHOSEN,
         message=(f"{layout.label} of {gpus} GPUs: {figure(o)} per replica, "
                  f"{o.kv_cache_tokens_per_replica:,} KV tokens per replica "
-                 f"({layout.data_parallel} engine(s) x {o.kv_cache_tokens_per_gpu:,}{copies})"
+                 f"({layout.data_parallel} engine(s) x {o.kv_cache_tokens_per_engine:,}{copies})"
                  + (f"; also weighed {others}" if others else "")))
 
 

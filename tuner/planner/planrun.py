@@ -114,9 +114,12 @@ class PlanRun:
     def request_bytes(
         self, dtype: str, block_size: int, tokens: int, batched_tokens: int, max_model_len: int
     ) -> int:
+        """KV bytes one request of ``tokens`` takes on each GPU. Under decode context parallel
+        each rank holds 1/DCP of the tokens (vLLM's max_memory_usage_bytes: cdiv(len, dcp))."""
+        dcp = self.layout.decode_context_parallel
         return request_kv_bytes(
-            self.model, dtype, self.tp, block_size, tokens, batched_tokens, max_model_len,
-            model_dtype=self.model_dtype,
+            self.model, dtype, self.tp, block_size, -(-tokens // dcp), batched_tokens,
+            -(-max_model_len // dcp), model_dtype=self.model_dtype,
         )
 
     def sessions(

@@ -31,6 +31,8 @@ class PlanRequest(BaseModel):
     # (tuner/layout.py): the plan is one engine's; each DP rank runs it on its share.
     data_parallel: int = Field(default=1, gt=0)
     expert_parallel: bool = False
+    # Decode context parallel (MLA models): tokens of a sequence split among DCP TP ranks.
+    decode_context_parallel: int = Field(default=1, gt=0)
     # "auto": the checkpoint's own (DeepSeek-V3: fp8), else the model's 16-bit dtype.
     weights_dtype: str = "auto"
     profile: WorkloadProfile
@@ -44,7 +46,8 @@ class PlanRequest(BaseModel):
     def layout(self) -> ParallelLayout:
         return ParallelLayout(tensor_parallel=self.tensor_parallel,
                               data_parallel=self.data_parallel,
-                              expert_parallel=self.expert_parallel)
+                              expert_parallel=self.expert_parallel,
+                              decode_context_parallel=self.decode_context_parallel)
 
 
 class CandidateScorer(Protocol):

@@ -91,17 +91,20 @@ def _collectives(request: planning.PlanRequest) -> dict[str, Any]:
     model, gpu, layout = request.model, request.gpu, request.layout
     tp, layers = layout.tensor_parallel, model.num_hidden_layers
     token = model.hidden_size * ACTIVATION_BYTES
+    # Decode context parallel: one more collective per layer (gather q, reduce outputs), at
+    # the table of the group charged below (DCP divides TP: an overcharge at worst).
+    dcp_extra = layers if layout.decode_context_parallel > 1 else 0
     moe_layers = layers - model.moe.num_dense_layers if model.moe is not None else 0
     if moe_layers == 0 or (layout.data_parallel == 1 and not layout.expert_parallel):
-        return {"all_reduces_per_step": 2 * layers if tp > 1 else 0,
+        return {"all_reduces_per_step": (2 * layers if tp > 1 else 0) + dcp_extra,
                 "all_reduce_bytes_per_token": token,
                 "all_reduce_seconds": all_reduce_table(gpu.name, tp)}
     assert model.moe is not None
     if layout.expert_parallel:
-        return {"all_reduces_per_step": 2 * moe_layers + (layers if tp > 1 else 0),
+        return {"all_reduces_per_step": 2 * moe_layers + (layers if tp > 1 else 0) + dcp_extra,
                 "all_reduce_bytes_per_token": token * model.moe.experts_per_token // 2,
                 "all_reduce_seconds": all_reduce_table(gpu.name, layout.gpus)}
-    return {"all_reduces_per_step": moe_layers + (layers if tp > 1 else 0),
+    return {"all_reduces_per_step": moe_layers + (layers if tp > 1 else 0) + dcp_extra,
             "all_reduce_bytes_per_token": token * layout.data_parallel,
             "all_reduce_seconds": all_reduce_table(gpu.name, layout.gpus)}
 

@@ -20,6 +20,20 @@ DSV3 = get_model("deepseek-ai/DeepSeek-V3")
 LLAMA_70B = get_model("meta-llama/Llama-3.3-70B-Instruct")
 
 
+def test_decode_context_parallel_flag_label_copies_and_tokens() -> None:
+    layout = ParallelLayout(tensor_parallel=8, decode_context_parallel=8)
+    assert layout.label == "TP8+DCP8"
+    assert layout.vllm_args() == ["--tensor-parallel-size=8", "--decode-context-parallel-size=8"]
+    assert kv_copies(DSV3, layout) == 1
+    assert kv_copies(DSV3, ParallelLayout(tensor_parallel=8, decode_context_parallel=2)) == 4
+    # A scheduler block is block_size x DCP tokens.
+    assert replica_kv_tokens(layout, 1000, 64) == 512_000
+    two = ParallelLayout(tensor_parallel=2, data_parallel=4, expert_parallel=True,
+                         decode_context_parallel=2)
+    assert two.label == "TP2xDP4+EP+DCP2"
+    assert replica_kv_tokens(two, 1000, 64) == 4 * 2 * 64_000
+
+
 @pytest.mark.parametrize(("tp", "dp", "ep", "label", "args"), [
     (8, 1, False, "TP8", ["--tensor-parallel-size=8"]),
     (1, 8, True, "DP8+EP",

@@ -14,6 +14,7 @@ from kvtune.tuner.planner import decode
 from kvtune.tuner.planner.checks import CHOSEN, PINNED
 from kvtune.tuner.planner.layout_choice import candidate_layouts, choose_layout
 from kvtune.tuner.planner.planning import PlanRequest, plan_pool
+from kvtune.tuner.planner.policy import Pins, PlanPolicy
 from kvtune.tuner.planner.presets import preset_profile
 
 DSV3 = get_model("deepseek-ai/DeepSeek-V3")
@@ -57,6 +58,35 @@ def test_expert_parallel_on_a_dense_model_is_refused() -> None:
         plan_pool(req)
 
 
+def test_dcp_is_pinned_only_onto_layouts_whose_tp_it_divides() -> None:
+    assert _labels(candidate_layouts(DSV3, 8, dcp=2)) == [
+        "TP8+DCP2", "TP4xDP2+EP+DCP2", "TP2xDP4+EP+DCP2"]
+    with pytest.raises(InvalidInput, match="DCP 16 divides"):
+        candidate_layouts(DSV3, 8, dcp=16)
+    for model, tp, dcp in ((LLAMA_70B, 8, 2), (DSV3, 4, 8)):
+        req = PlanRequest(model=model, gpu=H200, weights_dtype="auto", tensor_parallel=tp,
+                          decode_context_parallel=dcp, profile=preset_profile("chat"))
+        with pytest.raises(InvalidInput) as exc:
+            plan_pool(req)
+        assert exc.value.field == "decode_context_parallel"
+
+
+def test_dcp_splits_a_sequence_over_the_tp_ranks() -> None:
+    """TP8+DCP8 keeps TP8's blocks per GPU (same weights) but 8 tokens per block slot, so
+    8 times the tokens, and a request takes 1/8 of the KV on each rank."""
+    base = PlanRequest(model=DSV3, gpu=H200, tensor_parallel=8, profile=preset_profile("chat"),
+                       policy=PlanPolicy(pins=Pins(kv_cache_dtype="fp8", block_size=64)))
+    tp8 = plan_pool(base)
+    dcp8 = plan_pool(base.model_copy(update={"decode_context_parallel": 8}))
+    assert dcp8.vllm_args()[:2] == ["--tensor-parallel-size=8",
+                                    "--decode-context-parallel-size=8"]
+    # Blocks per GPU as TP8's (within the activation memory of its larger max-num-seqs).
+    assert dcp8.expected.num_gpu_blocks == pytest.approx(tp8.expected.num_gpu_blocks, rel=0.01)
+    assert tp8.expected.kv_cache_tokens == tp8.expected.num_gpu_blocks * 64
+    assert dcp8.expected.kv_cache_tokens == 8 * dcp8.expected.num_gpu_blocks * 64
+    assert dcp8.expected.concurrent_sequences >= 7 * tp8.expected.concurrent_sequences
+
+
 def _request(gpu: str = "H200") -> PlanRequest:
     return PlanRequest(model=DSV3, gpu=get_gpu_class(gpu), profile=preset_profile("chat"))
 
@@ -73,11 +103,11 @@ def test_deepseek_v3_on_8_h200_gets_dp8_ep_with_the_layouts_weighed() -> None:
     assert [o.chosen for o in pool.layouts_considered] == [False, False, False, True]
     tp8, dp8 = by_label["TP8"], by_label["DP8+EP"]
     # TP8 copies every latent on 8 ranks: the replica holds one GPU's tokens.
-    assert tp8.kv_copies == 8 and tp8.kv_cache_tokens_per_replica == tp8.kv_cache_tokens_per_gpu
+    assert tp8.kv_copies == 8 and tp8.kv_cache_tokens_per_replica == tp8.kv_cache_tokens_per_engine
     assert dp8.kv_copies == 1
     assert dp8.kv_cache_tokens_per_replica == 8 * pool.expected.num_gpu_blocks * 64
     # Less KV per GPU (attention is copied on every rank) but over 5x the replica's tokens.
-    assert dp8.kv_cache_tokens_per_gpu < tp8.kv_cache_tokens_per_gpu
+    assert dp8.kv_cache_tokens_per_engine < tp8.kv_cache_tokens_per_engine
     assert dp8.kv_cache_tokens_per_replica > 5 * tp8.kv_cache_tokens_per_replica
     assert dp8.score > tp8.score
     reason = pool.reasons[0]
