@@ -364,6 +364,7 @@ def gpu_comparison(pool: PoolPlan, others: list[tuple[str, PoolPlan | str]]
         c = s.cost if s is not None else None
         rows.append({
             "gpu_class": p.gpu_class, "tensor_parallel": p.tensor_parallel,
+            "layout": p.layout.label if p.layout is not None else None,
             "usd_per_gpu_hour": c.usd_per_gpu_hour if c else None,
             "price_source": c.price_source if c else None,
             "goodput_requests_per_second": s.goodput_requests_per_second if s else None,
@@ -408,7 +409,7 @@ def with_comparison(text: str, pool: PoolPlan, others: list[tuple[str, PoolPlan 
             continue
         needed = r["replicas_needed"]
         table.add_row(
-            f"{r['gpu_class']} x TP {r['tensor_parallel']}",
+            f"{r['gpu_class']} x {r['layout'] or 'TP ' + str(r['tensor_parallel'])}",
             "-" if r["usd_per_gpu_hour"] is None else f"${r['usd_per_gpu_hour']:g}",
             f"{r['goodput_requests_per_second']:.2f}", f"{r['slo_attainment']:.1%}",
             "-" if needed is None else str(needed),
