@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kvtune.tuner.errors import InvalidInput, NoFeasiblePlan
-from kvtune.tuner.facts.layouts import kv_copies, replica_kv_tokens
+from kvtune.tuner.facts.layouts import kv_copies
 from kvtune.tuner.facts.models import ModelArchitecture
 from kvtune.tuner.facts.weights import weights_bytes_per_gpu
 from kvtune.tuner.layout import ParallelLayout
@@ -82,11 +82,13 @@ def _option(request: PlanRequest, layout: ParallelLayout, pool: PoolPlan | None,
     if pool is None:
         return LayoutOption(layout=layout, kv_copies=kv_copies(model, layout),
                             weights_bytes_per_gpu=weights, refused=refused)
-    e, p = pool.expected, pool.plan
+    e = pool.expected
     return LayoutOption(
         layout=layout, kv_copies=kv_copies(model, layout), weights_bytes_per_gpu=weights,
         kv_cache_tokens_per_engine=e.kv_cache_tokens,
-        kv_cache_tokens_per_replica=replica_kv_tokens(layout, e.num_gpu_blocks, p.block_size),
+        # The engine's tokens as vLLM logs them (blocks x block size x DCP for one attention
+        # kind; fewer for sliding-window groups), once per DP rank.
+        kv_cache_tokens_per_replica=e.kv_cache_tokens * layout.data_parallel,
         concurrent_sequences_per_replica=e.concurrent_sequences * layout.data_parallel,
         decode_step_seconds=e.decode_step_seconds, score=round(objective, 4),
         vllm_args=tuple(pool.vllm_args()))

@@ -148,3 +148,33 @@ def test_tp_alone_decodes_as_before_and_dp_reads_the_replicas_tokens_experts() -
     no_ep = ParallelLayout(tensor_parallel=1, data_parallel=8)
     assert decode.communication_seconds(DSV3, H200, no_ep, 64) > 0
     assert decode.communication_seconds(DSV3, H200, ParallelLayout(), 64) == 0
+
+
+MOE_MODELS = ["Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-235B-A22B", "mistralai/Mixtral-8x7B-Instruct-v0.1",
+              "openai/gpt-oss-120b", "zai-org/GLM-4.5", "moonshotai/Kimi-K2-Instruct",
+              "deepseek-ai/DeepSeek-R1"]
+
+
+@pytest.mark.parametrize("name", MOE_MODELS)
+def test_every_moe_model_gets_a_consistent_choice_or_a_named_gpu_count(name: str) -> None:
+    """On 8 x H200: the chosen layout has the best score; each fitting layout's replica tokens
+    are its DP ranks' together; or, when none fits, the error names a larger GPU count."""
+    model = get_model(name)
+    request = PlanRequest(model=model, gpu=H200, profile=preset_profile("chat"))
+    try:
+        pool = choose_layout(request, 8, plan_pool)
+    except NoFeasiblePlan as exc:
+        assert exc.suggestions and exc.suggestions[0].startswith("--gpus-per-replica 16")
+        return
+    options = pool.layouts_considered
+    chosen = [o for o in options if o.chosen]
+    assert len(chosen) == 1 and chosen[0].layout == pool.layout
+    assert chosen[0].score == max(o.score for o in options if o.refused is None)
+    for o in options:
+        if o.refused is not None:
+            assert o.kv_cache_tokens_per_replica == 0
+            continue
+        assert o.kv_cache_tokens_per_replica == o.layout.data_parallel * (
+            o.kv_cache_tokens_per_engine)
+        assert o.layout.expert_parallel == (o.layout.data_parallel > 1)
+        assert o.vllm_args[0] == f"--tensor-parallel-size={o.layout.tensor_parallel}"
