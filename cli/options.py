@@ -68,6 +68,10 @@ def pins_from(opts: dict[str, Any]) -> Pins:
 PLAN_FIELD_OPTIONS: dict[str, str] = {
     **{f"pins.{k.name}": k.option for k in PINNABLE},
     "tensor_parallel": "--tp",
+    "data_parallel": "--dp",
+    "expert_parallel": "--ep",
+    "decode_context_parallel": "--dcp",
+    "gpus_per_replica": "--gpus-per-replica",
     "policy.min_max_model_len_tokens": "--min-max-model-len",
 }
 

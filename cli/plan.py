@@ -15,7 +15,6 @@ from typing import Any
 
 import click
 
-from kvtune.cli import serve_line
 from kvtune.cli.options import (
     gpu_option,
     in_option_terms,
@@ -26,6 +25,14 @@ from kvtune.cli.options import (
     weights_dtype_option,
 )
 from kvtune.cli.params import POSITIVE, finite
+from kvtune.cli.plan_layout import (
+    layout_options,
+    layout_rows,
+    plan_with_layout,
+    print_layouts,
+    request_for,
+    wants_layout,
+)
 from kvtune.cli.progress import Progress, progress_option
 from kvtune.cli.search_budget_options import budget_from, search_budget_options
 from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan
@@ -169,6 +176,9 @@ def plan_document(pool: PoolPlan, request: PlanRequest) -> dict[str, Any]:
         "model": pool.model_id,
         "gpu_class": pool.gpu_class,
         "tensor_parallel": pool.tensor_parallel,
+        **({"layout": pool.layout.model_dump(mode="json") | {"label": pool.layout.label}}
+           if pool.layout is not None else {}),
+        **({"layouts_considered": layout_rows(pool)} if pool.layouts_considered else {}),
         "weights_dtype": request.weights_dtype,
         "vllm_version": pool.vllm_version,
         "kv_bytes_per_token": pool.expected.kv_bytes_per_token,
@@ -200,8 +210,8 @@ def render_yaml(pool: PoolPlan, request: PlanRequest) -> str:
 
 
 def render_args(pool: PoolPlan, request: PlanRequest) -> str:
-    return serve_line.serve_command(pool.model_id, pool.tensor_parallel, pool.plan,
-                                    separator=" \\\n  ") + "\n"
+    # The pool's own flags (the layout's, then the plan's): the same list as -o json.
+    return " \\\n  ".join([f"vllm serve {pool.model_id}", *pool.vllm_args()]) + "\n"
 
 
 def _gib(n: int) -> str:
@@ -215,7 +225,9 @@ def render_table(pool: PoolPlan, request: PlanRequest) -> str:
     console = Console(record=True, width=120, file=open("/dev/null", "w"))  # noqa: SIM115
     e, p = pool.expected, pool.plan
     console.print(
-        f"[bold]{pool.model_id}[/] on [bold]{pool.gpu_class}[/] x TP {pool.tensor_parallel}, "
+        f"[bold]{pool.model_id}[/] on [bold]{pool.gpu_class}[/] x "
+        + (pool.layout.label if pool.layout is not None else f"TP {pool.tensor_parallel}")
+        + (" (figures per GPU of one engine)" if pool.layout is not None else "") + ", "
         f"{request.weights_dtype} weights, vLLM {pool.vllm_version}"
     )
     knobs = Table(title="Plan", show_lines=False, expand=True)
@@ -247,6 +259,7 @@ def render_table(pool: PoolPlan, request: PlanRequest) -> str:
             f"decode step at {p.max_num_seqs} sequences", f"{e.decode_step_seconds * 1000:.1f} ms"
         )
     console.print(figures)
+    print_layouts(console, pool)
 
     cmp_rows = dtype_comparison(request)
     if cmp_rows:
@@ -351,6 +364,7 @@ def gpu_comparison(pool: PoolPlan, others: list[tuple[str, PoolPlan | str]]
         c = s.cost if s is not None else None
         rows.append({
             "gpu_class": p.gpu_class, "tensor_parallel": p.tensor_parallel,
+            "layout": p.layout.label if p.layout is not None else None,
             "usd_per_gpu_hour": c.usd_per_gpu_hour if c else None,
             "price_source": c.price_source if c else None,
             "goodput_requests_per_second": s.goodput_requests_per_second if s else None,
@@ -395,7 +409,7 @@ def with_comparison(text: str, pool: PoolPlan, others: list[tuple[str, PoolPlan 
             continue
         needed = r["replicas_needed"]
         table.add_row(
-            f"{r['gpu_class']} x TP {r['tensor_parallel']}",
+            f"{r['gpu_class']} x {r['layout'] or 'TP ' + str(r['tensor_parallel'])}",
             "-" if r["usd_per_gpu_hour"] is None else f"${r['usd_per_gpu_hour']:g}",
             f"{r['goodput_requests_per_second']:.2f}", f"{r['slo_attainment']:.1%}",
             "-" if needed is None else str(needed),
@@ -433,6 +447,7 @@ def _models_help() -> str:
 @model_option()
 @gpu_option()
 @tp_option()
+@layout_options
 @weights_dtype_option()
 @click.option("--context-tokens", type=click.IntRange(2, MAX_PIN_TOKENS),
               help="Session length (prompt+output). With --workload: rescales its p95.")
@@ -521,26 +536,37 @@ def plan(**opts: Any) -> None:
             raise click.UsageError("--compare-gpu compares the goodput search's cost: it needs "
                                    "--trace or --request-rate and -o table, json or yaml")
         others: list[tuple[str, PoolPlan | str]] = []
+        tp_given = (click.get_current_context().get_parameter_source("tp")
+                    != click.core.ParameterSource.DEFAULT)
+
+        def laid_out(req: PlanRequest, plan_fn: Callable[[PlanRequest], PoolPlan]) -> PoolPlan:
+            # --gpus-per-replica / --dp / --ep: the layout is chosen (or pinned) too.
+            return (plan_with_layout(req, opts, plan_fn, tp_given) if wants_layout(opts)
+                    else plan_fn(req))
+
         if searching:
             trace = load_trace(opts["trace"]) if opts["trace"] is not None else None
             # The search replays hundreds of requests per candidate: seconds of work.
             with Progress("plan", opts["progress"]) as shown:
-                pool = priced(plan_by_goodput(
-                    request, trace=trace, progress=lambda step: shown(step.text()),
-                    replicas=opts["replicas"], budget=budget),
-                    price_for(request.gpu.name, prices))
+                def by_goodput(req: PlanRequest) -> PoolPlan:
+                    # Each DP rank is an engine serving its share, as a replica would.
+                    return plan_by_goodput(
+                        req, trace=trace, progress=lambda step: shown(step.text()),
+                        replicas=opts["replicas"] * req.data_parallel, budget=budget)
+
+                pool = priced(laid_out(request, by_goodput),
+                              price_for(request.gpu.name, prices))
                 for name in opts["compare_gpu"]:
                     other = request.model_copy(update={"gpu": gpus.get_gpu_class(name)})
                     try:
-                        others.append((name, priced(plan_by_goodput(
-                            other, trace=trace, progress=lambda step: shown(step.text()),
-                            replicas=opts["replicas"], budget=budget),
-                            price_for(other.gpu.name, prices))))
+                        others.append((name, priced(laid_out(other, by_goodput),
+                                                    price_for(other.gpu.name, prices))))
                     except NoFeasiblePlan as exc:
                         others.append((name, f"does not fit: {exc}"))
         else:
-            pool = plan_pool(request)
-        text = render(pool, request, opts["output"])
+            pool = laid_out(request, plan_pool)
+        # The figures beside the plan (KV dtypes) are of the layout chosen.
+        text = render(pool, request_for(pool, request), opts["output"])
         if opts["compare_gpu"]:
             text = with_comparison(text, pool, others, opts["output"])
     except KVTuneError as exc:

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from kvtune.tuner import knobs
+from kvtune.tuner.layout import ParallelLayout
 
 
 class KVPlan(BaseModel):
@@ -205,6 +208,30 @@ class SLOUnreachable(BaseModel):
     message: str
 
 
+class LayoutOption(BaseModel):
+    """One layout the planner weighed: its KV capacity per replica, and the plan's figures
+    on it, or why it does not fit."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    layout: ParallelLayout
+    # Copies of each token's KV among one engine's TP ranks (MLA under TP: tp; vLLM's
+    # kv_tp_replicas).
+    kv_copies: int
+    weights_bytes_per_gpu: int
+    # Tokens one engine (DP rank) holds: blocks per GPU x block size (x DCP).
+    kv_cache_tokens_per_engine: int = 0
+    # Tokens the replica holds: its engines' (DP ranks') caches together.
+    kv_cache_tokens_per_replica: int = 0
+    concurrent_sequences_per_replica: int = 0
+    decode_step_seconds: float | None = None
+    # The objective the choice ranked by (goodput req/s per replica, or concurrent sequences).
+    score: float = 0.0
+    chosen: bool = False
+    refused: str | None = None  # why it does not fit (then the figures are 0)
+    vllm_args: tuple[str, ...] = ()
+
+
 class PoolPlan(BaseModel):
     """The planner's answer for one pool."""
 
@@ -221,12 +248,29 @@ class PoolPlan(BaseModel):
     search: SearchSummary | None = None  # set when the goodput search chose the plan
     # Set instead of a search when no configuration can meet the SLO at any rate.
     slo_unreachable: SLOUnreachable | None = None
+    # Data-parallel attention / expert parallel (``tuner/layout.py``); None: TP alone, as
+    # ``tensor_parallel`` says. Left out of the dump when None, so plans without it (and what
+    # reads them: the runtime's KVTUNE_PLAN, status) are unchanged.
+    layout: ParallelLayout | None = None
+    # The layouts the planner weighed for this replica's GPUs (``planner/layout_choice.py``).
+    layouts_considered: tuple[LayoutOption, ...] = ()
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_layout(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.layout is None:
+            data.pop("layout", None)
+        if not self.layouts_considered:
+            data.pop("layouts_considered", None)
+        return data
 
     def vllm_args(self) -> list[str]:
-        """Everything after ``vllm serve MODEL`` this pool's plan sets: the TP flag, then the
-        plan's. The one rendering path of ``kvtune plan -o json|args`` and the operator's
-        Deployment (``tuner/knobs.py``)."""
-        return knobs.serve_args(self.tensor_parallel, self.plan.model_dump())
+        """Everything after ``vllm serve MODEL`` this pool's plan sets: the layout's flags (TP,
+        then DP and EP when set), then the plan's. The one rendering path of ``kvtune plan -o
+        json|args`` and the operator's Deployment (``tuner/knobs.py``)."""
+        if self.layout is None:
+            return knobs.serve_args(self.tensor_parallel, self.plan.model_dump())
+        return [*self.layout.vllm_args(), *knobs.plan_args(self.plan.model_dump())]
 
 
 class CandidateScore(BaseModel):

@@ -256,10 +256,31 @@ def weights_bytes_total(model: ModelArchitecture, weights_dtype: str) -> int:
     return (model.parameter_count - quantized) * 2 + int(quantized * per_param)
 
 
+def expert_weights_bytes(model: ModelArchitecture, weights_dtype: str) -> int:
+    """Bytes of the routed experts (0 for a dense model): at the quantized width whenever the
+    weights are quantized (checkpoints keep attention, not experts, in 16 bits)."""
+    load = weights_load(model, weights_dtype)
+    if load.bits >= 16:
+        return model.expert_parameter_count * 2
+    per_param = load.bits / 8 + _SCALE_BYTES_PER_PARAM.get(load.bits, 0.0)
+    return int(min(model.expert_parameter_count, model.parameter_count) * per_param)
+
+
 def weights_bytes_per_gpu(
-    model: ModelArchitecture, weights_dtype: str, tensor_parallel: int
+    model: ModelArchitecture, weights_dtype: str, tensor_parallel: int, *,
+    data_parallel: int = 1,
 ) -> int:
-    """Bytes of weights on each GPU of a tensor-parallel group."""
+    """Bytes of weights on each GPU of a replica of ``tensor_parallel`` x ``data_parallel``
+    GPUs: attention, dense layers, shared experts and embeddings split by TP and copied on
+    every DP rank; the routed experts split over all ``tp * dp`` GPUs (by experts under
+    expert parallel, by tensor slices without: vLLM flattens TP across DP for MoE layers)."""
     if tensor_parallel < 1:
         raise InvalidInput("tensor_parallel", tensor_parallel, "must be 1 or more")
-    return -(-weights_bytes_total(model, weights_dtype) // tensor_parallel)
+    if data_parallel < 1:
+        raise InvalidInput("data_parallel", data_parallel, "must be 1 or more")
+    total = weights_bytes_total(model, weights_dtype)
+    if data_parallel == 1:
+        return -(-total // tensor_parallel)
+    experts = expert_weights_bytes(model, weights_dtype)
+    return (-(-(total - experts) // tensor_parallel)
+            + -(-experts // (tensor_parallel * data_parallel)))

@@ -212,6 +212,7 @@ def non_kv_bytes(
     gpu: GPUClass | None = None,
     model_dtype: str = "bfloat16",
     coefs: MemoryCoefficients | None = None,
+    communicating_ranks: int = 1,
 ) -> NonKVBytes:
     """Everything vLLM subtracts from the requested memory before the KV cache (``coefs``:
     the shipped fit unless a leave-one-out refit is given)."""
@@ -228,7 +229,9 @@ def non_kv_bytes(
             blackwell=blackwell, coefs=coefs,
             measured=version.cuda_graph_estimator == "measured",
         ) if version.cuda_graph_deducted else 0,
-        non_torch_bytes=non_torch_bytes(tensor_parallel, vllm_version, coefs),
+        # DP+EP ranks keep communication buffers (all-to-all) as TP ranks do (all-reduce).
+        non_torch_bytes=non_torch_bytes(max(tensor_parallel, communicating_ranks),
+                                        vllm_version, coefs),
     )
 
 

@@ -39,7 +39,7 @@ def chunked_step_seconds(
     per_seq = run.request_bytes(
         dtype, bs, min(run.p50_session, max_model_len), batched, max_model_len)
     decode_s = decode.decode_step_seconds(
-        run.model, run.gpu, run.tp, run.weights_bytes, num_seqs, per_seq)
+        run.model, run.gpu, run.tp, run.weights_bytes, num_seqs, per_seq, run.layout)
     bits = weight_bits(run.model, run.req.weights_dtype)
     return decode_s + chunk_tokens * decode.prefill_seconds_per_token(
         run.model, run.gpu, run.tp, bits)

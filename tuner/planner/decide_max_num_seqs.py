@@ -43,7 +43,7 @@ def bandwidth_seqs(
         max_model_len,
     )
     return decode.max_seqs_within(
-        run.model, run.gpu, run.tp, run.weights_bytes, per_seq, tpot
+        run.model, run.gpu, run.tp, run.weights_bytes, per_seq, tpot, run.layout
     )
 
 

@@ -11,6 +11,17 @@ once; at batch sizes that serving uses it is bandwidth-bound::
 MoE reads only the experts the batch routes to: with k of E experts per token and n tokens,
 the expected fraction of experts touched is ``1 - (1 - k/E) ** n``.
 
+Data-parallel attention (``tuner/layout.py``): each DP rank decodes its own n sequences, but
+the MoE layers of all ranks run together, so a rank's experts see the n * dp tokens of the
+whole replica; a rank's weights are its attention (split by TP) and its share of the experts.
+Communication per step: one all-reduce per layer among the TP ranks for attention; for the
+MoE layers either the second all-reduce (TP alone), an all-reduce among all tp * dp ranks of
+the replica's tokens (DP without EP: vLLM flattens TP across DP), or, under expert parallel,
+a dispatch and a combine all-to-all of the n * k routed token copies. An all-to-all moves
+(P-1)/P of its bytes per rank where a ring all-reduce moves 2(P-1)/P, so it is charged as an
+all-reduce of half the bytes (from the same measured table; sizes past the largest measured
+group, e.g. 16 ranks over two nodes, use the largest: an underestimate across nodes).
+
 Worked example, Llama 3.3 70B FP8 on H200, 64 sequences of 2,048 tokens at fp8 KV:
 (72.7 GB + 64 * 2,048 * 163,840 B) / (4.8 TB/s * 0.8) + 3 ms = 18.9 + 5.6 + 3 = 27.5 ms.
 """
@@ -25,6 +36,7 @@ from kvtune.tuner.facts.step_kernels import (
     all_reduce_table,
     interp_pow2,
 )
+from kvtune.tuner.layout import ParallelLayout
 
 # Achievable fraction of peak HBM bandwidth for decode kernels (weights GEMV + paged attn).
 BANDWIDTH_EFFICIENCY = 0.8
@@ -33,20 +45,72 @@ STEP_OVERHEAD_SECONDS = 0.003
 MAX_SEQS_SEARCHED = 4096
 
 
+def _expert_share(model: ModelArchitecture, layout: ParallelLayout | None) -> float:
+    """The routed experts' fraction of one GPU's weights (parameters: experts over tp * dp
+    ranks, the rest over tp)."""
+    assert model.moe is not None
+    experts = min(model.expert_parameter_count, model.parameter_count)
+    if layout is None or layout.data_parallel == 1:
+        return experts / model.parameter_count
+    others = (model.parameter_count - experts) / layout.tensor_parallel
+    mine = experts / layout.gpus
+    return mine / (mine + others)
+
+
 def weights_read_bytes(
-    model: ModelArchitecture, weights_bytes_per_gpu: int, num_seqs: int
+    model: ModelArchitecture, weights_bytes_per_gpu: int, num_seqs: int,
+    layout: ParallelLayout | None = None,
 ) -> float:
     if model.moe is None or num_seqs <= 0:
         return float(weights_bytes_per_gpu)
     moe = model.moe
-    expert_params = (
-        (model.num_hidden_layers - moe.num_dense_layers)
-        * moe.num_experts * 3 * model.hidden_size * moe.expert_intermediate_size
-    )
-    expert_fraction_of_weights = min(1.0, expert_params / model.parameter_count)
-    touched = 1.0 - (1.0 - moe.experts_per_token / moe.num_experts) ** num_seqs
-    expert_bytes = weights_bytes_per_gpu * expert_fraction_of_weights
+    routed_tokens = num_seqs * (layout.data_parallel if layout is not None else 1)
+    touched = 1.0 - (1.0 - moe.experts_per_token / moe.num_experts) ** routed_tokens
+    expert_bytes = weights_bytes_per_gpu * _expert_share(model, layout)
     return weights_bytes_per_gpu - expert_bytes + expert_bytes * touched
+
+
+def _all_reduce(gpu: GPUClass, ranks: int, message_bytes: float) -> float:
+    return interp_pow2(all_reduce_table(gpu.name, ranks), max(1.0, message_bytes),
+                       MESSAGE_FIRST_EXPONENT)
+
+
+def communication_seconds(
+    model: ModelArchitecture, gpu: GPUClass, layout: ParallelLayout, num_seqs: int
+) -> float:
+    """The collectives of one decode step (module docstring)."""
+    tp, n = layout.tensor_parallel, max(1, num_seqs)
+    activation = n * model.hidden_size * ACTIVATION_BYTES
+    layers = model.num_hidden_layers
+    moe_layers = layers - model.moe.num_dense_layers if model.moe is not None else 0
+    if layout.gpus == 1:
+        return 0.0
+    if moe_layers == 0 or (layout.data_parallel == 1 and not layout.expert_parallel):
+        # TP alone: two all-reduces per layer (measured, step_kernels.json).
+        return ((2 * layers * _all_reduce(gpu, tp, activation) if tp > 1 else 0.0)
+                + _dcp_seconds(model, gpu, layout, activation))
+    seconds = layers * _all_reduce(gpu, tp, activation) if tp > 1 else 0.0
+    seconds += _dcp_seconds(model, gpu, layout, activation)
+    # Dense-MLP layers (DeepSeek's first three) all-reduce among the TP ranks.
+    if tp > 1:
+        seconds += (layers - moe_layers) * _all_reduce(gpu, tp, activation)
+    assert model.moe is not None
+    if layout.expert_parallel:
+        routed = activation * model.moe.experts_per_token
+        # Dispatch and combine: two all-to-alls, each an all-reduce of half the bytes.
+        return seconds + moe_layers * 2 * _all_reduce(gpu, layout.gpus, routed / 2)
+    return seconds + moe_layers * _all_reduce(gpu, layout.gpus, activation * layout.data_parallel)
+
+
+def _dcp_seconds(model: ModelArchitecture, gpu: GPUClass, layout: ParallelLayout,
+                 activation_bytes: float) -> float:
+    """Decode context parallel: per layer the DCP ranks gather the queries and reduce the
+    partial attention outputs (vLLM's ag_rs backend), charged as one all-reduce of the
+    batch's activations among them."""
+    dcp = layout.decode_context_parallel
+    if dcp == 1:
+        return 0.0
+    return model.num_hidden_layers * _all_reduce(gpu, dcp, activation_bytes)
 
 
 def decode_step_seconds(
@@ -56,17 +120,15 @@ def decode_step_seconds(
     weights_bytes_per_gpu: int,
     num_seqs: int,
     kv_bytes_per_seq: float,
+    layout: ParallelLayout | None = None,
 ) -> float:
+    """One engine's decode step at ``num_seqs`` sequences (per DP rank under a layout)."""
     bandwidth = gpu.hbm_bandwidth_bytes_per_second * BANDWIDTH_EFFICIENCY
-    read = weights_read_bytes(model, weights_bytes_per_gpu, num_seqs) + num_seqs * (
+    read = weights_read_bytes(model, weights_bytes_per_gpu, num_seqs, layout) + num_seqs * (
         kv_bytes_per_seq
     )
-    comm = 0.0
-    if tensor_parallel > 1:
-        # Two all-reduces per layer of the batch's activations (measured, step_kernels.json).
-        comm = 2 * model.num_hidden_layers * interp_pow2(
-            all_reduce_table(gpu.name, tensor_parallel),
-            max(1, num_seqs) * model.hidden_size * ACTIVATION_BYTES, MESSAGE_FIRST_EXPONENT)
+    comm = communication_seconds(
+        model, gpu, layout or ParallelLayout(tensor_parallel=tensor_parallel), num_seqs)
     return read / bandwidth + STEP_OVERHEAD_SECONDS + comm
 
 
@@ -77,12 +139,13 @@ def max_seqs_within(
     weights_bytes_per_gpu: int,
     kv_bytes_per_seq: float,
     tpot_seconds: float,
+    layout: ParallelLayout | None = None,
 ) -> int:
     """The most sequences whose decode step stays within ``tpot_seconds`` (0: not even one).
     Step time grows monotonically with the batch, so a binary search finds it."""
     def ok(n: int) -> bool:
         return decode_step_seconds(
-            model, gpu, tensor_parallel, weights_bytes_per_gpu, n, kv_bytes_per_seq
+            model, gpu, tensor_parallel, weights_bytes_per_gpu, n, kv_bytes_per_seq, layout
         ) <= tpot_seconds
 
     if not ok(1):

@@ -29,7 +29,7 @@ def figures(run: PlanRun, plan: KVPlan, score: CandidateScore | None) -> Expecte
         batched, plan.max_model_len,
     )
     step = decode.decode_step_seconds(
-        run.model, run.gpu, run.tp, run.weights_bytes, plan.max_num_seqs, per_seq
+        run.model, run.gpu, run.tp, run.weights_bytes, plan.max_num_seqs, per_seq, run.layout
     )
     return ExpectedFigures(
         kv_bytes_per_token=kv_bytes_per_token(
@@ -37,9 +37,10 @@ def figures(run: PlanRun, plan: KVPlan, score: CandidateScore | None) -> Expecte
         kv_cache_bytes=mem.kv_cache_bytes,
         # As vLLM logs it ("GPU KV cache size: N tokens"): max-model-len requests that
         # fit times max-model-len; num_blocks x block_size for single-kind models.
+        # Under decode context parallel a block holds block_size tokens on each of DCP ranks.
         kv_cache_tokens=int(mem.num_gpu_blocks / request_blocks(
             run.model, plan.max_model_len, plan.block_size, batched, plan.max_model_len,
-        ) * plan.max_model_len),
+        ) * plan.max_model_len) * run.layout.decode_context_parallel,
         num_gpu_blocks=mem.num_gpu_blocks,
         weights_bytes_per_gpu=run.weights_bytes,
         non_kv_bytes_per_gpu=mem.non_kv.total_bytes,

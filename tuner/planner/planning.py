@@ -24,6 +24,7 @@ the smallest changes that fit. Shared state and memory arithmetic: ``planrun.Pla
 
 from __future__ import annotations
 
+from kvtune.tuner.layout import ParallelLayout
 from kvtune.tuner.plan import CandidateScore, KVPlan, PoolPlan, Reason, offload_backend
 from kvtune.tuner.planner import (
     budget,
@@ -141,6 +142,8 @@ def plan_pool(request: PlanRequest, scorer: CandidateScorer | None = None) -> Po
         expected=expected.figures(run, plan, chosen_score),
         reasons=tuple(run.reasons),
         warnings=tuple(run.warnings),
+        # TP alone keeps the plan's shape of before layouts (no layout key).
+        layout=None if run.layout == ParallelLayout(tensor_parallel=run.tp) else run.layout,
     )
 
 

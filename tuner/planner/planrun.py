@@ -66,8 +66,9 @@ class PlanRun:
             self.gpu.name, self.model_dtype, sinks=self.model.attention_sinks)
         self.warnings += validation.validate(
             request, self.runtime, self.backends, self.attention, self.weights)
+        self.layout = request.layout
         self.weights_bytes = weights_bytes_per_gpu(
-            self.model, request.weights_dtype, self.tp
+            self.model, request.weights_dtype, self.tp, data_parallel=self.layout.data_parallel
         )
         self.p95_session = session_tokens(request.profile, "p95")
         # vLLM's profiling run sizes the sampler for max-num-seqs sequences: until that is
@@ -98,6 +99,7 @@ class PlanRun:
         non_kv = budget.non_kv_bytes(
             self.model, self.weights_bytes, self.tp, batched_tokens, max_num_seqs,
             vllm_version=self.req.vllm_version, gpu=self.gpu, model_dtype=self.model_dtype,
+            communicating_ranks=self.layout.gpus,
         )
         if self.pins.kv_cache_memory_bytes is not None:
             kv_budget = self.pins.kv_cache_memory_bytes
@@ -112,9 +114,12 @@ class PlanRun:
     def request_bytes(
         self, dtype: str, block_size: int, tokens: int, batched_tokens: int, max_model_len: int
     ) -> int:
+        """KV bytes one request of ``tokens`` takes on each GPU. Under decode context parallel
+        each rank holds 1/DCP of the tokens (vLLM's max_memory_usage_bytes: cdiv(len, dcp))."""
+        dcp = self.layout.decode_context_parallel
         return request_kv_bytes(
-            self.model, dtype, self.tp, block_size, tokens, batched_tokens, max_model_len,
-            model_dtype=self.model_dtype,
+            self.model, dtype, self.tp, block_size, -(-tokens // dcp), batched_tokens,
+            -(-max_model_len // dcp), model_dtype=self.model_dtype,
         )
 
     def sessions(

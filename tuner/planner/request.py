@@ -13,6 +13,7 @@ from kvtune.tuner.facts.capabilities import PINNED_VLLM_VERSION
 from kvtune.tuner.facts.gpus import GPUClass
 from kvtune.tuner.facts.models import ModelArchitecture
 from kvtune.tuner.kv_quality import KVQualityEvidence
+from kvtune.tuner.layout import ParallelLayout
 from kvtune.tuner.plan import CandidateScore, KVPlan
 from kvtune.tuner.planner.policy import PlanPolicy
 from kvtune.tuner.workload import WorkloadProfile
@@ -26,6 +27,12 @@ class PlanRequest(BaseModel):
     model: ModelArchitecture
     gpu: GPUClass
     tensor_parallel: int = Field(default=1, gt=0)
+    # Data-parallel attention ranks (engines) per replica and expert parallel for MoE layers
+    # (tuner/layout.py): the plan is one engine's; each DP rank runs it on its share.
+    data_parallel: int = Field(default=1, gt=0)
+    expert_parallel: bool = False
+    # Decode context parallel (MLA models): tokens of a sequence split among DCP TP ranks.
+    decode_context_parallel: int = Field(default=1, gt=0)
     # "auto": the checkpoint's own (DeepSeek-V3: fp8), else the model's 16-bit dtype.
     weights_dtype: str = "auto"
     profile: WorkloadProfile
@@ -34,6 +41,13 @@ class PlanRequest(BaseModel):
     # None: none exists, narrower dtypes are "unverified".
     kv_quality_evidence: KVQualityEvidence | None = None
     vllm_version: str = PINNED_VLLM_VERSION
+
+    @property
+    def layout(self) -> ParallelLayout:
+        return ParallelLayout(tensor_parallel=self.tensor_parallel,
+                              data_parallel=self.data_parallel,
+                              expert_parallel=self.expert_parallel,
+                              decode_context_parallel=self.decode_context_parallel)
 
 
 class CandidateScorer(Protocol):

@@ -53,6 +53,19 @@ def validate(
             "Try " + (", ".join(str(t) for t in (1, 2, 4, 8) if tensor_parallel_ok(model, t))
                       or "a checkpoint with other head counts"),
         )
+    dcp = req.decode_context_parallel
+    if dcp > 1 and (not model.is_mla or tp % dcp):
+        raise InvalidInput(
+            "decode_context_parallel", dcp,
+            f"kvtune plans decode context parallel for MLA models only, over a TP it divides "
+            f"(vLLM: tp % dcp == 0); {model.hf_id} "
+            + (f"at TP {tp}: pick a DCP dividing {tp}" if model.is_mla else
+               "does not use MLA: drop --dcp"))
+    if req.expert_parallel and model.moe is None:
+        raise InvalidInput(
+            "expert_parallel", True,
+            f"{model.hf_id} is dense (no experts to split); drop expert parallel (--ep) or "
+            "plan a mixture-of-experts model")
     bits = weights.bits
     if bits == 8 and not gpu.supports_fp8 and weights.weights_dtype == "fp8":
         warnings.append(

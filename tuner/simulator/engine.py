@@ -60,10 +60,13 @@ def step_cost_for(request: planning.PlanRequest, kv_cache_dtype: str) -> StepCos
         pair_flops = 4.0 * model.num_hidden_layers * heads_per_gpu * model.head_dim
     eff = efficiency_for(gpu.name)
     return StepCostModel(
-        weights_bytes=weights_bytes_per_gpu(model, request.weights_dtype, tp),
-        kv_bytes_per_token=kv_bytes_per_token(
+        weights_bytes=weights_bytes_per_gpu(model, request.weights_dtype, tp,
+                                            data_parallel=request.data_parallel),
+        # Per GPU: a DCP rank holds (and reads) 1/DCP of the tokens.
+        kv_bytes_per_token=-(-kv_bytes_per_token(
             model, kv_cache_dtype, tp,
-            model_dtype=weights_load(model, request.weights_dtype).served_dtype),
+            model_dtype=weights_load(model, request.weights_dtype).served_dtype,
+        ) // request.decode_context_parallel),
         hbm_bytes_per_second=float(gpu.hbm_bandwidth_bytes_per_second),
         matrix_flops_per_second=flops_rate,
         flops_per_token=2.0 * model.active_parameter_count / tp,
@@ -104,8 +107,10 @@ def simulated_plan(
             f"KV cache holds {kv_tokens} tokens",
         )
     cpu_blocks, seconds_per_block = offload_tier(request, plan, page)
+    # Under decode context parallel the scheduler's block holds block_size tokens per DCP rank.
     engine = EngineConfig(
-        num_gpu_blocks=num_gpu_blocks, block_size=plan.block_size,
+        num_gpu_blocks=num_gpu_blocks,
+        block_size=plan.block_size * request.decode_context_parallel,
         max_num_seqs=plan.max_num_seqs, max_num_batched_tokens=plan.max_num_batched_tokens,
         max_model_len=plan.max_model_len,
         enable_prefix_caching=plan.enable_prefix_caching and allocation == "paged",

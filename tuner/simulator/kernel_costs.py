@@ -13,6 +13,8 @@ batches), activations all-reduced in 16 bits.
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvtune.tuner.facts.step_kernels import (
     ACTIVATION_BYTES,
     all_reduce_table,
@@ -35,7 +37,13 @@ def kernel_times(request: planning.PlanRequest, matrix_flops_per_second: float,
     bits = weight_bits(model, request.weights_dtype)
     not_linear = model.embedding_parameter_count + model.vision_parameter_count
     body_active = max(1, model.active_parameter_count - not_linear) / tp
-    body_total = max(1, model.parameter_count - not_linear) / tp
+    # Under DP the routed experts are split over all tp * dp ranks, the rest over tp; a rank's
+    # expert FLOPs per own token stay those of TP (it computes dp times the tokens on 1/dp of
+    # the experts).
+    dp = request.data_parallel
+    experts = min(model.expert_parameter_count, model.parameter_count)
+    body_total = (max(1, model.parameter_count - not_linear - experts) / tp
+                  + experts / (tp * dp))
     layers = model.num_hidden_layers
     bf16_rate = float(gpu.dense_bf16_flops_per_second)
     hbm = float(gpu.hbm_bandwidth_bytes_per_second)
@@ -69,10 +77,36 @@ def kernel_times(request: planning.PlanRequest, matrix_flops_per_second: float,
         attention_seconds_per_seq=per_seq,
         kv_bytes_per_second=kv_rate,
         prefill_flops_per_second=prefill,
-        all_reduces_per_step=2 * layers if tp > 1 else 0,
-        all_reduce_bytes_per_token=model.hidden_size * ACTIVATION_BYTES,
-        all_reduce_seconds=all_reduce_table(gpu.name, tp),
+        **_collectives(request),
     )
+
+
+def _collectives(request: planning.PlanRequest) -> dict[str, Any]:
+    """The step's collectives as all-reduces: TP alone, two per layer among the TP ranks;
+    under expert parallel (DP > 1 or EP), a dispatch and a combine all-to-all per MoE layer of
+    the k routed copies of each token among all ranks, each charged as an all-reduce of half
+    the bytes (``planner/decode.py``; the attention all-reduces of TP > 1 ride along at that
+    size); DP without EP, one all-reduce per MoE layer among all ranks of the replica's tokens
+    besides TP's per layer."""
+    model, gpu, layout = request.model, request.gpu, request.layout
+    tp, layers = layout.tensor_parallel, model.num_hidden_layers
+    token = model.hidden_size * ACTIVATION_BYTES
+    # Decode context parallel: one more collective per layer (gather q, reduce outputs), at
+    # the table of the group charged below (DCP divides TP: an overcharge at worst).
+    dcp_extra = layers if layout.decode_context_parallel > 1 else 0
+    moe_layers = layers - model.moe.num_dense_layers if model.moe is not None else 0
+    if moe_layers == 0 or (layout.data_parallel == 1 and not layout.expert_parallel):
+        return {"all_reduces_per_step": (2 * layers if tp > 1 else 0) + dcp_extra,
+                "all_reduce_bytes_per_token": token,
+                "all_reduce_seconds": all_reduce_table(gpu.name, tp)}
+    assert model.moe is not None
+    if layout.expert_parallel:
+        return {"all_reduces_per_step": 2 * moe_layers + (layers if tp > 1 else 0) + dcp_extra,
+                "all_reduce_bytes_per_token": token * model.moe.experts_per_token // 2,
+                "all_reduce_seconds": all_reduce_table(gpu.name, layout.gpus)}
+    return {"all_reduces_per_step": moe_layers + (layers if tp > 1 else 0) + dcp_extra,
+            "all_reduce_bytes_per_token": token * layout.data_parallel,
+            "all_reduce_seconds": all_reduce_table(gpu.name, layout.gpus)}
 
 
 def _roofline_table(read_seconds_per_param: float, flops_per_second: float

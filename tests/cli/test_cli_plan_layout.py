@@ -1,0 +1,164 @@
+"""`kvtune plan --gpus-per-replica N` (and --tp/--dp/--ep pins): the layout chosen, shown and
+rendered with flags vLLM 0.33's own argument parser accepts (docs/layouts.md)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from kvtune.cli.main import cli
+
+DSV3 = ["plan", "-m", "deepseek-ai/DeepSeek-V3"]
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def plan_json(*args: str) -> dict[str, Any]:
+    code, out, err = run(*args, "-o", "json")
+    assert code == 0, err
+    doc: dict[str, Any] = json.loads(out)
+    return doc
+
+
+def test_deepseek_v3_on_8_h200_chooses_dp8_ep_and_lists_the_layouts() -> None:
+    doc = plan_json(*DSV3, "-g", "H200", "--gpus-per-replica", "8")
+    assert doc["layout"] == {"tensor_parallel": 1, "data_parallel": 8, "expert_parallel": True,
+                             "decode_context_parallel": 1, "label": "DP8+EP"}
+    assert doc["vllm_args"][:3] == [
+        "--tensor-parallel-size=1", "--data-parallel-size=8", "--enable-expert-parallel"]
+    rows = {r["label"]: r for r in doc["layouts_considered"]}
+    assert set(rows) == {"TP8", "TP4xDP2+EP", "TP2xDP4+EP", "DP8+EP"}
+    assert rows["DP8+EP"]["chosen"] and not rows["TP8"]["chosen"]
+    assert rows["TP8"]["kv_copies"] == 8 and rows["DP8+EP"]["kv_copies"] == 1
+    assert rows["DP8+EP"]["kv_cache_tokens_per_replica"] > (
+        5 * rows["TP8"]["kv_cache_tokens_per_replica"])
+    assert doc["reasons"][0]["knob"] == "layout"
+    # The KV dtype comparison is of the chosen layout (TP1 per engine), not of the request.
+    assert doc["kv_dtype_comparison"] and all(
+        r["concurrent_sequences"] > 0 for r in doc["kv_dtype_comparison"])
+
+
+def test_table_shows_the_layouts_weighed() -> None:
+    code, out, _ = run(*DSV3, "-g", "H200", "--gpus-per-replica", "8")
+    assert code == 0
+    assert "x DP8+EP" in out and "Layouts of 8 H200 GPUs per replica" in out
+    for label in ("TP8", "TP4xDP2+EP", "TP2xDP4+EP", "DP8+EP *"):
+        assert label in out
+    assert "--data-parallel-size=8 --enable-expert-parallel" in out
+
+
+def test_8_h100_says_which_gpu_count_fits_and_16_plans() -> None:
+    code, _, err = run(*DSV3, "-g", "H100", "--gpus-per-replica", "8")
+    assert code == 1
+    assert "fits no layout of 8 H100 GPUs" in err
+    assert "--gpus-per-replica 16" in err and "no single change fits" not in err
+    doc = plan_json(*DSV3, "-g", "H100", "--gpus-per-replica", "16")
+    assert doc["layout"]["label"] == "DP16+EP"
+
+
+def test_tp_dp_ep_pin_the_layout() -> None:
+    doc = plan_json(*DSV3, "-g", "H200", "--gpus-per-replica", "8", "--tp", "2")
+    assert doc["layout"]["label"] == "TP2xDP4+EP" and len(doc["layouts_considered"]) == 1
+    assert doc["reasons"][0]["code"] == "Pinned"
+    # --dp without --gpus-per-replica: TP x DP GPUs, EP as pinned.
+    doc = plan_json(*DSV3, "-g", "H200", "--tp", "4", "--dp", "2", "--no-ep")
+    assert doc["layout"]["label"] == "TP4xDP2"
+    assert "--enable-expert-parallel" not in doc["vllm_args"]
+    args_out = run(*DSV3, "-g", "H200", "--dp", "8", "--tp", "1", "-o", "args")[1]
+    assert args_out.replace("\\\n", " ").split()[3:6] == [
+        "--tensor-parallel-size=1", "--data-parallel-size=8", "--enable-expert-parallel"]
+
+
+@pytest.mark.parametrize(("args", "expect"), [
+    (["-m", "meta-llama/Llama-3.3-70B-Instruct", "--ep", "--dp", "2"], "--ep=True"),
+    (["-m", "deepseek-ai/DeepSeek-V3", "--gpus-per-replica", "8", "--tp", "3"], "--tp=3"),
+    (["-m", "deepseek-ai/DeepSeek-V3", "--gpus-per-replica", "8", "--dp", "3"], "--dp=3"),
+    (["-m", "meta-llama/Llama-3.3-70B-Instruct", "--tp", "8", "--dcp", "2"], "--dcp=2"),
+])
+def test_impossible_layout_pins_fail_in_one_line_naming_the_option(
+        args: list[str], expect: str) -> None:
+    code, _, err = run("plan", "-g", "H200", *args)
+    assert code == 1
+    line = err.strip().removeprefix("Error: ")
+    assert "\n" not in line and line.startswith(expect), err
+
+
+def test_without_layout_options_the_plan_is_tp_alone_as_before() -> None:
+    doc = plan_json(*DSV3, "-g", "H200", "--tp", "8")
+    assert "layout" not in doc and "layouts_considered" not in doc
+    assert doc["vllm_args"][0] == "--tensor-parallel-size=8"
+    assert not any(a.startswith("--data-parallel") for a in doc["vllm_args"])
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("extra", [["--gpus-per-replica", "8"], ["--tp", "2", "--dp", "4"],
+                                   ["--tp", "4", "--dp", "2", "--no-ep"],
+                                   ["--tp", "8", "--dcp", "8"],
+                                   ["--gpus-per-replica", "8", "--dcp", "2"]])
+def test_layout_flags_parse_in_vllms_own_parser_into_its_parallel_config(
+        extra: list[str]) -> None:
+    """The rendered layout flags, parsed by a ``FlexibleArgumentParser`` holding vLLM 0.33's
+    own ``ParallelConfig`` arguments exactly as ``EngineArgs.add_cli_args`` adds them (the
+    whole EngineArgs parser needs a device), then given to ``ParallelConfig``."""
+    from pathlib import Path
+
+    import vllm
+    from vllm.config import ParallelConfig
+    from vllm.engine.arg_utils import get_kwargs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    doc = plan_json(*DSV3, "-g", "H200", *extra)
+    layout_args = [a for a in doc["vllm_args"] if a.split("=", 1)[0] in (
+        "--tensor-parallel-size", "--data-parallel-size", "--enable-expert-parallel",
+        "--decode-context-parallel-size")]
+    source = (Path(vllm.__file__).parent / "engine" / "arg_utils.py").read_text()
+    kwargs = get_kwargs(ParallelConfig)
+    parser = FlexibleArgumentParser()
+    for flags, field in ((("--tensor-parallel-size", "-tp"), "tensor_parallel_size"),
+                         (("--data-parallel-size", "-dp"), "data_parallel_size"),
+                         (("--enable-expert-parallel", "-ep"), "enable_expert_parallel"),
+                         (("--decode-context-parallel-size", "-dcp"),
+                          "decode_context_parallel_size")):
+        # EngineArgs.add_cli_args: parallel_group.add_argument("--flag", "-x",
+        #                                                      **parallel_kwargs["field"])
+        assert re.search(r'add_argument\(\s*"' + flags[0] + r'",\s*"' + flags[1]
+                         + r'",\s*\*\*parallel_kwargs\["' + field + r'"\]', source), flags
+        parser.add_argument(*flags, **kwargs[field])
+    ns = parser.parse_args(layout_args)
+    layout = doc["layout"]
+    assert (ns.tensor_parallel_size, ns.data_parallel_size, bool(ns.enable_expert_parallel),
+            ns.decode_context_parallel_size) == (
+        layout["tensor_parallel"], layout["data_parallel"], layout["expert_parallel"],
+        layout["decode_context_parallel"])
+    # ParallelConfig's own checks (tp % dcp == 0 among them) pass.
+    config = ParallelConfig(tensor_parallel_size=ns.tensor_parallel_size,
+                            data_parallel_size=ns.data_parallel_size,
+                            enable_expert_parallel=bool(ns.enable_expert_parallel),
+                            decode_context_parallel_size=ns.decode_context_parallel_size)
+    # One engine's workers are TP (x PP); the replica's GPUs are that times DP.
+    assert config.world_size * config.data_parallel_size == 8
+
+
+@pytest.mark.slow
+def test_with_a_rate_the_goodput_search_runs_per_layout_and_ranks_them() -> None:
+    """Each layout's engine is searched on its DP share of the rate; the replica's goodput
+    (engine's x DP) picks the layout."""
+    doc = plan_json("plan", "-m", "deepseek-ai/DeepSeek-V2-Lite", "-g", "H100",
+                    "--gpus-per-replica", "2", "--request-rate", "4")
+    assert doc["search"] is not None
+    rows = doc["layouts_considered"]
+    assert [r["label"] for r in rows] == ["TP2", "DP2+EP"]
+    chosen = next(r for r in rows if r["chosen"])
+    assert chosen["label"] == doc["layout"]["label"]
+    assert chosen["score"] == max(r["score"] for r in rows) > 0
+    assert "goodput req/s per replica" in doc["reasons"][0]["message"]
+    dp = doc["layout"]["data_parallel"]
+    assert chosen["score"] == pytest.approx(
+        doc["search"]["goodput_requests_per_second"] * dp, abs=1e-3)
