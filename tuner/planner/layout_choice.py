@@ -51,6 +51,10 @@ def candidate_layouts(
         if value is not None and gpus % value:
             raise InvalidInput(name, value, f"must divide the {gpus} GPUs per replica "
                                "(TP x DP = GPUs per replica)")
+    if tp is not None and dp is not None and tp * dp != gpus:
+        raise InvalidInput("data_parallel", dp, f"TP {tp} x DP {dp} = {tp * dp} GPUs, not the "
+                           f"{gpus} per replica; pin one of them, or --gpus-per-replica "
+                           f"{tp * dp}")
     if ep and model.moe is None:
         raise InvalidInput("expert_parallel", True, f"{model.hf_id} is dense (no experts to "
                            "split); drop expert parallel (--ep)")
@@ -64,12 +68,17 @@ def candidate_layouts(
         use_ep = ep if ep is not None else (model.moe is not None and d > 1)
         out.append(ParallelLayout(tensor_parallel=t, data_parallel=d, expert_parallel=use_ep,
                                   decode_context_parallel=dcp))
+    if not out and dcp > 1 and candidate_layouts(model, gpus, tp=tp, dp=dp, ep=ep):
+        raise InvalidInput(
+            "decode_context_parallel", dcp,
+            f"divides the TP of no layout of {gpus} GPUs"
+            + (f" (TP {tp})" if tp is not None else "")
+            + " (vLLM: tp % dcp == 0); pick a DCP that divides the TP")
     if not out:
         raise InvalidInput(
             "tensor_parallel", tp,
             f"no layout of {gpus} GPUs has a TP {model.hf_id} can be split by"
             + (f" with DP {dp}" if dp is not None else "")
-            + (f" that DCP {dcp} divides" if dcp > 1 else "")
             + "; pin another --tp or change --gpus-per-replica")
     return out
 
@@ -177,8 +186,8 @@ def _nothing_fits(request: PlanRequest, gpus: int, options: list[LayoutOption]
                                           data_parallel=more // t)
                     for t in range(1, more + 1) if more % t == 0 and tensor_parallel_ok(model, t))
         if light < 0.75 * gpu.cuda_total_bytes:
-            suggestions.append(f"--gpus-per-replica {more} (e.g. {more // 8} nodes of 8)"
-                               if more > 8 else f"--gpus-per-replica {more}")
+            nodes = f" (e.g. {more // 8} nodes of 8)" if more > 8 and more % 8 == 0 else ""
+            suggestions.append(f"--gpus-per-replica {more}{nodes}")
             break
     refused = "; ".join(f"{o.layout.label}: {o.refused}" for o in options)
     return NoFeasiblePlan(

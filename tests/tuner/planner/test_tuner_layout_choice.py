@@ -41,6 +41,7 @@ def test_candidates_offer_ep_to_moe_models_with_dp_and_honour_pins() -> None:
     ({"gpus": 8, "dp": 3}, "data_parallel"),
     ({"gpus": 0}, "gpus_per_replica"),
     ({"gpus": 65}, "gpus_per_replica"),
+    ({"gpus": 8, "tp": 4, "dp": 4}, "data_parallel"),
 ])
 def test_impossible_layout_pins_are_refused_naming_the_field(kwargs: dict[str, int],
                                                               field: str) -> None:
@@ -61,8 +62,9 @@ def test_expert_parallel_on_a_dense_model_is_refused() -> None:
 def test_dcp_is_pinned_only_onto_layouts_whose_tp_it_divides() -> None:
     assert _labels(candidate_layouts(DSV3, 8, dcp=2)) == [
         "TP8+DCP2", "TP4xDP2+EP+DCP2", "TP2xDP4+EP+DCP2"]
-    with pytest.raises(InvalidInput, match="DCP 16 divides"):
-        candidate_layouts(DSV3, 8, dcp=16)
+    with pytest.raises(InvalidInput) as exc:
+        candidate_layouts(DSV3, 8, tp=8, dcp=3)
+    assert exc.value.field == "decode_context_parallel"
     for model, tp, dcp in ((LLAMA_70B, 8, 2), (DSV3, 4, 8)):
         req = PlanRequest(model=model, gpu=H200, weights_dtype="auto", tensor_parallel=tp,
                           decode_context_parallel=dcp, profile=preset_profile("chat"))
