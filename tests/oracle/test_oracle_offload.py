@@ -99,8 +99,8 @@ def test_kvtune_simulate_runs_vllms_connector_with_engine_vllm(vllm: object,
     args = ["simulate", "--trace", str(MOONCAKE), "--limit", "60", "--speed", "4",
             "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100",
             "--compare", "custom", "--score-sample", "0", "-o", "json",
-            "--config", "kv_offloading_size_gib=64",
-            "--config", "kv_cache_memory_bytes=1258291200"]  # ~600 blocks of 2 MiB
+            "--config", "kv_offloading_size_gib=64", "--config", "max_model_len=16384",
+            "--config", "kv_cache_memory_bytes=3221225472"]  # ~1,500 blocks of 2 MiB
     rows = {}
     for engine in ("simulator", "vllm"):
         result = CliRunner().invoke(cli, [*args, "--engine", engine])
@@ -108,6 +108,6 @@ def test_kvtune_simulate_runs_vllms_connector_with_engine_vllm(vllm: object,
         rows[engine] = json.loads(result.stdout)["configurations"][0]
     ours, theirs = rows["simulator"], rows["vllm"]
     assert theirs["engine"]["cpu_offload_blocks"] > 0
-    assert theirs["completed"] == ours["completed"] == 60
-    for key in ("cpu_hit_tokens", "prefix_hit_tokens", "preemptions"):
+    assert theirs["starts"] and theirs["completed"] == ours["completed"] > 0
+    for key in ("cpu_hit_tokens", "prefix_hit_tokens", "preemptions", "rejected"):
         assert ours[key] == theirs[key], key
