@@ -120,6 +120,13 @@ class CPUTier:
         self._rank[key] = rank
         if self._state.get(key) == 0:
             heapq.heappush(self._heap, (rank, key))
+            if len(self._heap) > 2 * len(self._state) + 1024:
+                self._compact()
+
+    def _compact(self) -> None:
+        """Drop the heap's stale entries (a re-ranked chunk leaves its old one behind)."""
+        self._heap = [(self._rank[k], k) for k, s in self._state.items() if s == 0]
+        heapq.heapify(self._heap)
 
     def _access(self, req: RequestOffload, keys: Sequence[int],
                 positions: Sequence[int]) -> None:
@@ -168,9 +175,8 @@ class CPUTier:
             del self._state[key]
             del self._rank[key]
         self.evicted_blocks += count
-        if len(heap) > 2 * len(self._state) + 64:
-            self._heap = [(self._rank[k], k) for k, s in self._state.items() if s == 0]
-            heapq.heapify(self._heap)
+        if len(heap) > 2 * len(self._state) + 1024:
+            self._compact()
         return True
 
     # -- what the scheduler asks -----------------------------------------------------------
