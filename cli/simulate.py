@@ -163,7 +163,8 @@ def _row(config: SimulatedPlan, result: SimResult | None, tensor_parallel: int,
               show_default=True,
               help="Who schedules: kvtune's simulator, or vLLM 0.33.0's own scheduler (the "
               "exact reference, 20-230x slower; needs pip install 'kvtune[vllm]'). Both use "
-              "kvtune's step-time model and vLLM's default async scheduling.")
+              "kvtune's step-time model and vLLM's default async scheduling; with "
+              "kv_offloading_size_gib, vLLM runs its own OffloadingConnector (the CPU tier).")
 @click.option("-o", "--output", "output_format", type=click.Choice(["table", "json"]),
               default="table", show_default=True)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -209,10 +210,6 @@ def simulate(
         planned = _planned(request, trace, speed, search, budget, shown) \
             if "planned" in names else None
         configs = compare.configurations(request, names, overrides, planned_plan=planned)
-        if engine == "vllm" and any(c.engine.cpu_offload_blocks for c in configs):
-            raise InvalidInput("--config", "kv_offloading_size_gib",
-                               "--engine vllm runs vLLM's scheduler without its KV connector: "
-                               "CPU offload is simulated by kvtune's engine only")
         requests = requests_from_trace(trace, speed=speed, limit=limit)
         rows = []
         results: list[SimResult] = []

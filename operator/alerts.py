@@ -8,7 +8,9 @@ The alerts, from the article's "how to measure KV cache efficiency" and the spec
 
 - KVCacheSaturated: usage > 90 % for 5 minutes while requests wait (the cache, not compute,
   holds requests back).
-- KVCacheUnderused: usage < 40 % over 30 minutes while serving traffic (over-allocated).
+- KVCacheUnderused: usage < 40 % over 30 minutes while serving traffic: the cache is
+  oversized, or eviction is too aggressive (blocks freed and evicted before they are reused;
+  vLLM's ``kv_block_idle_before_evict_seconds`` with ``--kv-cache-metrics`` shows it).
 - PrefixCacheHitRateLow: hit rate < 30 % where the workload shares prefixes.
 - PrefixCacheTTFTGapSmall: vLLM 0.33 does not split TTFT by cache status, so the rule uses
   the prefill work a cached request is spared: prompt tokens / prefill tokens computed per
@@ -27,6 +29,13 @@ The alerts, from the article's "how to measure KV cache efficiency" and the spec
   from what the plan expects (the memory model is wrong for this GPU, or someone changed
   the runtime). The label is matched with a numeric-range regex (PromQL cannot read a label
   as a number).
+- KVCacheVRAMShareHigh / KVCacheVRAMShareLow: the KV cache holds more than half of the
+  GPU's memory (quantize the KV cache or the weights: fp8 halves it) or less than a fifth
+  (raise the batch: max-num-seqs, gpu-memory-utilization). vLLM exports no KV bytes; the
+  share is ``vllm:cache_config_info``'s ``num_gpu_blocks`` x the plan's KV bytes per block
+  (``status.pools[].expected.kvCacheBytes / numGpuBlocks``) over the GPU class's memory,
+  read as a numeric range on the label (as KVCacheCapacityOffPlan); rendered once the pool
+  has a plan.
 - KVTuneProfileStale: kvtune cannot profile this deployment's traffic. The operator's own
   failures that no deployment owns (KVTuneReconcileErrors, KVTuneOperatorDown) are in the
   chart's PrometheusRule once (charts/kvtune/templates/prometheusrule.yaml), not copied into
@@ -53,6 +62,10 @@ class PoolAlertInput(BaseModel):
     pool: str
     object_name: str  # the Deployment: its pods are named <object_name>-<hash>-<id>
     expected_num_gpu_blocks: int | None = None
+    # For the VRAM share of the KV cache: the plan's KV bytes per block on one GPU, and
+    # the GPU's memory (what the CUDA runtime reports).
+    kv_bytes_per_block: float | None = Field(default=None, gt=0)
+    gpu_memory_bytes: int | None = Field(default=None, gt=0)
 
 
 class AlertInputs(BaseModel):
@@ -242,8 +255,11 @@ def rule_groups(inp: AlertInputs) -> list[dict[str, Any]]:
             "annotations": {
                 "summary": f"{who}: KV cache under 40 % used while serving",
                 "description": ("Mean KV cache usage {{ $value | humanizePercentage }} over "
-                                "30m: the allocation is larger than the traffic needs (raise "
-                                "max-num-seqs, or give memory back)."),
+                                "30m while serving: the cache is oversized for this traffic "
+                                "(raise max-num-seqs, or give memory back), or eviction is "
+                                "too aggressive (prefix hit rate low: blocks are freed and "
+                                "evicted before they are reused; see vLLM's "
+                                "kv_block_idle_before_evict_seconds with --kv-cache-metrics)."),
             },
         },
     ]
@@ -316,6 +332,9 @@ def rule_groups(inp: AlertInputs) -> list[dict[str, Any]]:
             },
         })
 
+    for pool in inp.pools:
+        kv_rules.extend(_vram_share_rules(inp, pool, labels))
+
     op_sel = _sel({"namespace": inp.namespace, "name": inp.name})
     stale_after = 3 * inp.profile_window_seconds
     operator_rules = [
@@ -347,6 +366,54 @@ def rule_groups(inp: AlertInputs) -> list[dict[str, Any]]:
     return groups
 
 
+# The article's bounds on the share of GPU memory the KV cache holds.
+VRAM_SHARE_HIGH, VRAM_SHARE_LOW = 0.5, 0.2
+# num_gpu_blocks above any GPU's (the upper end of the "more than half" range).
+_MAX_BLOCKS = 10**8 - 1
+
+
+def _vram_share_rules(inp: AlertInputs, pool: PoolAlertInput, labels: dict[str, str]
+                      ) -> list[dict[str, Any]]:
+    """KVCacheVRAMShareHigh/Low for one pool: the share is num_gpu_blocks x bytes per
+    block / GPU memory, so each bound is a block count, matched on the label."""
+    if pool.kv_bytes_per_block is None or pool.gpu_memory_bytes is None:
+        return []
+    blocks_at = {share: share * pool.gpu_memory_bytes / pool.kv_bytes_per_block
+                 for share in (VRAM_SHARE_HIGH, VRAM_SHARE_LOW)}
+    above = math.floor(blocks_at[VRAM_SHARE_HIGH]) + 1  # share > 1/2
+    below = math.ceil(blocks_at[VRAM_SHARE_LOW]) - 1  # share < 1/5
+    who = f"{inp.namespace}/{inp.name} pool {pool.pool}"
+    share = (f"{{{{ $labels.num_gpu_blocks }}}} blocks x {pool.kv_bytes_per_block / 2**20:.3g}"
+             f" MiB of {pool.gpu_memory_bytes / 2**30:.3g} GiB")
+    rules = []
+    for name, lo, hi, what, advice in (
+        ("KVCacheVRAMShareHigh", above, _MAX_BLOCKS, "more than half",
+         "quantize: an fp8 KV cache (kv-cache-dtype=fp8) or fp8 weights give memory back "
+         "at the same capacity"),
+        ("KVCacheVRAMShareLow", 0, below, "less than a fifth",
+         "raise the batch: the weights leave little room; a larger max-num-seqs or "
+         "gpu-memory-utilization, tensor parallelism or a larger GPU"),
+    ):
+        if lo > hi:
+            continue  # the bound is out of reach on this GPU
+        sel = _sel({**inp.target_labels, "namespace": inp.namespace},
+                   f'pod=~"{pool.object_name}-.*",'
+                   f'num_gpu_blocks=~"{integer_range_regex(lo, hi)}"')
+        rules.append({
+            "alert": name,
+            "expr": f"count by (namespace, pod, num_gpu_blocks) ({vm.CACHE_CONFIG_INFO}{sel})"
+                    " > 0",
+            "for": "15m",
+            "labels": {**labels, "severity": "info", "pool": pool.pool},
+            "annotations": {
+                "summary": f"{who}: the KV cache holds {what} of GPU memory",
+                "description": (f"{{{{ $labels.pod }}}}: {share} (the plan's bytes per "
+                                f"block, vllm:cache_config_info's blocks): {advice}."),
+            },
+        })
+    return rules
+
+
 def rule_file(inp: AlertInputs) -> dict[str, Any]:
     """A plain Prometheus rule file (``rule_files:``)."""
     return {"groups": rule_groups(inp)}
@@ -376,6 +443,7 @@ def inputs_from_body(body: Mapping[str, Any]) -> AlertInputs:
     status = body.get("status") or {}
     expected = {p.get("name"): (p.get("expected") or {}).get("numGpuBlocks")
                 for p in status.get("pools") or []}
+    vram = {p.get("name"): _vram_inputs(p) for p in status.get("pools") or []}
     observed_hit = (status.get("profile") or {}).get("prefixHitRate")
     w = spec.workload
     shares = bool((w.shared_prefix_tokens or 0) > 0 or w.multi_turn
@@ -393,10 +461,28 @@ def inputs_from_body(body: Mapping[str, Any]) -> AlertInputs:
         shares_prefixes=shares,
         pools=tuple(PoolAlertInput(pool=p.pool_name, object_name=object_name(meta["name"],
                                                                              p.pool_name),
-                                   expected_num_gpu_blocks=expected.get(p.pool_name))
+                                   expected_num_gpu_blocks=expected.get(p.pool_name),
+                                   **vram.get(p.pool_name, {}))
                     for p in spec.pools),
         profile_window_seconds=window,
         slo_buckets_rendered=slo_buckets.rendered_for(
             spec.slo is not None and (spec.slo.ttft_p95 or spec.slo.tpot_p95) is not None,
             spec.runtime.pod_template is not None),
     )
+
+
+def _vram_inputs(pool_status: Mapping[str, Any]) -> dict[str, Any]:
+    """The VRAM-share figures of one pool's status: its plan's KV bytes per block and its
+    GPU class's memory; none when the pool has no plan yet or the class is unknown here."""
+    from kvtune.tuner.errors import KVTuneError
+    from kvtune.tuner.facts import gpus
+
+    exp = pool_status.get("expected") or {}
+    kv_bytes, blocks = exp.get("kvCacheBytes"), exp.get("numGpuBlocks")
+    if not kv_bytes or not blocks or not pool_status.get("gpuClass"):
+        return {}
+    try:
+        gpu = gpus.get_gpu_class(str(pool_status["gpuClass"]))
+    except KVTuneError:
+        return {}
+    return {"kv_bytes_per_block": kv_bytes / blocks, "gpu_memory_bytes": gpu.cuda_total_bytes}

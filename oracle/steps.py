@@ -11,7 +11,11 @@ to flush finished ids). Per step:
 - ``preempted``: request ids preempted in this step, in order;
 - ``finished``: request ids whose last token this step sampled, in scheduling order;
 - ``blocks_in_use``: blocks not free once the step was scheduled (its peak);
-- ``end_seconds``: the model time at the end of the step (kvtune's step-time model).
+- ``end_seconds``: the model time at the end of the step (kvtune's step-time model);
+- with a CPU tier (``--kv-offloading-size``): ``cpu_loads``, the loads from it that started
+  (request id, chunks), ``cpu_stored`` and ``cpu_evicted``, the chunks it wrote and evicted,
+  since the step before (a load may start in a schedule that runs no token: it is counted
+  with the next step that does).
 
 Pure: ``kvtune_steps`` drives kvtune's own simulator; ``kvtune.oracle.vllm_engine`` records
 vLLM's scheduler into the same shape.
@@ -20,7 +24,8 @@ vLLM's scheduler into the same shape.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from kvtune.tuner.simulator.scheduler import EngineConfig, RequestState, Scheduler
 from kvtune.tuner.simulator.timing import StepCostModel
@@ -35,6 +40,9 @@ class StepRecord:
     finished: tuple[int, ...]
     blocks_in_use: int
     end_seconds: float
+    cpu_loads: tuple[tuple[int, int], ...] = ()
+    cpu_stored: int = 0
+    cpu_evicted: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +64,33 @@ class RunRecord:
     @property
     def preemptions(self) -> int:
         return sum(len(s.preempted) for s in self.steps)
+
+    @property
+    def cpu_loads(self) -> list[tuple[int, int]]:
+        return [load for s in self.steps for load in s.cpu_loads]
+
+    @property
+    def cpu_stored(self) -> int:
+        return sum(s.cpu_stored for s in self.steps)
+
+    @property
+    def cpu_evicted(self) -> int:
+        return sum(s.cpu_evicted for s in self.steps)
+
+
+class OffloadEvents(NamedTuple):
+    """What the CPU tier did since the last record (``StepRecord``'s ``cpu_`` fields)."""
+
+    cpu_loads: tuple[tuple[int, int], ...] = ()
+    cpu_stored: int = 0
+    cpu_evicted: int = 0
+
+
+def attach_offload(step: StepRecord, events: OffloadEvents) -> StepRecord:
+    """``step`` with more CPU-tier events counted in it."""
+    return replace(step, cpu_loads=step.cpu_loads + events.cpu_loads,
+                   cpu_stored=step.cpu_stored + events.cpu_stored,
+                   cpu_evicted=step.cpu_evicted + events.cpu_evicted)
 
 
 def step_cost(
@@ -84,7 +119,17 @@ class _Recording(Scheduler):
         self.records: list[StepRecord] = []
         self.finish_step: dict[int, int] = {}
         self._before: set[int] = set()
+        self._cpu_seen = (0, 0, 0)  # loads, stored, evicted counted so far
         self.on_step = lambda _scheduler: self._record()
+
+    def offload_events(self) -> OffloadEvents:
+        tier = self.offload
+        if tier is None:
+            return OffloadEvents()
+        loads, stored, evicted = self._cpu_seen
+        self._cpu_seen = (len(self.cpu_loads), tier.stored_blocks, tier.evicted_blocks)
+        return OffloadEvents(tuple(self.cpu_loads[loads:]), tier.stored_blocks - stored,
+                             tier.evicted_blocks - evicted)
 
     def _record(self) -> None:
         scheduled = self.last_scheduled
@@ -99,13 +144,13 @@ class _Recording(Scheduler):
                 if st.generated >= st.output_tokens:
                     finished.append(rid)
                     self.finish_step[rid] = steps_before
-            self.records.append(StepRecord(
+            self.records.append(attach_offload(StepRecord(
                 scheduled=tuple((st.req.request_id, n) for st, n in scheduled),
                 admitted=tuple(admitted),
                 preempted=tuple(st.req.request_id for st in self.last_preempted),
                 finished=tuple(finished), blocks_in_use=self.last_blocks_in_use,
                 end_seconds=self.now,
-            ))
+            ), self.offload_events()))
         self._before = {st.req.request_id for st in self.running}
         self.last_scheduled = []
 
@@ -116,6 +161,9 @@ def kvtune_steps(
     """kvtune's simulator over ``requests``, one record per engine step."""
     sim = _Recording(requests, config, cost)
     sim.run()
+    if sim.records:
+        # Offload events after the last step (none expected) go with it.
+        sim.records[-1] = attach_offload(sim.records[-1], sim.offload_events())
     rejected = tuple(st.req.request_id for st in sim.states if st.output_tokens == 0)
     return RunRecord(steps=tuple(sim.records), finish_step=sim.finish_step, rejected=rejected)
 

@@ -21,7 +21,9 @@ Imports vLLM (and torch) on first use: about 10-20 s of CPU.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import tempfile
 import warnings
 from collections import deque
@@ -30,7 +32,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from kvtune.oracle.steps import RunRecord, StepRecord, step_cost
+from kvtune.oracle.offload_probe import OffloadProbe, step_jobs
+from kvtune.oracle.offload_worker import HostLinkWorker
+from kvtune.oracle.steps import (
+    OffloadEvents,
+    RunRecord,
+    StepRecord,
+    attach_offload,
+    step_cost,
+)
 from kvtune.oracle.tokens import TokenSpace
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.simulator.metrics import SimResult, TimeSeries
@@ -39,6 +49,7 @@ from kvtune.tuner.simulator.timing import StepCostModel
 from kvtune.tuner.simulator.workload import SimRequest
 
 VLLM_VERSION = "0.33.0"
+GiB = 1 << 30
 INSTALL_HINT = "install it with: pip install 'kvtune[vllm]' (vLLM 0.33.0 and torch, ~9 GB)"
 
 GroupKind = Literal["full", "sliding_window", "chunked_local"]
@@ -68,6 +79,10 @@ def import_vllm() -> Any:
                            ) from exc
     import vllm as v
 
+    # The CPU tier's "cannot store chunks" (an eviction it could not make) is a case the
+    # oracle compares, not news: one line per step would drown the output.
+    logging.getLogger("vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
+                      ).setLevel(logging.ERROR)
     if v.__version__ != VLLM_VERSION:
         raise InvalidInput("--engine", "vllm", f"needs vLLM {VLLM_VERSION}, found "
                            f"{v.__version__}; {INSTALL_HINT}")
@@ -93,6 +108,14 @@ class VllmEngine:
         if config.allocation != "paged":
             raise InvalidInput("allocation", config.allocation,
                                "vLLM only allocates paged blocks; use the simulator")
+        if config.cpu_offload_blocks and tuple(kv_groups) != FULL_ATTENTION:
+            raise InvalidInput("cpu_offload_blocks", config.cpu_offload_blocks,
+                               "the oracle runs CPU offload on full-attention models only; "
+                               "use the simulator for hybrid models with offload")
+        if config.cpu_offload_blocks and not config.enable_prefix_caching:
+            raise InvalidInput("cpu_offload_blocks", config.cpu_offload_blocks,
+                               "kvtune's CPU tier needs prefix caching on (its chunks are "
+                               "keyed by block hash); turn prefix caching on or offload off")
         import_vllm()
         self.config = config
         self.cost = cost
@@ -100,7 +123,12 @@ class VllmEngine:
         self.space = TokenSpace(self.requests)
         self.kv_groups = tuple(kv_groups)
         self._tmp = tempfile.TemporaryDirectory(prefix="kvtune-oracle-")
+        self.offload: OffloadProbe | None = None
         self.scheduler = self._build()
+        self.worker = (HostLinkWorker(config.offload_load_seconds_per_block)
+                       if self.offload is not None else None)
+        self._cpu_loads: list[tuple[int, int]] = []  # loads started since the last record
+        self._gpu_hit: dict[str, int] = {}  # a request that loaded: its GPU prefix hit
         self._by_id = {str(r.request_id): r for r in self.requests}
         nan = float("nan")
         n = len(self.requests)
@@ -159,6 +187,13 @@ class VllmEngine:
             enable_prefix_caching=cfg.enable_prefix_caching,
         )
         cache_config.num_gpu_blocks = cfg.num_gpu_blocks
+        if cfg.cpu_offload_blocks:
+            # ``--kv-offloading-size`` GiB with ``--kv-offloading-backend native``: vLLM
+            # turns it into the OffloadingConnector (``_post_init_kv_transfer_config``)
+            # whose CPU tier holds size // (page-aligned bytes of one block) chunks.
+            cache_config.kv_offloading_size = (cfg.cpu_offload_blocks * self._block_bytes()
+                                               / GiB)
+            cache_config.kv_offloading_backend = "native"
         vllm_config = VllmConfig(
             model_config=model_config, cache_config=cache_config,
             scheduler_config=scheduler_config, device_config=DeviceConfig(device="cpu"),
@@ -185,9 +220,17 @@ class VllmEngine:
         init_none_hash(hash_fn)
         self._hasher = get_request_block_hasher(cfg.block_size, hash_fn)
         cls = AsyncScheduler if cfg.async_scheduling else Scheduler
-        return cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
-                   structured_output_manager=StructuredOutputManager(vllm_config),
-                   block_size=cfg.block_size, log_stats=True)
+        sched = cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+                    structured_output_manager=StructuredOutputManager(vllm_config),
+                    block_size=cfg.block_size, log_stats=True)
+        if cfg.cpu_offload_blocks:
+            self.offload = OffloadProbe(sched, cfg.cpu_offload_blocks)
+        return sched
+
+    def _block_bytes(self) -> int:
+        # One block of each group's one layer: K and V, 8 heads of 128 bf16 values a token
+        # (4 KiB-aligned already, so no page padding).
+        return 2 * self.config.block_size * 8 * 128 * 2 * len(self.kv_groups)
 
     def _admissible(self, r: SimRequest) -> int:
         """Output tokens vLLM will generate, 0 if the request is refused: as the simulator
@@ -207,6 +250,50 @@ class VllmEngine:
             sampling_params=SamplingParams(max_tokens=out, ignore_eos=True),
             pooling_params=None, block_hasher=self._hasher, arrival_time=r.arrival_seconds,
         )
+
+    # -- the CPU tier (OffloadingConnector) ---------------------------------------------
+
+    def _offload_step(self, out: Any, start_seconds: float) -> None:
+        """A step was scheduled at ``start_seconds``: its connector jobs go to the worker
+        model, its loads to the step's record."""
+        if self.worker is None:
+            return
+        loads, stores, flush = step_jobs(out)
+        self.worker.start_step(start_seconds, loads, stores, flush)
+        self._cpu_loads.extend((int(rid), n) for _, rid, n in loads)
+        for _, rid, n in loads:
+            # Its GPU prefix hit: what it computed once the load is in, less the load.
+            self._gpu_hit[rid] = (self.scheduler.requests[rid].num_computed_tokens
+                                  - n * self.config.block_size)
+
+    def _take_offload_events(self) -> OffloadEvents:
+        if self.offload is None:
+            return OffloadEvents()
+        stored, evicted = self.offload.take()
+        loads = tuple(self._cpu_loads)
+        self._cpu_loads = []
+        return OffloadEvents(loads, stored, evicted)
+
+    def _transfers_done(self, end_seconds: float) -> Any:
+        """The worker's report with a step's output: transfers done by its end."""
+        if self.worker is None:
+            return None
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+            OffloadingWorkerMetadata,
+        )
+        from vllm.v1.outputs import KVConnectorOutput
+
+        recving, jobs = self.worker.finished(end_seconds)
+        if not jobs:
+            return None
+        return KVConnectorOutput(finished_recving=recving or None,
+                                 kv_connector_worker_meta=OffloadingWorkerMetadata(
+                                     completed_jobs=jobs))
+
+    def _next_event(self, now: float, next_arrival: float | None) -> float:
+        done = self.worker.next_done_seconds() if self.worker is not None else None
+        events = [t for t in (done, next_arrival) if t is not None]
+        return max(now, min(events)) if events else now
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -250,6 +337,7 @@ class VllmEngine:
             prompt_tokens=[r.prompt_tokens for r in self.requests],
             output_tokens=list(self.output_tokens), rejected=len(self.record.rejected),
             preemptions=self.record.preemptions, resume_hit_tokens=self.resume_hit_tokens,
+            cpu_hit_tokens=sum(n for _, n in self.record.cpu_loads) * cfg.block_size,
             prefix_query_tokens=self.query_tokens, prefix_hit_tokens=self.hit_tokens,
             peak_running=self.peak_running, mean_running=run_i / busy,
             mean_kv_usage=usage_i / busy, mean_fragmented_tokens=frag_i / busy,
@@ -270,8 +358,9 @@ class VllmEngine:
         records: list[StepRecord] = []
         finished_in: list[list[int]] = []
         finish_step: dict[int, int] = {}
-        # In flight: (scheduler output, ids that sample, index of its record or -1).
-        queue: deque[tuple[Any, list[str], int]] = deque()
+        # In flight: (scheduler output, ids that sample, index of its record or -1, the
+        # model time its step ends).
+        queue: deque[tuple[Any, list[str], int, float]] = deque()
         depth = 2 if self.config.async_scheduling else 1
         now = 0.0
         self._now = now
@@ -289,7 +378,7 @@ class VllmEngine:
                     rejected.append(r.request_id)
 
         def update() -> None:
-            out, samplers, index = queue.pop()
+            out, samplers, index, end_seconds = queue.pop()
             ids = list(out.num_scheduled_tokens)
             sampled: list[list[int]] = []
             for rid in ids:
@@ -302,7 +391,8 @@ class VllmEngine:
             sched.update_from_output(out, ModelRunnerOutput(
                 req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                 sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
-                prompt_token_id_logprobs_dict={}, pooler_output=[]))
+                prompt_token_id_logprobs_dict={}, pooler_output=[],
+                kv_connector_output=self._transfers_done(end_seconds)))
             if index < 0:
                 return
             for rid in ids:
@@ -320,6 +410,7 @@ class VllmEngine:
             if sched.has_requests():
                 running_before = {r.request_id: i for i, r in enumerate(sched.running)}
                 out = sched.schedule()
+                self._offload_step(out, now)
                 index = -1
                 samplers: list[str] = []
                 if out.total_num_scheduled_tokens > 0:
@@ -337,7 +428,8 @@ class VllmEngine:
                             else:
                                 admitted_once.add(rid)
                                 self.query_tokens += req.num_prompt_tokens
-                                self.hit_tokens += computed
+                                # GPU prefix hits only (the CPU tier's are cpu_hit_tokens).
+                                self.hit_tokens += self._gpu_hit.get(rid, computed)
                         if req.num_computed_tokens >= req.num_tokens:
                             samplers.append(rid)
                     preempted = sorted(out.preempted_req_ids or (),
@@ -354,12 +446,19 @@ class VllmEngine:
                     else:
                         self._sample(dt)
                     index = len(records)
-                    records.append(StepRecord(
+                    records.append(attach_offload(StepRecord(
                         scheduled=tuple(scheduled), admitted=tuple(admitted),
                         preempted=tuple(int(r) for r in preempted), finished=(),
-                        blocks_in_use=usable - pool.get_num_free_blocks(), end_seconds=now))
+                        blocks_in_use=usable - pool.get_num_free_blocks(), end_seconds=now),
+                        self._take_offload_events()))
                     finished_in.append([])
-                queue.appendleft((out, samplers, index))
+                elif not sched.running and all(e[2] < 0 for e in queue):
+                    # Idle (nothing runs, nothing could be scheduled): the engine polls
+                    # until the next arrival or transfer; the clock moves there.
+                    now = self._next_event(now, pending[0].arrival_seconds if pending
+                                           else None)
+                    self._now = now
+                queue.appendleft((out, samplers, index, now))
                 if len(queue) < depth and (index >= 0 or sched.has_requests()):
                     continue
             elif not queue:
@@ -369,9 +468,11 @@ class VllmEngine:
                 self._now = now
                 continue
             update()
+        if records:
+            # Offload events after the last step (none expected) go with it.
+            records[-1] = attach_offload(records[-1], self._take_offload_events())
         steps = tuple(
-            StepRecord(s.scheduled, s.admitted, s.preempted, tuple(f), s.blocks_in_use,
-                       s.end_seconds)
+            dataclasses.replace(s, finished=tuple(f))
             for s, f in zip(records, finished_in, strict=True))
         self.record = RunRecord(steps=steps, finish_step=finish_step,
                                 rejected=tuple(rejected))

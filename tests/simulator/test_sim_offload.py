@@ -15,6 +15,7 @@ from test_sim_cohort import ROOFLINE, _slice
 
 from kvtune.cli.main import cli
 from kvtune.e2e.traces import MOONCAKE_TRACE
+from kvtune.oracle.steps import RunRecord, kvtune_steps
 from kvtune.tuner.facts.catalog import get_model
 from kvtune.tuner.facts.gpus import get_gpu_class
 from kvtune.tuner.planner.planning import PlanRequest, plan_pool
@@ -22,7 +23,7 @@ from kvtune.tuner.planner.presets import preset_profile
 from kvtune.tuner.simulator.compare import parse_overrides
 from kvtune.tuner.simulator.engine import offload_tier, simulated_plan
 from kvtune.tuner.simulator.metrics import SimResult
-from kvtune.tuner.simulator.offload import CPUTier
+from kvtune.tuner.simulator.offload import CPUTier, RequestOffload
 from kvtune.tuner.simulator.scheduler import EngineConfig, Scheduler, simulate
 from kvtune.tuner.simulator.workload import SimRequest
 
@@ -106,47 +107,118 @@ def test_a_load_waits_on_the_host_link_and_takes_no_step_budget() -> None:
     assert load <= ttft <= load + 2 * STEP_SECONDS + 1e-9
 
 
-def test_the_cpu_tier_is_an_lru_of_its_capacity() -> None:
+def _stored(tier: CPUTier, req: RequestOffload, keys: list[int], now: float = 0.0) -> None:
+    """Offer ``keys`` as the request's prompt chunks from the first; the writes start
+    with the next step and are reported done."""
+    tier.store(req, keys, 0, 16)
+    tier.begin_step(now)
+    tier.complete(now + 1e9)
+
+
+def test_the_cpu_tier_is_vllms_lru_of_its_capacity() -> None:
+    """vLLM's LRUCachePolicy: a running request's chunks rank by its one rank, tail before
+    head; once it finishes they become the most recent, head last."""
     tier = CPUTier(capacity_blocks=4, seconds_per_block=0.5)
-    a = np.asarray([1, 2, 3], dtype=np.int64)
-    tier.store(a, 0)
-    assert tier.lookup(a, 0, 3) == 3
-    b = np.asarray([7, 8], dtype=np.int64)
-    tier.store(b, 1)  # 3 + 2 + 1 anonymous > 4: two of a's go, its tail first
+    a = RequestOffload([1, 2, 3])
+    _stored(tier, a, a.keys)
+    assert tier.lookup(a.keys, 0, 3) == 3
+    tier.finish(a)
+    b = RequestOffload([7, 8])
+    _stored(tier, b, b.keys)  # 3 + 2 > 4: one of a's goes, its tail
     tier.check_invariants()
-    assert tier.size == 4
-    assert tier.lookup(a, 0, 3) == 1  # its head (most recently used) stays
-    assert tier.lookup(b, 0, 2) == 2
+    assert (tier.size, tier.stored_blocks, tier.evicted_blocks) == (4, 5, 1)
+    assert tier.lookup(a.keys, 0, 3) == 2  # its head stays
+    # b, still running, took its rank after a's refresh: a's chunks are older, tail first.
+    c = RequestOffload([9])
+    _stored(tier, c, c.keys)
+    assert tier.lookup(b.keys, 0, 2) == 2
+    assert tier.lookup(a.keys, 0, 2) == 1
     # Loads queue on the link: the second waits for the first.
-    assert tier.load(0.0, 2) == pytest.approx(1.0)
-    assert tier.load(0.2, 1) == pytest.approx(1.5)
+    assert tier.load(a, [1], 0, 16, 0.0) == pytest.approx(0.5)
+    assert tier.load(b, [7, 8], 0, 16, 0.2) == pytest.approx(1.5)
     with pytest.raises(ValueError, match="capacity_blocks=0"):
         CPUTier(0, 1.0)
+
+
+def test_chunks_being_written_or_read_are_neither_found_nor_evicted() -> None:
+    tier = CPUTier(capacity_blocks=2, seconds_per_block=1.0)
+    a = RequestOffload([1, 2])
+    tier.store(a, a.keys, 0, 16)
+    assert tier.lookup(a.keys, 0, 2) is None  # still being written: defer
+    tier.begin_step(0.0)
+    tier.complete(1.0)
+    assert tier.lookup(a.keys, 0, 2) is None  # the write of 2 chunks takes 2 s
+    tier.complete(2.0)
+    assert tier.lookup(a.keys, 0, 2) == 2 and a.jobs == 0
+    reader = RequestOffload([1, 2])
+    tier.load(reader, [1, 2], 0, 16, 2.0)
+    b = RequestOffload([5])
+    tier.store(b, b.keys, 0, 16)  # no idle chunk to evict: dropped, offered again
+    assert (b.next_chunk, tier.size, tier.evicted_blocks) == (0, 2, 0)
+    assert tier.lookup(a.keys, 0, 2) is None  # being loaded for another request
+    tier.complete(4.0)
+    tier.store(b, b.keys, 0, 16)
+    assert (b.next_chunk, tier.evicted_blocks) == (1, 1)
+    tier.check_invariants()
 
 
 def test_many_stores_keep_the_lru_consistent() -> None:
     rng = np.random.default_rng(3)
     tier = CPUTier(capacity_blocks=50, seconds_per_block=0.0)
-    for _ in range(400):
+    for i in range(400):
         start = int(rng.integers(0, 200))
-        keys = np.arange(start, start + int(rng.integers(1, 30)), dtype=np.int64)
-        tier.store(keys, int(rng.integers(0, 5)))
-        tier.lookup(keys, 0, len(keys))
+        req = RequestOffload(list(range(start, start + int(rng.integers(1, 30)))))
+        tier.store(req, req.keys, 0, 16)
+        tier.begin_step(float(i))
+        tier.complete(float(i))
+        found = tier.lookup(req.keys, 0, len(req.keys))
+        if found:
+            tier.load(req, req.keys[:found], 0, 16, float(i))
+            tier.complete(float(i))
+        tier.finish(req)
         tier.check_invariants()
 
 
 def test_offload_with_nothing_to_reuse_is_exactly_the_run_without_it() -> None:
     """Requests that share nothing: the tier stores every prompt, finds nothing, and the
-    run is the one without it, step for step."""
+    run is the one without it, step for step (synchronous: with two batches in flight
+    vLLM's KV connector changes preemption, ``test_async_offload_never_preempts_...``). The
+    times agree to rounding: with the tier the simulator steps exactly."""
     reqs = [request(i, 0.05 * i, 300 + 37 * (i % 5), 20 + i % 7) for i in range(60)]
     cost = fixed_step_cost()
-    off = simulate(reqs, _cfg(num_gpu_blocks=120), cost)
+    off = simulate(reqs, _cfg(num_gpu_blocks=120, async_scheduling=False), cost)
     tier = Scheduler(reqs, _cfg(num_gpu_blocks=120, cpu_offload_blocks=100,
-                                offload_load_seconds_per_block=1e-3), cost)
+                                offload_load_seconds_per_block=1e-3, async_scheduling=False),
+                     cost)
     on = tier.run()
     assert tier.offload is not None and tier.offload.stored_blocks > 0
     assert on.cpu_hit_tokens == 0
-    _same(on, off)
+    assert_same_times(on, off)
+    assert (on.preemptions, on.prefix_hit_tokens, on.resume_hit_tokens) == (
+        off.preemptions, off.prefix_hit_tokens, off.resume_hit_tokens)
+
+
+def test_async_offload_never_preempts_a_request_of_the_step_in_flight() -> None:
+    """vLLM 0.33 with a KV connector and async scheduling defers freeing blocks the step
+    in flight may still write (``defer_block_free``): a request scheduled in the step
+    before is never preempted; the request that needs a block waits instead (until an
+    empty step has processed the step in flight: records skip empty steps, so a few such
+    victims remain visible). Without the tier the same traffic preempts many more."""
+    reqs = _slice("mooncake", 4.0, 150, 0)
+    cfg = _cfg(num_gpu_blocks=1000, max_num_seqs=32, max_num_batched_tokens=1024,
+               max_model_len=32768)
+
+    def in_flight_victims(run: RunRecord) -> int:
+        return sum(1 for prev, step in zip(run.steps, run.steps[1:], strict=False)
+                   for rid in step.preempted if rid in dict(prev.scheduled))
+
+    off = kvtune_steps(reqs, cfg, fixed_step_cost())
+    on = kvtune_steps(reqs, dataclasses.replace(cfg, cpu_offload_blocks=3000,
+                                                offload_load_seconds_per_block=2e-4),
+                      fixed_step_cost())
+    assert on.preemptions > 0
+    assert in_flight_victims(on) * 3 < in_flight_victims(off)
+    assert on.cpu_loads and on.cpu_stored > 0
 
 
 def test_offload_off_is_the_default_engine() -> None:
@@ -182,8 +254,8 @@ def test_the_engine_sizes_the_tier_as_vllm() -> None:
 
 def test_kvtune_simulate_takes_an_offload_size_and_reports_cpu_hits() -> None:
     """``kvtune simulate --config kv_offloading_size_gib=N`` replays with the CPU tier (0:
-    off); the JSON reports the tier's chunks and the tokens it served. vLLM's own scheduler
-    (``--engine vllm``) runs without its KV connector, so it refuses the knob in one line."""
+    off); the JSON reports the tier's chunks and the tokens it served (``--engine vllm``
+    with the knob: ``tests/oracle/test_oracle_offload.py``)."""
     assert parse_overrides(["kv-offloading-size-gib=64"]) == {"kv_offloading_size_gib": 64.0}
     args = ["simulate", "--trace", str(MOONCAKE_TRACE), "--model", MODEL, "--gpu", "H100",
             "--limit", "300", "--compare", "custom", "--score-sample", "0", "-o", "json",
@@ -199,9 +271,6 @@ def test_kvtune_simulate_takes_an_offload_size_and_reports_cpu_hits() -> None:
     assert off.exit_code == 0, off.output
     row_off = json.loads(off.output)["configurations"][0]
     assert row_off["engine"]["cpu_offload_blocks"] == 0 and row_off["cpu_hit_tokens"] == 0
-    bad = runner.invoke(cli, [*args, "--engine", "vllm"])
-    assert bad.exit_code != 0 and "without its KV connector" in bad.output
-    assert "Traceback" not in bad.output
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
@@ -226,7 +295,8 @@ def test_offload_fast_path_equals_exact_stepping(
     def check(s: Scheduler) -> None:
         s.pool.check_invariants()
         assert s.offload is not None
-        s.offload.check_invariants()
+        if checked["steps"] % 50 == 0:  # O(chunks): every 50th step
+            s.offload.check_invariants()
         checked["steps"] += 1
 
     exact = Scheduler(reqs, cfg, ROOFLINE, decode_runs=False, on_step=check).run()

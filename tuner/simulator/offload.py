@@ -1,62 +1,88 @@
 """The CPU KV tier of ``--kv-offloading-size`` as vLLM 0.33.0's native offloading runs it.
 
 vLLM (``vllm/config/vllm.py`` ``_post_init_kv_transfer_config``) turns the flag into the
-``OffloadingConnector`` with ``cpu_bytes_to_use`` = the size in GiB (across TP ranks). What
-the simulator follows, by source file:
+``OffloadingConnector`` with ``cpu_bytes_to_use`` = the size in GiB (across TP ranks). The
+simulator follows its scheduler side (``offloading/scheduler.py``), the CPU manager
+(``kv_offload/cpu/manager.py``) and its LRU (``kv_offload/cpu/policies/lru.py``), and is
+checked against them step by step (``tests/oracle/test_oracle_offload.py``):
 
 - **Granularity** (``offloading/config.py``, ``kv_offload/cpu/spec.py``): one CPU chunk is
   one GPU block (``blocks_per_chunk`` defaults to 1) of every layer on every rank; the
-  tier holds ``cpu_bytes // round_up(block bytes x ranks, page size)`` chunks
-  (``cpu_blocks``). MLA with TP > 1 keeps one copy (``replicated_layout``).
-- **What is stored, when** (``offloading/scheduler.py`` ``_build_store_jobs``): a store job
-  per step for the full blocks a request computes, *prompt blocks only*
-  (``offload_prompt_only`` defaults to True), keyed by the block hash. Stored on compute,
-  not on GPU eviction: the CPU tier holds the prompts, whether or not the GPU still does.
-  The simulator stores a request's prompt blocks when its prompt is done (its first token).
-- **Eviction** (``kv_offload/cpu/policies/lru.py``): LRU over chunks; within one request
-  the tail of the prompt is evicted before its head (rank ``(request, -position)``); a
-  lookup hit refreshes the chunks it found.
-- **Lookup** (``get_num_new_matched_tokens``, core ``scheduler.py``): at admission, after
-  the GPU prefix-cache hit, the connector counts the consecutive stored chunks that follow
-  it, up to the whole sequence (no "keep one token" cap; ``_update_waiting_for_remote_kv``
-  recomputes the last token of a full hit instead).
-- **Load** (core ``scheduler.py``, ``sync_load_budget_bytes`` defaults to 0: always
-  asynchronous): the request's blocks for the loaded tokens are allocated at once (the
-  full-sequence check counts the other in-flight loads' reservations), it leaves the
-  waiting queue without taking any of the step's token budget (``WAITING_FOR_REMOTE_KVS``),
-  and once a step's output reports the transfer done (the worker polls it after every
-  step; under async scheduling the next batch is already scheduled then, so one step later)
-  it is scheduled first, with the loaded tokens computed (and then cached in the GPU prefix
-  cache).
-- **Transfer time**: the loaded bytes per GPU over the GPU's host link (``gpus.json``
-  ``host_link_bytes_per_second``), one transfer at a time per direction (loads queue
-  behind each other). Stores go the other way and overlap compute: not charged.
+  tier holds ``cpu_bytes // round_up(block bytes x ranks, page size)`` chunks. MLA with
+  TP > 1 keeps one copy (``replicated_layout``).
+- **What is stored, when** (``_build_store_jobs``): at every schedule, for each scheduled
+  request, the full *prompt* blocks (``offload_prompt_only``) that the step's tokens
+  complete, keyed by block hash; a fresh admission offers its GPU prefix hit's blocks too
+  (those not on CPU are copied from the GPU), a load's blocks are not offered again.
+  Chunks already stored are not written again. A store that needs evictions the tier cannot
+  make (its chunks are being written or read) is dropped and offered again next step.
+- **Write and read** (``CPUOffloadingWorker``): a stored chunk can be read once its write
+  has finished and the worker has said so; a lookup meeting a chunk still being written,
+  or being loaded for another request, defers the request (vLLM skips it this step). The
+  worker starts a step's stores at the start of the *next* step, its loads at once; each
+  direction is one queue over the host link (``gpus.json`` ``host_link_bytes_per_second``).
+- **Eviction** (``LRUCachePolicy``): the least recent idle chunk goes first. A request has
+  one rank, taken at its first store or load; its chunks rank by it, tail before head, and
+  a chunk it reuses is raised to it. When the request finishes, every chunk it stored or
+  reused becomes the most recent, head last (so a finished prompt's head outlives its
+  tail). Chunks being written or read are never evicted.
+- **Lookup** (``get_num_new_matched_tokens``): at admission, after the GPU prefix-cache
+  hit, the consecutive stored chunks that follow it, up to the whole sequence (no "keep
+  one token" cap; vLLM recomputes the last token of a full hit once the load is in).
 
-Not modeled: contention of the copy kernels with the model's own HBM traffic, and a store
-still in flight when its chunk is looked up (taken as stored).
+Not modeled: contention of the copy kernels with the model's own HBM traffic; the order in
+which vLLM refreshes requests that finish in the same step (a ``set``: here, running
+order); a store of a finished request flushed early because its GPU blocks were reused.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
-# A chunk no lookup can ever ask for (its block holds tokens unique to one request): it
-# takes room in the LRU like any other chunk but has no key.
-_ANONYMOUS = -1
+# A rank is (major, minor) in vLLM: (request rank, -token position) or (fresh, 0). Packed
+# into one int, minor in the low bits, so ranks compare as ints.
+_MINOR_BITS = 40
+_MAX_POSITION = (1 << _MINOR_BITS) - 1
+
+# A chunk's state (vLLM's ``ChunkStatus.ref_cnt``): being written; 0: idle; n > 0: n loads
+# are reading it.
+_WRITING = -1
+
+
+def _rank(major: int, position: int) -> int:
+    return (major << _MINOR_BITS) + _MAX_POSITION - position
+
+
+@dataclass(slots=True)
+class RequestOffload:
+    """One request's side of the tier (vLLM's ``RequestOffloadState`` and the manager's
+    per-request access record)."""
+
+    keys: list[int]  # its full prompt blocks' keys
+    rank: int = 0  # 0: none yet
+    next_chunk: int = 0  # the next prompt chunk to offer for storing
+    jobs: int = 0  # transfers in flight (a deferred lookup while any is)
+    # Chunks it stored or reused: key -> token position (the chunk's end).
+    seen: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Transfer:
+    done_seconds: float
+    keys: list[int]
+    request: RequestOffload
+    is_store: bool
 
 
 class CPUTier:
-    """An LRU of ``capacity_blocks`` chunks, keyed by the simulator's block keys
-    (``prefix.KeySpace``), with one host link for loads.
+    """The chunks (``capacity_blocks``), their LRU, and the transfers over the host link."""
 
-    The LRU is a log of keys in recency order (front: evicted first) with lazy deletion, as
-    the GPU free queue (``blocks.py``): ``_stamp[key]`` is 1 + the log slot of the key's live
-    entry (0: not stored); an entry is stale when its key has moved on. Anonymous chunks are
-    live until the front passes them.
-    """
-
-    __slots__ = ("_head", "_log", "_stamp", "_tail", "capacity_blocks", "hit_blocks",
-                 "link_free_seconds", "loads", "seconds_per_block", "size", "stored_blocks")
+    __slots__ = ("_deferred", "_heap", "_in_flight", "_loading", "_next_rank", "_rank",
+                 "_state", "capacity_blocks", "evicted_blocks", "hit_blocks",
+                 "link_free_seconds", "loads", "seconds_per_block", "store_free_seconds",
+                 "stored_blocks")
 
     def __init__(self, capacity_blocks: int, seconds_per_block: float) -> None:
         if capacity_blocks < 1:
@@ -64,112 +90,204 @@ class CPUTier:
                              "for one block")
         self.capacity_blocks = capacity_blocks
         self.seconds_per_block = seconds_per_block
-        self._stamp = np.zeros(1024, dtype=np.int64)
-        self._log = np.zeros(2 * capacity_blocks + 1024, dtype=np.int64)
-        self._head = self._tail = 0
-        self.size = 0  # live chunks
+        self._state: dict[int, int] = {}  # key -> _WRITING, 0 or the loads reading it
+        self._rank: dict[int, int] = {}
+        self._heap: list[tuple[int, int]] = []  # (rank, key) of idle chunks, lazily
+        self._next_rank = 0
+        self._loading: dict[int, int] = {}  # key -> loads in flight that bring it
+        self._deferred: list[_Transfer] = []  # stores the next step starts
+        self._in_flight: list[_Transfer] = []
         self.link_free_seconds = 0.0  # when the host link finishes the loads queued on it
+        self.store_free_seconds = 0.0  # the same, for stores (the other direction)
         self.stored_blocks = 0  # chunks written (new ones)
-        self.hit_blocks = 0  # chunks a lookup found and loaded
+        self.hit_blocks = 0  # chunks loaded
+        self.evicted_blocks = 0
         self.loads = 0
 
-    # -- the log ---------------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return len(self._state)
 
-    def _grow_keys(self, keys: np.ndarray) -> None:
-        if len(keys):
-            top = int(keys.max()) + 1
-            if top > len(self._stamp):
-                grown = np.zeros(max(top, 2 * len(self._stamp)), dtype=np.int64)
-                grown[:len(self._stamp)] = self._stamp
-                self._stamp = grown
+    # -- ranks -------------------------------------------------------------------------
 
-    def _live_mask(self, start: int, end: int) -> np.ndarray:
-        window = self._log[start:end]
-        named = window >= 0
-        live = ~named
-        slots = np.arange(start + 1, end + 1, dtype=np.int64)
-        live[named] = self._stamp[window[named]] == slots[named]
-        return live
+    def _request_rank(self, req: RequestOffload) -> int:
+        if not req.rank:
+            self._next_rank += 1
+            req.rank = self._next_rank
+        return req.rank
 
-    def _append(self, keys: np.ndarray) -> None:
-        """Append ``keys`` (in order: the last is the most recently used)."""
-        k = len(keys)
-        if self._tail + k > len(self._log):
-            live = self._log[self._head:self._tail][self._live_mask(self._head, self._tail)]
-            self._log = np.zeros(len(live) + k + 2 * self.capacity_blocks + 1024,
-                                 dtype=np.int64)
-            self._log[:len(live)] = live
-            named = live >= 0
-            self._stamp[live[named]] = np.arange(1, len(live) + 1, dtype=np.int64)[named]
-            self._head, self._tail = 0, len(live)
-        t = self._tail
-        self._log[t:t + k] = keys
-        named = keys >= 0
-        self._stamp[keys[named]] = np.arange(t + 1, t + k + 1, dtype=np.int64)[named]
-        self._tail = t + k
+    def _set_rank(self, key: int, rank: int) -> None:
+        self._rank[key] = rank
+        if self._state.get(key) == 0:
+            heapq.heappush(self._heap, (rank, key))
+            if len(self._heap) > 2 * len(self._state) + 1024:
+                self._compact()
 
-    def _evict_to_capacity(self) -> None:
-        over = self.size - self.capacity_blocks
-        if over <= 0:
+    def _compact(self) -> None:
+        """Drop the heap's stale entries (a re-ranked chunk leaves its old one behind)."""
+        self._heap = [(self._rank[k], k) for k, s in self._state.items() if s == 0]
+        heapq.heapify(self._heap)
+
+    def _access(self, req: RequestOffload, keys: Sequence[int],
+                positions: Sequence[int]) -> None:
+        """vLLM's ``on_request_access``: chunks the request meets for the first time rise
+        to its rank (never fall)."""
+        new = [(k, p) for k, p in zip(keys, positions, strict=True) if k not in req.seen]
+        if not new:
             return
-        end = self._head
-        taken = 0
-        while taken < over:
-            assert end < self._tail, "the CPU tier counts more chunks than it holds"
-            start, end = end, min(self._tail, end + 2 * (over - taken) + 16)
-            live = self._live_mask(start, end)
-            found = np.flatnonzero(live)
-            need = over - taken
-            if len(found) >= need:
-                cut = start + int(found[need - 1]) + 1
-                gone = self._log[start:cut][live[:cut - start]]
-                self._stamp[gone[gone >= 0]] = 0
-                self._head = cut
-                self.size -= over
-                return
-            gone = self._log[start:end][live]
-            self._stamp[gone[gone >= 0]] = 0
-            taken += len(found)
+        major = self._request_rank(req)
+        for key, position in new:
+            req.seen[key] = position
+            if key in self._state:
+                rank = _rank(major, position)
+                if self._rank[key] < rank:
+                    self._set_rank(key, rank)
+
+    def finish(self, req: RequestOffload) -> None:
+        """The request finished: what it stored or reused becomes the most recent, tail
+        first, head last (``on_request_finished``)."""
+        for key in sorted(req.seen, key=req.seen.__getitem__, reverse=True):
+            if key in self._state:
+                self._next_rank += 1
+                self._set_rank(key, _rank(self._next_rank, 0))
+
+    def _evict(self, count: int, protected: set[int]) -> bool:
+        """Evict ``count`` idle chunks, least recent first, none of ``protected``; False
+        (nothing evicted) when there are not that many."""
+        heap = self._heap
+        chosen: list[tuple[int, int]] = []
+        kept: list[tuple[int, int]] = []
+        taken: set[int] = set()
+        while heap and len(chosen) < count:
+            entry = heapq.heappop(heap)
+            rank, key = entry
+            if self._state.get(key) != 0 or self._rank.get(key) != rank or key in taken:
+                continue  # stale, or a second entry of the same rank
+            taken.add(key)
+            (kept if key in protected else chosen).append(entry)
+        if len(chosen) < count:
+            for entry in chosen + kept:
+                heapq.heappush(heap, entry)
+            return False
+        for entry in kept:
+            heapq.heappush(heap, entry)
+        for _, key in chosen:
+            del self._state[key]
+            del self._rank[key]
+        self.evicted_blocks += count
+        if len(heap) > 2 * len(self._state) + 1024:
+            self._compact()
+        return True
 
     # -- what the scheduler asks -----------------------------------------------------------
 
-    def store(self, keys: np.ndarray, num_anonymous: int) -> None:
-        """A request's prompt blocks, in prompt order: ``keys`` for the first (shareable)
-        ones, then ``num_anonymous`` with no key. New chunks are written, stored ones
-        refreshed; the prompt's head ends most recently used."""
-        self._grow_keys(keys)
-        new = int(np.count_nonzero(self._stamp[keys] == 0)) if len(keys) else 0
-        order = np.concatenate((np.full(num_anonymous, _ANONYMOUS, dtype=np.int64),
-                                keys[::-1]))
-        self._append(order)
-        self.size += new + num_anonymous
-        self.stored_blocks += new + num_anonymous
-        self._evict_to_capacity()
-
-    def lookup(self, keys: np.ndarray, start: int, end: int) -> int:
+    def lookup(self, keys: Sequence[int], start: int, end: int) -> int | None:
         """How many consecutive chunks from ``keys[start]`` (up to ``keys[end - 1]``) are
-        stored; the ones found are refreshed (a request-scoped access)."""
-        if end <= start:
-            return 0
-        want = keys[start:end]
-        self._grow_keys(want)
-        present = self._stamp[want] > 0
-        n = int(present.argmin()) if not present.all() else len(want)
-        if n:
-            self._append(want[:n][::-1])
-        return n
+        stored; None (defer the request) when one of them is still being written or is
+        being loaded for another request."""
+        state = self._state
+        n = 0
+        pending = False
+        for key in keys[start:end]:
+            s = state.get(key)
+            if s is None:
+                break
+            pending |= s == _WRITING or key in self._loading
+            n += 1
+        return None if pending else n
 
-    def load(self, now_seconds: float, num_blocks: int) -> float:
-        """Queue a load of ``num_blocks`` chunks on the host link; when it is done."""
+    def store(self, req: RequestOffload, keys: Sequence[int], first_chunk: int,
+              block_size: int) -> None:
+        """Offer ``keys`` (prompt chunks ``first_chunk``... of the request) for storing
+        (``prepare_store``): new ones are written (after evictions), ready ones count as
+        reused; all or nothing. ``req.next_chunk`` moves past them unless it failed."""
+        if not len(keys):
+            return
+        state = self._state
+        positions = [(first_chunk + i + 1) * block_size for i in range(len(keys))]
+        new = [k for k in keys if k not in state]
+        offered = [(k, p) for k, p in zip(keys, positions, strict=True)
+                   if k not in state or state[k] >= 0]
+        if offered:
+            self._access(req, [k for k, _ in offered], [p for _, p in offered])
+        if new:
+            over = len(state) + len(new) - self.capacity_blocks
+            if over > 0 and not self._evict(over, set(keys)):
+                return  # dropped: offered again next step
+            major = self._request_rank(req)
+            where = dict(zip(keys, positions, strict=True))
+            for key in new:
+                state[key] = _WRITING
+                self._rank[key] = _rank(major, where[key])
+            self.stored_blocks += len(new)
+            req.jobs += 1
+            self._deferred.append(_Transfer(0.0, list(new), req, is_store=True))
+        req.next_chunk = first_chunk + len(keys)
+
+    def load(self, req: RequestOffload, keys: Sequence[int], first_chunk: int,
+             block_size: int, now_seconds: float) -> float:
+        """Start loading ``keys`` (chunks ``first_chunk``... of the request) over the host
+        link (``prepare_load``); when they are in."""
+        for key in keys:
+            s = self._state[key]
+            assert s >= 0, "a load of a chunk still being written"
+            self._state[key] = s + 1
+            self._loading[key] = self._loading.get(key, 0) + 1
+        self._access(req, keys, [(first_chunk + i + 1) * block_size
+                                 for i in range(len(keys))])
         start = max(now_seconds, self.link_free_seconds)
-        self.link_free_seconds = start + num_blocks * self.seconds_per_block
-        self.hit_blocks += num_blocks
+        self.link_free_seconds = start + len(keys) * self.seconds_per_block
+        self.hit_blocks += len(keys)
         self.loads += 1
+        req.jobs += 1
+        self._in_flight.append(_Transfer(self.link_free_seconds, list(keys), req,
+                                         is_store=False))
         return self.link_free_seconds
 
+    def begin_step(self, now_seconds: float) -> None:
+        """A step starts: the stores of the step before begin (the worker defers them)."""
+        for t in self._deferred:
+            start = max(now_seconds, self.store_free_seconds)
+            self.store_free_seconds = t.done_seconds = (
+                start + len(t.keys) * self.seconds_per_block)
+            self._in_flight.append(t)
+        self._deferred = []
+
+    def next_done_seconds(self) -> float | None:
+        """When the next transfer in flight is done (None: none is)."""
+        return min((t.done_seconds for t in self._in_flight), default=None)
+
+    def complete(self, seen_seconds: float) -> None:
+        """The transfers done by ``seen_seconds`` are reported: written chunks become
+        readable, loaded ones idle again."""
+        if not self._in_flight:
+            return
+        done = [t for t in self._in_flight if t.done_seconds <= seen_seconds]
+        if not done:
+            return
+        self._in_flight = [t for t in self._in_flight if t.done_seconds > seen_seconds]
+        state = self._state
+        for t in done:
+            t.request.jobs -= 1
+            for key in t.keys:
+                s = state.get(key)
+                if t.is_store:
+                    if s == _WRITING:
+                        state[key] = 0
+                        heapq.heappush(self._heap, (self._rank[key], key))
+                    continue
+                left = self._loading[key] - 1
+                if left:
+                    self._loading[key] = left
+                else:
+                    del self._loading[key]
+                assert s is not None and s > 0
+                state[key] = s - 1
+                if s == 1:
+                    heapq.heappush(self._heap, (self._rank[key], key))
+
     def check_invariants(self) -> None:
-        live = self._log[self._head:self._tail][self._live_mask(self._head, self._tail)]
-        assert len(live) == self.size <= self.capacity_blocks, "live chunks"
-        named = live[live >= 0]
-        assert len(set(named.tolist())) == len(named), "one live entry per key"
-        assert int(np.count_nonzero(self._stamp)) == len(named), "stamps of live keys"
+        assert self.size <= self.capacity_blocks, "live chunks"
+        assert set(self._rank) == set(self._state), "a rank per chunk"
+        idle = {k for k, s in self._state.items() if s == 0}
+        assert idle <= {k for r, k in self._heap if self._rank.get(k) == r}, "idle in heap"

@@ -72,7 +72,7 @@ from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.simulator.blocks import BlockPool
 from kvtune.tuner.simulator.cohort import DecodeCohort
 from kvtune.tuner.simulator.metrics import SimResult, TimeSeries
-from kvtune.tuner.simulator.offload import CPUTier
+from kvtune.tuner.simulator.offload import CPUTier, RequestOffload
 from kvtune.tuner.simulator.prefix import KeySpace
 from kvtune.tuner.simulator.timing import StepCostModel
 from kvtune.tuner.simulator.workload import SimRequest
@@ -129,7 +129,7 @@ class EngineConfig:
 _NO_BLOCKS = np.zeros(0, dtype=np.int64)
 _NO_BLOCKS.flags.writeable = False
 # What an admission found in the CPU tier (``Scheduler._load_from_cpu``).
-_LOAD_NONE, _LOAD_STARTED, _LOAD_BLOCKED = "none", "started", "blocked"
+_LOAD_NONE, _LOAD_STARTED, _LOAD_BLOCKED, _LOAD_DEFER = "none", "started", "blocked", "defer"
 
 
 class RequestState:
@@ -155,7 +155,9 @@ class RequestState:
         "num_tokens",
         "output_tokens",
         "preemptions",
+        "prefilling",
         "req",
+        "sched_step",
         "scheduled_seconds",
         "tail_unprocessed",
     )
@@ -195,6 +197,11 @@ class RequestState:
         self.cohort_generated = 0
         # Offload: when the KV it is loading from the CPU tier has arrived (NaN: none).
         self.load_ready_seconds = float("nan")
+        # Whether its last scheduled chunk left part of its prompt (or, resumed, of its
+        # tokens) to compute: vLLM reserves blocks for such requests (``offload.py``).
+        self.prefilling = False
+        # The last step that scheduled it (with the CPU tier, async: see ``_step``).
+        self.sched_step = -1
 
 
     def add_blocks(self, new: np.ndarray) -> None:
@@ -263,8 +270,20 @@ class Scheduler:
                                 config.offload_load_seconds_per_block)
                         if config.cpu_offload_blocks > 0 and caching else None)
         self.loading: list[RequestState] = []
-        # The schedule before this one (async: the loads done by then are seen now).
+        # vLLM's ``defer_block_free``: with a KV connector (the CPU tier) and two batches in
+        # flight, a request scheduled in the step before is never preempted.
+        self._defer_frees = self.offload is not None and config.async_scheduling
+        self._last_step_empty = False
+        # Requests whose load has arrived, holding their blocks (vLLM's
+        # ``kv_holding_waiting``: admitted before the waiting queue, in load order).
+        self.loaded: deque[RequestState] = deque()
+        # When the last step started (async: the transfers done by then are seen at the
+        # next schedule).
         self._load_seen_seconds = 0.0
+        # Each request's side of the CPU tier, and the requests retired since the last
+        # schedule (vLLM refreshes their chunks at the next one).
+        self._cpu: dict[int, RequestOffload] = {}
+        self._cpu_retired: list[RequestState] = []
         self.keyspace = KeySpace(self.block_size)
         self.requests = list(requests)
         self.states: list[RequestState] = []
@@ -281,6 +300,8 @@ class Scheduler:
         self.resume_hit_tokens = 0
         # Prompt tokens loaded from the CPU tier instead of computed (offload.py).
         self.cpu_hit_tokens = 0
+        # The loads from the CPU tier, in the order they started: (request id, blocks).
+        self.cpu_loads: list[tuple[int, int]] = []
         self.query_tokens = 0
         self.hit_tokens = 0
         self.series = TimeSeries()
@@ -410,30 +431,67 @@ class Scheduler:
 
     # -- the CPU tier (offload.py) ---------------------------------------------------------
 
-    def _load_from_cpu(self, st: RequestState, hits: np.ndarray) -> str:
+    def _cpu_req(self, st: RequestState) -> RequestOffload:
+        rid = st.req.request_id
+        req = self._cpu.get(rid)
+        if req is None:
+            keys = self.keyspace.keys(st.req.segments, st.req.prompt_tokens)
+            req = self._cpu[rid] = RequestOffload(keys)
+        return req
+
+    def _reserved_blocks(self, scheduled: list[tuple[RequestState, int]]) -> int:
+        """Blocks vLLM keeps free for in-flight prefills when it admits a load
+        (``_inflight_prefill_reserved_blocks``): what the loading requests, the loaded ones
+        not yet scheduled and the running ones still prefilling need to hold their whole
+        sequence."""
+        bs = self.block_size
+        now = {id(st): n for st, n in scheduled}
+        busy = [*self.loading, *self.loaded]
+        for st in self.running:
+            n = now.get(id(st))
+            if st.num_computed + n < st.num_tokens if n is not None else st.prefilling:
+                busy.append(st)
+        return sum(max(0, -(-st.num_tokens // bs) - len(st.blocks)) for st in busy)
+
+    def _load_from_cpu(self, st: RequestState, hits: np.ndarray,
+                       scheduled: list[tuple[RequestState, int]]) -> str:
         """Where the CPU tier holds the blocks after the GPU hit ``hits``: allocate them,
         queue their load and move ``st`` to ``loading`` (``_LOAD_STARTED``). No CPU hit:
-        ``_LOAD_NONE`` (admitted as without offload). The full sequence does not fit beside
-        the other loads' reservations: ``_LOAD_BLOCKED`` (admission stops, as vLLM's
+        ``_LOAD_NONE`` (admitted as without offload). A chunk still being written or
+        loaded, or a transfer of its own in flight: ``_LOAD_DEFER`` (vLLM skips it this
+        step). The sequence does not fit, or its loaded blocks do not fit beside the other
+        in-flight prefills' reservations: ``_LOAD_BLOCKED`` (admission stops, as vLLM's
         ``allocate_slots`` with ``reserved_blocks``)."""
         tier = self.offload
         assert tier is not None
+        req = self._cpu_req(st)
+        req.next_chunk = 0  # a fresh admission offers its blocks from the first
+        if req.jobs:
+            return _LOAD_DEFER
         bs = self.block_size
-        cpu = tier.lookup(st.hashes, len(hits), min(len(st.hashes), st.num_tokens // bs))
+        start = len(hits)
+        end = min(len(st.hashes), st.num_tokens // bs)
+        cpu = tier.lookup(st.hashes[start:end].tolist(), 0, end - start)
+        if cpu is None:
+            return _LOAD_DEFER
         if not cpu:
             return _LOAD_NONE
-        reserved = sum(-(-other.num_tokens // bs) - len(other.blocks) for other in self.loading)
-        if self._admission_blocks(st, hits) + reserved > self.pool.get_num_free_blocks():
+        free = self.pool.get_num_free_blocks()
+        if (self._admission_blocks(st, hits) > free
+                or cpu + self.pool.num_free_among(hits) + self._reserved_blocks(scheduled)
+                > free):
             return _LOAD_BLOCKED
-        computed = (len(hits) + cpu) * bs
-        self._count_admission(st, computed, len(hits) * bs)
+        computed = (start + cpu) * bs
+        self._count_admission(st, computed, start * bs)
         self.cpu_hit_tokens += cpu * bs
         self.pool.touch(hits)
         st.blocks = np.concatenate((hits, self.pool.get_new_blocks(cpu)))
-        st.num_cached_blocks = len(hits)  # the loaded blocks are cached once they arrive
+        st.num_cached_blocks = start  # the loaded blocks are cached once they arrive
         st.num_computed = computed
-        st.load_ready_seconds = tier.load(self.now, cpu)
-        self._load_seen_seconds = self.now  # this schedule: the load starts with its step
+        keys = st.hashes[start:start + cpu].tolist()
+        st.load_ready_seconds = tier.load(req, keys, start, bs, self.now)
+        req.next_chunk = start + cpu  # a load's blocks are not offered for storing
+        self.cpu_loads.append((st.req.request_id, cpu))
         self.loading.append(st)
         return _LOAD_STARTED
 
@@ -454,15 +512,34 @@ class Scheduler:
             if st.num_computed >= st.num_tokens:
                 st.num_computed = st.num_tokens - 1
             st.load_ready_seconds = float("nan")
-        self.waiting.extendleft(reversed(arrived))
+        self.loaded.extend(arrived)
 
-    def _store_prompt(self, st: RequestState) -> None:
-        """The request's prompt is computed: its full prompt blocks go to the CPU tier."""
+    def _cpu_store_step(self, scheduled: list[tuple[RequestState, int]]) -> None:
+        """The schedule's stores (vLLM's ``_build_store_jobs``): each scheduled request's
+        prompt blocks its tokens complete, then those left of the requests retired since the
+        last schedule, whose chunks then become the most recent (``on_request_finished``)."""
         tier = self.offload
         assert tier is not None
-        full = st.req.prompt_tokens // self.block_size
-        named = min(full, len(st.hashes))
-        tier.store(st.hashes[:named], full - named)
+        bs = self.block_size
+        for st, num_new in scheduled:
+            self._cpu_offer(tier, self._cpu_req(st),
+                            min(st.num_computed + num_new, st.req.prompt_tokens) // bs, bs)
+        retired = self._cpu_retired
+        if retired:
+            self._cpu_retired = []
+            reqs = [self._cpu_req(st) for st in retired]
+            for st, req in zip(retired, reqs, strict=True):
+                self._cpu_offer(tier, req, st.req.prompt_tokens // bs, bs)
+            for st, req in zip(retired, reqs, strict=True):
+                tier.finish(req)
+                del self._cpu[st.req.request_id]  # its transfers hold what they need
+
+    @staticmethod
+    def _cpu_offer(tier: CPUTier, req: RequestOffload, num_chunks: int, bs: int) -> None:
+        num_chunks = min(num_chunks, len(req.keys))
+        first = req.next_chunk
+        if num_chunks > first:
+            tier.store(req, req.keys[first:num_chunks], first, bs)
 
     def _head_admissible(self) -> bool:
         if not self.waiting or len(self.running) >= self.config.max_num_seqs:
@@ -486,21 +563,23 @@ class Scheduler:
                 if states[idx].output_tokens > 0:
                     self.waiting.append(states[idx])
                 idx += 1
-            if not self.running and not self.waiting and not loading:
+            if not self.running and not self.waiting and not loading and not (
+                    self.loaded or self._cpu_retired):
                 if idx >= n:
                     break
                 self.now = states[idx].req.arrival_seconds
                 continue
             next_arrival = states[idx].req.arrival_seconds if idx < n else None
-            if loading:
-                # vLLM learns of a finished load from a step's output. Synchronous: the
-                # step just taken, so a load done by now. Async: this schedule runs before
-                # the last step's output is processed, so a load done by the previous
-                # schedule (the last step's start).
-                self._loads_arrived(self._load_seen_seconds
-                                    if self.config.async_scheduling else self.now)
-                self._load_seen_seconds = self.now
-                # The engine idles until the next arrival or the next load, whichever first.
+            if self.offload is not None:
+                # vLLM learns of a finished transfer from a step's output. Synchronous: the
+                # step just taken, so one done by now. Async: this schedule runs before the
+                # last step's output is processed, so one done by the last step's start.
+                seen = self._load_seen_seconds if self.config.async_scheduling else self.now
+                self.offload.complete(seen)
+                if loading:
+                    self._loads_arrived(seen)
+                # The worker starts the last schedule's stores with this step.
+                self.offload.begin_step(self.now)
                 ready = loading[0].load_ready_seconds if loading else None
                 if ready is not None and (next_arrival is None or ready < next_arrival):
                     next_arrival = ready
@@ -521,7 +600,13 @@ class Scheduler:
         if not self.decode_runs:
             self._step(next_arrival)
             return
-        if (self._cohort_run(next_arrival) or self._prefill_run(next_arrival)
+        if self.offload is not None:
+            # With the CPU tier, only pure decode runs go fast (they store, look up and
+            # admit nothing); every other step is exact (it may store or load).
+            if not (self.waiting or self.loading or self.loaded) and self._cohort_run(
+                    next_arrival):
+                return
+        elif (self._cohort_run(next_arrival) or self._prefill_run(next_arrival)
                 or self._cohort_step(next_arrival)):
             return
         # The exact step, with every request in its fields; then the cohort re-forms.
@@ -570,6 +655,8 @@ class Scheduler:
         st.finish_seconds = self.now
         self.finished += 1
         self._free(st)
+        if self.offload is not None:
+            self._cpu_retired.append(st)
 
     def _finish_done(self, done: list[RequestState] | None = None) -> None:
         """Retire every running request that is done, in running order (``done``: the
@@ -599,24 +686,31 @@ class Scheduler:
         bs = self.block_size
         max_num_seqs = self.config.max_num_seqs
         offload = self.offload
-        while budget > 0 and waiting and len(running) < max_num_seqs:
-            st = waiting[0]
-            if offload is not None and len(st.blocks):
+        skipped: list[RequestState] = []  # deferred by the CPU tier: tried next step
+        loaded = self.loaded
+        while budget > 0 and (waiting or loaded) and len(running) < max_num_seqs:
+            queue = loaded or waiting
+            st = queue[0]
+            if queue is loaded:
                 # Its KV arrived from the CPU tier: it holds the blocks, nothing to look up.
                 if self._admission_blocks(st, _NO_BLOCKS) > pool.get_num_free_blocks():
                     break
                 num_new = min(st.num_tokens - st.num_computed, budget)
             else:
                 hits = self._lookup(st)
-                if self._admission_blocks(st, hits) > pool.get_num_free_blocks():
-                    break
                 if offload is not None:
-                    load = self._load_from_cpu(st, hits)
+                    # vLLM asks the connector before it checks the blocks.
+                    load = self._load_from_cpu(st, hits, scheduled)
+                    if load == _LOAD_DEFER:
+                        skipped.append(waiting.popleft())
+                        continue
                     if load == _LOAD_BLOCKED:
                         break
                     if load == _LOAD_STARTED:
                         waiting.popleft()  # it waits for its KV (WAITING_FOR_REMOTE_KVS)
                         continue
+                if self._admission_blocks(st, hits) > pool.get_num_free_blocks():
+                    break
                 computed = len(hits) * bs
                 num_new = min(st.num_tokens - computed, budget)
                 self._count_admission(st, computed, computed)
@@ -626,19 +720,23 @@ class Scheduler:
                 st.num_computed = computed
             ok = self._allocate(st, num_new)
             assert ok, "the full-sequence check admitted a request whose chunk does not fit"
-            waiting.popleft()
+            queue.popleft()
             running.append(st)
             scheduled.append((st, num_new))
             budget -= num_new
+        if skipped:
+            waiting.extendleft(reversed(skipped))
         return budget
 
     def _step(self, next_arrival: float | None) -> None:
         """One exact engine step."""
+        self._load_seen_seconds = self.now  # this step starts now
         cfg = self.config
         budget = cfg.max_num_batched_tokens
         scheduled: list[tuple[RequestState, int]] = []
         self.last_preempted = []
         preempted = False
+        in_flight = False  # a victim could not be preempted (``_defer_frees``)
         running = self.running
         i = 0
         bs = self.block_size
@@ -663,6 +761,13 @@ class Scheduler:
                 num_new = budget
             self_preempted = False
             while not self._allocate(st, num_new):
+                if (self._defer_frees and running[-1].sched_step == self.steps
+                        and not self._last_step_empty):
+                    # The victim's blocks may still be written by the step in flight
+                    # (its output is not processed yet): vLLM does not preempt it, and
+                    # schedules no more running requests.
+                    self_preempted = in_flight = True
+                    break
                 victim = running.pop()
                 self._preempt(victim)
                 preempted = True
@@ -677,6 +782,8 @@ class Scheduler:
 
         if not preempted:
             budget = self._admit(budget, scheduled)
+        if self.offload is not None:
+            self._cpu_store_step(scheduled)
 
         self.last_scheduled = scheduled
         self.last_blocks_in_use = self._usable_blocks - pool.get_num_free_blocks()
@@ -687,9 +794,12 @@ class Scheduler:
             # leave (finish time: the end of that step, which is ``now``).
             self._finish_done()
             running = self.running  # _finish_done made a new list
+        self._last_step_empty = not scheduled
         if not scheduled:
-            if finishing:
-                return  # an empty batch: the finished requests left, schedule again
+            if finishing or in_flight:
+                # An empty batch: the finished requests left, or the step in flight is
+                # processed now (its blocks can be freed): schedule again.
+                return
             # Nothing fits and nothing runs: wait for the next arrival or load (cannot happen
             # otherwise with the rejections in __init__, but never spin).
             self._idle(next_arrival)
@@ -709,10 +819,16 @@ class Scheduler:
     def _idle(self, next_arrival: float | None) -> None:
         """Nothing was scheduled: the clock moves to the next arrival, or to the next load
         from the CPU tier if that comes first (one may have started in this very step)."""
-        if self.loading:
-            ready = self.loading[0].load_ready_seconds
-            next_arrival = ready if next_arrival is None else min(next_arrival, ready)
-        assert next_arrival is not None, "simulator deadlock: nothing scheduled, no arrivals"
+        if self.offload is not None:
+            # Any transfer: a load brings a request, a finished write a deferred one.
+            ready = self.offload.next_done_seconds()
+            if ready is not None:
+                next_arrival = ready if next_arrival is None else min(next_arrival, ready)
+        if next_arrival is None:
+            # Only the CPU tier's bookkeeping of the last finished requests was left.
+            assert not (self.waiting or self.loading or self.loaded or self.running), (
+                "simulator deadlock: nothing scheduled, no arrivals")
+            return
         self.now = max(self.now, next_arrival)
 
     def _charge(self, scheduled: list[tuple[RequestState, int]], num_tokens: int = 0,
@@ -737,6 +853,7 @@ class Scheduler:
         sets the TTFT). Whether any request reached its output length."""
         any_done = False
         for st, num_new in scheduled:
+            st.sched_step = step
             st.num_computed += num_new
             if st.num_computed >= st.num_tokens:
                 st.tail_unprocessed = st.generated > 0 and st.last_sample_step == step - 1
@@ -745,10 +862,11 @@ class Scheduler:
                 st.num_tokens += 1
                 if st.generated == 1 and st.first_token_seconds != st.first_token_seconds:
                     st.first_token_seconds = self.now
-                    if self.offload is not None:
-                        self._store_prompt(st)
                 if st.generated >= st.output_tokens:
                     any_done = True
+                st.prefilling = False
+            else:
+                st.prefilling = True
         return any_done
 
     def _cohort_run(self, next_arrival: float | None) -> bool:
@@ -813,6 +931,10 @@ class Scheduler:
         if k < floor:
             return False  # the exact step handles it (and any preemption)
         dt = cost.run_seconds(lines, k, overlapped)
+        if self.offload is not None:
+            # Async: the transfers done by the start of the run's last step are seen next.
+            self._load_seen_seconds = self.now + (
+                cost.run_seconds(lines, k - 1, overlapped) if k > 1 else 0.0)
         need = cohort.new_blocks_for(k) - len(first)
         if need:
             rest = pool.get_new_blocks(need)
@@ -821,6 +943,9 @@ class Scheduler:
             fresh = first
         self.now += dt
         self.steps += k
+        if self._defer_frees:
+            for st in self.running:
+                st.sched_step = self.steps
         done = cohort.advance(k, fresh, self.steps)
         bs = self.block_size
         self._sample(dt, cohort.blocks_held * bs - cohort.computed_tokens(),

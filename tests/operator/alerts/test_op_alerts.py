@@ -37,7 +37,9 @@ BODY: dict[str, Any] = {
     },
     "status": {"pools": [{"name": "h200", "gpuClass": "H200", "tensorParallel": 1,
                           "replicas": 2, "phase": "Applied",
-                          "expected": {"numGpuBlocks": 51200}}]},
+                          # 2 MiB blocks (8B, bf16, 16 tokens): 100 GiB of the H200's.
+                          "expected": {"numGpuBlocks": 51200,
+                                       "kvCacheBytes": 51200 * 2**21}}]},
 }
 
 
@@ -102,6 +104,8 @@ def test_every_rendering_passes_promtool_check(variant: str, tmp_path: Path) -> 
     assert ("PrefixCacheHitRateLow" in names) == (variant != "no-prefix-sharing")
     assert ("TTFTSLOBurnFast" in names) == (variant != "no-slo")
     assert ("KVCacheCapacityOffPlan" in names) == (variant != "no-status")
+    assert ({"KVCacheVRAMShareHigh", "KVCacheVRAMShareLow"} <= names) == (
+        variant != "no-status")
     assert "SUCCESS" in out
     # The PrometheusRule carries the same groups; promtool checks its spec as a rule file.
     pr = alerts.prometheus_rule(inputs)
@@ -136,6 +140,12 @@ PER_INSTANCE = {"model_name": MODEL, "instance": "10.0.0.1:8000", "engine": "0"}
 def _s(metric: str, values: str, extra: str = "") -> dict[str, str]:
     labels = SERIES_LABELS + (f",{extra}" if extra else "")
     return {"series": f"{metric}{{{labels}}}", "values": values}
+
+
+def _info(num_gpu_blocks: str) -> dict[str, str]:
+    """One pod's ``vllm:cache_config_info`` with ``num_gpu_blocks`` blocks."""
+    return {"series": f'vllm:cache_config_info{{namespace="{NS}",pod="{NAME}-h200-7d9f-x2",'
+                      f'num_gpu_blocks="{num_gpu_blocks}",engine="0"}}', "values": "1x30"}
 
 
 # name -> (alertname, eval time, series when firing, series when healthy, extra labels)
@@ -204,6 +214,26 @@ SCENARIOS: dict[str, tuple[str, str, list[dict[str, str]], list[dict[str, str]],
                     f'num_gpu_blocks="51000",engine="0"}}', "values": "1x30"}],
         {"severity": "warning", "pool": "h200", "pod": f"{NAME}-h200-7d9f-x2",
          "num_gpu_blocks": "30000"},
+    ),
+    # H200 (150,121,480,192 bytes) at 2 MiB a block: over half above 35,791 blocks, under
+    # a fifth below 14,317.
+    "vram-high": (
+        "KVCacheVRAMShareHigh", "20m",
+        [_info("51200")], [_info("30000")],
+        {"severity": "info", "pool": "h200", "pod": f"{NAME}-h200-7d9f-x2",
+         "num_gpu_blocks": "51200"},
+    ),
+    "vram-high-at-the-bound": (
+        "KVCacheVRAMShareHigh", "20m",
+        [_info("35792")], [_info("35791")],
+        {"severity": "info", "pool": "h200", "pod": f"{NAME}-h200-7d9f-x2",
+         "num_gpu_blocks": "35792"},
+    ),
+    "vram-low": (
+        "KVCacheVRAMShareLow", "20m",
+        [_info("14316")], [_info("14317")],
+        {"severity": "info", "pool": "h200", "pod": f"{NAME}-h200-7d9f-x2",
+         "num_gpu_blocks": "14316"},
     ),
     "profile-stale": (
         "KVTuneProfileStale", "20m",
