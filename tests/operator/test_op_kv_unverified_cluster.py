@@ -1,10 +1,11 @@
 """The fail-closed KV-quality gate across reconciles, on the real control plane (issue 25).
 
 A plan that wants fp8 KV where no calibration can run (no image with kvtune; calibration
-disabled) keeps the wider dtype and says Unverified with its cause. The next reconciles hold
-from that status while the cause stands: each pool is planned once, the plan-in-force digest
-stays, and no second CalibrationUnavailable is posted. Once the cause is gone (an image set,
-calibration enabled) the narrower dtype is planned again and its calibration Job starts."""
+disabled; an image off the allow-list) keeps the wider dtype and says Unverified with its
+cause. The next reconciles hold from that status while the cause stands: each pool is planned
+once, the plan-in-force digest stays, and no second CalibrationUnavailable is posted. Once the
+cause is gone (an allowed image set, calibration enabled) the narrower dtype is planned again
+and its calibration Job starts."""
 
 from __future__ import annotations
 
@@ -62,12 +63,18 @@ def _jobs(api: Any, name: str) -> list[dict[str, Any]]:
     return items
 
 
+# kvtune's own registry namespace is on the default podPolicy.allowedImages (issue 25).
+IMAGE = "ghcr.io/kvtune/kvtune-vllm-h100:test"
+
+
 @pytest.mark.parametrize(("name", "unmeasurable", "cause", "fix"), [
     ("no-image", {"enabled": True}, "NoImage",
-     {"quality": {"calibration": {"image": "registry.example/kvtune-runtime:test"}}}),
+     {"quality": {"calibration": {"image": IMAGE}}}),
     ("disabled", {"enabled": False}, "Disabled",
-     {"quality": {"calibration": {"enabled": True,
-                                  "image": "registry.example/kvtune-runtime:test"}}}),
+     {"quality": {"calibration": {"enabled": True, "image": IMAGE}}}),
+    # A tenant's image the operator may not run with its rights.
+    ("not-allowed", {"enabled": True, "image": "registry.example/mine:1"}, "ImageNotAllowed",
+     {"quality": {"calibration": {"image": IMAGE}}}),
 ])
 def test_an_unmeasurable_dtype_is_held_from_status_until_its_cause_is_gone(
     api: Any, monkeypatch: pytest.MonkeyPatch, name: str, unmeasurable: dict[str, Any],
@@ -107,5 +114,4 @@ def test_an_unmeasurable_dtype_is_held_from_status_until_its_cause_is_gone(
     kvq = get_infd(api, NS, name)["status"]["kvQuality"]
     assert kvq["phase"] == "Calibrating" and not kvq.get("unverified"), kvq
     (job,) = _jobs(api, name)
-    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == \
-        "registry.example/kvtune-runtime:test"
+    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == IMAGE
