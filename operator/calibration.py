@@ -121,13 +121,20 @@ def job_image(deployment: Mapping[str, Any], configured: str | None,
     when it runs kvtune's entrypoint (kvtune's runtime images carry kvtune, torch and
     transformers), else the chart's default (kvtune's runtime image for ``gpu_class``); None
     when none of them (a plain vLLM image has no kvtune)."""
-    if configured:
-        return configured
     containers = deployment["spec"]["template"]["spec"]["containers"]
     main = next((c for c in containers if c.get("name") == container), containers[0])
-    if list(main.get("command") or [])[:3] == ["python3", "-m", "kvtune.runtime"]:
-        image: str = main["image"]
-        return image
+    runs_kvtune = list(main.get("command") or [])[:3] == ["python3", "-m", "kvtune.runtime"]
+    return image_for(configured, main["image"] if runs_kvtune else None, gpu_class)
+
+
+def image_for(configured: str | None, kvtune_runtime_image: str | None,
+              gpu_class: str | None) -> str | None:
+    """``job_image``'s choice without a rendered Deployment: the configured image, else the
+    runtime's own when it runs kvtune's entrypoint, else the chart's default for the class."""
+    if configured:
+        return configured
+    if kvtune_runtime_image:
+        return kvtune_runtime_image
     return default_image(gpu_class) if gpu_class else None
 
 

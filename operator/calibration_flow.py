@@ -278,9 +278,10 @@ def _hold_if_still_unmeasurable(kube: kapply.Kube, body: Mapping[str, Any],
         stands = gate.quality.calibration.enabled \
             and not _calibration_image_allowed(spec, gate.quality.calibration.image)
     elif cause == "NoImage":
-        stands = gate.quality.calibration.enabled and not gate.quality.calibration.image \
-            and spec.runtime.entrypoint != "kvtune" \
-            and all(calibration.default_image(p.gpu_class) is None for p in spec.pools)
+        kvtune_runtime = spec.runtime.image if spec.runtime.entrypoint == "kvtune" else None
+        stands = gate.quality.calibration.enabled and all(
+            calibration.image_for(gate.quality.calibration.image, kvtune_runtime,
+                                  p.gpu_class) is None for p in spec.pools)
     else:
         stands = gate.quality.calibration.enabled and not _may_create_jobs(kube, namespace)
     if stands:
