@@ -115,6 +115,11 @@ FLAG_TO_NAME: Mapping[str, str] = {
 }
 
 
+def choice_text(value: object) -> str:
+    """A knob's value as reasons and flags spell it (``true``, not ``True``)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def camel_name(knob: Knob) -> str:
     """The CRD / status spelling of a knob (``blockSize``, ``kvOffloadingSizeGiB``)."""
     if knob.camel:

@@ -665,7 +665,7 @@ def _pool_plan(run: PlanRun, base_pool: PoolPlan, best: _Scored, summary: Search
         value = getattr(plan, knobs.FLAG_TO_NAME[knob])
         was = getattr(base, knobs.FLAG_TO_NAME[knob])
         reasons.append(Reason(
-            knob=knob, choice=str(value).lower() if isinstance(value, bool) else str(value),
+            knob=knob, choice=knobs.choice_text(value),
             code="BestGoodput",
             message=(f"the goodput search chose {value} over the rules' {was} among "
                      f"{summary.candidates} candidates: {figures}"

@@ -75,7 +75,7 @@ def _kept_by_search(reason: Reason, plan: KVPlan, changed: set[str], candidates:
                     ) -> Reason:
     name = knobs.FLAG_TO_NAME.get(reason.knob)
     value = getattr(plan, name) if name is not None else reason.choice
-    choice = str(value).lower() if isinstance(value, bool) else str(value)
+    choice = knobs.choice_text(value)
     return Reason(
         knob=reason.knob, choice=choice, code=KEPT_BY_SEARCH,
         message=(f"the goodput search kept {choice} beside its {', '.join(sorted(changed))} "
