@@ -223,11 +223,12 @@ class PeeringReplica:
     """One `kvtune operator --peering` process: a stand-in for one pod of the chart's
     Deployment (``argv`` is its whole command line)."""
 
-    def __init__(self, argv: list[str], log: Path) -> None:
+    def __init__(self, argv: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.log = log
         with log.open("w") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                              **(env or {})})
 
     def text(self) -> str:
         return self.log.read_text()
