@@ -19,7 +19,10 @@ from kvtune.replay.instance import InstanceConfig
 
 AZURE = AZURE_TRACE
 MODEL, NS, NAME, POOL = "llama", "llm", "bot", "h200"
-WINDOW_SECONDS = 20
+# 40 s, not 20: the starved instance finishes ~7 requests/s, so 150 of them in a 20 s
+# window took ~110 s of waiting (a 40 s window holds them after ~25 s); the stable one
+# keeps up either way.
+WINDOW_SECONDS = 40
 SPEED = 5.0  # ~27 requests/s: a healthy instance keeps up, a starved one queues
 
 
