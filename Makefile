@@ -5,7 +5,7 @@
 # (KVTUNE_OPERATOR_BIN), the artifact the operator image ships, not the editable checkout.
 WHEEL_CHECK := $(CURDIR)/build/wheel-check
 WHEEL_ENV := KVTUNE_WHEEL_DIR=$(WHEEL_CHECK)/dist KVTUNE_OPERATOR_BIN=$(WHEEL_CHECK)/venv/bin/kvtune
-.PHONY: setup setup-python demo test lint bench crds images
+.PHONY: setup setup-python demo test test-fast lint bench crds images
 
 setup:
 	scripts/setup.sh
@@ -18,6 +18,11 @@ demo: setup
 test: setup
 	.venv/bin/python scripts/wheel_check.py --out $(WHEEL_CHECK)
 	$(WHEEL_ENV) .venv/bin/python -m pytest
+
+# The fast loop while editing: no control plane, Prometheus, vLLM engine or image build, and
+# no test marked slow (tests/conftest.py marks the first four by what they need). Python only.
+test-fast: setup-python
+	.venv/bin/python -m pytest -m "not slow"
 
 lint: setup-python
 	.venv/bin/ruff check .

@@ -51,3 +51,15 @@ def fresh_template_budget(monkeypatch: pytest.MonkeyPatch) -> None:
         from kvtune.operator.render_fairness import TenantBudget
 
         monkeypatch.setattr(sandbox, "BUDGET", TenantBudget())
+
+
+# What starts real processes (a control plane, Prometheus, vLLM's engine, an image build) is
+# slow by what it needs, marked here once rather than by each file's memory: `-m "not slow"`
+# is the fast loop (docs/testing.md).
+SLOW_BY_NEED = ("cluster", "prometheus", "vllm", "image")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(item.get_closest_marker(name) for name in SLOW_BY_NEED):
+            item.add_marker(pytest.mark.slow)

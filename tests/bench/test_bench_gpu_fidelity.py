@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 import torch
 
 from kvtune.tuner.facts.gpus import get_gpu_class
@@ -40,6 +41,7 @@ def test_totals_are_compared_with_the_catalog() -> None:
     assert not off["cuda_matches"] and off["cuda_ratio"] < 1.0
 
 
+@pytest.mark.slow
 def test_the_peak_tracker_counts_live_tensors_once() -> None:
     with GF.peak_increase(torch, "cpu") as out:
         a = torch.empty(1000, dtype=torch.float32)  # 4,000 bytes
@@ -57,6 +59,7 @@ def test_the_sampler_emulation_keeps_the_shape_and_picks_valid_tokens() -> None:
     assert tokens.shape == (8,) and int(tokens.min()) >= 0 and int(tokens.max()) < 100
 
 
+@pytest.mark.slow
 def test_a_tiny_run_end_to_end(tmp_path: Path) -> None:
     inputs = GF.kvtune_inputs("tiny-llama", "H200", batched_tokens=64, max_num_seqs=16,
                               config=GF.TINY_CONFIG)

@@ -147,6 +147,7 @@ def test_pins_vllm_refuses_at_start() -> None:
     assert doc["plan"]["max_num_seqs"] == 1 and seqs["code"] == "BatchedTokens", seqs
 
 
+@pytest.mark.slow
 def test_simulate_prints_the_tp_and_quantization_flags_plan_prints() -> None:
     """`simulate --tp 2` printed vllm serve lines without --tensor-parallel-size (and the
     defaults line without --quantization for fp8 weights)."""

@@ -95,6 +95,7 @@ def _no_cluster_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_plan_from_cluster_without_a_kubeconfig(tmp_path: Path) -> None:
     done = _kvtune("plan", "--from-cluster", "bot", "-o", "patch", env=_no_cluster_env(tmp_path))
     assert done.returncode == 1, done.stderr
@@ -116,6 +117,7 @@ users: [{name: u, user: {token: t}}]
     (BROKEN, ["cannot load it"]),
     (REFUSED, ["https://127.0.0.1:1", "did not answer", "Connection refused"]),
 ], ids=["unparsable", "refused"])
+@pytest.mark.slow
 def test_operator_with_a_broken_kubeconfig_fails_fast(tmp_path: Path, kubeconfig: str,
                                                       words: list[str]) -> None:
     path = tmp_path / "kubeconfig"

@@ -95,6 +95,7 @@ def test_list() -> None:
     assert code == 0 and "google/gemma-3-27b-it" in out and "B200" in out
 
 
+@pytest.mark.slow
 def test_trace_plans_by_goodput_and_shows_the_alternatives() -> None:
     # The Azure trace at its recorded rate on an H200: the search replays the trace under
     # the candidates; 16-bit and fp8 KV both serve every request within the SLO, so the
@@ -116,6 +117,7 @@ def test_trace_plans_by_goodput_and_shows_the_alternatives() -> None:
     assert "goodput search:" in table and "Little's law" in table and "why not chosen" in table
 
 
+@pytest.mark.slow
 def test_plan_shows_the_front_with_costs_from_the_price_given() -> None:
     args = ("plan", "-m", "meta-llama/Llama-3.1-8B-Instruct", "-g", "H100", "--workload",
             "chat", "--request-rate", "4", "--ttft-p95", "1", "--tpot-p95", "0.05")
@@ -134,6 +136,7 @@ def test_plan_shows_the_front_with_costs_from_the_price_given() -> None:
     assert "mercatus" in out.lower()
 
 
+@pytest.mark.slow
 def test_compare_gpu_ranks_the_classes_by_cost_and_prices_reorder_them() -> None:
     args = ("plan", "-m", "meta-llama/Llama-3.1-8B-Instruct", "-g", "H100", "--workload",
             "chat", "--request-rate", "4", "--ttft-p95", "1", "--tpot-p95", "0.05",
@@ -164,6 +167,7 @@ def test_a_bad_gpu_price_is_one_line_naming_the_option(price: str) -> None:
     assert err.count("\n") == 1 and "--gpu-price=" in err and "CLASS=USD" in err
 
 
+@pytest.mark.slow
 def test_an_unreachable_slo_is_a_line_in_plan() -> None:
     # A 50 ms TTFT for RAG prompts: no rate meets it; plan says so instead of picking the
     # least bad silently.

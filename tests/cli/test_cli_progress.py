@@ -7,6 +7,7 @@ import io
 import json
 import re
 
+import pytest
 from click.testing import CliRunner
 
 from kvtune.cli.main import cli
@@ -26,6 +27,7 @@ def _invoke(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
+@pytest.mark.slow
 def test_plan_search_shows_each_round_with_rising_counts_and_clean_json() -> None:
     code, out, err = _invoke(*SEARCH, "--request-rate", "4.25", "--progress")
     assert code == 0, err
@@ -47,6 +49,7 @@ def test_plan_search_shows_each_round_with_rising_counts_and_clean_json() -> Non
     assert re.search(r"trying block sizes on the best candidate: (\d+)/\1 \(800 requests", err)
 
 
+@pytest.mark.slow
 def test_plan_shows_no_progress_off_a_terminal_unless_asked() -> None:
     code, out, err = _invoke(*SEARCH, "--request-rate", "3.75")
     assert code == 0, err

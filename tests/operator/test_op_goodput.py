@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 from op_samples import SAMPLE_SPEC
 
 from kvtune.operator.api import InferenceDeploymentSpec
@@ -20,6 +21,7 @@ def _spec() -> InferenceDeploymentSpec:
     return InferenceDeploymentSpec.model_validate(body)
 
 
+@pytest.mark.slow
 def test_an_observed_profile_is_planned_by_goodput_and_status_shows_the_prediction() -> None:
     spec = _spec()
     (pool,) = spec.pools
@@ -37,6 +39,7 @@ def test_an_observed_profile_is_planned_by_goodput_and_status_shows_the_predicti
     assert rec.slo_at_risk(searched) is None or not searched.search.slo_met
 
 
+@pytest.mark.slow
 def test_an_slo_no_configuration_meets_is_at_risk_with_numbers() -> None:
     spec = _spec()
     (pool,) = spec.pools
@@ -51,6 +54,7 @@ def test_an_slo_no_configuration_meets_is_at_risk_with_numbers() -> None:
     assert "req/s" in message and "%" in message
 
 
+@pytest.mark.slow
 def test_status_carries_the_chosen_cost_at_the_pools_own_price_or_the_charts() -> None:
     from kvtune.operator import gpu_prices
 
@@ -84,6 +88,7 @@ def test_status_carries_the_chosen_cost_at_the_pools_own_price_or_the_charts() -
     assert gpu_prices.cost_status(rec.plan_one_pool(spec, nvl, model, observed, policy)) is None
 
 
+@pytest.mark.slow
 def test_a_declared_rate_is_searched_and_shared_by_the_replicas() -> None:
     from kvtune.operator.workloads import declared_profile
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from kvtune.operator import apply as kapply
 from kvtune.operator import handlers, periodic
 from kvtune.operator.api import InferenceDeploymentSpec, InferenceDeploymentStatus, PoolStatus
@@ -65,6 +67,7 @@ def test_every_operator_thread_keeps_its_connection() -> None:
     assert kapply.CONNECTIONS >= handlers.HANDLER_THREADS + periodic.WORKERS + 1
 
 
+@pytest.mark.slow
 def test_the_operator_calls_the_api_without_the_clients_typed_classes() -> None:
     """The kubernetes client's typed API classes build a pydantic model per Kubernetes kind
     on import (about 95 MB resident: more than the operator's own memory at 1,000 objects);

@@ -216,6 +216,7 @@ def test_plan_json_args_deployment_and_runtime_render_the_same_flags(case: list[
 
 # --- issue 22 item 8: the SLO buckets flag parses in vLLM's own argument parser -------------
 
+@pytest.mark.slow
 def test_rendered_slo_buckets_parse_in_vllms_parser_and_validator() -> None:
     """``--custom-histogram-buckets`` as rendered for a 2 s TTFT and 80 ms TPOT target is
     parsed by vLLM 0.33's own ``EngineArgs`` parser into ``custom_histogram_buckets`` and

@@ -110,6 +110,7 @@ def test_e2m1_rounds_as_flashinfer_thresholds() -> None:
 # --- per-tensor fp8 ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("k_scale", "v_scale"), PER_TENSOR_SCALES)
 def test_per_tensor_fp8_matches_vllm_kernel_and_torch(
     kernels: dict[str, Any], k_scale: float, v_scale: float,

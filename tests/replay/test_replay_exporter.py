@@ -142,6 +142,7 @@ def test_prometheus_scrapes_vllm_names_and_the_trace_switch(prometheus: Promethe
         server.stop()
 
 
+@pytest.mark.slow
 def test_kvtune_replay_command_serves_and_stops_on_sigterm() -> None:
     import re
     import signal

@@ -131,6 +131,7 @@ def _pair() -> tuple[PoolPlan, PoolPlan]:
             plan_by_goodput(_request("H200", rate=10.0), settings=QUICK))
 
 
+@pytest.mark.slow
 def test_prices_reorder_gpu_classes_when_the_price_ratio_crosses_the_goodput_ratio() -> None:
     h100, h200 = _pair()
     assert h100.search is not None and h200.search is not None
@@ -185,6 +186,7 @@ def test_default_prices_cite_their_source_and_overrides_are_checked() -> None:
 
 
 
+@pytest.mark.slow
 def test_replicas_share_the_rate_and_enough_of_them_meet_the_slo() -> None:
     # RAG traffic one H100 cannot serve within the SLO: the search says how many replicas
     # the traffic needs; planned for that many (each on its share), the SLO is met.

@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import pytest
+
 from kvtune.tuner.facts.catalog import get_model
 from kvtune.tuner.facts.gpus import get_gpu_class
 from kvtune.tuner.plan import KVPlan, Reason
@@ -58,6 +60,7 @@ def _offload_reason(plan_reasons: Sequence[Reason]) -> str:
     return found[0].message
 
 
+@pytest.mark.slow
 def test_offload_is_searched_and_wins_where_history_outlives_the_gpu_cache() -> None:
     scorer = TrafficScorer(_round_robin_sessions())
     request = _request("L40S", 64)
@@ -76,6 +79,7 @@ def test_offload_is_searched_and_wins_where_history_outlives_the_gpu_cache() -> 
     assert f"{on:.3g} req/s with 64 GiB" in message and f"{off:.3g} req/s without" in message
 
 
+@pytest.mark.slow
 def test_a_tie_keeps_offload_off() -> None:
     """On a B200 the GPU cache holds every history: the CPU tier finds nothing the GPU does
     not, goodput ties, and the simpler plan (off) wins."""
@@ -85,6 +89,7 @@ def test_a_tie_keeps_offload_off() -> None:
     assert "leaves offload off" in _offload_reason(pool.reasons)
 
 
+@pytest.mark.slow
 def test_offload_is_not_searched_without_a_cpu_budget() -> None:
     scorer = TrafficScorer(_round_robin_sessions())
     request = _request("L40S", 0)

@@ -3,6 +3,7 @@ gate rules out is never searched, and a dtype it chose carries the evidence in i
 
 from __future__ import annotations
 
+import pytest
 from test_sim_goodput_search import QUICK, _request
 
 from kvtune.tuner.kv_quality import KVDtypeMeasurement, KVQualityEvidence, KVQualityPolicy
@@ -19,6 +20,7 @@ def _gated(policy: KVQualityPolicy, evidence: KVQualityEvidence | None = None) -
     return plan_by_goodput(request, settings=QUICK)
 
 
+@pytest.mark.slow
 def test_require_measurement_keeps_the_search_on_16_bit() -> None:
     free = plan_by_goodput(_request(*HEAVY), settings=QUICK)
     assert free.plan.kv_cache_dtype != "auto"  # the load wants a narrower KV cache

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -50,6 +51,7 @@ PROPERTY = settings(max_examples=3, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(cases, st.integers(1, 48))
 def test_more_gpu_memory_never_lowers_predicted_goodput(case, extra_gib) -> None:  # type: ignore[no-untyped-def]
@@ -63,6 +65,7 @@ def test_more_gpu_memory_never_lowers_predicted_goodput(case, extra_gib) -> None
         small.search.goodput_requests_per_second * (1 - GOODPUT_TIE) - 1e-9)
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(cases, st.floats(1.0, 4.0))
 def test_a_looser_slo_never_lowers_predicted_goodput(case, looser) -> None:  # type: ignore[no-untyped-def]
@@ -76,6 +79,7 @@ def test_a_looser_slo_never_lowers_predicted_goodput(case, looser) -> None:  # t
     assert loose.search.slo_attainment >= tight.search.slo_attainment - GOODPUT_TIE
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(cases)
 def test_no_searched_plan_fails_preflight(case) -> None:  # type: ignore[no-untyped-def]
@@ -155,6 +159,7 @@ def _spearman(a: list[float], b: list[float]) -> float:
     return float(np.corrcoef(_ranks(a), _ranks(b))[0, 1])
 
 
+@pytest.mark.slow
 def test_traffic_from_a_profile_ranks_configurations_as_the_trace_does() -> None:
     # For each shipped trace: a window of it, sped up to a load where configurations
     # differ; its profile (quantiles, rate, burstiness, prefix hit rate) regenerated as
@@ -186,6 +191,7 @@ def test_traffic_from_a_profile_ranks_configurations_as_the_trace_does() -> None
         assert rho >= 0.8, (path.name, rho, on_trace, on_made)
 
 
+@pytest.mark.slow
 def test_when_compute_binds_the_search_takes_a_small_batched_token_budget() -> None:
     """Azure at 5x on one H100 (bench/oracle.py's compute-bound setting): a step carrying a
     large prefill chunk stalls every decoding request, so the search takes a small budget.

@@ -278,6 +278,7 @@ def test_kvtune_simulate_takes_an_offload_size_and_reports_cpu_hits() -> None:
     (4.0, 1500, 2e-5),   # tight: preemptions, loads beside them
     (1.0, 3000, 1e-3),   # a slow link: loads queue, requests wait on them
 ])
+@pytest.mark.slow
 def test_offload_fast_path_equals_exact_stepping(
     speed: float, gpu_blocks: int, seconds_per_block: float, async_scheduling: bool,
 ) -> None:

@@ -29,6 +29,7 @@ def _request() -> PlanRequest:
     )
 
 
+@pytest.mark.slow
 def test_plan_pool_with_the_simulator_scorer_records_what_each_candidate_scored() -> None:
     request = _request()
     scorer = SimulatorScorer(num_requests=300, seed=1, request_rate_per_second=4.0)
@@ -90,6 +91,7 @@ def test_a_plan_that_does_not_fit_is_reported_not_simulated() -> None:
     assert not sim.starts and "max-model-len" in sim.start_error
 
 
+@pytest.mark.slow
 def test_cli_json_and_plot(tmp_path: Path) -> None:
     out = tmp_path / "sim.png"
     result = CliRunner().invoke(cli, [

@@ -213,6 +213,7 @@ def _profiler(url: str, settings: ProfilingSettings) -> ProfileResult:
     return _result(None, 12)
 
 
+@pytest.mark.slow
 def test_each_pool_is_decided_and_planned_on_its_own_profile(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -290,6 +291,7 @@ def test_a_status_written_by_the_previous_kvtune_keeps_its_dwell_clock() -> None
     assert retune_state.state_from_status(status, "h100", declared).drift_since_seconds is None
 
 
+@pytest.mark.slow
 def test_a_replan_that_gives_the_running_plan_adopts_the_observed_profile(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
