@@ -93,7 +93,7 @@ def test_the_chosen_tp_flag_parses_in_vllms_parser() -> None:
 def test_with_a_rate_compare_gpu_ranks_classes_each_at_its_best_tp() -> None:
     doc = plan_json("plan", "-m", "meta-llama/Llama-3.1-8B-Instruct", "-g", "H100",
                     "--tp", "auto", "--request-rate", "1", "--compare-gpu", "L4",
-                    "--search-cpu-seconds", "6")
+                    "--gpu-price", "H100=3,L4=0.8", "--search-cpu-seconds", "3")
     choice = doc["tp_choice"]
     assert choice["by"] == "capacity" and choice["replicas"] >= 1
     chosen = next(o for o in choice["options"] if o["chosen"])
