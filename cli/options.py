@@ -109,7 +109,7 @@ def tp_option(dest: str = "tp", allow_auto: bool = False) -> Callable[[F], F]:
     # --tensor-parallel: replay's former spelling, kept as a second name.
     from kvtune.cli.params import TensorParallelOrAuto
 
-    kind: click.ParamType = TensorParallelOrAuto() if allow_auto else click.IntRange(min=1)
+    kind: click.ParamType[Any] = TensorParallelOrAuto() if allow_auto else click.IntRange(min=1)
     auto = (" auto: kvtune chooses the degree and the replicas for the lowest cost per good "
             "request (--max-replicas bounds them)." if allow_auto else "")
     return click.option("--tp", "--tensor-parallel", dest, type=kind,

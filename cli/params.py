@@ -79,7 +79,7 @@ class TimedTrace(click.ParamType[tuple[float, Path]]):
         return (seconds, Path(path))
 
 
-class TensorParallelOrAuto(click.ParamType):
+class TensorParallelOrAuto(click.ParamType[int | str]):
     """``--tp``: a positive integer, or ``auto`` (kvtune plan chooses the degree and the
     replicas, ``kvtune.tuner.planner.tp_choice``)."""
 
