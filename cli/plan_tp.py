@@ -120,10 +120,14 @@ def print_tp_choice(console: Any, pool: PoolPlan) -> None:
     for col in ("TP", "configuration", "goodput req/s", "GPUs per req/s", "$/M good req",
                 "TTFT p95 s", "TPOT p95 ms"):
         front.add_column(col, justify="left" if col in ("TP", "configuration") else "right")
+    chosen = set(pool.plan.vllm_args())
     for p in c.front:
         tp = p.tensor_parallel or 1
         per = tp / p.goodput_requests_per_second if p.goodput_requests_per_second else None
-        front.add_row(f"TP{tp}" + (" *" if p.chosen else ""), " ".join(p.vllm_args)[:40],
+        # The flags that differ from the chosen plan's (the TP column says the degree).
+        diff = "chosen" if p.chosen else (
+            " ".join(a for a in p.vllm_args if a not in chosen) or "(same flags)")
+        front.add_row(f"TP{tp}" + (" *" if p.chosen else ""), diff,
                       f"{p.goodput_requests_per_second:.2f}",
                       "-" if per is None else f"{per:.3f}",
                       _money(p.cost_per_million_good_requests_usd),
