@@ -125,8 +125,9 @@ def print_tp_choice(console: Any, pool: PoolPlan) -> None:
         tp = p.tensor_parallel or 1
         per = tp / p.goodput_requests_per_second if p.goodput_requests_per_second else None
         # The flags that differ from the chosen plan's (the TP column says the degree).
-        diff = "chosen" if p.chosen else (
-            " ".join(a for a in p.vllm_args if a not in chosen) or "(same flags)")
+        diff = ("chosen" + ("" if p.on_front else " (dominated at one replica)")
+                if p.chosen else (
+            " ".join(a for a in p.vllm_args if a not in chosen) or "(same flags)"))
         front.add_row(f"TP{tp}" + (" *" if p.chosen else ""), diff,
                       f"{p.goodput_requests_per_second:.2f}",
                       "-" if per is None else f"{per:.3f}",
