@@ -105,11 +105,16 @@ def gpu_option(dest: str = "gpu", required: bool = False, help_: str = "") -> Ca
                         "custom class 'NAME:memory=...,bandwidth=...,bf16=...,cc=M.m').")
 
 
-def tp_option(dest: str = "tp") -> Callable[[F], F]:
+def tp_option(dest: str = "tp", allow_auto: bool = False) -> Callable[[F], F]:
     # --tensor-parallel: replay's former spelling, kept as a second name.
-    return click.option("--tp", "--tensor-parallel", dest, type=click.IntRange(min=1),
+    from kvtune.cli.params import TensorParallelOrAuto
+
+    kind: click.ParamType[Any] = TensorParallelOrAuto() if allow_auto else click.IntRange(min=1)
+    auto = (" auto: kvtune chooses the degree and the replicas for the lowest cost per good "
+            "request (--max-replicas bounds them)." if allow_auto else "")
+    return click.option("--tp", "--tensor-parallel", dest, type=kind,
                         default=1, show_default=True,
-                        help="Tensor-parallel degree (GPUs per replica).")
+                        help="Tensor-parallel degree (GPUs per replica)." + auto)
 
 
 def weights_dtype_option() -> Callable[[F], F]:

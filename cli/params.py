@@ -77,3 +77,23 @@ class TimedTrace(click.ParamType[tuple[float, Path]]):
             self.fail(f"{text!r}: no such file {path!r}; pass an existing Azure CSV or "
                       "Mooncake JSONL trace", param, ctx)
         return (seconds, Path(path))
+
+
+class TensorParallelOrAuto(click.ParamType[int | str]):
+    """``--tp``: a positive integer, or ``auto`` (kvtune plan chooses the degree and the
+    replicas, ``kvtune.tuner.planner.tp_choice``)."""
+
+    name = "INTEGER|auto"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        if isinstance(value, int) or str(value).strip().lower() == "auto":
+            return value if isinstance(value, int) else "auto"
+        try:
+            number = int(str(value))
+        except ValueError:
+            number = 0
+        if number < 1:
+            self.fail(f"{value!r} is neither a positive integer nor auto; pass 1, 2, 4, 8 or "
+                      "auto", param, ctx)
+        return number

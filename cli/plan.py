@@ -25,6 +25,7 @@ from kvtune.cli.options import (
     weights_dtype_option,
 )
 from kvtune.cli.params import POSITIVE, finite
+from kvtune.cli.plan_compare import with_comparison
 from kvtune.cli.plan_layout import (
     layout_options,
     layout_rows,
@@ -32,6 +33,14 @@ from kvtune.cli.plan_layout import (
     print_layouts,
     request_for,
     wants_layout,
+)
+from kvtune.cli.plan_tp import (
+    check_auto_options,
+    max_replicas_option,
+    plan_auto,
+    print_tp_choice,
+    tp_rows,
+    wants_auto,
 )
 from kvtune.cli.progress import Progress, progress_option
 from kvtune.cli.search_budget_options import budget_from, search_budget_options
@@ -50,7 +59,7 @@ from kvtune.tuner.kv_quality import (
     gate_one,
 )
 from kvtune.tuner.plan import PoolPlan
-from kvtune.tuner.planner.cost import priced, rank_by_cost
+from kvtune.tuner.planner.cost import priced
 from kvtune.tuner.planner.planning import PlanRequest, kv_capacity_by_dtype, plan_pool
 from kvtune.tuner.planner.policy import (
     MAX_PIN_OFFLOAD_GIB,
@@ -110,7 +119,8 @@ def build_request(opts: dict[str, Any]) -> PlanRequest:
     return PlanRequest(
         model=catalog.get_model(opts["model"]),
         gpu=gpus.get_gpu_class(opts["gpu"]),
-        tensor_parallel=opts["tp"],
+        # --tp auto: each degree is planned in turn (cli/plan_tp.py); 1 until then.
+        tensor_parallel=1 if opts["tp"] == "auto" else opts["tp"],
         weights_dtype=opts["weights_dtype"],
         profile=build_profile(opts["context_tokens"], opts["workload"], opts["trace"]),
         policy=policy,
@@ -179,6 +189,7 @@ def plan_document(pool: PoolPlan, request: PlanRequest) -> dict[str, Any]:
         **({"layout": pool.layout.model_dump(mode="json") | {"label": pool.layout.label}}
            if pool.layout is not None else {}),
         **({"layouts_considered": layout_rows(pool)} if pool.layouts_considered else {}),
+        **({"tp_choice": tp_rows(pool)} if pool.tp_choice is not None else {}),
         "weights_dtype": request.weights_dtype,
         "vllm_version": pool.vllm_version,
         "kv_bytes_per_token": pool.expected.kv_bytes_per_token,
@@ -260,6 +271,7 @@ def render_table(pool: PoolPlan, request: PlanRequest) -> str:
         )
     console.print(figures)
     print_layouts(console, pool)
+    print_tp_choice(console, pool)
 
     cmp_rows = dtype_comparison(request)
     if cmp_rows:
@@ -353,73 +365,6 @@ def _print_front(console: Any, pool: PoolPlan) -> None:
                       "million requests")
 
 
-def gpu_comparison(pool: PoolPlan, others: list[tuple[str, PoolPlan | str]]
-                   ) -> list[dict[str, Any]]:
-    """The GPU classes planned for the same traffic, cheapest per million requests meeting
-    the SLO first (``cost.rank_by_cost``); classes that do not fit last, with why."""
-    planned = [pool, *(p for _, p in others if isinstance(p, PoolPlan))]
-    rows: list[dict[str, Any]] = []
-    for p in rank_by_cost(planned):
-        s = p.search
-        c = s.cost if s is not None else None
-        rows.append({
-            "gpu_class": p.gpu_class, "tensor_parallel": p.tensor_parallel,
-            "layout": p.layout.label if p.layout is not None else None,
-            "usd_per_gpu_hour": c.usd_per_gpu_hour if c else None,
-            "price_source": c.price_source if c else None,
-            "goodput_requests_per_second": s.goodput_requests_per_second if s else None,
-            "slo_attainment": s.slo_attainment if s else None,
-            "slo_met": s.slo_met if s else None,
-            "replicas_needed": s.replicas_needed if s else None,
-            "cost_per_million_output_tokens_usd":
-                c.cost_per_million_output_tokens_usd if c else None,
-            "cost_per_million_good_requests_usd":
-                c.cost_per_million_good_requests_usd if c else None,
-            "cost_per_million_requests_at_needed_replicas_usd":
-                c.cost_per_million_requests_at_needed_replicas_usd if c else None,
-            "vllm_args": p.vllm_args(),
-        })
-    rows += [{"gpu_class": name, "refused": why} for name, why in others
-             if isinstance(why, str)]
-    return rows
-
-
-def with_comparison(text: str, pool: PoolPlan, others: list[tuple[str, PoolPlan | str]],
-                    fmt: str) -> str:
-    rows = gpu_comparison(pool, others)
-    if fmt in ("json", "yaml"):
-        import yaml
-
-        doc = json.loads(text) if fmt == "json" else yaml.safe_load(text)
-        doc["gpu_comparison"] = rows
-        return (json.dumps(doc, indent=2) + "\n" if fmt == "json"
-                else str(yaml.safe_dump(doc, sort_keys=False)))
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(record=True, width=120, file=open("/dev/null", "w"))  # noqa: SIM115
-    table = Table(title="GPU classes for this traffic, cheapest per million requests meeting "
-                  "the SLO first")
-    for col in ("GPU class", "$/GPU-hour", "goodput req/s", "SLO met", "replicas needed",
-                "$/M output tok", "$/M good req"):
-        table.add_column(col, justify="left" if col == "GPU class" else "right")
-    for r in rows:
-        if "refused" in r:
-            table.add_row(r["gpu_class"], "-", "-", "-", "-", "-", r["refused"][:60])
-            continue
-        needed = r["replicas_needed"]
-        table.add_row(
-            f"{r['gpu_class']} x {r['layout'] or 'TP ' + str(r['tensor_parallel'])}",
-            "-" if r["usd_per_gpu_hour"] is None else f"${r['usd_per_gpu_hour']:g}",
-            f"{r['goodput_requests_per_second']:.2f}", f"{r['slo_attainment']:.1%}",
-            "-" if needed is None else str(needed),
-            _money(r["cost_per_million_output_tokens_usd"]),
-            _money(r["cost_per_million_requests_at_needed_replicas_usd"]
-                   or r["cost_per_million_good_requests_usd"]))
-    console.print(table)
-    return text + console.export_text()
-
-
 Renderer = Callable[[PoolPlan, PlanRequest], str]
 # Output formats; another source (e.g. a live cluster) may register more.
 RENDERERS: dict[str, Renderer] = {
@@ -446,7 +391,7 @@ def _models_help() -> str:
 )
 @model_option()
 @gpu_option()
-@tp_option()
+@tp_option(allow_auto=True)
 @layout_options
 @weights_dtype_option()
 @click.option("--context-tokens", type=click.IntRange(2, MAX_PIN_TOKENS),
@@ -468,6 +413,7 @@ def _models_help() -> str:
 @click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
               help="Replicas sharing the traffic's rate (--trace, --request-rate): each is "
               "planned on its share, and SLO at risk counts the replicas the traffic needs.")
+@max_replicas_option
 @click.option("--search/--no-search", default=True, show_default=True,
               help="Choose the knobs by simulated SLO-goodput when the traffic's rate is "
               "known (--trace, --request-rate); --no-search: the rules alone.")
@@ -536,11 +482,17 @@ def plan(**opts: Any) -> None:
             raise click.UsageError("--compare-gpu compares the goodput search's cost: it needs "
                                    "--trace or --request-rate and -o table, json or yaml")
         others: list[tuple[str, PoolPlan | str]] = []
-        tp_given = (click.get_current_context().get_parameter_source("tp")
-                    != click.core.ParameterSource.DEFAULT)
+        ctx = click.get_current_context()
+        tp_given, replicas_given = (ctx.get_parameter_source(name)
+                                    != click.core.ParameterSource.DEFAULT
+                                    for name in ("tp", "replicas"))
+        check_auto_options(opts, replicas_given)
 
-        def laid_out(req: PlanRequest, plan_fn: Callable[[PlanRequest], PoolPlan]) -> PoolPlan:
-            # --gpus-per-replica / --dp / --ep: the layout is chosen (or pinned) too.
+        def laid_out(req: PlanRequest, plan_fn: Callable[..., PoolPlan]) -> PoolPlan:
+            # --tp auto: the degree and replicas are chosen; --gpus-per-replica / --dp / --ep:
+            # the layout is chosen (or pinned) too.
+            if wants_auto(opts):
+                return plan_auto(req, opts, plan_fn, price_for(req.gpu.name, prices))
             return (plan_with_layout(req, opts, plan_fn, tp_given) if wants_layout(opts)
                     else plan_fn(req))
 
@@ -548,11 +500,12 @@ def plan(**opts: Any) -> None:
             trace = load_trace(opts["trace"]) if opts["trace"] is not None else None
             # The search replays hundreds of requests per candidate: seconds of work.
             with Progress("plan", opts["progress"]) as shown:
-                def by_goodput(req: PlanRequest) -> PoolPlan:
+                def by_goodput(req: PlanRequest, replicas: int | None = None) -> PoolPlan:
                     # Each DP rank is an engine serving its share, as a replica would.
                     return plan_by_goodput(
                         req, trace=trace, progress=lambda step: shown(step.text()),
-                        replicas=opts["replicas"] * req.data_parallel, budget=budget)
+                        replicas=(replicas or opts["replicas"]) * req.data_parallel,
+                        budget=budget)
 
                 pool = priced(laid_out(request, by_goodput),
                               price_for(request.gpu.name, prices))
@@ -564,7 +517,7 @@ def plan(**opts: Any) -> None:
                     except NoFeasiblePlan as exc:
                         others.append((name, f"does not fit: {exc}"))
         else:
-            pool = laid_out(request, plan_pool)
+            pool = laid_out(request, lambda req, _replicas=1: plan_pool(req))
         # The figures beside the plan (KV dtypes) are of the layout chosen.
         text = render(pool, request_for(pool, request), opts["output"])
         if opts["compare_gpu"]:

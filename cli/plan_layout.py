@@ -60,7 +60,9 @@ def plan_with_layout(request: PlanRequest, opts: dict[str, Any], plan_fn: PlanFn
 def request_for(pool: PoolPlan, request: PlanRequest) -> PlanRequest:
     """The request at the pool's chosen layout (the request itself when it has none)."""
     if pool.layout is None:
-        return request
+        # --tp auto: the degree chosen.
+        return (request if request.tensor_parallel == pool.tensor_parallel
+                else request.model_copy(update={"tensor_parallel": pool.tensor_parallel}))
     return request.model_copy(update={
         "tensor_parallel": pool.layout.tensor_parallel,
         "data_parallel": pool.layout.data_parallel,

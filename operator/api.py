@@ -12,7 +12,14 @@ from __future__ import annotations
 import itertools
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    WithJsonSchema,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from kvtune.operator.durations import DURATION_PATTERN, parse_duration
@@ -355,6 +362,19 @@ class CustomGPUSpec(_Model):
                 f"{fp8},cc={self.compute_capability}")
 
 
+# spec.pools[].tensorParallel: GPUs per replica, or "auto" (kvtune chooses the degree and the
+# replicas, tuner/planner/tp_choice.py). An int-or-string in the CRD (pydantic's mixed enum has
+# no structural form), checked there by CEL and here by the Literal.
+_TP_VALUES = "1, 2, 4, 8 or auto"
+TensorParallel = Annotated[Literal[1, 2, 4, 8, "auto"], WithJsonSchema({
+    "x-kubernetes-int-or-string": True, "default": 1,
+    "description": "GPUs per replica (tensor parallel): 1, 2, 4 or 8; auto: kvtune chooses the "
+                   "degree and the replicas for the lowest cost per good request, with "
+                   "replicas as the most it may run.",
+    _CEL: [{"rule": "type(self) == string ? self == 'auto' : self in [1, 2, 4, 8]",
+            "message": f"tensorParallel must be {_TP_VALUES}; set one of them"}]})]
+
+
 class PoolSpec(_Model):
     model_config = ConfigDict(json_schema_extra=_rules(
         (f"!{_POOL_KEY.format(v='self')}.endsWith('-canary')",
@@ -374,7 +394,7 @@ class PoolSpec(_Model):
         description="Pool name in object names; defaults to the lower-cased GPU class.",
     )
     replicas: int = Field(default=1, ge=0, le=512)
-    tensor_parallel: Literal[1, 2, 4, 8] = 1
+    tensor_parallel: TensorParallel = 1
     gpu_price_usd_per_hour: float | None = Field(
         default=None, gt=0, le=100_000,
         description="What one GPU of this pool costs per hour, in USD, for the cost figures in "
@@ -385,6 +405,11 @@ class PoolSpec(_Model):
     @property
     def pool_name(self) -> str:
         return self.name or self.gpu_class.lower().replace("_", "-")
+
+    @property
+    def tp_auto(self) -> bool:
+        """``tensorParallel: auto``: the degree and replicas are planned (up to ``replicas``)."""
+        return self.tensor_parallel == "auto"
 
     @property
     def gpu_declaration(self) -> str:

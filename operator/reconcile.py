@@ -86,7 +86,8 @@ _FIXES = {"string_pattern_mismatch": "change it to match", "string_too_long": "s
           "string_too_short": "lengthen it", "too_long": "remove entries",
           "greater_than": "raise it", "greater_than_equal": "raise it",
           "less_than": "lower it", "less_than_equal": "lower it",
-          "extra_forbidden": "remove it or correct its name"}
+          "extra_forbidden": "remove it or correct its name",
+          "literal_error": "use one of the values listed"}
 
 
 def describe_validation_error(exc: ValidationError) -> str:
@@ -450,8 +451,12 @@ def base_status(spec: InferenceDeploymentSpec, pool: PoolSpec, prev: PoolStatus 
     """A pool's status before this reconcile's stages: what it runs now (a failing pool
     keeps showing it)."""
     return PoolStatus(
-        name=pool.pool_name, gpu_class=pool.gpu_class, tensor_parallel=pool.tensor_parallel,
-        replicas=pool.replicas, phase="Failed", deployment=object_name(name, pool.pool_name),
+        name=pool.pool_name, gpu_class=pool.gpu_class,
+        # tensorParallel auto: what the pool runs (0 until a degree is chosen).
+        tensor_parallel=(pool.tensor_parallel if isinstance(pool.tensor_parallel, int)
+                         else prev.tensor_parallel if prev else 0),
+        replicas=pool.replicas if not pool.tp_auto or prev is None else prev.replicas,
+        phase="Failed", deployment=object_name(name, pool.pool_name),
         plan=prev.plan if prev else None, expected=prev.expected if prev else None,
         reasons=list(prev.reasons) if prev else [], vllm_args=list(prev.vllm_args) if prev
         else [], plan_hash=prev.plan_hash if prev else None, revision=prev.revision if prev

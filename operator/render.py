@@ -117,8 +117,9 @@ def plan_hash(pool_plan: PoolPlan, image: str) -> str:
 
 
 def plan_env_json(pool_plan: PoolPlan, *, plan_hash_: str, revision: int) -> str:
-    """What the runtime entrypoint reads from KVTUNE_PLAN: the plan without its reasons."""
-    data = pool_plan.model_dump(mode="json", exclude={"reasons", "warnings"})
+    """What the runtime entrypoint reads from KVTUNE_PLAN: the plan without its reasons (nor
+    the degrees ``tensorParallel: auto`` weighed: the pod runs the one chosen)."""
+    data = pool_plan.model_dump(mode="json", exclude={"reasons", "warnings", "tp_choice"})
     data["plan_hash"] = plan_hash_
     data["revision"] = revision
     return json.dumps(data, sort_keys=True, separators=(",", ":"))

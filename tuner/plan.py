@@ -137,6 +137,9 @@ class FrontPoint(BaseModel):
     # what it serves at the observed rate.
     cost_per_million_output_tokens_usd: float | None = None
     cost_per_million_good_requests_usd: float | None = None
+    # Set on the front across tensor-parallel degrees (``TPChoice.front``): the point's TP;
+    # None on a search's own front (all of its points share the pool's TP).
+    tensor_parallel: int | None = None
 
 
 class CostFigures(BaseModel):
@@ -232,6 +235,54 @@ class LayoutOption(BaseModel):
     vllm_args: tuple[str, ...] = ()
 
 
+class TPOption(BaseModel):
+    """One tensor-parallel degree weighed for ``tensorParallel: auto``
+    (``planner/tp_choice.py``): what one replica of it serves, the replicas the rate needs
+    and what they cost, or why it is ruled out."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tensor_parallel: int  # GPUs per replica
+    weights_bytes_per_gpu: int
+    kv_cache_tokens_per_replica: int = 0
+    # With a rate: requests/s one replica serves within the SLO; without one: sequences one
+    # replica runs at once within the TPOT target (``TPChoice.by`` says which).
+    capacity_per_replica: float = 0.0
+    replicas_needed: int | None = None  # None: no rate, or not even a trickle meets the SLO
+    gpus_needed: int | None = None  # replicas_needed x tensor_parallel
+    usd_per_replica_hour: float | None = None  # None: no price for the class
+    # GPUs per replica x price / (capacity x 3600) x 10^6: a million good requests at capacity.
+    cost_per_million_good_requests_usd: float | None = None
+    # The replicas the rate needs for an hour over the rate: what the traffic costs as served.
+    cost_per_million_requests_at_rate_usd: float | None = None
+    slo_met: bool | None = None  # at the whole rate on one replica
+    ttft_p95_seconds: float | None = None
+    tpot_p95_seconds: float | None = None
+    chosen: bool = False
+    refused: str | None = None  # why it cannot serve (then the figures are 0/None)
+    vllm_args: tuple[str, ...] = ()
+
+
+class TPChoice(BaseModel):
+    """The tensor-parallel degree and replicas chosen for a pool (``tensorParallel: auto``):
+    every degree weighed, what decided, and cost against latency across the degrees."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # "capacity": with a rate, the fewest GPUs that serve it within the SLO, then the lowest
+    # cost per good request at capacity; "sequences": without one, the fewest GPUs per
+    # sequence within the TPOT target.
+    by: str
+    rate_per_second: float | None = None  # the traffic the pool serves
+    replicas: int | None = None  # chosen; None without a rate
+    max_replicas: int | None = None  # the bound (the spec's replicas); None: unbounded
+    usd_per_gpu_hour: float | None = None
+    options: tuple[TPOption, ...] = ()
+    # Search front points of every degree (each at one replica carrying the whole rate), not
+    # dominated on cost per good request (GPUs over goodput) and latency against the SLO.
+    front: tuple[FrontPoint, ...] = ()
+
+
 class PoolPlan(BaseModel):
     """The planner's answer for one pool."""
 
@@ -254,6 +305,9 @@ class PoolPlan(BaseModel):
     layout: ParallelLayout | None = None
     # The layouts the planner weighed for this replica's GPUs (``planner/layout_choice.py``).
     layouts_considered: tuple[LayoutOption, ...] = ()
+    # ``tensorParallel: auto``: the degrees weighed and the replicas chosen
+    # (``planner/tp_choice.py``); dropped from the dump when None, like ``layout``.
+    tp_choice: TPChoice | None = None
 
     @model_serializer(mode="wrap")
     def _drop_unset_layout(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -262,6 +316,8 @@ class PoolPlan(BaseModel):
             data.pop("layout", None)
         if not self.layouts_considered:
             data.pop("layouts_considered", None)
+        if self.tp_choice is None:
+            data.pop("tp_choice", None)
         return data
 
     def vllm_args(self) -> list[str]:

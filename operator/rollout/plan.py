@@ -128,10 +128,13 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
 
     request = PlanRequest(
         model=model, gpu=get_gpu_class(pool.gpu_declaration),
-        tensor_parallel=pool.tensor_parallel,
+        # tensorParallel auto: each degree in turn (_plan_auto); 1 until then.
+        tensor_parallel=pool.tensor_parallel if isinstance(pool.tensor_parallel, int) else 1,
         weights_dtype=spec.model.weights_dtype, profile=profile, policy=policy,
         vllm_version=spec.runtime.vllm_version, kv_quality_evidence=kv_quality_evidence,
     )
+    if pool.tp_auto:
+        return _plan_auto(spec, pool, request, running, pool_field, scope)
     if searched(profile):
         from kvtune.tuner.planner.cost import priced
 
@@ -146,6 +149,47 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
             gpu_prices.price_of(pool, pool_field))
         return by_goodput
     return _plan_by_rules(request)
+
+
+def _plan_auto(spec: InferenceDeploymentSpec, pool: PoolSpec, request: PlanRequest,
+               running: KVPlan | None, pool_field: str, scope: ProfileScope) -> PoolPlan:
+    """``tensorParallel: auto``: every degree planned on the rate this pool serves, the degree
+    and replicas chosen for the lowest cost per good request, at most the spec's replicas
+    (``tuner/planner/tp_choice.py``). The pool's rate: its own series' rate, else its part of
+    the deployment's, by the spec's replicas."""
+    from kvtune.tuner.planner.tp_choice import choose_tensor_parallel
+    from kvtune.tuner.simulator.goodput_search import plan_by_goodput
+
+    profile = request.profile
+    if not searched(profile):
+        return choose_tensor_parallel(request, lambda req, _n: _plan_by_rules(req),
+                                      price=gpu_prices.price_of(pool, pool_field),
+                                      max_replicas=max(1, pool.replicas))
+    share = 1.0 if scope == "pool" else max(1, pool.replicas) / sharing_replicas(
+        spec, pool, "deployment")
+    rate = (profile.request_rate_per_second or 0.0) * share
+    request = request.model_copy(update={"profile": profile.model_copy(
+        update={"request_rate_per_second": rate})})
+    LOG.info("%s (%s): tensorParallel auto, goodput search per degree at %.4g req/s",
+             pool_field, pool.gpu_class, rate)
+
+    def by_goodput(req: PlanRequest, replicas: int) -> PoolPlan:
+        return plan_by_goodput(req, running=running, replicas=replicas,
+                               budget=search_budget.budget())
+
+    return choose_tensor_parallel(request, by_goodput, price=gpu_prices.price_of(pool, pool_field),
+                                  max_replicas=max(1, pool.replicas))
+
+
+def rendered_replicas(spec: InferenceDeploymentSpec, pool: PoolSpec, pool_plan: PoolPlan
+                      ) -> int:
+    """The replicas the pool's Deployment runs: the spec's; under ``tensorParallel: auto`` the
+    replicas chosen (at most the spec's, at least the canary's; none when scaled to zero)."""
+    c = pool_plan.tp_choice
+    if not pool.tp_auto or c is None or c.replicas is None or pool.replicas == 0:
+        return pool.replicas
+    canary = (spec.rollout or RolloutSpec()).canary_replicas
+    return min(pool.replicas, max(c.replicas, canary))
 
 
 @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
@@ -367,7 +411,8 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
     render_input = RenderInput(
         name=ctx.name, namespace=ctx.namespace, pool=pool.pool_name,
         pool_plan=pool_plan, model_name=spec.model.name, image=spec.runtime.image,
-        replicas=pool.replicas, revision=revision, entrypoint=spec.runtime.entrypoint,
+        replicas=rendered_replicas(spec, pool, pool_plan), revision=revision,
+        entrypoint=spec.runtime.entrypoint,
         secrets=tuple(spec.runtime.secrets),
         ttft_slo_seconds=spec.slo.ttft_p95_seconds() if spec.slo else None,
         tpot_slo_seconds=spec.slo.tpot_p95_seconds() if spec.slo else None,
@@ -378,6 +423,8 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
     )
     status = base.model_copy(update={
         "gpu_class": pool_plan.gpu_class, "plan": knobs, "expected": expected,
+        # tensorParallel auto: the degree and replicas chosen.
+        "tensor_parallel": pool_plan.tensor_parallel, "replicas": render_input.replicas,
         "reasons": reasons, "warnings": warnings, "plan_inputs": inputs,
         "slo_at_risk": at_risk, "cost": cost,
         "vllm_args": vllm_args(render_input),

@@ -57,7 +57,8 @@ def _capacity_shortfall(ctx: PoolContext, planned: Planned,
     tensorParallel GPUs of one node, and the nodes it may use have fewer in all (issue 25
     item 5: 512 replicas on 32 GPUs was Degraded=False until the progress deadline). None
     when they fit, or when a node does not say how many GPUs it has."""
-    tp, replicas = ctx.pool.tensor_parallel, planned.render_input.replicas
+    # The plan's TP: tensorParallel auto's chosen degree.
+    tp, replicas = planned.pool_plan.tensor_parallel, planned.render_input.replicas
     if not placed or any(n.gpus <= 0 for n in placed):
         return None
     fit = sum(n.gpus // tp for n in placed)
@@ -102,9 +103,11 @@ def render(ctx: PoolContext, planned: Planned,
                           f"the {gpu_class} nodes have {memory / GIB_BYTES:.0f} GiB of memory "
                           f"(the smallest); the CPU offload buffer must fit beside the server: "
                           f"lower it")
-    if nodes.max_gpus_per_node and nodes.max_gpus_per_node < pool.tensor_parallel:
+    tp = planned.pool_plan.tensor_parallel
+    if nodes.max_gpus_per_node and nodes.max_gpus_per_node < tp:
+        chosen = f" (auto chose {tp})" if pool.tp_auto else ""
         return ctx.failed(cond.INVALID_SPEC, f"{ctx.field}.tensorParallel="
-                          f"{pool.tensor_parallel}: {gpu_class} nodes have at most "
+                          f"{pool.tensor_parallel}{chosen}: {gpu_class} nodes have at most "
                           f"{nodes.max_gpus_per_node} GPUs; lower tensorParallel or add "
                           f"larger nodes")
     short = _capacity_shortfall(ctx, planned, placed if selector else nodes.schedulable_nodes)

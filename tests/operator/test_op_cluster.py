@@ -168,6 +168,7 @@ def test_recommend_mode_writes_plans_and_changes_nothing(
     ({"tuning": {"pin": {"kvCacheDtype": "nvfp4"}}}, "narrower than"),
     ({"slo": {"ttftP95": "2 seconds"}}, "ttftP95"),
     ({"pools": [{"gpuClass": "H200", "tensorParallel": 3}]}, "tensorParallel"),
+    ({"pools": [{"gpuClass": "H200", "tensorParallel": "two"}]}, "tensorParallel"),
     ({"tuning": {"prometheus": {"url": "http://p:9090", "window": "10m"},
                  "retune": {"dwell": "5m"}}}, "dwell must be at least"),
 ])
@@ -179,6 +180,32 @@ def test_invalid_objects_are_refused_by_the_crd(
         create_infd(cluster_api, "op-invalid", "refused", spec)
     assert info.value.status == 422
     assert message in info.value.body
+
+
+def test_tensor_parallel_auto_is_admitted_and_renders_the_chosen_degree(
+        cluster_api: Any) -> None:
+    """The CRD's int-or-string admits auto (its CEL rule runs on the real API server); the
+    reconcile seam plans every degree and the Deployment asks for the chosen one's GPUs."""
+    from kvtune.operator.apply import Kube
+    from kvtune.operator.reconcile import reconcile
+
+    ns = "op-direct"
+    ensure_namespace(cluster_api, ns)
+    spec = {**copy.deepcopy(SAMPLE_SPEC), "model": {"name": "meta-llama/Llama-3.3-70B-Instruct"},
+            "pools": [{"gpuClass": "H100", "replicas": 2, "tensorParallel": "auto"}]}
+    spec.pop("rollout")
+    create_infd(cluster_api, ns, "tp-auto", spec)
+    assert get_infd(cluster_api, ns, "tp-auto")["spec"]["pools"][0]["tensorParallel"] == "auto"
+    result = reconcile(get_infd(cluster_api, ns, "tp-auto"), kube=Kube(cluster_api))
+    assert result.permanent_error is None, result.status
+    pool = result.status["pools"][0]
+    tp = pool["tensorParallel"]
+    assert tp in (2, 4, 8) and pool["replicas"] == 2  # no rate: the spec's replicas
+    deployment = _deployments(cluster_api, ns)["tp-auto-h100"]
+    container = deployment.spec.template.spec.containers[0]
+    assert f"--tensor-parallel-size={tp}" in container.args
+    assert container.resources.limits["nvidia.com/gpu"] == str(tp)
+    assert deployment.spec.replicas == 2
 
 
 def test_bad_model_degrades_and_leaves_the_runtime_alone(

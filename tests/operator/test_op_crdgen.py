@@ -50,7 +50,13 @@ def test_schema_is_structural() -> None:
     pools = spec["properties"]["pools"]
     assert pools["minItems"] == 1 and pools["maxItems"] == 8
     item = pools["items"]["properties"]
-    assert item["tensorParallel"]["enum"] == [1, 2, 4, 8]
+    # 1, 2, 4, 8 or "auto": an int-or-string (no structural mixed enum), checked by CEL.
+    tp = item["tensorParallel"]
+    assert tp["x-kubernetes-int-or-string"] is True and "type" not in tp
+    assert tp["default"] == 1 and "enum" not in tp
+    assert tp["x-kubernetes-validations"] == [{
+        "rule": "type(self) == string ? self == 'auto' : self in [1, 2, 4, 8]",
+        "message": "tensorParallel must be 1, 2, 4, 8 or auto; set one of them"}]
     assert item["replicas"]["minimum"] == 0
     mode = spec["properties"]["tuning"]["properties"]["mode"]
     assert mode["enum"] == ["auto", "recommend", "off"] and mode["default"] == "auto"

@@ -60,6 +60,13 @@ def priced(pool: PoolPlan, price: GPUPrice | None) -> PoolPlan:
 
 
 def _good_request_cost(pool: PoolPlan) -> float:
+    c = pool.tp_choice
+    if c is not None:
+        # tensorParallel auto (planner/tp_choice.py): the replicas chosen serve the rate.
+        at_rate = next((o.cost_per_million_requests_at_rate_usd for o in c.options
+                        if o.chosen), None)
+        if at_rate is not None:
+            return at_rate
     s = pool.search
     if s is None or s.cost is None:
         return float("inf")
