@@ -335,11 +335,18 @@ def _reconcile_locked(
         failures.append((cond.NAME_COLLISION, gate.collision))
     rolling = [f"{o.status.name}: {o.rolling}" for o in outcomes if o.rolling]
     waiting = [o.status.name for o in outcomes if o.no_nodes]
+    # Pools whose goodput search runs as a Job (operator/search_jobs.py); those without a
+    # plan yet are not ready.
+    searching = [f"{o.status.name}: {o.searching}" for o in outcomes if o.searching]
+    unplanned = [f"{o.status.name}: {o.searching}" for o in outcomes
+                 if o.searching and o.status.plan is None]
     if failures:
         set_c(cond.DEGRADED, True, failures[0][0], " | ".join(m for _, m in failures))
     else:
         set_c(cond.DEGRADED, False, cond.AS_EXPECTED, "")
-    if rolling:
+    if searching:
+        set_c(cond.PROGRESSING, True, cond.SEARCH_RUNNING, "; ".join(searching + rolling))
+    elif rolling:
         set_c(cond.PROGRESSING, True, cond.ROLLING_OUT, "; ".join(rolling))
     else:
         set_c(cond.PROGRESSING, False, cond.ROLLED_OUT if mode == "auto" else cond.RECOMMENDED,
@@ -351,6 +358,8 @@ def _reconcile_locked(
         set_c(cond.READY, False, cond.POOL_WITHOUT_NODES,
               f"no schedulable nodes of the GPU class for pool(s) {', '.join(waiting)}; "
               f"retrying every {NO_NODES_RETRY_SECONDS:.0f}s")
+    elif unplanned:
+        set_c(cond.READY, False, cond.SEARCH_RUNNING, "; ".join(unplanned))
     elif rolling:
         set_c(cond.READY, False, cond.ROLLING_OUT, "; ".join(rolling))
     elif mode == "recommend":

@@ -38,7 +38,7 @@ from kvtune.tuner.planner.search_budget import (
     SearchBudgetSpent,
 )
 
-SEARCH_INPUT_VERSION = 1
+SEARCH_INPUT_VERSION: Literal[1] = 1
 # The kubelet keeps at most this many bytes of a container's termination message.
 TERMINATION_MESSAGE_MAX_BYTES = 4096
 # How the answer is marked, so a message that is something else (a crash's log tail, with
