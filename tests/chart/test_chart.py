@@ -310,9 +310,10 @@ def _rbac_doc_rules(namespaced: bool) -> set[tuple[str, str, str]]:
 
 @pytest.mark.parametrize("namespaced", [False, True], ids=["cluster-wide", "namespaced"])
 def test_rbac_grants_exactly_what_docs_rbac_lists(helm: Path, namespaced: bool) -> None:
-    # With every grant that a value switches on: runtime namespaces (calibration), routing.
+    # With every grant that a value switches on: runtime namespaces (calibration), routing,
+    # search Jobs.
     docs = render(helm, *(NAMESPACED if namespaced else ["--set", "runtime.namespaces={llm}"]),
-                  "--set", "routing.enabled=true")
+                  "--set", "routing.enabled=true", "--set", "search.mode=job")
     granted: set[tuple[str, str, str]] = set()
     for doc in by_kind(docs, "ClusterRole") + by_kind(docs, "Role"):
         if "aggregate-to" in str(doc["metadata"].get("labels")):
