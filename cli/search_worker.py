@@ -22,7 +22,6 @@ from types import FrameType
 import click
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
-EXIT_BAD_INPUT = 1
 EXIT_STOPPED = 143
 # The kubelet's cap (kvtune.tuner.simulator.search_job, not imported at start: fast --help).
 TERMINATION_MESSAGE_MAX_BYTES = 4096
@@ -48,15 +47,19 @@ def search_worker(input_path: Path, termination_log: Path) -> None:
     try:
         doc = search_job.parse_input(input_path.read_text(encoding="utf-8"))
     except (OSError, search_job.InvalidSearchInput) as exc:
-        _fail(termination_log, f"kvtune search-worker: {input_path}: {exc}")
-        sys.exit(EXIT_BAD_INPUT)
+        why = exc.strerror if isinstance(exc, OSError) else str(exc)
+        line = f"--input={str(input_path)!r}: {why}"
+        _leave(termination_log, line)
+        raise click.ClickException(line) from None  # exit 1: the Job retries, then fails
     click.echo(f"kvtune search-worker: input {doc.digest()[:16]}: {doc.request.gpu.name} "
                f"x{doc.request.tensor_parallel}, {doc.replicas} replica(s)", err=True)
     try:
         outcome = search_job.run(doc, cancelled=stopping.is_set)
     except SearchCancelled:
-        _fail(termination_log, "kvtune search-worker: stopped (SIGTERM: the Job's "
-              "activeDeadlineSeconds, or the pod was evicted) before the search ended")
+        line = ("stopped (SIGTERM: the Job's activeDeadlineSeconds, or the pod was evicted) "
+                "before the search ended")
+        _leave(termination_log, line)
+        click.echo(f"Error: {line}", err=True)
         sys.exit(EXIT_STOPPED)
     message = search_job.encode(outcome)
     click.echo(message)
@@ -69,8 +72,7 @@ def search_worker(input_path: Path, termination_log: Path) -> None:
     click.echo(f"kvtune search-worker: {shown} ({len(message)} bytes)", err=True)
 
 
-def _fail(termination_log: Path, line: str) -> None:
+def _leave(termination_log: Path, line: str) -> None:
     """A one-line reason where the operator reads it (not a result: no format marker)."""
-    click.echo(line, err=True)
-    with contextlib.suppress(OSError):  # the reason is in the log already
+    with contextlib.suppress(OSError):  # the reason goes to the log as well
         termination_log.write_text(line[:TERMINATION_MESSAGE_MAX_BYTES], encoding="utf-8")

@@ -48,4 +48,5 @@ def test_a_bad_input_is_one_line_in_the_termination_message(tmp_path: Path) -> N
     assert result.exit_code == 1
     text = log.read_text()
     assert "\n" not in text and "search document v1" in text and str(bad) in text
+    assert result.stderr.strip() == f"Error: {text}"
     assert search_job.decode(text) is None
