@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from kvtune.cli.main import cli
@@ -50,3 +51,22 @@ def test_a_bad_input_is_one_line_in_the_termination_message(tmp_path: Path) -> N
     assert "\n" not in text and "search document v1" in text and str(bad) in text
     assert result.stderr.strip() == f"Error: {text}"
     assert search_job.decode(text) is None
+
+
+def test_the_operator_refuses_bad_search_job_settings_before_it_connects(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """search.mode and search.job come from the environment the chart sets: a value kvtune
+    cannot use stops ``kvtune operator`` at once, in one line (no API server is reached)."""
+    from kvtune.operator import search_jobs
+
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent/kubeconfig")
+    monkeypatch.setenv(search_jobs.ENV_MODE, "sometimes")
+    result = CliRunner().invoke(cli, ["operator"])
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines() == [
+        "Error: search.mode='sometimes' (KVTUNE_SEARCH_MODE): not one of inProcess, job, "
+        "auto; set one of them"]
+    monkeypatch.setenv(search_jobs.ENV_MODE, "job")
+    monkeypatch.delenv(search_jobs.ENV_IMAGE, raising=False)
+    result = CliRunner().invoke(cli, ["operator"])
+    assert result.exit_code == 1 and "KVTUNE_SEARCH_JOB_IMAGE" in result.stderr, result.stderr
