@@ -16,12 +16,12 @@ from typing import Any
 from kvtune.operator import apply as kapply
 from kvtune.operator import conditions as cond
 from kvtune.operator import gpu_prices, search_job_flow, search_jobs
-from kvtune.operator.api import ProfileStatus
+from kvtune.operator.api import InferenceDeploymentSpec, PoolSpec, ProfileScope, ProfileStatus
 from kvtune.operator.rollout.outcome import PoolContext, PoolOutcome
 from kvtune.tuner.kv_quality import KVQualityEvidence
-from kvtune.tuner.plan import PoolPlan
+from kvtune.tuner.plan import KVPlan, PoolPlan
 from kvtune.tuner.planner.policy import PlanPolicy
-from kvtune.tuner.simulator.search_job import SearchOutcome
+from kvtune.tuner.simulator.search_job import SearchInput, SearchOutcome
 from kvtune.tuner.workload import WorkloadProfile
 
 LOG = logging.getLogger("kvtune.operator")
@@ -31,22 +31,36 @@ _ERROR_REASONS = {"SearchBudgetSpent": cond.SEARCH_BUDGET_SPENT,
                   "ResultTooLarge": cond.SEARCH_JOB_FAILED, "BadInput": cond.SEARCH_JOB_FAILED}
 
 
-def plan_by_job(ctx: PoolContext, model: Any, profile: WorkloadProfile, policy: PlanPolicy,
-                evidence: KVQualityEvidence | None, profile_used: ProfileStatus | None
-                ) -> PoolPlan | PoolOutcome | None:
+def _document(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
+              profile: WorkloadProfile, policy: PlanPolicy,
+              evidence: KVQualityEvidence | None, running: KVPlan | None, scope: ProfileScope
+              ) -> tuple[search_jobs.JobSettings, SearchInput] | None:
+    """The search document when this pool's search goes to a Job (else None)."""
     from kvtune.operator.rollout import plan as plan_stage
 
     settings = search_jobs.settings()
     if settings.mode == "inProcess" or not plan_stage.searched(profile):
         return None
-    pool = ctx.pool
-    request = plan_stage.plan_request(ctx.spec, pool, model, profile, policy, evidence)
-    scope = (profile_used.scope or "deployment") if profile_used is not None else "deployment"
-    replicas = plan_stage.sharing_replicas(ctx.spec, pool, scope)
+    request = plan_stage.plan_request(spec, pool, model, profile, policy, evidence)
+    replicas = plan_stage.sharing_replicas(spec, pool, scope)
     rate = (profile.request_rate_per_second or 0.0) / replicas
-    if not search_job_flow.wanted(settings, request, len(ctx.spec.pools), rate):
+    if not search_job_flow.wanted(settings, request, len(spec.pools), rate):
         return None
-    doc = search_job_flow.search_input(request, plan_stage.running_plan(ctx.base), replicas)
+    return settings, search_job_flow.search_input(request, running, replicas)
+
+
+def plan_by_job(ctx: PoolContext, model: Any, profile: WorkloadProfile, policy: PlanPolicy,
+                evidence: KVQualityEvidence | None, profile_used: ProfileStatus | None
+                ) -> PoolPlan | PoolOutcome | None:
+    from kvtune.operator.rollout import plan as plan_stage
+
+    pool = ctx.pool
+    scope = (profile_used.scope or "deployment") if profile_used is not None else "deployment"
+    found = _document(ctx.spec, pool, model, profile, policy, evidence,
+                      plan_stage.running_plan(ctx.base), scope)
+    if found is None:
+        return None
+    settings, doc = found
     where = f"{ctx.field} ({pool.gpu_class})"
     try:
         got = search_job_flow.by_job(ctx.kube, ctx.body, pool.pool_name, doc, settings)
@@ -85,3 +99,30 @@ def _running(ctx: PoolContext, waiting: search_job_flow.Waiting, digest: str) ->
                   else "the pool is planned when it answers"))
     status = ctx.base.model_copy(update={"phase": "Searching", "message": message})
     return PoolOutcome(status, searching=message, retry_after=search_jobs.POLL_SECONDS)
+
+
+def plan_for_retune(kube: kapply.Kube, body: Any, spec: InferenceDeploymentSpec,
+                    pool: PoolSpec, model: Any, profile: WorkloadProfile, policy: PlanPolicy,
+                    evidence: KVQualityEvidence | None, running: KVPlan | None,
+                    scope: ProfileScope) -> PoolPlan | str | None:
+    """The retune timer's re-plan of a drifted pool by Job: the plan (priced), or why there
+    is none on this tick (the Job runs, failed, or answered with an error: the timer decides
+    on a later tick, the pool's drift still standing), or None: search in the operator."""
+    found = _document(spec, pool, model, profile, policy, evidence, running, scope)
+    if found is None:
+        return None
+    settings, doc = found
+    try:
+        got = search_job_flow.by_job(kube, body, pool.pool_name, doc, settings)
+    except kapply.ApplyError as exc:
+        return f"the search Job: {exc}"
+    if isinstance(got, search_job_flow.Waiting):
+        return f"the goodput search for the observed traffic runs as Job {got.job}"
+    if isinstance(got, search_job_flow.JobFailed):
+        return f"the search Job {got.job} failed ({got.message})"
+    if got.error is not None:
+        return f"the search Job answered {got.error.kind}: {got.error.message}"
+    assert got.plan is not None
+    from kvtune.tuner.planner.cost import priced
+
+    return priced(got.plan, gpu_prices.price_of(pool, "spec.pools[]"))

@@ -238,3 +238,45 @@ def test_the_search_runs_as_a_job_and_its_answer_plans_the_pool(cluster_api: Any
         GROUP, VERSION, NS, PLURAL, NAME, propagation_policy="Background")
     wait_for(lambda: not _listed(kube, "Job") and not _listed(kube, "ConfigMap"),
              "the search Job and ConfigMap garbage-collected", 60)
+
+
+def test_the_retune_timer_replans_a_drifted_pool_by_job(cluster_api: Any,
+                                                        tmp_path: Path) -> None:
+    """The retune timer's re-plan (``search_job_stage.plan_for_retune``): not decided while
+    the Job runs (a line saying so), the plan once the Job answered."""
+    from kvtune.operator.api import InferenceDeploymentSpec
+    from kvtune.operator.rollout import plan as plan_stage
+    from kvtune.operator.rollout import search_job_stage
+    from kvtune.operator.workloads import declared_profile
+
+    kube, name = Kube(cluster_api), "drift"
+    create_infd(cluster_api, NS, name, _spec(rate=3.0))
+    body = get_infd(cluster_api, NS, name)
+    spec = InferenceDeploymentSpec.model_validate(body["spec"])
+    model = plan_stage.resolve_model(spec, NS, kube)
+    observed = declared_profile(spec.workload).model_copy(
+        update={"source": "prometheus", "request_rate_per_second": 4.5})
+
+    def replan() -> Any:
+        return search_job_stage.plan_for_retune(
+            kube, body, spec, spec.pools[0], model, observed, plan_stage.policy_for(spec),
+            None, running=None, scope="deployment")
+
+    first = replan()
+    assert isinstance(first, str) and "runs as Job" in first, first
+    jobs = kube.request("GET", path("Job", NS), query={
+        "labelSelector": f"{LABEL_DEPLOYMENT}={name},{search_jobs.LABEL_SEARCH}"})["items"]
+    (job,) = jobs
+    config_map = kube.request("GET", path("ConfigMap", NS, job["metadata"]["name"]))
+    assert search_job.parse_input(config_map["data"][search_jobs.INPUT_KEY]) \
+        .request.profile.request_rate_per_second == 4.5
+    message = _run_as_the_node(job, config_map, tmp_path)
+    write_termination_message(cluster_api, NS, _pod_of(cluster_api, job["metadata"]["name"]),
+                              message)
+    wait_for(lambda: (kube.request("GET", path("Job", NS, job["metadata"]["name"]))
+                      .get("status") or {}).get("succeeded"), "the Job Complete", 60)
+    plan = replan()
+    answer = search_job.decode(message)
+    assert answer is not None and answer.plan is not None
+    assert not isinstance(plan, str) and plan is not None
+    assert plan.plan == answer.plan.plan
