@@ -29,7 +29,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from kvtune.operator import apply as kapply
-from kvtune.operator import calibration_flow, http_route, routing_status
+from kvtune.operator import (
+    calibration_flow,
+    http_route,
+    routing_status,
+    search_job_flow,
+    search_jobs,
+)
 from kvtune.operator import conditions as cond
 from kvtune.operator import pools as gpu_pools
 from kvtune.operator import routing as routing_module
@@ -325,6 +331,11 @@ def _reconcile_locked(
                 keep={p.pool_name for p in spec.pools}) if routed else []:
             events.append(Event("Normal", "RoutingRemoved", f"deleted {deleted}: "
                                 "spec.routing no longer asks for it"))
+
+    removed = {p.name for p in previous.pools} - {p.pool_name for p in spec.pools}
+    if removed and search_jobs.settings().mode != "inProcess":
+        for gone in sorted(removed):  # its search Jobs and ConfigMaps (operator/search_jobs.py)
+            search_job_flow.delete_stale(kube, body, gone, keep=None)
 
     failures = [o.failure for o in outcomes if o.failure]
     if mode == "auto":

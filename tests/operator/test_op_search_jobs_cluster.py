@@ -12,6 +12,7 @@ kwok (which runs no containers), the reconcile seam called directly with ``searc
   search), keeps the answer in the ConfigMap and deletes the Job;
 - new inputs start a new Job and delete the old inputs' ConfigMap; an answer for the old
   inputs left on the new Job's pod is never used (the Job is SearchJobFailed, naming why);
+- a pool taken out of the spec loses its search Job and ConfigMap;
 - deleting the InferenceDeployment garbage-collects the Job and the ConfigMap.
 """
 
@@ -231,7 +232,14 @@ def test_the_search_runs_as_a_job_and_its_answer_plans_the_pool(cluster_api: Any
     assert "\n" not in degraded["message"]
     assert _pool(kube)["phase"] == "Failed"
 
-    # 6. Deleting the InferenceDeployment garbage-collects the Job and the ConfigMap.
+    # 6. A pool taken out of the spec: its search Job and ConfigMap go; the new pool's come.
+    patch_spec(cluster_api, NS, NAME, {"pools": [{"gpuClass": "H200", "replicas": 1}]})
+    rec.reconcile(get_infd(cluster_api, NS, NAME), kube=kube)
+    assert _absent(kube, "Job", job2_name) and _absent(kube, "ConfigMap", job2_name)
+    (job3,) = _listed(kube, "Job")
+    assert job3["metadata"]["labels"]["kvtune.io/pool"] == "h200"
+
+    # 7. Deleting the InferenceDeployment garbage-collects the Job and the ConfigMap.
     from kubernetes import client
 
     client.CustomObjectsApi(cluster_api).delete_namespaced_custom_object(
