@@ -69,6 +69,10 @@ POLL_SECONDS = 10.0
 _MAX_NAME = 63
 _LABEL_DIGITS = 40
 
+# A finished Job must outlive the operator's next look (its answer is on the Job's pod, which
+# goes with the Job): with a shorter TTL an answer could be lost and the search run again.
+MIN_TTL_SECONDS = 60
+
 DEFAULT_RESOURCES: dict[str, Any] = {"requests": {"cpu": "1", "memory": "512Mi"},
                                      "limits": {"cpu": "1", "memory": "1Gi"}}
 
@@ -104,7 +108,8 @@ def settings(env: Mapping[str, str] | None = None) -> JobSettings:
                             "and limits, not a list or a value")
     return JobSettings(mode=mode, image=env.get(ENV_IMAGE, "").strip(), resources=resources,
                        backoff_limit=_int(env, ENV_BACKOFF_LIMIT, 2, 0, 20),
-                       ttl_seconds=_int(env, ENV_TTL_SECONDS, 3600, 0, 7 * 86400))
+                       ttl_seconds=_int(env, ENV_TTL_SECONDS, 3600, MIN_TTL_SECONDS,
+                                        7 * 86400))
 
 
 def _int(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:

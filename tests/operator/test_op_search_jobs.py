@@ -39,6 +39,8 @@ def test_settings_default_to_in_process_and_read_the_charts_values() -> None:
     ({search_jobs.ENV_RESOURCES: "[1]"}, ["search.job.resources", "mapping"]),
     ({search_jobs.ENV_BACKOFF_LIMIT: "-1"}, [search_jobs.ENV_BACKOFF_LIMIT, "0 to 20"]),
     ({search_jobs.ENV_TTL_SECONDS: "soon"}, [search_jobs.ENV_TTL_SECONDS, "integer"]),
+    # The answer goes with the Job's pod: a Job must outlive the operator's next look.
+    ({search_jobs.ENV_TTL_SECONDS: "0"}, [search_jobs.ENV_TTL_SECONDS, "60 to 604800"]),
 ])
 def test_a_bad_setting_is_one_line_naming_the_value(env: dict[str, str],
                                                     words: list[str]) -> None:
