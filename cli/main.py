@@ -25,6 +25,8 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "crds": ("crds", "crds", "Generate the CRD manifests from the API types."),
     "alerts": ("alerts", "alerts", "Render the SLO alert rules for an InferenceDeployment."),
     "quality": ("quality", "quality", "Measure what quantized KV dtypes do to a model."),
+    "search-worker": ("search_worker", "search_worker",
+                      "Run one pool's goodput search from a search document (a search Job)."),
 }
 
 

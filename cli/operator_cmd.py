@@ -118,6 +118,7 @@ def operator(kubeconfig: str | None, namespaces: tuple[str, ...], metrics_port: 
         metrics,
         pod_policy,
         search_budget,
+        search_jobs,
         template_sandbox,
         tenant_reach,
     )
@@ -136,6 +137,14 @@ def operator(kubeconfig: str | None, namespaces: tuple[str, ...], metrics_port: 
     # Every goodput search's budget (the chart's search values).
     search_budget.CONFIG.cpu_seconds = search_cpu_seconds
     search_budget.CONFIG.memory_bytes = search_memory_mib * 2**20
+    # Where searches run (search.mode, search.job: the environment): refused before start.
+    try:
+        jobs = search_jobs.settings()
+    except search_jobs.SettingsError as exc:
+        raise click.ClickException(str(exc)) from None
+    if jobs.mode != "inProcess" and not jobs.image:
+        raise click.ClickException(f"search.mode={jobs.mode} needs the search Job's image: set "
+                                   f"{search_jobs.ENV_IMAGE} (the chart sets the operator's)")
     if standalone and peering_name:
         raise click.UsageError("--standalone and --peering exclude each other; pick one")
     # Fail fast on a broken kubeconfig or an API server that does not answer: kopf would

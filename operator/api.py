@@ -860,7 +860,8 @@ class ExpectedStatus(_Status):
     tpot_p95_seconds: float | None = None
 
 
-PoolPhase = Literal["Applied", "Canary", "Recommended", "Unmanaged", "NoNodes", "Failed"]
+PoolPhase = Literal["Applied", "Canary", "Recommended", "Unmanaged", "NoNodes", "Failed",
+                    "Searching"]
 
 
 class RevisionFiguresStatus(_Status):

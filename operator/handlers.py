@@ -26,7 +26,7 @@ import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 import kopf
 
@@ -184,7 +184,7 @@ def _run(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, trigger: str,
     phases: dict[str, int] = {}
     for pool in result.status.get("pools", []):
         phases[pool["phase"]] = phases.get(pool["phase"], 0) + 1
-    for phase in ("Applied", "Canary", "Recommended", "Unmanaged", "NoNodes", "Failed"):
+    for phase in get_args(api.PoolPhase):
         metrics.POOLS.labels(meta["namespace"], meta["name"], phase).set(phases.get(phase, 0))
     if result.permanent_error:
         metrics.RECONCILES.labels(trigger, "invalid").inc()

@@ -29,7 +29,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from kvtune.operator import apply as kapply
-from kvtune.operator import calibration_flow, http_route, routing_status
+from kvtune.operator import (
+    calibration_flow,
+    http_route,
+    routing_status,
+    search_job_flow,
+    search_jobs,
+)
 from kvtune.operator import conditions as cond
 from kvtune.operator import pools as gpu_pools
 from kvtune.operator import routing as routing_module
@@ -327,6 +333,11 @@ def _reconcile_locked(
             events.append(Event("Normal", "RoutingRemoved", f"deleted {deleted}: "
                                 "spec.routing no longer asks for it"))
 
+    removed = {p.name for p in previous.pools} - {p.pool_name for p in spec.pools}
+    if removed and search_jobs.settings().mode != "inProcess":
+        for gone in sorted(removed):  # its search Jobs and ConfigMaps (operator/search_jobs.py)
+            search_job_flow.delete_stale(kube, body, gone, keep=None)
+
     failures = [o.failure for o in outcomes if o.failure]
     if mode == "auto":
         refused = _apply_route(kube, body, spec, [o.status for o in outcomes])
@@ -336,11 +347,18 @@ def _reconcile_locked(
         failures.append((cond.NAME_COLLISION, gate.collision))
     rolling = [f"{o.status.name}: {o.rolling}" for o in outcomes if o.rolling]
     waiting = [o.status.name for o in outcomes if o.no_nodes]
+    # Pools whose goodput search runs as a Job (operator/search_jobs.py); those without a
+    # plan yet are not ready.
+    searching = [f"{o.status.name}: {o.searching}" for o in outcomes if o.searching]
+    unplanned = [f"{o.status.name}: {o.searching}" for o in outcomes
+                 if o.searching and o.status.plan is None]
     if failures:
         set_c(cond.DEGRADED, True, failures[0][0], " | ".join(m for _, m in failures))
     else:
         set_c(cond.DEGRADED, False, cond.AS_EXPECTED, "")
-    if rolling:
+    if searching:
+        set_c(cond.PROGRESSING, True, cond.SEARCH_RUNNING, "; ".join(searching + rolling))
+    elif rolling:
         set_c(cond.PROGRESSING, True, cond.ROLLING_OUT, "; ".join(rolling))
     else:
         set_c(cond.PROGRESSING, False, cond.ROLLED_OUT if mode == "auto" else cond.RECOMMENDED,
@@ -352,6 +370,8 @@ def _reconcile_locked(
         set_c(cond.READY, False, cond.POOL_WITHOUT_NODES,
               f"no schedulable nodes of the GPU class for pool(s) {', '.join(waiting)}; "
               f"retrying every {NO_NODES_RETRY_SECONDS:.0f}s")
+    elif unplanned:
+        set_c(cond.READY, False, cond.SEARCH_RUNNING, "; ".join(unplanned))
     elif rolling:
         set_c(cond.READY, False, cond.ROLLING_OUT, "; ".join(rolling))
     elif mode == "recommend":

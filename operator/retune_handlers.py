@@ -53,6 +53,7 @@ from kvtune.operator.prom_http import PrometheusUnavailable
 from kvtune.operator.retune import RetuneSettings, RetuneState
 from kvtune.operator.retune_state import finite
 from kvtune.operator.rollout import plan as plan_stage
+from kvtune.operator.rollout import search_job_stage
 from kvtune.operator.selectors import SeriesSelector
 from kvtune.operator.workloads import declared_profile, profile_from_status
 from kvtune.tuner.plan import KVPlan, PoolPlan
@@ -303,11 +304,19 @@ def retune_once(
         index = {p.pool_name: i for i, p in enumerate(spec.pools)}
         for t in replan:
             assert t.observed is not None
-            t.new_plan = plan_stage.plan_one_pool(spec, by_name[t.name], model, t.observed,
-                                                  policy, kv_evidence,
-                                                  running=plans.get(t.name),
-                                                  pool_field=f"spec.pools[{index[t.name]}]",
-                                                  scope=t.choice.scope)
+            # The chart's search.mode: the search as a Job (operator/search_jobs.py); until
+            # it answers the pool is decided on a later tick (its drift still stands).
+            by_job = search_job_stage.plan_for_retune(
+                kube, body, spec, by_name[t.name], model, t.observed, policy, kv_evidence,
+                running=plans.get(t.name), scope=t.choice.scope)
+            if isinstance(by_job, str):
+                t.reason, t.message = conditions.SEARCH_RUNNING, \
+                    f"{t.decision.message}; {by_job}"
+                continue
+            t.new_plan = by_job if by_job is not None else plan_stage.plan_one_pool(
+                spec, by_name[t.name], model, t.observed, policy, kv_evidence,
+                running=plans.get(t.name), pool_field=f"spec.pools[{index[t.name]}]",
+                scope=t.choice.scope)
             t.material, why = retune.plan_change_matters(plans.get(t.name), t.new_plan.plan)
             if t.material:
                 t.reason = retune.PLAN_CHANGED

@@ -32,7 +32,7 @@ from kvtune.operator.api import (
     RolloutSpec,
 )
 from kvtune.operator.render import RenderInput, plan_hash, vllm_args
-from kvtune.operator.rollout import plan_checks
+from kvtune.operator.rollout import plan_checks, search_job_stage
 from kvtune.operator.rollout.outcome import Event, PoolContext, PoolOutcome
 from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan, UnknownName
 from kvtune.tuner.kv_quality import KVQualityEvidence, KVQualityPolicy
@@ -123,16 +123,9 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
     when Prometheus gave one with an arrival rate (the same function as ``kvtune plan``),
     else by the planner's rules. ``running``: the plan the pool runs now (ties go to the
     fewer changed knobs)."""
-    from kvtune.tuner.facts.gpus import get_gpu_class
     from kvtune.tuner.simulator.goodput_search import plan_by_goodput
 
-    request = PlanRequest(
-        model=model, gpu=get_gpu_class(pool.gpu_declaration),
-        # tensorParallel auto: each degree in turn (_plan_auto); 1 until then.
-        tensor_parallel=pool.tensor_parallel if isinstance(pool.tensor_parallel, int) else 1,
-        weights_dtype=spec.model.weights_dtype, profile=profile, policy=policy,
-        vllm_version=spec.runtime.vllm_version, kv_quality_evidence=kv_quality_evidence,
-    )
+    request = plan_request(spec, pool, model, profile, policy, kv_quality_evidence)
     if pool.tp_auto:
         return _plan_auto(spec, pool, request, running, pool_field, scope)
     if searched(profile):
@@ -190,6 +183,21 @@ def rendered_replicas(spec: InferenceDeploymentSpec, pool: PoolSpec, pool_plan: 
         return pool.replicas
     canary = (spec.rollout or RolloutSpec()).canary_replicas
     return min(pool.replicas, max(c.replicas, canary))
+
+
+def plan_request(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
+                 profile: WorkloadProfile, policy: PlanPolicy,
+                 kv_quality_evidence: KVQualityEvidence | None = None) -> PlanRequest:
+    """What the pool's plan is asked for (the planner's and the search's one input)."""
+    from kvtune.tuner.facts.gpus import get_gpu_class
+
+    return PlanRequest(
+        model=model, gpu=get_gpu_class(pool.gpu_declaration),
+        # tensorParallel auto: each degree in turn (_plan_auto); 1 until then.
+        tensor_parallel=pool.tensor_parallel if isinstance(pool.tensor_parallel, int) else 1,
+        weights_dtype=spec.model.weights_dtype, profile=profile, policy=policy,
+        vllm_version=spec.runtime.vllm_version, kv_quality_evidence=kv_quality_evidence,
+    )
 
 
 @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
@@ -365,11 +373,17 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
         policy = calibration_flow.with_gate(inp.policy, gate) if gate is not None \
             else inp.policy
         evidence = gate.evidence if gate is not None else None
-        pool_plan = inp.given if inp.given is not None else plan_one_pool(
-            ctx.spec, pool, inp.model, inp.profile, policy, evidence,
-            running=running_plan(ctx.base), pool_field=ctx.field,
-            scope=(inp.profile_used.scope or "deployment") if inp.profile_used is not None
-            else "deployment")
+        # The search as a Job (the chart's search.mode): its outcome, or "still running".
+        by_job = None if inp.given is not None else search_job_stage.plan_by_job(
+            ctx, inp.model, inp.profile, policy, evidence, inp.profile_used)
+        if isinstance(by_job, PoolOutcome):
+            return by_job
+        pool_plan = inp.given if inp.given is not None else by_job if by_job is not None \
+            else plan_one_pool(
+                ctx.spec, pool, inp.model, inp.profile, policy, evidence,
+                running=running_plan(ctx.base), pool_field=ctx.field,
+                scope=(inp.profile_used.scope or "deployment") if inp.profile_used is not None
+                else "deployment")
     except UnknownName as exc:
         return ctx.failed(cond.INVALID_SPEC, f"{ctx.field}.gpuClass: {exc}")
     except SearchCancelled:

@@ -310,9 +310,10 @@ def _rbac_doc_rules(namespaced: bool) -> set[tuple[str, str, str]]:
 
 @pytest.mark.parametrize("namespaced", [False, True], ids=["cluster-wide", "namespaced"])
 def test_rbac_grants_exactly_what_docs_rbac_lists(helm: Path, namespaced: bool) -> None:
-    # With every grant that a value switches on: runtime namespaces (calibration), routing.
+    # With every grant that a value switches on: runtime namespaces (calibration), routing,
+    # search Jobs.
     docs = render(helm, *(NAMESPACED if namespaced else ["--set", "runtime.namespaces={llm}"]),
-                  "--set", "routing.enabled=true")
+                  "--set", "routing.enabled=true", "--set", "search.mode=job")
     granted: set[tuple[str, str, str]] = set()
     for doc in by_kind(docs, "ClusterRole") + by_kind(docs, "Role"):
         if "aggregate-to" in str(doc["metadata"].get("labels")):
@@ -528,3 +529,39 @@ def test_the_calibration_jobs_default_image_reaches_the_operator(helm: Path) -> 
     assert image("--set", "calibration.image.repository=reg.local/kvq",
                  "--set-string", "calibration.image.tag=7") == "reg.local/kvq:7"
     assert image("--set", "calibration.image.repository=") == ""
+
+
+def test_search_jobs_values_reach_the_operator_and_grant_only_with_jobs(helm: Path) -> None:
+    """search.mode and search.job become the operator's environment, read back by the
+    operator's own parser; Jobs are granted only with mode job or auto (docs/search-jobs.md)."""
+    from kvtune.operator import search_jobs
+
+    def settings_and_roles(*values: str) -> tuple[search_jobs.JobSettings, list[Any], str]:
+        docs = render(helm, *values)
+        (deploy,) = by_kind(docs, "Deployment")
+        container = deploy["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        roles = [d for d in by_kind(docs, "ClusterRole") + by_kind(docs, "Role")
+                 if d["metadata"]["name"].endswith("-searchjobs")]
+        return search_jobs.settings(env), roles, container["image"]
+
+    s, roles, image = settings_and_roles()
+    assert s.mode == "inProcess" and roles == []
+    assert s.image == image  # the Job runs the operator's own image
+    assert dict(s.resources) == search_jobs.DEFAULT_RESOURCES
+    assert (s.backoff_limit, s.ttl_seconds) == (2, 3600)
+    s, roles, _ = settings_and_roles("--set", "search.mode=job", "--set",
+                                     "search.job.image=reg.example/kvtune:9", "--set",
+                                     "search.job.backoffLimit=5")
+    assert (s.mode, s.image, s.backoff_limit) == ("job", "reg.example/kvtune:9", 5)
+    (role,) = roles
+    assert role["kind"] == "ClusterRole"
+    assert {(tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]} == {
+        (("jobs",), ("get", "list", "create", "patch", "delete")),
+        (("configmaps",), ("list", "create", "patch", "delete"))}
+    _, roles, _ = settings_and_roles("--set", "search.mode=auto", *NAMESPACED)
+    assert {r["metadata"]["namespace"] for r in roles} == {"llm", "batch"}
+    assert all(r["kind"] == "Role" for r in roles)
+    out = run_helm(helm, "template", "kvtune", str(CHART), "--set", "search.mode=sometimes",
+                   check=False)
+    assert out.returncode != 0 and "/search/mode" in out.stderr, out.stderr

@@ -8,8 +8,8 @@ made with a TokenRequest token of the chart's ServiceAccount, in a namespace whe
 that token write the kind: only the ValidatingAdmissionPolicy stands in the way, so each must
 end 403 with the policy's own message (``kvtune: …``). The positive control: what kvtune's own
 renderers make (operator/render.py, routing.py, endpoint_picker.py, http_route.py,
-monitors.py, alerts.py, calibration.py, apply.post_event) is admitted, as a server-side dry
-run with the same token.
+monitors.py, alerts.py, calibration.py, search_jobs.py, apply.post_event) is admitted, as a
+server-side dry run with the same token.
 """
 
 from __future__ import annotations
@@ -246,6 +246,29 @@ def _calibration() -> tuple[dict[str, Any], dict[str, Any]]:
     return job, report
 
 
+def _search_job() -> tuple[dict[str, Any], dict[str, Any]]:
+    """A pool's search Job and its ConfigMap with input and answer (operator/search_jobs.py)."""
+    from kvtune.operator import search_jobs
+    from kvtune.tuner.facts.catalog import get_model
+    from kvtune.tuner.facts.gpus import get_gpu_class
+    from kvtune.tuner.planner.planning import PlanRequest
+    from kvtune.tuner.planner.presets import preset_profile
+    from kvtune.tuner.simulator.search_job import SearchError, SearchInput, SearchOutcome, encode
+
+    doc = SearchInput(request=PlanRequest(
+        model=get_model("meta-llama/Llama-3.1-8B-Instruct"), gpu=get_gpu_class("H100"),
+        profile=preset_profile("chat").model_copy(update={"request_rate_per_second": 2.0})),
+        cpu_seconds=30.0)
+    name, labels = "chat-h100-search-0123456789", search_jobs.labels(OWNER, "h100",
+                                                                      doc.digest())
+    job = search_jobs.render_job(name=name, namespace=NS, doc=doc, labels=labels,
+                                 s=search_jobs.JobSettings(mode="job", image="kvtune:0.1.0"))
+    kept = search_jobs.result_config_map(search_jobs.input_config_map(
+        name=name, namespace=NS, doc=doc, labels=labels), encode(SearchOutcome(
+            digest=doc.digest(), error=SearchError(kind="NoFeasiblePlan", message="x"))))
+    return job, kept
+
+
 # --- the requests -----------------------------------------------------------------------------
 
 def _create(api: Any, obj: dict[str, Any], *, dry_run: bool = True,
@@ -447,7 +470,7 @@ def test_what_kvtune_renders_is_admitted(token: Any, admin: Any) -> None:
     job, report = _calibration()
     objects = [*_pool_objects(), *_routing_objects(), _http_route(),
                *_monitors("PodMonitor"), *_monitors("ServiceMonitor"), _prometheus_rule(),
-               job, report]
+               job, report, *_search_job()]
     # kvtune's own template with a vLLM entrypoint too, and a pod with the chart's /dev/shm
     # and resource requests (what the pods change renders).
     from kvtune.operator.render import RenderInput, render_pool

@@ -66,6 +66,21 @@ runtime namespace only, in both modes (templates/rbac.yaml). */}}
   verbs: [create, patch]
 {{- end -}}
 
+{{/* search.mode job or auto (operator/search_jobs.py, docs/search-jobs.md): a pool's goodput
+search as a Job, its input (and then its answer) in a ConfigMap, both owned by the
+InferenceDeployment and named by the input's digest. get: the ownership check before an
+apply and the Job's status; list: the Job's pods (the "pods" concern) and the pool's Jobs and
+ConfigMaps of older inputs, deleted with delete (the Job once its answer is kept). The Job's
+pods get no token and need no right. Granted in the namespaces the operator serves. */}}
+{{- define "kvtune.rules.searchjobs" -}}
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [get, list, create, patch, delete]
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [list, create, patch, delete]
+{{- end -}}
+
 {{/* spec.routing (operator/routing.py): each pool's Gateway API Inference Extension
 InferencePool and its endpoint picker's configuration ConfigMap, and with spec.routing.gateway
 the InferenceDeployment's HTTPRoute (operator/http_route.py), server-side applied (get: the
