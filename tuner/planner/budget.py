@@ -44,6 +44,7 @@ from kvtune.tuner.facts.vllm_memory import (
     MemoryCoefficients,
     coefficients,
     graph_capture_sizes,
+    tensor_parallel_extra_gib,
     version_memory,
 )
 from kvtune.tuner.units import GiB, MiB
@@ -177,8 +178,7 @@ def non_torch_bytes(
     communication buffers of tensor parallelism)."""
     c = coefs or coefficients()
     gib = c.non_torch_gib[version_memory(vllm_version).non_torch]
-    if tensor_parallel > 1:
-        gib += c.tensor_parallel_gib
+    gib += tensor_parallel_extra_gib(c, tensor_parallel)
     return round(gib * GiB)
 
 
