@@ -113,6 +113,10 @@ class StartupLog(BaseModel):
     def model_arch(self) -> ModelArchitecture | None:
         """The catalog model this row's checkpoint shares a config with, or the config facts
         the row itself carries (``shape.config``), or None."""
+        if self.shape_of and self.shape is not None and "quantization_config" in self.shape:
+            return _quantized_catalog_model(
+                self.shape_of, self.model,
+                json.dumps(self.shape["quantization_config"], sort_keys=True))
         if self.shape_of:
             return get_model(self.shape_of)
         if self.shape is not None and "config" in self.shape:
@@ -121,6 +125,19 @@ class StartupLog(BaseModel):
 
     def model_dtype(self, model: ModelArchitecture) -> str:
         return self.dtype if self.dtype in ("float16", "float32") else model.torch_dtype
+
+
+@cache
+def _quantized_catalog_model(catalog_id: str, hf_id: str, quantization_json: str
+                             ) -> ModelArchitecture:
+    """A quantized checkpoint of a catalog model: the catalog's config.json and parameter count
+    with the checkpoint's quantization_config, as kvtune reads the checkpoint's own config."""
+    name = catalog_id.replace("/", "--") + ".json"
+    path = resources.files("kvtune.tuner.facts").joinpath("data", "models", name)
+    doc = json.loads(path.read_text("utf-8"))
+    config = {**doc["config"], "quantization_config": json.loads(quantization_json)}
+    return ModelArchitecture.from_hf_config(
+        config, hf_id, parameter_count=doc.get("parameter_count"))
 
 
 @cache

@@ -20,6 +20,7 @@ from kvtune.tuner.facts.vllm_memory import (
     supported_versions,
     version_memory,
 )
+from kvtune.tuner.facts.weights import weights_bytes_per_gpu
 from kvtune.tuner.planner import budget, memory_fit
 
 GiB = 1 << 30
@@ -111,6 +112,21 @@ def test_leave_one_out_kv_tokens_within_3_percent_given_the_logged_weights() -> 
     assert len(errors) >= 25
     assert versions == {"0.15.0", "0.16.0", "0.17.0", "0.18.0", "0.19.0"}
     assert max(errors) < 0.03
+
+
+def test_quantized_checkpoints_are_planned_from_their_quantization_config() -> None:
+    # RedHatAI's int8 / int4 checkpoints of catalog models: kvtune sizes them from the
+    # checkpoint's quantization_config, as vLLM loaded them (Llama 3.3 70B W8A8 at TP 2:
+    # logged 33.88 GiB per GPU).
+    rows = [r for r in ROWS if r.shape and "quantization_config" in r.shape]
+    assert {r.weights_dtype for r in rows} == {"int8", "int4"}
+    for row in rows:
+        assert memory_fit.predictable(row) is None, row.id
+        model = row.model_arch()
+        assert model is not None and model.quantization is not None
+        planned = weights_bytes_per_gpu(model, row.weights_dtype, row.tensor_parallel) / GiB
+        assert row.logged.weights_gib is not None
+        assert abs(planned - row.logged.weights_gib) < 0.07, row.id
 
 
 def test_tensor_parallel_buffers_grow_with_the_peer_ranks() -> None:
