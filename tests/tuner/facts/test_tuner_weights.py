@@ -74,6 +74,8 @@ def test_checkpoint_quantization_is_auto() -> None:
     with pytest.raises(InvalidInput, match="can neither widen nor requantize"):
         weights_bytes_per_gpu(v3, "bf16", 8)
     assert 80e9 < auto < 90e9  # about 671 GB / 8
+    # MLA's rotary table covers only the rope part of each head: 163,840 x 64 x 2 B.
+    assert rope_cache_bytes(v3) == 163_840 * 64 * 2
 
 
 def test_bad_dtype() -> None:
