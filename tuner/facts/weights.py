@@ -29,7 +29,9 @@ is stored at the quantized width plus its scales (or only the experts, for MXFP4
 int8). Tensor parallel shards all weights across ranks; norms are replicated but negligible.
 
 Every GPU also holds vLLM's rotary-embedding table, loaded with the weights and counted in its
-"Model loading took" line: ``get_rope`` builds one cos/sin cache of ``max_position_embeddings``
+"Model loading took" line (``rope_cache_bytes``; the memory budget adds it to the weights,
+``planner/budget.non_kv_bytes``, while ``weights_bytes_per_gpu`` stays the parameters a decode
+step reads): ``get_rope`` builds one cos/sin cache of ``max_position_embeddings``
 x ``rotary_dim`` in the model dtype (vllm/model_executor/layers/rotary_embedding/base.py
 ``_compute_cos_sin_cache``), shared by all layers and not split by tensor parallel. It is
 32 MiB for Llama 3 (131,072 positions) but 2.5 GiB for Llama 4 Scout (10,485,760 positions),
@@ -292,17 +294,15 @@ def weights_bytes_per_gpu(
     """Bytes of weights on each GPU of a replica of ``tensor_parallel`` x ``data_parallel``
     GPUs: attention, dense layers, shared experts and embeddings split by TP and copied on
     every DP rank; the routed experts split over all ``tp * dp`` GPUs (by experts under
-    expert parallel, by tensor slices without: vLLM flattens TP across DP for MoE layers);
-    plus the rotary table every GPU holds (``rope_cache_bytes``), as vLLM's "Model loading
-    took" counts it."""
+    expert parallel, by tensor slices without: vLLM flattens TP across DP for MoE layers). The
+    parameters only: vLLM's "Model loading took" adds ``rope_cache_bytes``."""
     if tensor_parallel < 1:
         raise InvalidInput("tensor_parallel", tensor_parallel, "must be 1 or more")
     if data_parallel < 1:
         raise InvalidInput("data_parallel", data_parallel, "must be 1 or more")
     total = weights_bytes_total(model, weights_dtype)
-    rope = rope_cache_bytes(model)
     if data_parallel == 1:
-        return -(-total // tensor_parallel) + rope
+        return -(-total // tensor_parallel)
     experts = expert_weights_bytes(model, weights_dtype)
     return (-(-(total - experts) // tensor_parallel)
-            + -(-experts // (tensor_parallel * data_parallel)) + rope)
+            + -(-experts // (tensor_parallel * data_parallel)))

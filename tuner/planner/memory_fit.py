@@ -41,7 +41,7 @@ from kvtune.tuner.facts.vllm_memory import (
     graph_capture_sizes,
     memory_data,
 )
-from kvtune.tuner.facts.weights import weights_bytes_per_gpu
+from kvtune.tuner.facts.weights import rope_cache_bytes, weights_bytes_per_gpu
 from kvtune.tuner.planner import budget
 
 GiB = 1 << 30
@@ -359,7 +359,8 @@ def predict(
     assert model is not None and total is not None and row.gpu_memory_utilization is not None
     assert row.max_model_len is not None
     if (logged_weights or row.shape_of is None) and row.logged.weights_gib is not None:
-        weights = round(row.logged.weights_gib * GiB)
+        # vLLM's figure includes the rotary table, which the budget adds to the parameters.
+        weights = round(row.logged.weights_gib * GiB) - rope_cache_bytes(model)
     else:
         weights = weights_bytes_per_gpu(model, row.weights_dtype, row.tensor_parallel)
     parts = non_kv_parts(row, coefs, weights)

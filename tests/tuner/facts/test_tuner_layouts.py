@@ -10,7 +10,6 @@ from kvtune.tuner.facts.catalog import get_model
 from kvtune.tuner.facts.layouts import kv_copies, replica_kv_tokens
 from kvtune.tuner.facts.weights import (
     expert_weights_bytes,
-    rope_cache_bytes,
     weights_bytes_per_gpu,
     weights_bytes_total,
 )
@@ -57,17 +56,16 @@ def test_experts_split_over_every_rank_and_attention_copied_per_dp_rank() -> Non
     experts = expert_weights_bytes(DSV3, "auto")
     # DeepSeek-V3's routed experts: 58 MoE layers x 256 x 3 x 7168 x 2048 at fp8 (+ scales).
     assert experts == int(58 * 256 * 3 * 7168 * 2048 * 1.001)
-    rope = rope_cache_bytes(DSV3)  # the rotary table, whole on every GPU
-    assert weights_bytes_per_gpu(DSV3, "auto", 8) == -(-total // 8) + rope
+    assert weights_bytes_per_gpu(DSV3, "auto", 8) == -(-total // 8)
     dp8 = weights_bytes_per_gpu(DSV3, "auto", 1, data_parallel=8)
-    assert dp8 == (total - experts) + -(-experts // 8) + rope
+    assert dp8 == (total - experts) + -(-experts // 8)
     # DP copies attention on every rank: heavier per GPU than TP8, lighter than TP1.
     assert weights_bytes_per_gpu(DSV3, "auto", 8) < dp8 < total
     assert weights_bytes_per_gpu(DSV3, "auto", 2, data_parallel=4) == (
-        -(-(total - experts) // 2) + -(-experts // 8) + rope)
+        -(-(total - experts) // 2) + -(-experts // 8))
     # A dense model under DP keeps a full copy per rank.
     assert weights_bytes_per_gpu(LLAMA_70B, "fp8", 1, data_parallel=4) == weights_bytes_total(
-        LLAMA_70B, "fp8") + rope_cache_bytes(LLAMA_70B)
+        LLAMA_70B, "fp8")
     assert expert_weights_bytes(LLAMA_70B, "fp8") == 0
     with pytest.raises(InvalidInput, match="data_parallel"):
         weights_bytes_per_gpu(DSV3, "auto", 1, data_parallel=0)

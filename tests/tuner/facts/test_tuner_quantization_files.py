@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from kvtune.cli.main import cli
 from kvtune.tuner.facts.catalog import get_model
 from kvtune.tuner.facts.gpus import get_gpu_class
-from kvtune.tuner.facts.weights import weights_bytes_total, weights_load
+from kvtune.tuner.facts.weights import weights_bytes_per_gpu, weights_load
 from kvtune.tuner.planner.planning import PlanRequest, plan_pool
 from kvtune.tuner.planner.presets import fixed_session_profile
 
@@ -72,9 +72,9 @@ def test_gptq_settings_only_in_quantize_config_json_are_read_and_rendered(
     # 128 weights: 2 * 32000 * 4096 * 2 B + 6.48 B params * 0.53125 B = 3.97 GB. The
     # published model.safetensors is 3.90 GB.
     embed = 2 * 32000 * 4096
-    assert weights_bytes_total(model, "auto") == (
+    assert weights_bytes_per_gpu(model, "auto", 1) == (
         embed * 2 + int((model.parameter_count - embed) * 0.53125))
-    assert 3.85e9 < weights_bytes_total(model, "auto") < 4.0e9
+    assert 3.85e9 < weights_bytes_per_gpu(model, "auto", 1) < 4.0e9
     # vLLM reads quantize_config.json only when --quantization names the method.
     for weights in ("auto", "gptq", "int4"):
         assert "--quantization=gptq" in _args(model, weights)
@@ -83,7 +83,7 @@ def test_gptq_settings_only_in_quantize_config_json_are_read_and_rendered(
     plain = get_model(str(checkpoint(tmp_path / "plain", LLAMA2_7B)))
     assert plain.quantization is None
     assert not any(a.startswith("--quantization") for a in _args(plain))
-    assert weights_bytes_total(plain, "auto") == 2 * plain.parameter_count
+    assert weights_bytes_per_gpu(plain, "auto", 1) == 2 * plain.parameter_count
 
 
 def test_autoawq_quant_config_json_renders_its_method(tmp_path: Path) -> None:
