@@ -23,10 +23,12 @@ import json
 import math
 import statistics
 from importlib import resources
+from typing import Any
 
+from kvtune.tuner.errors import KVTuneError
 from kvtune.tuner.facts.kvmemory import block_bytes, request_blocks
 from kvtune.tuner.facts.vllm_memory import MemoryCoefficients
-from kvtune.tuner.facts.weights import weights_bytes_per_gpu
+from kvtune.tuner.facts.weights import weight_bits, weights_bytes_per_gpu
 from kvtune.tuner.planner import memory_fit
 from kvtune.tuner.planner.memory_fit import BLOCK_SIZE, StartupLog
 
@@ -80,6 +82,45 @@ def _summary(errors: list[float]) -> str:
     a = sorted(abs(e) for e in errors)
     p90 = a[min(len(a) - 1, math.ceil(0.9 * len(a)) - 1)]
     return f"{statistics.median(a):6.2f} {p90:6.2f} {a[-1]:6.2f}"
+
+
+def _row_classes(row: StartupLog) -> list[str]:
+    """The classes a row's error is reported under: its weights (dense / MoE, and quantized
+    when the served weights are under 16 bits), its tensor parallelism and its GPU."""
+    model = row.model_arch()
+    assert model is not None
+    classes = ["MoE" if model.moe is not None else "dense"]
+    try:
+        bits = weight_bits(model, row.weights_dtype)
+    except KVTuneError:
+        bits = 16
+    if bits < 16:
+        classes.append("quantized")
+    classes.append("TP1" if row.tensor_parallel == 1 else "TP>1")
+    total = memory_fit.cuda_total_bytes(row)
+    kv = row.logged.available_kv_gib
+    if kv is not None and total and row.gpu_memory_utilization:
+        # The issue's case: the KV cache is what is left after large weights, so every
+        # non-KV GiB missed is a large share of it.
+        share = kv * GiB / (total * row.gpu_memory_utilization)
+        classes.append("KV < 35 % of budget" if share < 0.35 else "KV >= 35 % of budget")
+    classes.append(f"GPU {row.gpu}")
+    return classes
+
+
+def _print_classes(results: list[dict[str, Any]]) -> None:
+    by_class: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        for c in _row_classes(r["row"]):
+            by_class.setdefault(c, []).append(r)
+    print("\nleave-one-out |error| % of KV tokens per class, median / p90 / max")
+    print(f"{'class':20s} {'n':>3s} {'planner weights':>22s} {'logged weights':>22s}")
+    order = ["dense", "MoE", "quantized", "TP1", "TP>1", "KV < 35 % of budget",
+             "KV >= 35 % of budget"]
+    for c, rs in sorted(by_class.items(),
+                        key=lambda kv: (order.index(kv[0]) if kv[0] in order else 99, kv[0])):
+        print(f"{c:20s} {len(rs):3d} {_summary([r['kv_cal'] for r in rs]):>22s} "
+              f"{_summary([r['kv_cal_w'] for r in rs]):>22s}")
 
 
 def _leave_out(rows: tuple[StartupLog, ...], row: StartupLog) -> list[StartupLog]:
@@ -151,6 +192,7 @@ def main() -> None:
     print("largest calibrated misses: " + "; ".join(
         f"{r['row'].id} {r['kv_cal']:+.1f} % (logged weights: {r['kv_cal_w']:+.1f} %)"
         for r in worst))
+    _print_classes(results)
 
     if args.write:
         _write(full)

@@ -59,8 +59,11 @@ class MemoryCoefficients(BaseModel):
     moe_workspace_factor: float
     # Non-torch increase with TP = 1, by non-torch generation.
     non_torch_gib: dict[str, float]
-    # Extra non-torch increase when tensor parallel > 1 (communication buffers).
+    # Extra non-torch increase when tensor parallel > 1 (communication buffers): this at TP 2,
+    # plus tensor_parallel_gib_per_peer for every further peer rank (the 0.19 logs: 2.07 GiB
+    # median at TP 2, 2.17 at TP 4; NCCL and the custom all-reduce keep buffers per peer).
     tensor_parallel_gib: float
+    tensor_parallel_gib_per_peer: float = 0.0
     # vLLM's CUDA-graph estimate: the first capture of each mode (a fixed base) plus, for every
     # further graph, a cost per layer.
     cuda_graph_base_gib: float
@@ -72,6 +75,13 @@ class MemoryCoefficients(BaseModel):
     # Provenance: the table rows each part was fitted on, and how.
     fitted_on: dict[str, list[str]]
     method: str
+
+
+def tensor_parallel_extra_gib(coefs: MemoryCoefficients, tensor_parallel: int) -> float:
+    """The non-torch increase tensor parallelism adds on each rank (0 at TP 1)."""
+    if tensor_parallel <= 1:
+        return 0.0
+    return coefs.tensor_parallel_gib + coefs.tensor_parallel_gib_per_peer * (tensor_parallel - 2)
 
 
 class VersionMemory(BaseModel):

@@ -28,6 +28,16 @@ Memory: quantized checkpoints keep the embedding table and lm_head in 16 bits; e
 is stored at the quantized width plus its scales (or only the experts, for MXFP4 and online
 int8). Tensor parallel shards all weights across ranks; norms are replicated but negligible.
 
+Every GPU also holds vLLM's rotary-embedding table, loaded with the weights and counted in its
+"Model loading took" line (``rope_cache_bytes``; the memory budget adds it to the weights,
+``planner/budget.non_kv_bytes``, while ``weights_bytes_per_gpu`` stays the parameters a decode
+step reads): ``get_rope`` builds one cos/sin cache of ``max_position_embeddings``
+x ``rotary_dim`` in the model dtype (vllm/model_executor/layers/rotary_embedding/base.py
+``_compute_cos_sin_cache``), shared by all layers and not split by tensor parallel. It is
+32 MiB for Llama 3 (131,072 positions) but 2.5 GiB for Llama 4 Scout (10,485,760 positions),
+whose logged 53.12 GiB per GPU at TP 4 (vLLM 0.19, H100) is 50.59 GiB of parameters + 2.50 GiB
+of this table.
+
 Worked example, Llama 3.3 70B with FP8 weights on one GPU: 70,553,706,496 parameters, of
 which 2 * 128,256 * 8,192 = 2,101,346,304 are embedding + lm_head (bf16, 4.2 GB); the other
 68.45 B are 1 byte each plus fp32 per-channel scales: about 72.6 GB in all.
@@ -266,6 +276,17 @@ def expert_weights_bytes(model: ModelArchitecture, weights_dtype: str) -> int:
     return int(min(model.expert_parameter_count, model.parameter_count) * per_param)
 
 
+def rope_cache_bytes(model: ModelArchitecture) -> int:
+    """Bytes of vLLM's rotary cos/sin table on each GPU: max_position_embeddings x rotary dim
+    (the head dim; MLA's rope part) x 2 B (16-bit). One table: the layers share ``get_rope``'s
+    cached instance. Not modelled: a second table for models with two RoPE bases (Gemma 3) and
+    the longer tables of YaRN-scaled ropes; both are tens of MiB on the catalog's models."""
+    if model.attention_layers == 0:
+        return 0  # no attention, no rotary embedding
+    rotary_dim = model.mla.qk_rope_head_dim if model.mla is not None else model.head_dim
+    return model.max_position_embeddings * rotary_dim * 2
+
+
 def weights_bytes_per_gpu(
     model: ModelArchitecture, weights_dtype: str, tensor_parallel: int, *,
     data_parallel: int = 1,
@@ -273,7 +294,8 @@ def weights_bytes_per_gpu(
     """Bytes of weights on each GPU of a replica of ``tensor_parallel`` x ``data_parallel``
     GPUs: attention, dense layers, shared experts and embeddings split by TP and copied on
     every DP rank; the routed experts split over all ``tp * dp`` GPUs (by experts under
-    expert parallel, by tensor slices without: vLLM flattens TP across DP for MoE layers)."""
+    expert parallel, by tensor slices without: vLLM flattens TP across DP for MoE layers). The
+    parameters only: vLLM's "Model loading took" adds ``rope_cache_bytes``."""
     if tensor_parallel < 1:
         raise InvalidInput("tensor_parallel", tensor_parallel, "must be 1 or more")
     if data_parallel < 1:

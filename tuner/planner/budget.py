@@ -44,8 +44,10 @@ from kvtune.tuner.facts.vllm_memory import (
     MemoryCoefficients,
     coefficients,
     graph_capture_sizes,
+    tensor_parallel_extra_gib,
     version_memory,
 )
+from kvtune.tuner.facts.weights import rope_cache_bytes
 from kvtune.tuner.units import GiB, MiB
 
 # Memory outside vLLM's fraction: the CUDA context (~0.5 GiB, counted in the total but never
@@ -177,8 +179,7 @@ def non_torch_bytes(
     communication buffers of tensor parallelism)."""
     c = coefs or coefficients()
     gib = c.non_torch_gib[version_memory(vllm_version).non_torch]
-    if tensor_parallel > 1:
-        gib += c.tensor_parallel_gib
+    gib += tensor_parallel_extra_gib(c, tensor_parallel)
     return round(gib * GiB)
 
 
@@ -215,11 +216,13 @@ def non_kv_bytes(
     communicating_ranks: int = 1,
 ) -> NonKVBytes:
     """Everything vLLM subtracts from the requested memory before the KV cache (``coefs``:
-    the shipped fit unless a leave-one-out refit is given)."""
+    the shipped fit unless a leave-one-out refit is given). ``weights_bytes``: the parameters
+    on one GPU (``weights_bytes_per_gpu``); the rotary table is added here."""
     version = version_memory(vllm_version)
     blackwell = gpu is not None and gpu.compute_capability[0] == 10
     return NonKVBytes(
-        weights_bytes=weights_bytes,
+        # The parameters and vLLM's rotary cos/sin table, as "Model loading took" counts them.
+        weights_bytes=weights_bytes + rope_cache_bytes(model),
         activation_bytes=activation_bytes(
             model, tensor_parallel, max_num_batched_tokens, max_num_seqs,
             vllm_version=vllm_version, model_dtype=model_dtype, coefs=coefs,

@@ -41,7 +41,7 @@ from kvtune.tuner.facts.vllm_memory import (
     graph_capture_sizes,
     memory_data,
 )
-from kvtune.tuner.facts.weights import weights_bytes_per_gpu
+from kvtune.tuner.facts.weights import rope_cache_bytes, weights_bytes_per_gpu
 from kvtune.tuner.planner import budget
 
 GiB = 1 << 30
@@ -113,6 +113,10 @@ class StartupLog(BaseModel):
     def model_arch(self) -> ModelArchitecture | None:
         """The catalog model this row's checkpoint shares a config with, or the config facts
         the row itself carries (``shape.config``), or None."""
+        if self.shape_of and self.shape is not None and "quantization_config" in self.shape:
+            return _quantized_catalog_model(
+                self.shape_of, self.model,
+                json.dumps(self.shape["quantization_config"], sort_keys=True))
         if self.shape_of:
             return get_model(self.shape_of)
         if self.shape is not None and "config" in self.shape:
@@ -121,6 +125,19 @@ class StartupLog(BaseModel):
 
     def model_dtype(self, model: ModelArchitecture) -> str:
         return self.dtype if self.dtype in ("float16", "float32") else model.torch_dtype
+
+
+@cache
+def _quantized_catalog_model(catalog_id: str, hf_id: str, quantization_json: str
+                             ) -> ModelArchitecture:
+    """A quantized checkpoint of a catalog model: the catalog's config.json and parameter count
+    with the checkpoint's quantization_config, as kvtune reads the checkpoint's own config."""
+    name = catalog_id.replace("/", "--") + ".json"
+    path = resources.files("kvtune.tuner.facts").joinpath("data", "models", name)
+    doc = json.loads(path.read_text("utf-8"))
+    config = {**doc["config"], "quantization_config": json.loads(quantization_json)}
+    return ModelArchitecture.from_hf_config(
+        config, hf_id, parameter_count=doc.get("parameter_count"))
 
 
 @cache
@@ -183,21 +200,22 @@ def fit(rows: tuple[StartupLog, ...] | list[StartupLog]) -> MemoryCoefficients:
     a = np.linalg.lstsq(np.array(x_act), np.array(y_act), rcond=None)[0]
 
     tp1: dict[str, list[float]] = {}
-    tp_extra: list[float] = []
+    tp_extra: dict[int, list[float]] = {}
     nt_ids: list[str] = []
     for r in usable:
         if r.logged.non_torch_gib is None:
             continue
         gen = versions[str(r.vllm_version)].non_torch
-        (tp1.setdefault(gen, []) if r.tensor_parallel == 1 else tp_extra).append(
-            r.logged.non_torch_gib)
+        if r.tensor_parallel == 1:
+            tp1.setdefault(gen, []).append(r.logged.non_torch_gib)
+        else:
+            tp_extra.setdefault(r.tensor_parallel, []).append(r.logged.non_torch_gib)
         nt_ids.append(r.id)
     non_torch = {g: round(statistics.median(v), 4) for g, v in sorted(tp1.items())}
     for v in versions.values():  # a generation with no TP = 1 row cannot be calibrated
         non_torch.setdefault(v.non_torch, 0.0)
     # The TP > 1 rows all ran in the "v0.18" generation (0.19.0); the extra is over its TP = 1.
-    tp_base = non_torch.get("v0.18", 0.0)
-    tp_gib = round(statistics.median(tp_extra) - tp_base, 4) if tp_extra else 0.0
+    tp_gib, per_peer = _tensor_parallel_extra(tp_extra, non_torch.get("v0.18", 0.0))
 
     x_cg: list[list[float]] = []
     y_cg: list[float] = []
@@ -230,6 +248,7 @@ def fit(rows: tuple[StartupLog, ...] | list[StartupLog]) -> MemoryCoefficients:
         moe_workspace_factor=round(float(a[2 + len(samplers)]), 4),
         non_torch_gib=non_torch,
         tensor_parallel_gib=tp_gib,
+        tensor_parallel_gib_per_peer=per_peer,
         cuda_graph_base_gib=round(float(g[0]), 5),
         cuda_graph_gib_per_layer_graph=round(float(g[1]), 8),
         cuda_graph_pool_base_gib=round(float(pool[0]), 5),
@@ -239,11 +258,27 @@ def fit(rows: tuple[StartupLog, ...] | list[StartupLog]) -> MemoryCoefficients:
         method=(
             "bench/memory_calibration.py --write: least squares of the logged activation on "
             "[1, sampler logits per generation, hidden bytes, MoE workspace bytes] (GiB); "
-            "median non-torch at TP=1 per generation and median TP>1 extra; least squares "
+            "median non-torch at TP=1 per generation; the TP>1 extra's median per TP size, "
+            "a line on peer ranks; least squares "
             "of the logged CUDA-graph estimate, and of the logged actual pool, on "
             "[1, layers x graphs past the first of each mode]"
         ),
     )
+
+
+def _tensor_parallel_extra(by_tp: dict[int, list[float]], tp1_gib: float) -> tuple[float, float]:
+    """(extra at TP 2, extra per further peer rank) of the non-torch increase over TP = 1: the
+    median at each TP size, and a line through them on peers (TP - 1) when two sizes were
+    logged (one size: flat)."""
+    if not by_tp:
+        return 0.0, 0.0
+    medians = {tp: statistics.median(v) - tp1_gib for tp, v in by_tp.items()}
+    if len(medians) == 1:
+        return round(next(iter(medians.values())), 4), 0.0
+    x = np.array([[1.0, tp - 2.0] for tp in sorted(medians)])
+    y = np.array([medians[tp] for tp in sorted(medians)])
+    at_2, per_peer = np.linalg.lstsq(x, y, rcond=None)[0]
+    return round(float(at_2), 4), round(float(per_peer), 5)
 
 
 # --- prediction of a logged start-up ----------------------------------------------------------
@@ -324,7 +359,8 @@ def predict(
     assert model is not None and total is not None and row.gpu_memory_utilization is not None
     assert row.max_model_len is not None
     if (logged_weights or row.shape_of is None) and row.logged.weights_gib is not None:
-        weights = round(row.logged.weights_gib * GiB)
+        # vLLM's figure includes the rotary table, which the budget adds to the parameters.
+        weights = round(row.logged.weights_gib * GiB) - rope_cache_bytes(model)
     else:
         weights = weights_bytes_per_gpu(model, row.weights_dtype, row.tensor_parallel)
     parts = non_kv_parts(row, coefs, weights)

@@ -9,7 +9,8 @@ import pytest
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.facts.catalog import get_model
 from kvtune.tuner.facts.models import ModelArchitecture
-from kvtune.tuner.facts.weights import weights_bytes_per_gpu
+from kvtune.tuner.facts.weights import rope_cache_bytes, weights_bytes_per_gpu
+from kvtune.tuner.planner.budget import non_kv_bytes
 
 LLAMA_70B = get_model("meta-llama/Llama-3.3-70B-Instruct")
 # An AWQ checkpoint of Llama 3.x 70B: the language model's shapes plus AutoAWQ's
@@ -31,6 +32,20 @@ def get_model_from(config: dict[str, Any]) -> ModelArchitecture:
 def test_bf16_is_two_bytes_per_parameter_split_across_tp() -> None:
     assert weights_bytes_per_gpu(LLAMA_70B, "bf16", 1) == 2 * LLAMA_70B.parameter_count
     assert weights_bytes_per_gpu(LLAMA_70B, "bf16", 4) == -(-2 * LLAMA_70B.parameter_count // 4)
+    # Every GPU also holds the whole rotary table (vLLM counts it in "Model loading took").
+    assert rope_cache_bytes(LLAMA_70B) == 131_072 * 128 * 2
+
+
+def test_llama_4_scout_weights_match_vllms_logged_load_at_tp4() -> None:
+    # vLLM 0.19 on H100, TP 4 (llm-d-planner accuracy campaign, in vllm_startup_logs.json):
+    # "Model loading took 53.12 GiB memory". Parameters alone are 50.59 GiB per GPU; the rest
+    # is the rotary cos/sin table of its 10,485,760 positions (2.5 GiB, on every GPU), which
+    # the memory budget adds to the weights.
+    scout = get_model("meta-llama/Llama-4-Scout-17B-16E-Instruct")
+    assert rope_cache_bytes(scout) == 10_485_760 * 128 * 2
+    parts = non_kv_bytes(scout, weights_bytes_per_gpu(scout, "auto", 4), 4, 8192, 1024,
+                         vllm_version="0.19.0")
+    assert abs(parts.weights_bytes / 2**30 - 53.12) < 0.05
 
 
 def test_fp8_keeps_embeddings_16_bit() -> None:
@@ -61,6 +76,8 @@ def test_checkpoint_quantization_is_auto() -> None:
     with pytest.raises(InvalidInput, match="can neither widen nor requantize"):
         weights_bytes_per_gpu(v3, "bf16", 8)
     assert 80e9 < auto < 90e9  # about 671 GB / 8
+    # MLA's rotary table covers only the rope part of each head: 163,840 x 64 x 2 B.
+    assert rope_cache_bytes(v3) == 163_840 * 64 * 2
 
 
 def test_bad_dtype() -> None:

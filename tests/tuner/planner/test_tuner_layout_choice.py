@@ -84,8 +84,10 @@ def test_dcp_splits_a_sequence_over_the_tp_ranks() -> None:
                                     "--decode-context-parallel-size=8"]
     # Blocks per GPU as TP8's (within the activation memory of its larger max-num-seqs).
     assert dcp8.expected.num_gpu_blocks == pytest.approx(tp8.expected.num_gpu_blocks, rel=0.01)
-    assert tp8.expected.kv_cache_tokens == tp8.expected.num_gpu_blocks * 64
-    assert dcp8.expected.kv_cache_tokens == 8 * dcp8.expected.num_gpu_blocks * 64
+    # vLLM's int(blocks / blocks-per-request x max-model-len) in floats: at times one under.
+    assert tp8.expected.kv_cache_tokens == pytest.approx(tp8.expected.num_gpu_blocks * 64, abs=1)
+    assert dcp8.expected.kv_cache_tokens == pytest.approx(
+        8 * dcp8.expected.num_gpu_blocks * 64, abs=8)
     assert dcp8.expected.concurrent_sequences >= 7 * tp8.expected.concurrent_sequences
 
 

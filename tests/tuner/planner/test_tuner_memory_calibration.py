@@ -20,6 +20,7 @@ from kvtune.tuner.facts.vllm_memory import (
     supported_versions,
     version_memory,
 )
+from kvtune.tuner.facts.weights import rope_cache_bytes, weights_bytes_per_gpu
 from kvtune.tuner.planner import budget, memory_fit
 
 GiB = 1 << 30
@@ -29,7 +30,9 @@ ROWS = memory_fit.startup_logs()
 def _number_in(value: float, text: str) -> bool:
     """``value`` is printed in ``text`` (as vLLM prints it: 58.11, 476,016, 14.9888)."""
     plain = text.replace(",", "")
-    return any(float(token) == value for token in re.findall(r"\d+(?:\.\d+)?", plain))
+    # Negative figures (a failed start's KV budget) stand after a space, not inside a date.
+    tokens = re.findall(r"\d+(?:\.\d+)?", plain) + re.findall(r"(?<![\w.])-\d+(?:\.\d+)?", plain)
+    return any(float(token) == value for token in tokens)
 
 
 def test_the_table_has_at_least_30_sourced_rows_across_models_tp_and_versions() -> None:
@@ -80,11 +83,15 @@ def test_the_fit_reproduces_the_logged_components_of_the_0_19_rows() -> None:
         act = budget.activation_bytes(
             model, row.tensor_parallel, row.batched_tokens, row.seqs,
             vllm_version="0.19.0", model_dtype=row.model_dtype(model)) / GiB
-        # Multimodal checkpoints profile their vision encoder too (Gemma 3: +0.1 GiB).
-        assert abs(act - row.logged.activation_gib) < 0.15, row.id
+        # Multimodal checkpoints profile their vision encoder too (Gemma 3: +0.1 GiB; Mistral
+        # Small 3.1 W8A8: +0.23 GiB), which the activation model leaves out.
+        vision = (row.shape or {}).get("vision_tower", False)
+        assert abs(act - row.logged.activation_gib) < (0.25 if vision else 0.15), row.id
         non_torch = budget.non_torch_bytes(row.tensor_parallel, "0.19.0") / GiB
         assert row.logged.non_torch_gib is not None
-        assert abs(non_torch - row.logged.non_torch_gib) < 0.13, row.id
+        # Within 0.05 GiB at TP 1, 2 and 4 (the TP > 1 buffers grow with the peer ranks: 2.07
+        # GiB median at TP 2, 2.17 at TP 4; a flat extra missed TP 4 by up to 0.12 GiB).
+        assert abs(non_torch - row.logged.non_torch_gib) < 0.05, row.id
         checked += 1
     assert checked >= 15
     assert c.sampler_bytes_per_logit["v0.15"] > 2 * c.sampler_bytes_per_logit["v0.17"]
@@ -92,8 +99,8 @@ def test_the_fit_reproduces_the_logged_components_of_the_0_19_rows() -> None:
 
 def test_leave_one_out_kv_tokens_within_3_percent_given_the_logged_weights() -> None:
     # The calibration's goal, on every predictable row, each predicted by a fit without it.
-    # (With the planner's own weights the multimodal Llama 4 Scout misses by its vision
-    # weights; bench/memory_calibration.py prints both.)
+    # (With the planner's own weights the misses left are weights: Gemma 3's vision tower,
+    # Qwen2.5-72B's 0.08 GiB; bench/memory_calibration.py prints both.)
     errors = []
     versions = set()
     for row in ROWS:
@@ -107,6 +114,30 @@ def test_leave_one_out_kv_tokens_within_3_percent_given_the_logged_weights() -> 
     assert len(errors) >= 25
     assert versions == {"0.15.0", "0.16.0", "0.17.0", "0.18.0", "0.19.0"}
     assert max(errors) < 0.03
+
+
+def test_quantized_checkpoints_are_planned_from_their_quantization_config() -> None:
+    # RedHatAI's int8 / int4 checkpoints of catalog models: kvtune sizes them from the
+    # checkpoint's quantization_config, as vLLM loaded them (Llama 3.3 70B W8A8 at TP 2:
+    # logged 33.88 GiB per GPU).
+    rows = [r for r in ROWS if r.shape and "quantization_config" in r.shape]
+    assert {r.weights_dtype for r in rows} == {"int8", "int4"}
+    for row in rows:
+        assert memory_fit.predictable(row) is None, row.id
+        model = row.model_arch()
+        assert model is not None and model.quantization is not None
+        planned = (weights_bytes_per_gpu(model, row.weights_dtype, row.tensor_parallel)
+                   + rope_cache_bytes(model)) / GiB  # as "Model loading took" counts them
+        assert row.logged.weights_gib is not None
+        assert abs(planned - row.logged.weights_gib) < 0.07, row.id
+
+
+def test_tensor_parallel_buffers_grow_with_the_peer_ranks() -> None:
+    # The 0.19 logs' non-torch increase: 2.06-2.11 GiB at TP 2, 2.13-2.21 GiB at TP 4.
+    tp2, tp4, tp8 = (budget.non_torch_bytes(tp, "0.19.0") / GiB for tp in (2, 4, 8))
+    assert abs(tp2 - 2.07) < 0.02 and abs(tp4 - 2.17) < 0.02
+    assert tp8 - tp4 == pytest.approx(2 * (tp4 - tp2), abs=1e-6)  # linear in peer ranks
+    assert budget.non_torch_bytes(1, "0.19.0") / GiB == pytest.approx(0.25, abs=0.01)
 
 
 def test_cuda_graphs_are_subtracted_only_by_the_versions_that_do() -> None:
