@@ -64,7 +64,7 @@ BEFORE_COHORT = "e2902b6"
 # The modules of the simulator's hot path, loaded from the earlier commit where it has them
 # (the rest, from this tree: workload, metrics and prefix only describe requests and
 # results), in import order.
-_HOT = ("timing", "blocks", "cohort", "offload", "scheduler")
+_HOT = ("timing", "blocks", "cohort", "offload_lru", "offload", "scheduler")
 
 
 def _previous(rev: str) -> ModuleType | None:
@@ -87,6 +87,8 @@ def _previous(rev: str) -> ModuleType | None:
         for other in mods:
             src = src.replace(f"from kvtune.tuner.simulator.{other} import",
                               f"from kvtune_bench_{rev}_{other} import")
+            src = src.replace(f"from kvtune.tuner.simulator import {other} as",
+                              f"import kvtune_bench_{rev}_{other} as")
         name = f"kvtune_bench_{rev}_{stem}"
         spec = importlib.util.spec_from_loader(name, loader=None)
         assert spec is not None
