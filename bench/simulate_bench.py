@@ -16,7 +16,12 @@ Per trace it also splits a request's time between the block pool's calls (timed;
 
 Traces: the Azure conversation trace (19,366 requests) at its recorded rate and at 4x, and the
 Mooncake trace (3,993 multi-turn requests, long heavily shared prompts) at 1x and 0.25x with
-prefix caching, under vLLM 0.33's defaults for Llama-3.1-8B on one H100. Each figure is the
+prefix caching, under vLLM 0.33's defaults for Llama-3.1-8B on one H100; ``--trace
+PATH@SPEED`` (repeatable) adds another, e.g. a held-out trace that does not ship.
+
+With ``--offload-blocks N`` each trace also runs with a CPU KV tier of N blocks
+(``--kv-offloading-size``, ``offload.py``), interleaved with the run without (``now``), and
+prints the ratio of their CPU times (the goal: within 2x). Each figure is the
 best of ``--repeat`` runs (the machine is shared: the load average is printed). Last, the
 replay exporter (``kvtune replay``, the demo's vLLM stand-in) against the wall clock at 20x:
 its worst lag behind the clock on each trace. Run:
@@ -59,7 +64,7 @@ BEFORE_COHORT = "e2902b6"
 # The modules of the simulator's hot path, loaded from the earlier commit where it has them
 # (the rest, from this tree: workload, metrics and prefix only describe requests and
 # results), in import order.
-_HOT = ("timing", "blocks", "cohort", "offload", "scheduler")
+_HOT = ("timing", "blocks", "cohort", "offload_lru", "offload", "scheduler")
 
 
 def _previous(rev: str) -> ModuleType | None:
@@ -82,6 +87,8 @@ def _previous(rev: str) -> ModuleType | None:
         for other in mods:
             src = src.replace(f"from kvtune.tuner.simulator.{other} import",
                               f"from kvtune_bench_{rev}_{other} import")
+            src = src.replace(f"from kvtune.tuner.simulator import {other} as",
+                              f"import kvtune_bench_{rev}_{other} as")
         name = f"kvtune_bench_{rev}_{stem}"
         spec = importlib.util.spec_from_loader(name, loader=None)
         assert spec is not None
@@ -115,6 +122,32 @@ def _best(make: Any, reqs: Sequence[SimRequest], sim: SimulatedPlan, repeat: int
         best_cpu = min(best_cpu, time.process_time() - cpu0)
         best_wall = min(best_wall, time.perf_counter() - wall0)
     return best_cpu, best_wall, sched
+
+
+def _best_pair(reqs: Sequence[SimRequest], sim: SimulatedPlan, other: SimulatedPlan,
+               repeat: int) -> tuple[float, float, Any, float, float, Any]:
+    """``_best`` of ``sim`` and of ``other``, their runs interleaved (the machine's drift
+    favours neither)."""
+    best = [(float("inf"), float("inf"), None), (float("inf"), float("inf"), None)]
+    for _ in range(repeat):
+        for i, plan in enumerate((sim, other)):
+            cpu, wall, sched = _best(Scheduler, reqs, plan, 1)
+            best[i] = (min(best[i][0], cpu), min(best[i][1], wall), sched)
+    return (*best[0], *best[1])
+
+
+def _extra_traces(specs: Sequence[str], gpu: str
+                  ) -> list[tuple[str, Trace, SimulatedPlan, float]]:
+    """``--trace PATH@SPEED`` as (label, trace, plan, speed)."""
+    out = []
+    for spec in specs:
+        path, _, speed = spec.rpartition("@")
+        if not path:
+            raise SystemExit(f"--trace {spec}: give PATH@SPEED, e.g. conversation.jsonl@1")
+        trace = load_trace(Path(path))
+        out.append((f"{Path(path).stem} {float(speed):g}x", trace, _plan(trace, gpu),
+                    float(speed)))
+    return out
 
 
 # The block pool's operations (``blocks.BlockPool``): what a request's blocks cost, timed per
@@ -177,6 +210,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--replay-speed", type=float, default=20.0)
     ap.add_argument("--replay-seconds", type=float, default=8.0)
+    ap.add_argument("--trace", action="append", default=[], metavar="PATH@SPEED",
+                    help="another trace to time, replayed at SPEED x its recorded rate")
+    ap.add_argument("--offload-blocks", type=int, default=0,
+                    help="also time each trace with a CPU KV tier of this many blocks")
+    ap.add_argument("--offload-seconds-per-block", type=float, default=2e-5)
+    ap.add_argument("--no-replay", action="store_true", help="skip the replay exporter's lag")
     args = ap.parse_args()
 
     before = _previous(args.against)
@@ -193,12 +232,24 @@ def main() -> None:
     for label, trace, sim, speed in (("Azure conv 1x", azure, asim, 1.0),
                                      ("Azure conv 4x", azure, asim, 4.0),
                                      ("Mooncake 1x", mooncake, msim, 1.0),
-                                     ("Mooncake 0.25x", mooncake, msim, 0.25)):
+                                     ("Mooncake 0.25x", mooncake, msim, 0.25),
+                                     *_extra_traces(args.trace, args.gpu)):
         reqs = requests_from_trace(trace, speed=speed)
         n = len(reqs)
         print(f"{label}: {n} requests")
-        cpu, wall, sched = _best(Scheduler, reqs, sim, args.repeat)
-        print(_line("now", n, cpu, wall, sched))
+        if args.offload_blocks:
+            tier = dataclasses.replace(
+                sim, engine=dataclasses.replace(
+                    sim.engine, cpu_offload_blocks=args.offload_blocks,
+                    offload_load_seconds_per_block=args.offload_seconds_per_block))
+            cpu, wall, sched, ocpu, owall, osched = _best_pair(reqs, sim, tier, args.repeat)
+            print(_line("now", n, cpu, wall, sched))
+            print(_line("offload", n, ocpu, owall, osched))
+            print(f"  with the CPU tier ({args.offload_blocks} blocks): {ocpu / cpu:.2f}x "
+                  "the CPU time without (the goal: within 2x)")
+        else:
+            cpu, wall, sched = _best(Scheduler, reqs, sim, args.repeat)
+            print(_line("now", n, cpu, wall, sched))
         old_rate = None
         if before is not None:
             ocpu, owall, osched = _best(before.Scheduler, reqs, _old_cost(before, sim),
@@ -229,6 +280,8 @@ def main() -> None:
         print(f"{label:<16} {rate:>14.0f} {old or 0:>10.0f} {ratio:>7} "
               f"{'met' if rate >= 10_000 else 'MISSED':>8}")
 
+    if args.no_replay:
+        return
     # `kvtune replay` (the demo's and the e2e tests' vLLM stand-in) runs the simulator
     # against the wall clock; one tick's chunk is a model second, so keeping up means a
     # worst lag under a few model seconds.

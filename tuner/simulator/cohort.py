@@ -143,6 +143,7 @@ class DecodeCohort:
         st.num_cached_blocks = (tokens - 1) // bs
         st.tail_unprocessed = True
         st.last_sample_step = self.last_step
+        st.sched_step = self.last_step  # scheduled in every step since it joined
         owed = -(-(tokens - 1) // bs) - len(st.blocks)
         if owed > 0:
             stash = self._stash

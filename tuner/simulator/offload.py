@@ -37,22 +37,21 @@ order); a store of a finished request flushed early because its GPU blocks were 
 
 from __future__ import annotations
 
-import heapq
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-# A rank is (major, minor) in vLLM: (request rank, -token position) or (fresh, 0). Packed
-# into one int, minor in the low bits, so ranks compare as ints.
-_MINOR_BITS = 40
-_MAX_POSITION = (1 << _MINOR_BITS) - 1
+import numpy as np
 
-# A chunk's state (vLLM's ``ChunkStatus.ref_cnt``): being written; 0: idle; n > 0: n loads
-# are reading it.
-_WRITING = -1
+from kvtune.tuner.simulator import offload_lru as lru
 
 
-def _rank(major: int, position: int) -> int:
-    return (major << _MINOR_BITS) + _MAX_POSITION - position
+def _keys(keys: Sequence[int] | np.ndarray) -> np.ndarray:
+    return keys if isinstance(keys, np.ndarray) else np.asarray(keys, dtype=np.int64)
+
+
+def _no_keys() -> np.ndarray:
+    return np.zeros(0, dtype=np.int64)
 
 
 @dataclass(slots=True)
@@ -60,29 +59,45 @@ class RequestOffload:
     """One request's side of the tier (vLLM's ``RequestOffloadState`` and the manager's
     per-request access record)."""
 
-    keys: list[int]  # its full prompt blocks' keys
+    keys: np.ndarray  # its full prompt blocks' keys (int64; a list is converted)
     rank: int = 0  # 0: none yet
     next_chunk: int = 0  # the next prompt chunk to offer for storing
     jobs: int = 0  # transfers in flight (a deferred lookup while any is)
-    # Chunks it stored or reused: key -> token position (the chunk's end).
-    seen: dict[int, int] = field(default_factory=dict)
+    # The chunks it stored or reused: ``seen[i]``, the key it met at prompt chunk i
+    # (``offload_lru.NOT_SEEN``: none; the chunk's token position is (i + 1) x block size).
+    seen: np.ndarray = field(default_factory=_no_keys)
+
+    def __post_init__(self) -> None:
+        self.keys = _keys(self.keys)
+        self.seen = np.full(len(self.keys), lru.NOT_SEEN, dtype=np.int64)
+
+    def seen_up_to(self, num_chunks: int) -> np.ndarray:
+        """``seen``, with room for ``num_chunks`` chunks (a load may reach past the prompt
+        of a request resumed after preemption)."""
+        if num_chunks > len(self.seen):
+            grown = np.full(max(num_chunks, 2 * len(self.seen)), lru.NOT_SEEN, np.int64)
+            grown[:len(self.seen)] = self.seen
+            self.seen = grown
+        return self.seen
 
 
 @dataclass(slots=True)
 class _Transfer:
     done_seconds: float
-    keys: list[int]
+    keys: np.ndarray
     request: RequestOffload
     is_store: bool
 
 
 class CPUTier:
-    """The chunks (``capacity_blocks``), their LRU, and the transfers over the host link."""
+    """The chunks (``capacity_blocks``), their LRU, and the transfers over the host link.
+    The chunk table and the LRU are arrays indexed by block key, worked on by compiled
+    loops (``offload_lru``)."""
 
-    __slots__ = ("_deferred", "_heap", "_in_flight", "_loading", "_next_rank", "_rank",
-                 "_state", "capacity_blocks", "evicted_blocks", "hit_blocks",
-                 "link_free_seconds", "loads", "seconds_per_block", "store_free_seconds",
-                 "stored_blocks")
+    __slots__ = ("_ctr", "_deferred", "_epoch", "_hk", "_hr", "_loading", "_loads",
+                 "_mark", "_rank", "_size", "_state", "_stores", "capacity_blocks",
+                 "evicted_blocks", "hit_blocks", "link_free_seconds", "loads",
+                 "seconds_per_block", "store_free_seconds", "stored_blocks")
 
     def __init__(self, capacity_blocks: int, seconds_per_block: float) -> None:
         if capacity_blocks < 1:
@@ -90,13 +105,20 @@ class CPUTier:
                              "for one block")
         self.capacity_blocks = capacity_blocks
         self.seconds_per_block = seconds_per_block
-        self._state: dict[int, int] = {}  # key -> _WRITING, 0 or the loads reading it
-        self._rank: dict[int, int] = {}
-        self._heap: list[tuple[int, int]] = []  # (rank, key) of idle chunks, lazily
-        self._next_rank = 0
-        self._loading: dict[int, int] = {}  # key -> loads in flight that bring it
+        self._state = np.full(0, lru.ABSENT, dtype=np.int64)  # per key: offload_lru's doc
+        self._rank = np.zeros(0, dtype=np.int64)
+        self._loading = np.zeros(0, dtype=np.int64)  # per key: loads in flight bringing it
+        self._mark = np.zeros(0, dtype=np.int64)  # eviction scratch
+        self._epoch = 1
+        self._size = 0  # chunks in the tier
+        self._hr = np.zeros(1024, dtype=np.int64)  # the heap: ranks,
+        self._hk = np.zeros(1024, dtype=np.int64)  # and keys
+        self._ctr = np.zeros(3, dtype=np.int64)  # offload_lru's NEXT_RANK, HEAP_LEN, IDLE
         self._deferred: list[_Transfer] = []  # stores the next step starts
-        self._in_flight: list[_Transfer] = []
+        # Transfers in flight, per direction: each is one queue over the host link, so each
+        # list is in the order the transfers finish.
+        self._stores: deque[_Transfer] = deque()
+        self._loads: deque[_Transfer] = deque()
         self.link_free_seconds = 0.0  # when the host link finishes the loads queued on it
         self.store_free_seconds = 0.0  # the same, for stores (the other direction)
         self.stored_blocks = 0  # chunks written (new ones)
@@ -106,188 +128,163 @@ class CPUTier:
 
     @property
     def size(self) -> int:
-        return len(self._state)
+        return self._size
 
-    # -- ranks -------------------------------------------------------------------------
+    # -- the arrays -------------------------------------------------------------------------
+
+    def _fit(self, keys: np.ndarray) -> None:
+        """Room in the per-key arrays for ``keys`` (block keys are dense: the arrays grow
+        with the key space), and in the heap for one push per key."""
+        if len(keys):
+            top = int(keys.max()) + 1
+            if top > len(self._state):
+                cap = max(top, 2 * len(self._state), 1024)
+                old = len(self._state)
+                self._state = np.concatenate(
+                    (self._state, np.full(cap - old, lru.ABSENT, np.int64)))
+                self._rank = np.concatenate((self._rank, np.zeros(cap - old, np.int64)))
+                self._loading = np.concatenate((self._loading, np.zeros(cap - old, np.int64)))
+                self._mark = np.concatenate((self._mark, np.zeros(cap - old, np.int64)))
+        self._heap_room(len(keys))
+
+    def _heap_room(self, pushes: int) -> None:
+        n = int(self._ctr[lru.HEAP_LEN])
+        if n > 2 * self._size + 1024:
+            # Drop the stale entries (a re-ranked chunk leaves its old one behind).
+            self._ctr[lru.HEAP_LEN] = n = lru.idle_heap(self._state, self._rank, self._hr,
+                                                        self._hk)
+        if n + pushes > len(self._hr):
+            cap = max(n + pushes, 2 * len(self._hr))
+            self._hr = np.concatenate((self._hr, np.zeros(cap - len(self._hr), np.int64)))
+            self._hk = np.concatenate((self._hk, np.zeros(cap - len(self._hk), np.int64)))
 
     def _request_rank(self, req: RequestOffload) -> int:
         if not req.rank:
-            self._next_rank += 1
-            req.rank = self._next_rank
+            self._ctr[lru.NEXT_RANK] += 1
+            req.rank = int(self._ctr[lru.NEXT_RANK])
         return req.rank
 
-    def _set_rank(self, key: int, rank: int) -> None:
-        self._rank[key] = rank
-        if self._state.get(key) == 0:
-            heapq.heappush(self._heap, (rank, key))
-            if len(self._heap) > 2 * len(self._state) + 1024:
-                self._compact()
-
-    def _compact(self) -> None:
-        """Drop the heap's stale entries (a re-ranked chunk leaves its old one behind)."""
-        self._heap = [(self._rank[k], k) for k, s in self._state.items() if s == 0]
-        heapq.heapify(self._heap)
-
-    def _access(self, req: RequestOffload, keys: Sequence[int],
-                positions: Sequence[int]) -> None:
-        """vLLM's ``on_request_access``: chunks the request meets for the first time rise
-        to its rank (never fall)."""
-        new = [(k, p) for k, p in zip(keys, positions, strict=True) if k not in req.seen]
-        if not new:
-            return
-        major = self._request_rank(req)
-        for key, position in new:
-            req.seen[key] = position
-            if key in self._state:
-                rank = _rank(major, position)
-                if self._rank[key] < rank:
-                    self._set_rank(key, rank)
+    def _access_chunks(self, req: RequestOffload, keys: np.ndarray, chunks: np.ndarray,
+                       block_size: int) -> None:
+        """vLLM's ``on_request_access`` for ``keys`` at prompt chunks ``chunks``: chunks the
+        request meets for the first time rise to its rank (never fall)."""
+        seen = req.seen_up_to(int(chunks[-1]) + 1)
+        req.rank = int(lru.access(keys, chunks, seen, req.rank, block_size, self._state,
+                                  self._rank, self._hr, self._hk, self._ctr))
 
     def finish(self, req: RequestOffload) -> None:
         """The request finished: what it stored or reused becomes the most recent, tail
         first, head last (``on_request_finished``)."""
-        for key in sorted(req.seen, key=req.seen.__getitem__, reverse=True):
-            if key in self._state:
-                self._next_rank += 1
-                self._set_rank(key, _rank(self._next_rank, 0))
+        self._heap_room(len(req.seen))
+        lru.finish(req.seen, self._state, self._rank, self._hr, self._hk, self._ctr)
 
-    def _evict(self, count: int, protected: set[int]) -> bool:
+    def _evict(self, count: int, protected: np.ndarray) -> bool:
         """Evict ``count`` idle chunks, least recent first, none of ``protected``; False
         (nothing evicted) when there are not that many."""
-        heap = self._heap
-        chosen: list[tuple[int, int]] = []
-        kept: list[tuple[int, int]] = []
-        taken: set[int] = set()
-        while heap and len(chosen) < count:
-            entry = heapq.heappop(heap)
-            rank, key = entry
-            if self._state.get(key) != 0 or self._rank.get(key) != rank or key in taken:
-                continue  # stale, or a second entry of the same rank
-            taken.add(key)
-            (kept if key in protected else chosen).append(entry)
-        if len(chosen) < count:
-            for entry in chosen + kept:
-                heapq.heappush(heap, entry)
-            return False
-        for entry in kept:
-            heapq.heappush(heap, entry)
-        for _, key in chosen:
-            del self._state[key]
-            del self._rank[key]
-        self.evicted_blocks += count
-        if len(heap) > 2 * len(self._state) + 1024:
-            self._compact()
-        return True
+        ok = bool(lru.evict(count, protected, self._state, self._rank, self._mark,
+                            self._epoch, self._hr, self._hk, self._ctr))
+        self._epoch += 2
+        if ok:
+            self._size -= count
+            self.evicted_blocks += count
+        return ok
 
     # -- what the scheduler asks -----------------------------------------------------------
 
-    def lookup(self, keys: Sequence[int], start: int, end: int) -> int | None:
+    def lookup(self, keys: Sequence[int] | np.ndarray, start: int, end: int) -> int | None:
         """How many consecutive chunks from ``keys[start]`` (up to ``keys[end - 1]``) are
         stored; None (defer the request) when one of them is still being written or is
         being loaded for another request."""
-        state = self._state
-        n = 0
-        pending = False
-        for key in keys[start:end]:
-            s = state.get(key)
-            if s is None:
-                break
-            pending |= s == _WRITING or key in self._loading
-            n += 1
-        return None if pending else n
+        keys = _keys(keys)[start:end]
+        if not len(keys):
+            return 0
+        n = int(lru.lookup(keys, self._state, self._loading))
+        return None if n < 0 else n
 
-    def store(self, req: RequestOffload, keys: Sequence[int], first_chunk: int,
+    def store(self, req: RequestOffload, keys: Sequence[int] | np.ndarray, first_chunk: int,
               block_size: int) -> None:
         """Offer ``keys`` (prompt chunks ``first_chunk``... of the request) for storing
         (``prepare_store``): new ones are written (after evictions), ready ones count as
         reused; all or nothing. ``req.next_chunk`` moves past them unless it failed."""
+        keys = _keys(keys)
         if not len(keys):
             return
+        self._fit(keys)
         state = self._state
-        positions = [(first_chunk + i + 1) * block_size for i in range(len(keys))]
-        new = [k for k in keys if k not in state]
-        offered = [(k, p) for k, p in zip(keys, positions, strict=True)
-                   if k not in state or state[k] >= 0]
-        if offered:
-            self._access(req, [k for k, _ in offered], [p for _, p in offered])
-        if new:
-            over = len(state) + len(new) - self.capacity_blocks
-            if over > 0 and not self._evict(over, set(keys)):
+        was_new = np.empty(len(keys), np.bool_)
+        rank, num_new = lru.offer(keys, first_chunk, req.seen_up_to(first_chunk + len(keys)),
+                                  req.rank, block_size, state, self._rank, self._hr,
+                                  self._hk, self._ctr, was_new)
+        req.rank = int(rank)
+        if num_new:
+            over = self._size + num_new - self.capacity_blocks
+            if over > 0 and not self._evict(over, keys):
                 return  # dropped: offered again next step
             major = self._request_rank(req)
-            where = dict(zip(keys, positions, strict=True))
-            for key in new:
-                state[key] = _WRITING
-                self._rank[key] = _rank(major, where[key])
-            self.stored_blocks += len(new)
+            fresh = np.empty(num_new, np.int64)
+            lru.write_new(keys, first_chunk, major, block_size, was_new, state, self._rank,
+                          fresh)
+            self._size += num_new
+            self.stored_blocks += num_new
             req.jobs += 1
-            self._deferred.append(_Transfer(0.0, list(new), req, is_store=True))
+            self._deferred.append(_Transfer(0.0, fresh, req, is_store=True))
         req.next_chunk = first_chunk + len(keys)
 
-    def load(self, req: RequestOffload, keys: Sequence[int], first_chunk: int,
+    def load(self, req: RequestOffload, keys: Sequence[int] | np.ndarray, first_chunk: int,
              block_size: int, now_seconds: float) -> float:
         """Start loading ``keys`` (chunks ``first_chunk``... of the request) over the host
         link (``prepare_load``); when they are in."""
-        for key in keys:
-            s = self._state[key]
-            assert s >= 0, "a load of a chunk still being written"
-            self._state[key] = s + 1
-            self._loading[key] = self._loading.get(key, 0) + 1
-        self._access(req, keys, [(first_chunk + i + 1) * block_size
-                                 for i in range(len(keys))])
+        keys = _keys(keys)
+        self._fit(keys)
+        started = lru.start_load(keys, self._state, self._loading, self._ctr)
+        assert started, "a load of a chunk still being written"
+        if len(keys):
+            self._access_chunks(req, keys, np.arange(first_chunk, first_chunk + len(keys)),
+                                block_size)
         start = max(now_seconds, self.link_free_seconds)
         self.link_free_seconds = start + len(keys) * self.seconds_per_block
         self.hit_blocks += len(keys)
         self.loads += 1
         req.jobs += 1
-        self._in_flight.append(_Transfer(self.link_free_seconds, list(keys), req,
-                                         is_store=False))
+        self._loads.append(_Transfer(self.link_free_seconds, keys.copy(), req,
+                                     is_store=False))
         return self.link_free_seconds
 
     def begin_step(self, now_seconds: float) -> None:
         """A step starts: the stores of the step before begin (the worker defers them)."""
+        if not self._deferred:
+            return
         for t in self._deferred:
             start = max(now_seconds, self.store_free_seconds)
             self.store_free_seconds = t.done_seconds = (
                 start + len(t.keys) * self.seconds_per_block)
-            self._in_flight.append(t)
+            self._stores.append(t)
         self._deferred = []
 
     def next_done_seconds(self) -> float | None:
         """When the next transfer in flight is done (None: none is)."""
-        return min((t.done_seconds for t in self._in_flight), default=None)
+        fronts = [q[0].done_seconds for q in (self._stores, self._loads) if q]
+        return min(fronts, default=None)
 
     def complete(self, seen_seconds: float) -> None:
         """The transfers done by ``seen_seconds`` are reported: written chunks become
-        readable, loaded ones idle again."""
-        if not self._in_flight:
-            return
-        done = [t for t in self._in_flight if t.done_seconds <= seen_seconds]
-        if not done:
-            return
-        self._in_flight = [t for t in self._in_flight if t.done_seconds > seen_seconds]
-        state = self._state
-        for t in done:
-            t.request.jobs -= 1
-            for key in t.keys:
-                s = state.get(key)
-                if t.is_store:
-                    if s == _WRITING:
-                        state[key] = 0
-                        heapq.heappush(self._heap, (self._rank[key], key))
-                    continue
-                left = self._loading[key] - 1
-                if left:
-                    self._loading[key] = left
-                else:
-                    del self._loading[key]
-                assert s is not None and s > 0
-                state[key] = s - 1
-                if s == 1:
-                    heapq.heappush(self._heap, (self._rank[key], key))
+        readable, loaded ones idle again. (Their effects commute: a chunk is loaded only
+        once written, and the rest is counts.)"""
+        for queue in (self._stores, self._loads):
+            while queue and queue[0].done_seconds <= seen_seconds:
+                t = queue.popleft()
+                t.request.jobs -= 1
+                self._heap_room(len(t.keys))
+                ok = lru.complete(t.keys, t.is_store, self._state, self._rank,
+                                  self._loading, self._hr, self._hk, self._ctr)
+                assert ok, "a load finished for a chunk nobody was reading"
 
     def check_invariants(self) -> None:
+        state = self._state
         assert self.size <= self.capacity_blocks, "live chunks"
-        assert set(self._rank) == set(self._state), "a rank per chunk"
-        idle = {k for k, s in self._state.items() if s == 0}
-        assert idle <= {k for r, k in self._heap if self._rank.get(k) == r}, "idle in heap"
+        assert self.size == int(np.count_nonzero(state != lru.ABSENT)), "the size counts them"
+        n = int(self._ctr[lru.HEAP_LEN])
+        live = {(int(r), int(k)) for r, k in zip(self._hr[:n], self._hk[:n], strict=True)}
+        idle = {(int(self._rank[k]), int(k)) for k in np.flatnonzero(state == 0)}
+        assert idle <= live, "idle in heap"
+        assert len(idle) == int(self._ctr[lru.IDLE]), "the idle count"

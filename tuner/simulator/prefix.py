@@ -34,6 +34,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import pairwise
 
+import numpy as np
+
 # Offsets live in the low bits of a key; a segment is never this long.
 _OFFSET_BITS = 32
 
@@ -148,6 +150,32 @@ class KeySpace:
                 break
             out.append(range(base, base + min(hi, count) - lo))
         return out
+
+    def key_array(self, segments: Sequence[Segment], num_tokens: int) -> np.ndarray:
+        """``keys`` as an int64 array (the same ranges, taken in the same order), built
+        without a Python int per key: a multi-turn prompt is tens of short ranges."""
+        bs = self._block_size
+        starts: list[int] = []
+        counts: list[int] = []
+        seg_start = 0
+        for uid, length in segments:
+            seg_end = min(seg_start + length, num_tokens)
+            first = seg_start // bs
+            count = seg_end // bs - first
+            if count > 0:
+                for r in self._ranges(uid, count):
+                    starts.append(r.start)
+                    counts.append(len(r))
+            seg_start += length
+            if seg_start >= num_tokens:
+                break
+        if not starts:
+            return np.zeros(0, dtype=np.int64)
+        size = np.asarray(counts, dtype=np.int64)
+        # Key j of range i is starts[i] + (j's index overall - keys before range i).
+        before = np.cumsum(size) - size
+        return (np.repeat(np.asarray(starts, dtype=np.int64) - before, size)
+                + np.arange(int(size.sum()), dtype=np.int64))
 
     def keys(self, segments: Sequence[Segment], num_tokens: int) -> list[int]:
         """Keys of the full blocks among the first ``num_tokens`` tokens (``block_hashes``

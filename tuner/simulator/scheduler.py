@@ -435,7 +435,11 @@ class Scheduler:
         rid = st.req.request_id
         req = self._cpu.get(rid)
         if req is None:
-            keys = self.keyspace.keys(st.req.segments, st.req.prompt_tokens)
+            # Its prompt's full blocks' keys: a prefix of its own keys where those reach
+            # that far (the same keys: a key space numbers a prefix once).
+            num_full = st.req.prompt_tokens // self.block_size
+            keys = (st.hashes[:num_full] if len(st.hashes) >= num_full
+                    else self.keyspace.key_array(st.req.segments, st.req.prompt_tokens))
             req = self._cpu[rid] = RequestOffload(keys)
         return req
 
@@ -471,7 +475,7 @@ class Scheduler:
         bs = self.block_size
         start = len(hits)
         end = min(len(st.hashes), st.num_tokens // bs)
-        cpu = tier.lookup(st.hashes[start:end].tolist(), 0, end - start)
+        cpu = tier.lookup(st.hashes, start, end)
         if cpu is None:
             return _LOAD_DEFER
         if not cpu:
@@ -488,7 +492,7 @@ class Scheduler:
         st.blocks = np.concatenate((hits, self.pool.get_new_blocks(cpu)))
         st.num_cached_blocks = start  # the loaded blocks are cached once they arrive
         st.num_computed = computed
-        keys = st.hashes[start:start + cpu].tolist()
+        keys = st.hashes[start:start + cpu]
         st.load_ready_seconds = tier.load(req, keys, start, bs, self.now)
         req.next_chunk = start + cpu  # a load's blocks are not offered for storing
         self.cpu_loads.append((st.req.request_id, cpu))
@@ -601,10 +605,11 @@ class Scheduler:
             self._step(next_arrival)
             return
         if self.offload is not None:
-            # With the CPU tier, only pure decode runs go fast (they store, look up and
-            # admit nothing); every other step is exact (it may store or load).
-            if not (self.waiting or self.loading or self.loaded) and self._cohort_run(
-                    next_arrival):
+            # With the CPU tier, decode runs only where they store, look up and admit
+            # nothing; a cohort step stores and loads as the exact step (its members have
+            # nothing to store: ``_joins``); no prefill runs (each chunk stores).
+            if (not (self.waiting or self.loading or self.loaded)
+                    and self._cohort_run(next_arrival)) or self._cohort_step(next_arrival):
                 return
         elif (self._cohort_run(next_arrival) or self._prefill_run(next_arrival)
                 or self._cohort_step(next_arrival)):
@@ -619,7 +624,15 @@ class Scheduler:
         the step just taken, is not done, and has no shareable block left to cache."""
         return (st.last_sample_step == self.steps and st.generated < st.output_tokens
                 and st.num_computed == st.num_tokens - 1
-                and st.num_cached_blocks >= len(st.hashes))
+                and st.num_cached_blocks >= len(st.hashes)
+                and (self.offload is None or self._cpu_stored(st)))
+
+    def _cpu_stored(self, st: RequestState) -> bool:
+        """Whether the CPU tier took every prompt chunk ``st`` offers (a store dropped for
+        want of room is offered again at every schedule: not a steady decoder)."""
+        req = self._cpu.get(st.req.request_id)
+        return req is not None and req.next_chunk >= min(
+            st.req.prompt_tokens // self.block_size, len(req.keys))
 
     def _regroup(self) -> None:
         cohort = self.cohort
@@ -1141,10 +1154,16 @@ class Scheduler:
                 self._cache(st, st.num_computed + num_new)
         budget -= taken + members
         num_planned = len(plan)
+        if self.offload is not None:
+            self._load_seen_seconds = self.now  # this step starts now
         if budget > 0:
             budget = self._admit(budget, plan)
             for st, _ in plan[num_planned:]:
                 active.append(st)
+        if self.offload is not None:
+            # Members store nothing (``_joins``): the schedule's stores are the plan's.
+            self._cpu_store_step(plan)
+            self._last_step_empty = not plan and not members
         # Async: the previous step's output finishes requests now. Members never are done
         # (they leave at their last token), so the done ones are all in ``active``.
         finished = ([st for st in active if st.generated >= st.output_tokens]
