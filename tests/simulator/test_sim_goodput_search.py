@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from kvtune.e2e.traces import AZURE_TRACE, MOONCAKE_TRACE
 from kvtune.tuner.facts.catalog import get_model
 from kvtune.tuner.facts.gpus import get_gpu_class
+from kvtune.tuner.planner.capacity import climb
 from kvtune.tuner.planner.planning import PlanRequest, preflight
 from kvtune.tuner.planner.policy import SLO, PlanPolicy
 from kvtune.tuner.planner.presets import preset_profile, profile_from_trace
@@ -199,12 +200,11 @@ def test_traffic_from_a_profile_ranks_configurations_as_the_trace_does() -> None
         assert rho >= 0.8, (path.name, rho, on_trace, on_made)
 
 
-def test_when_compute_binds_the_search_takes_a_small_batched_token_budget() -> None:
-    """Azure at 5x on one H100 (bench/oracle.py's compute-bound setting): a step carrying a
-    large prefill chunk stalls every decoding request, so the search takes a small budget.
-    Under the measured kernels' prefill (docs/simulator.md, "Time") even vLLM's defaults (8K)
-    now stay within the TPOT target at this load (under the earlier roofline they missed it);
-    the small budget still scores at least as well."""
+def test_when_compute_binds_the_search_beats_the_defaults_capacity() -> None:
+    """Azure at 5x on one H100 (bench/oracle.py's compute-bound setting): at the observed
+    rate even vLLM's defaults meet the SLO for every request, so what separates the plans is
+    how far the rate can rise: the searched plan's capacity at SLO is well above the
+    defaults' (bench/oracle.py: 37.1 against 26.0 req/s)."""
     trace = load_trace(AZURE_TRACE)
     window = dataclasses.replace(trace, requests=tuple(
         dataclasses.replace(r, arrival_seconds=r.arrival_seconds / 5.0)
@@ -215,8 +215,13 @@ def test_when_compute_binds_the_search_takes_a_small_batched_token_budget() -> N
         policy=PlanPolicy(slo=SLO(ttft_p95_seconds=2.0, tpot_p95_seconds=0.05)))
     pool = plan_by_goodput(request, trace=window)
     scorer = TrafficScorer(tuple(requests_from_trace(window)))
-    planned = scorer.score(request, pool.plan, scorer.max_requests)
-    defaults = scorer.score(request, vllm_default_plan(request), scorer.max_requests)
-    assert pool.plan.max_num_batched_tokens <= 1024
-    assert planned.tpot_p95_seconds < 0.05 and defaults.tpot_p95_seconds < 0.05
-    assert planned.slo_attainment >= defaults.slo_attainment
+    n = scorer.max_requests
+    planned = scorer.score(request, pool.plan, n)
+    defaults_plan = vllm_default_plan(request)
+    defaults = scorer.score(request, defaults_plan, n)
+    assert pool.search is not None and pool.search.slo_met
+    assert planned.slo_attainment >= defaults.slo_attainment >= 0.95
+    bracket = climb(lambda p, m, x: scorer.score(request, p, m, x), [defaults_plan], n,
+                    0.95, 0.02)
+    assert pool.search.capacity_requests_per_second >= (
+        1.3 * scorer.rate_per_second * bracket.lower)
