@@ -1,4 +1,4 @@
-"""The goodput search's budget on the cases that used to run away (issue 22 item 3).
+"""The capacity search's budget on the cases that used to run away (issue 22 item 3).
 
     .venv/bin/python bench/search_budget.py [--timeout-seconds 60] [--kill-above-mib 2048]
 

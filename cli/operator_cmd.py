@@ -134,7 +134,7 @@ def operator(kubeconfig: str | None, namespaces: tuple[str, ...], metrics_port: 
         template_renders_in_flight, template_cpu_seconds, template_cpu_window_seconds,
         template_retry_spread_seconds))
 
-    # Every goodput search's budget (the chart's search values).
+    # Every capacity search's budget (the chart's search values).
     search_budget.CONFIG.cpu_seconds = search_cpu_seconds
     search_budget.CONFIG.memory_bytes = search_memory_mib * 2**20
     # Where searches run (search.mode, search.job: the environment): refused before start.

@@ -296,28 +296,33 @@ def render_table(pool: PoolPlan, request: PlanRequest) -> str:
 
 
 def _print_search(console: Any, pool: PoolPlan) -> None:
-    """The goodput search: the chosen plan's predicted figures, then the runners-up."""
+    """The capacity search: the chosen plan's predicted figures, then the runners-up."""
     from rich.table import Table
 
     s = pool.search
     assert s is not None
-    line = (f"goodput search: {s.candidates} configurations passed pre-flight, "
+    line = (f"capacity search: {s.candidates} configurations passed pre-flight, "
             f"{s.simulated_requests:,} requests simulated; traffic at "
             f"{s.observed_rate_per_second:.2f} req/s needs ~{s.littles_law_sequences} "
             f"sequences in flight (Little's law)")
     console.print(line)
-    table = Table(title="Predicted on the traffic (SLO-goodput: requests/s meeting both "
-                  "targets)")
-    for col in ("configuration", "goodput req/s", "SLO met", "TTFT p95 s", "TPOT p95 ms",
+    console.print(f"capacity at SLO: {s.capacity_requests_per_second:.2f} req/s per replica "
+                  f"(the highest rate of this traffic at which 95% of requests meet both "
+                  f"targets); at the observed {s.rate_per_replica_per_second:.2f} req/s per "
+                  f"replica {s.slo_attainment:.1%} meet them; replicas needed: "
+                  + ("-" if s.replicas_needed is None else str(s.replicas_needed)))
+    table = Table(title="Predicted on the traffic (capacity: req/s per replica at SLO; SLO "
+                  "met: at the observed rate)")
+    for col in ("configuration", "capacity req/s", "SLO met", "TTFT p95 s", "TPOT p95 ms",
                 "why not chosen"):
         table.add_column(col, justify="left" if col in ("configuration", "why not chosen")
                          else "right")
     chosen = set(pool.plan.vllm_args())
-    table.add_row("chosen", f"{s.goodput_requests_per_second:.2f}", f"{s.slo_attainment:.1%}",
+    table.add_row("chosen", f"{s.capacity_requests_per_second:.2f}", f"{s.slo_attainment:.1%}",
                   f"{s.ttft_p95_seconds:.3f}", f"{s.tpot_p95_seconds * 1000:.1f}", "")
     for alt in s.alternatives:
         diff = " ".join(a for a in alt.vllm_args if a not in chosen) or "(same flags)"
-        table.add_row(diff, f"{alt.goodput_requests_per_second:.2f}",
+        table.add_row(diff, f"{alt.capacity_requests_per_second:.2f}",
                       f"{alt.slo_attainment:.1%}", f"{alt.ttft_p95_seconds:.3f}",
                       f"{alt.tpot_p95_seconds * 1000:.1f}", alt.why_lost)
     console.print(table)
@@ -332,7 +337,7 @@ def _money(x: float | None) -> str:
 
 
 def _print_front(console: Any, pool: PoolPlan) -> None:
-    """Goodput against cost and latency over the configurations scored on the full stream."""
+    """Capacity against cost and latency over the configurations scored on the full stream."""
     from rich.table import Table
 
     s = pool.search
@@ -340,12 +345,12 @@ def _print_front(console: Any, pool: PoolPlan) -> None:
     if not s.front:
         return
     c = s.cost
-    title = (f"Pareto front on {pool.gpu_class}: goodput vs cost vs latency"
+    title = (f"Pareto front on {pool.gpu_class}: capacity vs cost vs latency"
              + (f" (${c.usd_per_gpu_hour:g}/GPU-hour x {c.gpus_per_replica} GPU; "
                 f"{c.price_source})" if c is not None else
                 " (no price for this GPU class: pass --gpu-price CLASS=USD)"))
     table = Table(title=title)
-    for col in ("configuration", "goodput req/s", "output tok/s", "$/M output tok",
+    for col in ("configuration", "capacity req/s", "output tok/s", "$/M output tok",
                 "$/M good req", "TTFT p95 s", "TPOT p95 ms"):
         table.add_column(col, justify="left" if col == "configuration" else "right")
     chosen = set(pool.plan.vllm_args())
@@ -353,16 +358,12 @@ def _print_front(console: Any, pool: PoolPlan) -> None:
         diff = " ".join(a for a in p.vllm_args if a not in chosen)
         if p.chosen:
             diff = "chosen" + ("" if p.on_front else " (dominated; kept by a tie rule)")
-        table.add_row(diff, f"{p.goodput_requests_per_second:.2f}",
+        table.add_row(diff, f"{p.capacity_requests_per_second:.2f}",
                       f"{p.output_tokens_per_second:,.0f}",
                       _money(p.cost_per_million_output_tokens_usd),
                       _money(p.cost_per_million_good_requests_usd),
                       f"{p.ttft_p95_seconds:.3f}", f"{p.tpot_p95_seconds * 1000:.1f}")
     console.print(table)
-    if c is not None and c.cost_per_million_requests_at_needed_replicas_usd is not None:
-        console.print(f"cost at the {s.replicas_needed} replicas the traffic needs: "
-                      f"{_money(c.cost_per_million_requests_at_needed_replicas_usd)} per "
-                      "million requests")
 
 
 Renderer = Callable[[PoolPlan, PlanRequest], str]
@@ -399,10 +400,10 @@ def _models_help() -> str:
 @click.option("--workload", type=click.Choice(PRESET_KINDS), help="Workload preset.")
 @click.option("--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Azure CSV or Mooncake JSONL trace to profile (and to replay in the "
-              "goodput search).")
+              "capacity search).")
 @click.option("--request-rate", type=finite(0, MAX_REQUEST_RATE_PER_SECOND, min_open=True,
                                             fix="pass one replica's share, RATE/REPLICAS"),
-              help="Arrival rate, requests/s: with --workload or --context-tokens the goodput "
+              help="Arrival rate, requests/s: with --workload or --context-tokens the capacity "
               "search replays traffic made from the profile at this rate (at most "
               f"{MAX_REQUEST_RATE_PER_SECOND:g}: above it, pass one replica's share, "
               "RATE/REPLICAS).")
@@ -415,7 +416,7 @@ def _models_help() -> str:
               "planned on its share, and SLO at risk counts the replicas the traffic needs.")
 @max_replicas_option
 @click.option("--search/--no-search", default=True, show_default=True,
-              help="Choose the knobs by simulated SLO-goodput when the traffic's rate is "
+              help="Choose the knobs by simulated capacity at SLO when the traffic's rate is "
               "known (--trace, --request-rate); --no-search: the rules alone.")
 @search_budget_options
 @pin_options
@@ -441,7 +442,7 @@ def _models_help() -> str:
               help="CPU memory per GPU that may hold offloaded KV blocks.")
 @click.option("--vllm-version", default=PINNED_VLLM_VERSION, show_default=True)
 @click.option("--gpu-price", "gpu_price", multiple=True, metavar="CLASS=USD",
-              help="Price of one GPU of a class per hour, for the cost figures of the goodput "
+              help="Price of one GPU of a class per hour, for the cost figures of the capacity "
               "search (repeat, or comma-separate). Defaults: tuner/facts/data/gpu_prices.json "
               "(list prices with their sources; classes without one show no cost).")
 @click.option("-o", "--output", "output", type=click.Choice([*RENDERERS, "patch"]),
@@ -479,7 +480,7 @@ def plan(**opts: Any) -> None:
                                         or opts["request_rate"] is not None)
         if opts["compare_gpu"] and (not searching or opts["output"] not in
                                     ("table", "json", "yaml")):
-            raise click.UsageError("--compare-gpu compares the goodput search's cost: it needs "
+            raise click.UsageError("--compare-gpu compares the capacity search's cost: it needs "
                                    "--trace or --request-rate and -o table, json or yaml")
         others: list[tuple[str, PoolPlan | str]] = []
         ctx = click.get_current_context()

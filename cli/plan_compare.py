@@ -36,7 +36,7 @@ def gpu_comparison(pool: PoolPlan, others: list[tuple[str, PoolPlan | str]]
             "layout": p.layout.label if p.layout is not None else None,
             "usd_per_gpu_hour": c.usd_per_gpu_hour if c else None,
             "price_source": c.price_source if c else None,
-            "goodput_requests_per_second": s.goodput_requests_per_second if s else None,
+            "capacity_requests_per_second": s.capacity_requests_per_second if s else None,
             "slo_attainment": s.slo_attainment if s else None,
             "slo_met": s.slo_met if s else None,
             "replicas_needed": s.replicas_needed if s else None,
@@ -44,8 +44,6 @@ def gpu_comparison(pool: PoolPlan, others: list[tuple[str, PoolPlan | str]]
                 c.cost_per_million_output_tokens_usd if c else None,
             "cost_per_million_good_requests_usd":
                 c.cost_per_million_good_requests_usd if c else None,
-            "cost_per_million_requests_at_needed_replicas_usd":
-                c.cost_per_million_requests_at_needed_replicas_usd if c else None,
             "vllm_args": p.vllm_args(),
         })
     rows += [{"gpu_class": name, "refused": why} for name, why in others
@@ -69,7 +67,7 @@ def with_comparison(text: str, pool: PoolPlan, others: list[tuple[str, PoolPlan 
     console = Console(record=True, width=120, file=open("/dev/null", "w"))  # noqa: SIM115
     table = Table(title="GPU classes for this traffic, cheapest per million requests meeting "
                   "the SLO first")
-    for col in ("GPU class", "$/GPU-hour", "goodput req/s", "SLO met", "replicas",
+    for col in ("GPU class", "$/GPU-hour", "capacity req/s", "SLO met", "replicas",
                 "$/M output tok", "$/M good req"):
         table.add_column(col, justify="left" if col == "GPU class" else "right")
     for r in rows:
@@ -81,11 +79,10 @@ def with_comparison(text: str, pool: PoolPlan, others: list[tuple[str, PoolPlan 
         table.add_row(
             f"{r['gpu_class']} x {r['layout'] or 'TP ' + str(r['tensor_parallel'])}",
             "-" if r["usd_per_gpu_hour"] is None else f"${r['usd_per_gpu_hour']:g}",
-            f"{r['goodput_requests_per_second']:.2f}", f"{r['slo_attainment']:.1%}",
+            f"{r['capacity_requests_per_second']:.2f}", f"{r['slo_attainment']:.1%}",
             "-" if needed is None else str(needed),
             _money(r["cost_per_million_output_tokens_usd"]),
             _money(r.get("cost_per_million_requests_at_rate_usd")
-                   or r["cost_per_million_requests_at_needed_replicas_usd"]
                    or r["cost_per_million_good_requests_usd"]))
     console.print(table)
     return text + console.export_text()

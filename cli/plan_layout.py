@@ -87,7 +87,7 @@ def print_layouts(console: Any, pool: PoolPlan) -> None:
     table = Table(title=f"Layouts of {gpus} {pool.gpu_class} GPUs per replica "
                   "(KV per replica: every DP rank is an engine with its own cache)")
     for col in ("layout", "KV copies", "weights/GPU", "KV tokens/engine", "KV tokens/replica",
-                "seqs/replica", "goodput req/s" if by_goodput else "seqs in TPOT",
+                "seqs/replica", "capacity req/s" if by_goodput else "seqs in TPOT",
                 "decode step"):
         table.add_column(col, justify="left" if col == "layout" else "right")
     for o in pool.layouts_considered:

@@ -117,19 +117,19 @@ def print_tp_choice(console: Any, pool: PoolPlan) -> None:
         return
     front = Table(title="Pareto front across TP: GPUs (cost) per good request vs latency "
                   "(each degree at one replica carrying the whole rate)")
-    for col in ("TP", "configuration", "goodput req/s", "GPUs per req/s", "$/M good req",
+    for col in ("TP", "configuration", "capacity req/s", "GPUs per req/s", "$/M good req",
                 "TTFT p95 s", "TPOT p95 ms"):
         front.add_column(col, justify="left" if col in ("TP", "configuration") else "right")
     chosen = set(pool.plan.vllm_args())
     for p in c.front:
         tp = p.tensor_parallel or 1
-        per = tp / p.goodput_requests_per_second if p.goodput_requests_per_second else None
+        per = tp / p.capacity_requests_per_second if p.capacity_requests_per_second else None
         # The flags that differ from the chosen plan's (the TP column says the degree).
         diff = ("chosen" + ("" if p.on_front else " (dominated at one replica)")
                 if p.chosen else (
             " ".join(a for a in p.vllm_args if a not in chosen) or "(same flags)"))
         front.add_row(f"TP{tp}" + (" *" if p.chosen else ""), diff,
-                      f"{p.goodput_requests_per_second:.2f}",
+                      f"{p.capacity_requests_per_second:.2f}",
                       "-" if per is None else f"{per:.3f}",
                       _money(p.cost_per_million_good_requests_usd),
                       f"{p.ttft_p95_seconds:.3f}", f"{p.tpot_p95_seconds * 1000:.1f}")

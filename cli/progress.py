@@ -1,5 +1,5 @@
 """Progress on stderr for the commands whose work takes more than a second (`kvtune plan
---trace`'s goodput search, `kvtune simulate`'s replays, `kvtune quality`'s prompts).
+--trace`'s capacity search, `kvtune simulate`'s replays, `kvtune quality`'s prompts).
 
 One helper for all of them, so they look alike and obey one switch: progress is shown when
 stderr is a terminal, or when ``--progress`` forces it (a log, a test); ``--no-progress``

@@ -1,4 +1,4 @@
-"""The goodput search's budget as options (``kvtune plan``, ``kvtune operator``): CPU seconds
+"""The capacity search's budget as options (``kvtune plan``, ``kvtune operator``): CPU seconds
 and memory a search may use (``kvtune.tuner.planner.search_budget``); also read from
 ``KVTUNE_SEARCH_CPU_SECONDS`` and ``KVTUNE_SEARCH_MEMORY_MIB`` when the flag is not given."""
 
@@ -19,13 +19,13 @@ def search_budget_options(f: F) -> F:
         "--search-memory-mib", type=click.IntRange(min=sb.MIN_MEMORY_BYTES // sb.MiB),
         default=sb.DEFAULT_MEMORY_BYTES // sb.MiB, show_default=True,
         envvar="KVTUNE_SEARCH_MEMORY_MIB",
-        help="The goodput search stops (keeping its best plan so far) once it has grown the "
+        help="The capacity search stops (keeping its best plan so far) once it has grown the "
         "process's resident memory by this many MiB.")(f)
     f = click.option(
         "--search-cpu-seconds", type=click.FloatRange(min=0, max=sb.MAX_CPU_SECONDS,
                                                       min_open=True),
         default=sb.DEFAULT_CPU_SECONDS, show_default=True, envvar="KVTUNE_SEARCH_CPU_SECONDS",
-        help="CPU seconds one goodput search may use; then it stops and keeps its best plan "
+        help="CPU seconds one capacity search may use; then it stops and keeps its best plan "
         "so far, saying so.")(f)
     return f
 

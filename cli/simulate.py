@@ -6,7 +6,7 @@ configurations and compare them.
         --gpu H100 --compare defaults,planned,contiguous,no-prefix-cache --plot out.png
 
 ``defaults`` is vLLM 0.33's behaviour with no KV flags, ``planned`` is ``kvtune plan
---trace``'s plan for the same trace (the same goodput search, on the trace at ``--speed``,
+--trace``'s plan for the same trace (the same capacity search, on the trace at ``--speed``,
 within the same search budget; ``--no-search``: the planner's rules alone, as ``kvtune plan
 --no-search``), ``contiguous`` the planned plan with every request reserving max-model-len up
 front (equal memory), ``no-prefix-cache`` the planned plan without prefix caching, and
@@ -54,7 +54,6 @@ MIN_SPEED, MAX_SPEED = 1e-3, 1e6
 
 _COLUMNS: tuple[tuple[str, str, str], ...] = (
     # (header, summary key, format); a key missing from a row (no SLO given) is left out
-    ("goodput", "goodput_requests_per_second", "{:.2f}"),
     ("SLO met", "slo_attainment", "{:.1%}"),
     ("req/s", "throughput_requests_per_second", "{:.2f}"),
     ("out tok/s", "throughput_output_tokens_per_second", "{:.0f}"),
@@ -145,14 +144,15 @@ def _row(config: SimulatedPlan, result: SimResult | None, tensor_parallel: int,
               show_default=True, help="Comma-separated configurations: "
               + ", ".join(compare.CONFIGURATION_NAMES))
 @click.option("--search/--no-search", default=True, show_default=True,
-              help="'planned' is kvtune plan --trace's plan: the goodput search on this trace "
+              help="'planned' is kvtune plan --trace's plan: the capacity search on this trace "
               "(at --speed); --no-search: the planner's rules alone.")
 @click.option("--score-sample", type=click.IntRange(min=0), default=None, hidden=True,
-              help="Before the goodput search planned 'planned': 0 is --no-search.")
+              help="Before the capacity search planned 'planned': 0 is --no-search.")
 @search_budget_options
 @click.option("--ttft-p95", "ttft_slo", type=POSITIVE, default=None, metavar="S",
-              help="TTFT target in seconds: each configuration reports SLO-goodput (requests "
-              "per second meeting both targets) and attainment; the planner plans for it.")
+              help="TTFT target in seconds: each configuration reports its SLO attainment at the "
+              "trace's rate (steady state: requests meeting both targets, after the "
+              "warm-up); the planner plans for it.")
 @click.option("--tpot-p95", "tpot_slo", type=POSITIVE, default=None, metavar="S",
               help="TPOT target in seconds (per request: (finish - first token) / (output - 1)).")
 @click.option("--per-request", "per_request_path", type=click.Path(dir_okay=False,
@@ -182,7 +182,7 @@ def simulate(
         # Scripts written before 'planned' became kvtune plan's own plan: 0 meant the rules.
         if score_sample != 0:
             raise click.BadParameter(
-                f"{score_sample}: 'planned' is now kvtune plan --trace's goodput search, which "
+                f"{score_sample}: 'planned' is now kvtune plan --trace's capacity search, which "
                 "replays its own stream; drop --score-sample (or use --no-search for the rules "
                 "alone)", param_hint="--score-sample")
         search = False

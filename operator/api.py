@@ -240,7 +240,7 @@ class WorkloadSpec(_Model):
     request_rate_per_second: float | None = Field(
         default=None, gt=0, le=1_000_000,
         description="Requests per second the deployment expects, all pools together: with it "
-        "kvtune plans by the goodput search (simulated SLO-goodput) before it has observed "
+        "kvtune plans by the capacity search (simulated capacity at SLO) before it has observed "
         "any traffic; an observed rate replaces it.",
     )
 
@@ -852,12 +852,16 @@ class ExpectedStatus(_Status):
     # Absent in a status an older kvtune wrote (the plan in force then takes the new plan's).
     weights_bytes_per_gpu: int | None = None
     non_kv_bytes_per_gpu: int | None = None
-    # Predicted by the goodput search on the pool's observed traffic (tuner/planner/search):
-    # requests/s meeting both SLO targets, the fraction that do, the p95 latencies.
-    goodput_requests_per_second: float | None = None
+    # Predicted by the capacity search on the pool's observed traffic (tuner/planner/search):
+    # one replica's capacity at SLO (the highest arrival rate of this traffic at which 95 %
+    # of requests meet both targets), the fraction that do at the observed rate, and the p95
+    # latencies there.
+    capacity_requests_per_second: float | None = None
     slo_attainment: float | None = None
     ttft_p95_seconds: float | None = None
     tpot_p95_seconds: float | None = None
+    # ceil(the pool's observed rate / capacity): replicas all of its traffic needs at SLO.
+    replicas_needed: int | None = None
 
 
 PoolPhase = Literal["Applied", "Canary", "Recommended", "Unmanaged", "NoNodes", "Failed",
@@ -934,14 +938,13 @@ class CostStatus(_Status):
     price_source: str
     gpus_per_replica: int
     cost_per_million_output_tokens_usd: float | None = None
+    # Over the capacity at SLO: a replica run at capacity, the pool scaled to the traffic.
     cost_per_million_good_requests_usd: float | None = None
-    # When the SLO is missed: serving all the traffic on the replicas it needs.
-    cost_per_million_requests_at_needed_replicas_usd: float | None = None
 
 
 class ObservedSLOStatus(_Status):
     """The SLO attainment vLLM's histograms show for the pool over the retune timer's last
-    window, beside the goodput search's prediction (operator/slo_observed.py)."""
+    window, beside the capacity search's prediction (operator/slo_observed.py)."""
 
     at: str
     window_seconds: float
@@ -969,8 +972,8 @@ class PoolRoutingStatus(_Status):
 
     max_model_len: int
     endpoint_picker: str  # its Deployment and Service
-    # Requests/s one replica of the applied plan sustains within the SLO (the goodput
-    # search's bisection, when it ran): the HTTPRoute weighs pools by it x replicas
+    # Requests/s one replica of the applied plan sustains within the SLO (the capacity
+    # search's capacity at SLO, when it ran): the HTTPRoute weighs pools by it x replicas
     # (operator/http_route.py). None: not measured; the weights then follow replicas.
     capacity_requests_per_second_per_replica: float | None = None
     endpoint_picker_available: bool | None = None  # None: not read yet
@@ -1002,7 +1005,7 @@ class PoolStatus(_Status):
     rejected_plan_hash: str | None = None
     runtime: RuntimeStatus | None = None
     profile: ProfileStatus | None = None  # what this pool's plan was made for
-    # Set when the goodput search finds no configuration meeting the SLO at the observed
+    # Set when the capacity search finds no configuration meeting the SLO at the observed
     # rate: the attainment, the rate one replica sustains and the replicas needed.
     slo_at_risk: str | None = None
     cost: CostStatus | None = None  # the chosen configuration's, when the class has a price

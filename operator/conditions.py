@@ -20,7 +20,7 @@ PROFILE_STALE = "ProfileStale"
 # Set from the runtime entrypoint's reports (spec.runtime.entrypoint: kvtune): whether the
 # pods run the plan as planned (operator/runtime_reports.py).
 RUNTIME_AS_PLANNED = "RuntimeAsPlanned"
-# True when the goodput search predicts that no configuration meets the SLO at the observed
+# True when the capacity search predicts that no configuration meets the SLO at the observed
 # rate (the message has the numbers); set only once a pool's plan comes from the search.
 SLO_AT_RISK = "SLOAtRisk"
 SLO_PREDICTED_MET = "SLOPredictedMet"  # SLOAtRisk=False
@@ -28,7 +28,7 @@ SLO_PREDICTED_MET = "SLOPredictedMet"  # SLOAtRisk=False
 # SLO at any rate (the best attainable latency in the message; tuner/simulator/slo_bound.py).
 SLO_UNREACHABLE = "SLOUnreachable"
 # True when vLLM's own histograms show a pool attaining its SLO clearly less than the
-# goodput search predicted (beyond noise, after a minimum sample; operator/slo_observed.py).
+# capacity search predicted (beyond noise, after a minimum sample; operator/slo_observed.py).
 SLO_BELOW_PREDICTION = "SLOBelowPrediction"
 # Set by the retune timer's monitoring sync (retune_handlers.sync_alert_rules) only once a
 # monitoring object's name was taken by an object kvtune did not create: False/NameCollision,
@@ -62,7 +62,7 @@ INVALID_POD_TEMPLATE = "InvalidPodTemplate"  # the user's template renders no va
 # The namespace's templates are rendering or used their CPU budget (render_fairness): retried.
 TEMPLATE_RENDER_DEFERRED = "TemplateRenderDeferred"
 APPLY_FAILED = "ApplyFailed"
-# Degraded: the goodput search's budget (the chart's search values) ran out before it scored
+# Degraded: the capacity search's budget (the chart's search values) ran out before it scored
 # a single candidate; retried (operator/search_budget.py).
 SEARCH_BUDGET_SPENT = "SearchBudgetSpent"
 # Progressing: a pool's goodput search runs as a Job (the chart's search.mode); Degraded: that

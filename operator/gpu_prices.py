@@ -39,8 +39,6 @@ def cost_status(pool_plan: PoolPlan) -> CostStatus | None:
         gpus_per_replica=c.gpus_per_replica,
         cost_per_million_output_tokens_usd=_round(c.cost_per_million_output_tokens_usd),
         cost_per_million_good_requests_usd=_round(c.cost_per_million_good_requests_usd),
-        cost_per_million_requests_at_needed_replicas_usd=_round(
-            c.cost_per_million_requests_at_needed_replicas_usd),
     )
 
 

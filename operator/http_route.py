@@ -28,9 +28,9 @@ what Gateway API v1.5.1 with the Inference Extension v1.5.0 cannot:
 **Weights by capacity.** A backend's weight is proportional to the pool's capacity (the
 requests/s one replica of its applied plan sustains within the SLO, ``capacity_of``) times its
 replicas, so a pool of fast GPUs gets the share of traffic it can serve rather than its share
-of pods. The plan carries a capacity only where the goodput search measured one (its
-``max_rate_within_slo_per_second`` bisection, run when the SLO is missed at the observed
-rate); when any routed pool lacks one, every weight is the pool's replica count, as before,
+of pods. The plan carries a capacity wherever the capacity search planned it (its
+``capacity_requests_per_second``); when any routed pool lacks one (a plan by the rules alone,
+or one no rate meets the SLO on), every weight is the pool's replica count, as before,
 since mixing the two scales would be meaningless. Status holds the pool's replicas, not its
 ready ones, so the count is the replicas kvtune asked for.
 
@@ -121,10 +121,10 @@ def integer_range_pattern(low: int, high: int | None) -> str:
 
 
 def capacity_of(pool_plan: PoolPlan) -> float | None:
-    """Requests/s one replica of the plan sustains within the SLO: the goodput search's
-    sustainable rate when it measured one; None otherwise (see the module's docstring)."""
+    """Requests/s one replica of the plan sustains within the SLO: the capacity search's
+    capacity at SLO when it ran; None otherwise (see the module's docstring)."""
     search = pool_plan.search
-    rate = search.max_rate_within_slo_per_second if search is not None else None
+    rate = search.capacity_requests_per_second if search is not None else None
     return rate if rate is not None and rate > 0 else None
 
 

@@ -390,7 +390,7 @@ def _reconcile_locked(
     elif cond.get_condition(conditions, cond.KV_QUALITY_VERIFIED) is not None:
         set_c(cond.KV_QUALITY_VERIFIED, True, cond.KV_QUALITY_OK, gate.status().message)
 
-    # The goodput search's prediction (pools planned on observed traffic): SLOAtRisk with
+    # The capacity search's prediction (pools planned on observed traffic): SLOAtRisk with
     # the numbers, and an Event when it appears or its numbers change.
     at_risk = " | ".join(f"{o.status.name}: {o.status.slo_at_risk}" for o in outcomes
                          if o.status.slo_at_risk)
@@ -404,7 +404,7 @@ def _reconcile_locked(
     elif any(o.status.expected is not None and o.status.expected.slo_attainment is not None
              for o in outcomes):
         set_c(cond.SLO_AT_RISK, False, cond.SLO_PREDICTED_MET,
-              "the goodput search predicts every searched pool meets the SLO at the observed "
+              "the capacity search predicts every searched pool meets the SLO at the observed "
               "rate")
 
     pool_statuses = [o.status for o in outcomes]

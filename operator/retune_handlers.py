@@ -403,7 +403,7 @@ def _reconcile_events(result: rec.ReconcileResult) -> list[RetuneEvent]:
 def observed_slo(spec: api.InferenceDeploymentSpec, previous: api.InferenceDeploymentStatus,
                  own: Mapping[str, ProfileResult], wide: ProfileResult, min_requests: int
                  ) -> tuple[dict[str, api.ObservedSLOStatus], tuple[str, str, str] | None]:
-    """Per pool, the SLO attainment its histograms showed over the window beside the goodput
+    """Per pool, the SLO attainment its histograms showed over the window beside the capacity
     search's prediction for the plan it ran (operator/slo_observed.py), and the
     SLOBelowPrediction condition (None: no pool has a prediction to compare with). A pool
     without its own series is judged on the deployment's only when it is the only pool."""

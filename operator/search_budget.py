@@ -1,4 +1,4 @@
-"""The operator's budget for every goodput search, and the switch its shutdown throws.
+"""The operator's budget for every capacity search, and the switch its shutdown throws.
 
 ``kvtune operator --search-cpu-seconds/--search-memory-mib`` (the chart's ``search`` values)
 set ``CONFIG`` before kopf starts. Searches run in kopf's handler threads, which cannot be

@@ -1,4 +1,4 @@
-"""The SLO attainment a pool really gets, beside the goodput search's prediction. Pure.
+"""The SLO attainment a pool really gets, beside the capacity search's prediction. Pure.
 
 The retune timer's profiling window already reads vLLM's TTFT and per-request TPOT
 histograms (``profiling.queries``: ``ttft_buckets``, ``tpot_buckets``); nothing more is
@@ -138,7 +138,7 @@ def judge(o: Observation, predicted: float | None, predicted_requests: int,
     seen = f"observed over {o.requests} requests in {o.window_seconds:.0f}s: {_shares(o)}"
     if predicted is None:
         return Judgement(NO_PREDICTION, f"{seen}; no prediction (the plan was not chosen by "
-                                        f"the goodput search)")
+                                        f"the capacity search)")
     if o.requests < min_requests or o.attainment_upper_bound is None:
         return Judgement(INSUFFICIENT_SAMPLE, f"{seen}; predicted {predicted:.1%} meet both "
                                               f"targets; too few requests to compare (need "
@@ -146,7 +146,7 @@ def judge(o: Observation, predicted: float | None, predicted_requests: int,
     upper = o.attainment_upper_bound
     margin = max(MIN_DROP, binomial_noise(predicted, predicted_requests, upper, o.requests))
     head = (f"{seen}; at most {upper:.1%} met both targets against the {predicted:.1%} "
-            f"the goodput search predicted")
+            f"the capacity search predicted")
     if predicted - upper > margin:
         return Judgement(BELOW_PREDICTION, f"{head}: {predicted - upper:.1%} short, beyond "
                                            f"the noise margin {margin:.1%}")

@@ -2,7 +2,7 @@
 
 Pure: the measurement (``kvtune quality`` or the operator's calibration Job) comes in as
 plain data, a verdict per dtype comes out. Every dtype choice (the planner's rules and its
-goodput search) filters its candidates through ``gate`` before it weighs capacity.
+capacity search) filters its candidates through ``gate`` before it weighs capacity.
 
 - 16-bit KV ("auto", "bfloat16", "float16") is the reference: always allowed.
 - A measured dtype is allowed when its mean next-token KL divergence against 16-bit KV is

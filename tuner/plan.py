@@ -95,22 +95,28 @@ class ExpectedFigures(BaseModel):
     concurrent_sequences_context_tokens: int  # the context length that figure assumes
     decode_step_seconds: float | None = None  # at max_num_seqs, from the bandwidth model
     prefix_hit_rate: float | None = None  # from the simulator, when it scored the plan
-    # From the goodput search (the simulator on the pool's traffic), when it ran:
-    # requests/s meeting both SLO targets, the fraction that do, and the p95 latencies.
-    goodput_requests_per_second: float | None = None
+    # From the capacity search (the simulator on the pool's traffic), when it ran: one
+    # replica's capacity at SLO (the highest arrival rate of this traffic at which 95 % of
+    # requests meet both targets), the fraction that do at the observed rate, and the p95
+    # latencies there.
+    capacity_requests_per_second: float | None = None
     slo_attainment: float | None = None
     ttft_p95_seconds: float | None = None
     tpot_p95_seconds: float | None = None
+    # ceil(the pool's observed rate / capacity): replicas all of its traffic needs at SLO.
+    replicas_needed: int | None = None
 
 
 class SearchAlternative(BaseModel):
-    """A configuration the goodput search ranked below the chosen one, and why."""
+    """A configuration the capacity search ranked below the chosen one, and why."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     vllm_args: tuple[str, ...]
-    goodput_requests_per_second: float
-    slo_attainment: float
+    # The highest rate per replica its ladder saw it meet the SLO at (a lower bound; 0: not
+    # at any rate tried, e.g. it missed at the observed rate where the chosen one met it).
+    capacity_requests_per_second: float
+    slo_attainment: float  # at the observed rate
     ttft_p95_seconds: float
     tpot_p95_seconds: float
     why_lost: str
@@ -118,15 +124,16 @@ class SearchAlternative(BaseModel):
 
 class FrontPoint(BaseModel):
     """A configuration the search scored on the full stream that no other one beats on
-    every axis at once: higher goodput, more output tokens served per second (so a lower
-    cost per token on the same GPUs), less latency against the SLO targets."""
+    every axis at once: more capacity at SLO, more output tokens served per second at the
+    observed rate (so a lower cost per token on the same GPUs), less latency against the SLO
+    targets (``planner/search_front.py``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     vllm_args: tuple[str, ...]
     chosen: bool  # the configuration the search chose
     on_front: bool  # False only for the chosen one when a point dominates it (a tie rule)
-    goodput_requests_per_second: float
+    capacity_requests_per_second: float  # per replica (a lower bound but for the chosen)
     slo_attainment: float
     output_tokens_per_second: float
     ttft_p95_seconds: float
@@ -134,7 +141,7 @@ class FrontPoint(BaseModel):
     # The worse of TTFT p95 / its target and TPOT p95 / its target (1.0: on the target).
     latency_vs_slo: float
     # Set once a price is known (tuner/planner/cost.py): one replica's GPUs for an hour over
-    # what it serves at the observed rate.
+    # its output tokens at the observed rate, and over its capacity at SLO.
     cost_per_million_output_tokens_usd: float | None = None
     cost_per_million_good_requests_usd: float | None = None
     # Set on the front across tensor-parallel degrees (``TPChoice.front``): the point's TP;
@@ -144,7 +151,7 @@ class FrontPoint(BaseModel):
 
 class CostFigures(BaseModel):
     """What the chosen configuration costs: one replica (tensor-parallel GPUs) for an hour,
-    over what it serves of the pool's traffic at the observed rate."""
+    over its output tokens at the observed rate and over its capacity at SLO."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -153,14 +160,12 @@ class CostFigures(BaseModel):
     gpus_per_replica: int
     usd_per_replica_hour: float
     cost_per_million_output_tokens_usd: float | None  # None: nothing served
-    cost_per_million_good_requests_usd: float | None  # None: no request met the SLO
-    # When the SLO is missed: the replicas the traffic needs, and what serving all of it
-    # within the SLO costs per million requests.
-    cost_per_million_requests_at_needed_replicas_usd: float | None = None
+    # Over the capacity at SLO (a replica run at capacity); None: no rate meets the SLO.
+    cost_per_million_good_requests_usd: float | None
 
 
 class SearchSummary(BaseModel):
-    """What the goodput search found (``tuner/planner/search.py``)."""
+    """What the capacity search found (``tuner/planner/search.py``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -170,14 +175,17 @@ class SearchSummary(BaseModel):
     rate_per_replica_per_second: float = 0.0
     # The concurrency the traffic needs (arrival rate x time in the engine at the SLO).
     littles_law_sequences: int
-    goodput_requests_per_second: float
+    # One replica's capacity at SLO: the highest arrival rate of the pool's traffic at which
+    # 95 % of the requests meet both targets in steady state (to within 2 %; 0: none).
+    capacity_requests_per_second: float
+    # At the observed rate (one replica's share): the fraction meeting both targets in
+    # steady state, and the p95 latencies.
     slo_attainment: float
     ttft_p95_seconds: float
     tpot_p95_seconds: float
     slo_met: bool  # at least 95% of requests meet both targets at the observed rate
     slo_set: bool  # False: the default targets were used
-    # When the SLO is missed: the rate one replica sustains within it, and replicas needed.
-    max_rate_within_slo_per_second: float | None = None
+    # ceil(observed rate / capacity): the replicas all of the traffic needs within the SLO.
     replicas_needed: int | None = None
     candidates: int  # configurations that passed pre-flight and were scored
     simulated_requests: int
@@ -187,7 +195,7 @@ class SearchSummary(BaseModel):
     alternatives: tuple[SearchAlternative, ...] = ()
     # The chosen configuration's output tokens per second at the observed rate.
     output_tokens_per_second: float = 0.0
-    # Goodput against cost and latency over the configurations scored on the full stream.
+    # Capacity against cost and latency over the configurations scored on the full stream.
     front: tuple[FrontPoint, ...] = ()
     cost: CostFigures | None = None  # set when the GPU class has a price
     # Set when the search's budget (CPU seconds, memory) stopped it before its last stage:
@@ -228,7 +236,8 @@ class LayoutOption(BaseModel):
     kv_cache_tokens_per_replica: int = 0
     concurrent_sequences_per_replica: int = 0
     decode_step_seconds: float | None = None
-    # The objective the choice ranked by (goodput req/s per replica, or concurrent sequences).
+    # The objective the choice ranked by (capacity at SLO, req/s per replica, or concurrent
+    # sequences).
     score: float = 0.0
     chosen: bool = False
     refused: str | None = None  # why it does not fit (then the figures are 0)
@@ -296,7 +305,7 @@ class PoolPlan(BaseModel):
     expected: ExpectedFigures
     reasons: tuple[Reason, ...]
     warnings: tuple[str, ...] = ()
-    search: SearchSummary | None = None  # set when the goodput search chose the plan
+    search: SearchSummary | None = None  # set when the capacity search chose the plan
     # Set instead of a search when no configuration can meet the SLO at any rate.
     slo_unreachable: SLOUnreachable | None = None
     # Data-parallel attention / expert parallel (``tuner/layout.py``); None: TP alone, as

@@ -119,7 +119,7 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
                   kv_quality_evidence: KVQualityEvidence | None = None,
                   running: KVPlan | None = None, pool_field: str = "spec.pools[]",
                   scope: ProfileScope = "deployment") -> PoolPlan:
-    """The pool's plan: by the goodput search on traffic made from the observed profile
+    """The pool's plan: by the capacity search on traffic made from the observed profile
     when Prometheus gave one with an arrival rate (the same function as ``kvtune plan``),
     else by the planner's rules. ``running``: the plan the pool runs now (ties go to the
     fewer changed knobs)."""
@@ -132,7 +132,7 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         from kvtune.tuner.planner.cost import priced
 
         # Seconds of CPU (a cached result: none); the log says what the operator is busy with.
-        LOG.info("%s (%s): goodput search at %.4g req/s", pool_field, pool.gpu_class,
+        LOG.info("%s (%s): capacity search at %.4g req/s", pool_field, pool.gpu_class,
                  profile.request_rate_per_second)
 
         by_goodput: PoolPlan = priced(
@@ -235,7 +235,7 @@ def planning_inputs(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         if evidence is not None else None,
     }
     if replicas != 1:
-        # The goodput search plans each replica on its share of the rate: more replicas,
+        # The capacity search plans each replica on its share of the rate: more replicas,
         # another plan (left out at one, so digests from before replicas counted stay).
         payload["replicas"] = replicas
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()) \
@@ -283,7 +283,7 @@ KEPT_WARNING = "plan in force kept"
 
 
 def searched(profile: WorkloadProfile) -> bool:
-    """A pool is planned by the goodput search when its traffic has an arrival rate
+    """A pool is planned by the capacity search when its traffic has an arrival rate
     (observed, or declared in ``spec.workload.requestRatePerSecond``)."""
     return profile.source in ("prometheus", "declared") and bool(
         profile.request_rate_per_second)
@@ -310,7 +310,7 @@ def running_plan(prev: PoolStatus | None) -> KVPlan | None:
 
 
 def slo_at_risk(pool_plan: PoolPlan) -> str | None:
-    """The SLO-at-risk line with its numbers when the goodput search found no configuration
+    """The SLO-at-risk line with its numbers when the capacity search found no configuration
     meeting the SLO at the observed rate."""
     if pool_plan.slo_unreachable is not None:
         return pool_plan.slo_unreachable.message
@@ -387,7 +387,7 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
     except UnknownName as exc:
         return ctx.failed(cond.INVALID_SPEC, f"{ctx.field}.gpuClass: {exc}")
     except SearchCancelled:
-        LOG.info("%s: goodput search cancelled: the operator is stopping", ctx.field)
+        LOG.info("%s: capacity search cancelled: the operator is stopping", ctx.field)
         raise
     except SearchBudgetSpent as exc:
         return ctx.failed(cond.SEARCH_BUDGET_SPENT, f"{ctx.field} ({pool.gpu_class}): {exc}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import yaml
@@ -64,7 +65,7 @@ def test_table_shows_the_plan_and_the_dtype_comparison() -> None:
 )
 def test_trace_profiles(trace: str, expect: str) -> None:
     path = TRACES_DIR / trace
-    # The profile alone (--no-search: the goodput search has its own tests below).
+    # The profile alone (--no-search: the capacity search has its own tests below).
     code, out, _ = run("plan", "-m", "Qwen/Qwen3-32B", "-g", "H100", "--trace", str(path),
                        "-o", "json", "--no-search")
     assert code == 0, out
@@ -96,7 +97,7 @@ def test_list() -> None:
 
 
 @pytest.mark.slow
-def test_trace_plans_by_goodput_and_shows_the_alternatives() -> None:
+def test_trace_plans_by_capacity_and_shows_the_alternatives() -> None:
     # The Azure trace at its recorded rate on an H200: the search replays the trace under
     # the candidates; 16-bit and fp8 KV both serve every request within the SLO, so the
     # wider precision is kept and fp8 is listed as a tie lost on precision.
@@ -109,12 +110,20 @@ def test_trace_plans_by_goodput_and_shows_the_alternatives() -> None:
     search = doc["search"]
     assert search["slo_met"] and search["slo_attainment"] >= 0.95
     assert doc["plan"]["kv_cache_dtype"] == "auto"
-    assert 0 < search["goodput_requests_per_second"] <= search["observed_rate_per_second"]
-    assert doc["expected"]["goodput_requests_per_second"] == search["goodput_requests_per_second"]
+    assert search["capacity_requests_per_second"] > 0
+    assert "goodput_requests_per_second" not in search
+    # Capacity and attainment at the observed rate agree: meeting the SLO there means a
+    # capacity of at least the observed rate, and the replicas needed follow from it.
+    assert search["slo_met"] == (search["capacity_requests_per_second"]
+                                 >= search["rate_per_replica_per_second"])
+    assert search["replicas_needed"] == math.ceil(
+        search["observed_rate_per_second"] / search["capacity_requests_per_second"] - 1e-9)
+    assert doc["expected"]["capacity_requests_per_second"] == (
+        search["capacity_requests_per_second"])
     assert search["alternatives"] and all(a["why_lost"] for a in search["alternatives"])
     code, table, _ = run(*args)
     assert code == 0
-    assert "goodput search:" in table and "Little's law" in table and "why not chosen" in table
+    assert "capacity search:" in table and "Little's law" in table and "why not chosen" in table
 
 
 @pytest.mark.slow

@@ -37,6 +37,6 @@ def test_a_search_budget_spent_before_any_score_is_one_line() -> None:
                                       "--search-cpu-seconds", "0.001"])
     assert result.exit_code == 1
     (line,) = result.stderr.strip().splitlines()
-    assert line.startswith("Error: the goodput search was stopped before scoring any "
+    assert line.startswith("Error: the capacity search was stopped before scoring any "
                            "candidate: its CPU budget of 0.001 s was spent"), line
     assert "--search-cpu-seconds" in line

@@ -147,8 +147,8 @@ def test_layout_flags_parse_in_vllms_own_parser_into_its_parallel_config(
 
 
 @pytest.mark.slow
-def test_with_a_rate_the_goodput_search_runs_per_layout_and_ranks_them() -> None:
-    """Each layout's engine is searched on its DP share of the rate; the replica's goodput
+def test_with_a_rate_the_capacity_search_runs_per_layout_and_ranks_them() -> None:
+    """Each layout's engine is searched on its DP share of the rate; the replica's capacity
     (engine's x DP) picks the layout."""
     doc = plan_json("plan", "-m", "deepseek-ai/DeepSeek-V2-Lite", "-g", "H100",
                     "--gpus-per-replica", "2", "--request-rate", "4")
@@ -158,7 +158,7 @@ def test_with_a_rate_the_goodput_search_runs_per_layout_and_ranks_them() -> None
     chosen = next(r for r in rows if r["chosen"])
     assert chosen["label"] == doc["layout"]["label"]
     assert chosen["score"] == max(r["score"] for r in rows) > 0
-    assert "goodput req/s per replica" in doc["reasons"][0]["message"]
+    assert "req/s capacity at SLO per replica" in doc["reasons"][0]["message"]
     dp = doc["layout"]["data_parallel"]
     assert chosen["score"] == pytest.approx(
-        doc["search"]["goodput_requests_per_second"] * dp, abs=1e-3)
+        doc["search"]["capacity_requests_per_second"] * dp, abs=1e-3)

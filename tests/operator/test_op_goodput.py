@@ -1,6 +1,6 @@
-"""The operator plans a pool with the goodput search (the same ``plan_by_goodput`` as
+"""The operator plans a pool with the capacity search (the same ``plan_by_goodput`` as
 ``kvtune plan``) when Prometheus gave a profile with an arrival rate; status carries the
-predicted goodput and attainment, and an SLO no configuration meets is said with numbers."""
+capacity at SLO and attainment, and an SLO no configuration meets is said with numbers."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def test_an_observed_profile_is_planned_by_goodput_and_status_shows_the_predicti
     searched = rec.plan_one_pool(spec, pool, model, observed, policy, running=by_rules.plan)
     assert searched.search is not None and searched.search.changed_from == "running plan"
     _, expected, _ = rec.plan_status(searched)
-    assert expected.goodput_requests_per_second == searched.search.goodput_requests_per_second
+    assert expected.capacity_requests_per_second == (
+        searched.search.capacity_requests_per_second)
     assert expected.slo_attainment is not None and 0.0 <= expected.slo_attainment <= 1.0
     assert rec.slo_at_risk(searched) is None or not searched.search.slo_met
 

@@ -177,7 +177,7 @@ def test_route_for_reads_capacity_from_the_applied_routing_status() -> None:
     assert weights == {"bot-fast": 1000, "bot-slow": 500}  # 60 vs 30 req/s
 
 
-def test_capacity_of_reads_the_searchs_sustainable_rate() -> None:
+def test_capacity_of_reads_the_searchs_capacity_at_slo() -> None:
     from op_samples import make_pool_plan
 
     from kvtune.tuner.plan import SearchSummary
@@ -186,8 +186,7 @@ def test_capacity_of_reads_the_searchs_sustainable_rate() -> None:
     assert http_route.capacity_of(plan) is None  # no search: no capacity
     summary = SearchSummary(
         observed_rate_per_second=20.0, littles_law_sequences=10,
-        goodput_requests_per_second=5.0, slo_attainment=0.6, ttft_p95_seconds=3.0,
-        tpot_p95_seconds=0.05, slo_met=False, slo_set=True,
-        max_rate_within_slo_per_second=12.5, replicas_needed=2, candidates=3,
+        capacity_requests_per_second=12.5, slo_attainment=0.6, ttft_p95_seconds=3.0,
+        tpot_p95_seconds=0.05, slo_met=False, slo_set=True, replicas_needed=2, candidates=3,
         simulated_requests=100, requests_per_candidate=50, changed_from="rules' plan")
     assert http_route.capacity_of(plan.model_copy(update={"search": summary})) == 12.5

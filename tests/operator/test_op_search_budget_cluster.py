@@ -187,6 +187,6 @@ def test_sigterm_while_a_search_runs_stops_the_operator_within_seconds(
         print(f"SIGTERM during a search: exited after {took:.1f} s")
         assert took < SIGTERM_WITHIN_SECONDS, f"SIGTERM took {took:.1f} s"
         # It was searching, and the search stopped by itself (operator/search_budget.py).
-        assert "goodput search cancelled: the operator is stopping" in proc.current_log()
+        assert "capacity search cancelled: the operator is stopping" in proc.current_log()
     finally:
         proc.stop()

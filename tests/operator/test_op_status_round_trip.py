@@ -164,7 +164,7 @@ def test_the_plan_and_its_expected_figures_come_back_whole() -> None:
                                kv_cache_memory_bytes=80 * 2**30)
     pool_plan = pool_plan.model_copy(update={"expected": pool_plan.expected.model_copy(update={
         "decode_step_seconds": 0.021, "prefix_hit_rate": 0.4, "slo_attainment": 0.97,
-        "goodput_requests_per_second": 31.5, "ttft_p95_seconds": 0.8,
+        "capacity_requests_per_second": 31.5, "ttft_p95_seconds": 0.8,
         "tpot_p95_seconds": 0.05})})
     knobs, expected, _ = plan_stage.plan_status(pool_plan)
     base = api.PoolStatus(name="h200", gpu_class="H200", tensor_parallel=1, replicas=1,

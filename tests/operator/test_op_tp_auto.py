@@ -85,11 +85,10 @@ class StatedCapacity:
         return pool.model_copy(update={"search": SearchSummary(
             observed_rate_per_second=rate, replicas=replicas,
             rate_per_replica_per_second=rate / replicas, littles_law_sequences=4,
-            goodput_requests_per_second=min(rate / replicas, capacity),
+            capacity_requests_per_second=capacity,
             slo_attainment=0.99 if met else 0.5, ttft_p95_seconds=0.3,
             tpot_p95_seconds=0.02, slo_met=met, slo_set=True,
-            max_rate_within_slo_per_second=None if met else capacity,
-            replicas_needed=None if met else math.ceil(rate / capacity), candidates=1,
+            replicas_needed=math.ceil(rate / capacity), candidates=1,
             simulated_requests=10, requests_per_candidate=10, changed_from="rules' plan")})
 
 

@@ -1,7 +1,8 @@
 """Cost of the searched configurations (tuner/planner/cost.py, the search's Pareto front):
 the front is non-dominated over every configuration scored on the full stream, the cost
-figures are the price over what the simulator says one replica serves, and GPU prices
-reorder GPU classes exactly when the price ratio crosses the goodput ratio."""
+figures are the price over what the simulator says one replica serves (a good request: over
+its capacity at SLO), and GPU prices reorder GPU classes exactly when the price ratio crosses
+the capacity ratio."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.facts.catalog import get_model
 from kvtune.tuner.facts.gpus import get_gpu_class
 from kvtune.tuner.facts.prices import default_prices, parse_overrides, price_for
-from kvtune.tuner.plan import KVPlan, PoolPlan
+from kvtune.tuner.plan import FrontPoint, KVPlan, PoolPlan
 from kvtune.tuner.planner.cost import priced, rank_by_cost
 from kvtune.tuner.planner.planning import PlanRequest
 from kvtune.tuner.planner.policy import SLO, PlanPolicy
@@ -21,7 +22,7 @@ from kvtune.tuner.planner.presets import preset_profile
 from kvtune.tuner.planner.search import GoodputScore, SearchSettings, search
 from kvtune.tuner.simulator.goodput_search import plan_by_goodput
 
-QUICK = SearchSettings(rungs=(30, 80), rate_steps=3, batched_tokens=(2048, 8192))
+QUICK = SearchSettings(rungs=(30, 80), batched_tokens=(2048, 8192))
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
@@ -34,8 +35,9 @@ def _request(gpu: str, kind: str = "chat", rate: float = 8.0, ttft: float = 1.0,
 
 class ScrambledScorer:
     """Scores from a hash of the plan: figures that disagree with each other on purpose
-    (high goodput with low throughput, and so on), so the front has several points and
-    dominated ones to leave out. Records every score taken."""
+    (high capacity with low throughput, and so on), so the front has several points and
+    dominated ones to leave out. A plan meets the SLO up to ``capacity_scale`` times the
+    observed rate, and misses it above. Records every score taken at the observed rate."""
 
     rate_per_second = 10.0
     max_requests = 80
@@ -47,9 +49,9 @@ class ScrambledScorer:
               rate_scale: float = 1.0) -> GoodputScore:
         h = hashlib.sha256(plan.model_dump_json().encode()).digest()
         # Coarse values, so that equal figures (duplicates) happen too.
-        g, t, ttft, tpot = (1 + h[0] % 6, 100 + 50 * (h[1] % 5), 0.2 * (1 + h[2] % 5),
-                            0.01 * (1 + h[3] % 5))
-        s = GoodputScore(goodput_requests_per_second=g * rate_scale, slo_attainment=g / 6,
+        t, ttft, tpot = (100 + 50 * (h[1] % 5), 0.2 * (1 + h[2] % 5), 0.01 * (1 + h[3] % 5))
+        meets = rate_scale <= self.capacity_scale(plan)
+        s = GoodputScore(slo_attainment=1.0 if meets else 0.5, keeps_up=True,
                          throughput_requests_per_second=10.0, ttft_p95_seconds=ttft,
                          tpot_p95_seconds=tpot, requests=num_requests,
                          output_tokens_per_second=float(t))
@@ -57,51 +59,50 @@ class ScrambledScorer:
             self.taken[(plan, num_requests)] = s
         return s
 
+    @staticmethod
+    def capacity_scale(plan: KVPlan) -> float:
+        return (1 + hashlib.sha256(plan.model_dump_json().encode()).digest()[0] % 6) / 2
 
-def _dominates(a: GoodputScore, b: GoodputScore, request: PlanRequest) -> bool:
-    slo = request.policy.slo
-    assert slo.ttft_p95_seconds is not None and slo.tpot_p95_seconds is not None
 
-    def lat(x: GoodputScore) -> float:
-        return max(x.ttft_p95_seconds / slo.ttft_p95_seconds,
-                   x.tpot_p95_seconds / slo.tpot_p95_seconds)
-
-    ge = (a.goodput_requests_per_second >= b.goodput_requests_per_second
-          and a.output_tokens_per_second >= b.output_tokens_per_second and lat(a) <= lat(b))
-    return ge and (a.goodput_requests_per_second > b.goodput_requests_per_second
+def _dominates(a: FrontPoint, b: FrontPoint) -> bool:
+    ge = (a.capacity_requests_per_second >= b.capacity_requests_per_second
+          and a.output_tokens_per_second >= b.output_tokens_per_second
+          and a.latency_vs_slo <= b.latency_vs_slo)
+    return ge and (a.capacity_requests_per_second > b.capacity_requests_per_second
                    or a.output_tokens_per_second > b.output_tokens_per_second
-                   or lat(a) < lat(b))
+                   or a.latency_vs_slo < b.latency_vs_slo)
 
 
-def test_the_front_is_exactly_the_non_dominated_configurations_of_the_last_rung() -> None:
+def test_the_front_is_non_dominated_and_its_capacities_are_what_the_ladder_saw() -> None:
     request = _request("H100")
     scorer = ScrambledScorer()
-    pool = search(request, scorer, settings=SearchSettings(rungs=(30, 80), rate_steps=2))
+    settings = SearchSettings(rungs=(30, 80))
+    pool = search(request, scorer, settings=settings)
     s = pool.search
     assert s is not None
-    final = {p: sc for (p, n), sc in scorer.taken.items() if n == 80}
+    final = {tuple(p.vllm_args()): (p, sc) for (p, n), sc in scorer.taken.items() if n == 80}
     assert len(final) >= 4
-    by_args = {tuple(p.vllm_args()): sc for p, sc in final.items()}
+    # The chosen capacity is the best true capacity among the finalists, to the tolerance;
+    # every other point's is a lower bound of its own.
+    best = max(ScrambledScorer.capacity_scale(p) for p, _ in final.values()) * 10.0
+    assert best / (1 + settings.capacity_tolerance) <= s.capacity_requests_per_second <= best
     front = [p for p in s.front if p.on_front]
-    # Every front point is a configuration scored on the full stream, none dominates another,
-    # and no scored configuration dominates a front point.
-    for p in front:
-        sc = by_args[p.vllm_args]
-        assert not any(_dominates(o, sc, request) for o in final.values())
-    # Every non-dominated figure is on the front (once).
-    undominated = {(sc.goodput_requests_per_second, sc.output_tokens_per_second,
-                    sc.ttft_p95_seconds, sc.tpot_p95_seconds)
-                   for sc in final.values()
-                   if not any(_dominates(o, sc, request) for o in final.values())}
-    shown = {(p.goodput_requests_per_second, p.output_tokens_per_second, p.ttft_p95_seconds,
-              p.tpot_p95_seconds) for p in front}
-    assert shown == undominated
-    assert len(front) == len(shown)
+    for p in s.front:
+        plan, sc = final[p.vllm_args]  # scored on the full stream
+        assert p.capacity_requests_per_second <= ScrambledScorer.capacity_scale(plan) * 10.0
+        assert (p.output_tokens_per_second, p.ttft_p95_seconds, p.tpot_p95_seconds) == (
+            sc.output_tokens_per_second, sc.ttft_p95_seconds, sc.tpot_p95_seconds)
+    # No front point dominates another, and none has the same figures as another.
+    assert not any(_dominates(a, b) for a in front for b in front)
+    assert len({(p.capacity_requests_per_second, p.output_tokens_per_second,
+                 p.latency_vs_slo) for p in front}) == len(front)
+    assert [p.capacity_requests_per_second for p in s.front] == sorted(
+        (p.capacity_requests_per_second for p in s.front), reverse=True)
     # The chosen configuration is always listed, flagged when a tie rule kept a dominated one.
     chosen = [p for p in s.front if p.chosen]
     assert len(chosen) == 1 and chosen[0].vllm_args == tuple(pool.plan.vllm_args())
-    assert chosen[0].on_front == (not any(_dominates(o, by_args[chosen[0].vllm_args], request)
-                                          for o in final.values()))
+    assert chosen[0].on_front == (not any(_dominates(o, chosen[0]) for o in front))
+    assert chosen[0].capacity_requests_per_second == s.capacity_requests_per_second
 
 
 def test_cost_is_the_price_over_what_one_replica_serves() -> None:
@@ -115,8 +116,9 @@ def test_cost_is_the_price_over_what_one_replica_serves() -> None:
     assert s.cost.usd_per_replica_hour == 2.0  # TP 1
     assert s.cost.cost_per_million_output_tokens_usd == pytest.approx(
         2.0 / (s.output_tokens_per_second * 3600) * 1e6)
+    assert s.capacity_requests_per_second > 0
     assert s.cost.cost_per_million_good_requests_usd == pytest.approx(
-        2.0 / (s.goodput_requests_per_second * 3600) * 1e6)
+        2.0 / (s.capacity_requests_per_second * 3600) * 1e6)
     for p in s.front:
         assert p.cost_per_million_output_tokens_usd == pytest.approx(
             2.0 / (p.output_tokens_per_second * 3600) * 1e6)
@@ -132,11 +134,11 @@ def _pair() -> tuple[PoolPlan, PoolPlan]:
 
 
 @pytest.mark.slow
-def test_prices_reorder_gpu_classes_when_the_price_ratio_crosses_the_goodput_ratio() -> None:
+def test_prices_reorder_gpu_classes_when_the_price_ratio_crosses_the_capacity_ratio() -> None:
     h100, h200 = _pair()
     assert h100.search is not None and h200.search is not None
-    g100 = h100.search.goodput_requests_per_second
-    g200 = h200.search.goodput_requests_per_second
+    g100 = h100.search.capacity_requests_per_second
+    g200 = h200.search.capacity_requests_per_second
     assert g100 > 0 and g200 > 0
     # Break-even: the H100 price at which a good request costs the same on both.
     p200 = 4.0
@@ -153,21 +155,26 @@ def test_prices_reorder_gpu_classes_when_the_price_ratio_crosses_the_goodput_rat
     # Scaling every price alike (another currency, a discount) changes no ranking.
     assert first(even * 0.9, scale=7.0) == "H100"
     assert first(even * 1.1, scale=0.3) == "H200"
-    # A class without a price sorts last, whatever its goodput.
+    # A class without a price sorts last, whatever its capacity.
     ranked = rank_by_cost([priced(h100, None), priced(h200, price_for("H200", {}))])
     assert [p.gpu_class for p in ranked] == ["H200", "H100"]
 
 
 def test_a_class_that_needs_more_replicas_pays_for_them() -> None:
-    # RAG traffic one H100 cannot serve within the SLO: the cost of serving it all counts
-    # the replicas needed.
+    # RAG traffic one H100 cannot serve within the SLO: a good request costs the replica's
+    # hour over its capacity at SLO, and the replicas needed serve the whole rate at it.
     pool = plan_by_goodput(_request("H100", "rag", 30.0, 1.0, 0.03), settings=QUICK)
     s = priced(pool, price_for("H100", {})).search
     assert s is not None and s.cost is not None and not s.slo_met
     assert s.replicas_needed is not None and s.replicas_needed >= 2
-    assert s.cost.cost_per_million_requests_at_needed_replicas_usd == pytest.approx(
-        s.replicas_needed * s.cost.usd_per_replica_hour
-        / (s.observed_rate_per_second * 3600) * 1e6)
+    assert s.cost.cost_per_million_good_requests_usd == pytest.approx(
+        s.cost.usd_per_replica_hour / (s.capacity_requests_per_second * 3600) * 1e6)
+    at_needed = (s.replicas_needed * s.cost.usd_per_replica_hour
+                 / (s.observed_rate_per_second * 3600) * 1e6)
+    # Rounding up to whole replicas costs at most one replica more than capacity alone.
+    assert s.cost.cost_per_million_good_requests_usd <= at_needed * (1 + 1e-9)
+    assert at_needed < s.cost.cost_per_million_good_requests_usd * (
+        s.replicas_needed / (s.replicas_needed - 1))
 
 
 def test_default_prices_cite_their_source_and_overrides_are_checked() -> None:
@@ -203,7 +210,7 @@ def test_replicas_share_the_rate_and_enough_of_them_meet_the_slo() -> None:
     assert enough.rate_per_replica_per_second == pytest.approx(
         one.observed_rate_per_second / one.replicas_needed)
     # Fewer than needed: still at risk, and still the same total count of replicas needed
-    # (within the bisection's resolution).
+    # (within the ladder's resolution).
     if one.replicas_needed > 2:
         fewer = plan_by_goodput(request, settings=QUICK, replicas=2).search
         assert fewer is not None and not fewer.slo_met

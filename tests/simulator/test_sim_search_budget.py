@@ -1,4 +1,4 @@
-"""The goodput search's budget (tuner/planner/search_budget.py), the stream-size cap
+"""The capacity search's budget (tuner/planner/search_budget.py), the stream-size cap
 (simulator/profile_traffic.py) and the closed-form SLO bound (simulator/slo_bound.py): an
 impossible SLO or an absurd rate ends at once with a clear answer, a spent budget keeps the
 best plan so far and says so, and a cancelled search stops."""
@@ -28,7 +28,7 @@ from kvtune.tuner.simulator.goodput_search import plan_by_goodput
 from kvtune.tuner.simulator.profile_traffic import traffic_from_profile
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-TINY = SearchSettings(rungs=(20,), rate_steps=1, batched_tokens=(2048,))
+TINY = SearchSettings(rungs=(20,), batched_tokens=(2048,))
 
 
 def _request(rate: float, ttft: float | None = 2.0, tpot: float | None = 0.05,
@@ -39,7 +39,8 @@ def _request(rate: float, ttft: float | None = 2.0, tpot: float | None = 0.05,
 
 
 class CountingScorer:
-    """Deterministic scores without simulating: goodput from the plan's max-num-seqs."""
+    """Deterministic scores without simulating: capacity from the plan's max-num-seqs (it
+    meets the SLO up to (max-num-seqs % 97) / 10 times the observed rate)."""
 
     rate_per_second = 10.0
     max_requests = 80
@@ -50,8 +51,8 @@ class CountingScorer:
     def score(self, request: PlanRequest, plan: KVPlan, num_requests: int,
               rate_scale: float = 1.0) -> GoodputScore:
         self.calls += 1
-        g = float(plan.max_num_seqs % 97)
-        return GoodputScore(goodput_requests_per_second=g, slo_attainment=0.5,
+        meets = rate_scale <= (plan.max_num_seqs % 97) / 10
+        return GoodputScore(slo_attainment=1.0 if meets else 0.5, keeps_up=True,
                             throughput_requests_per_second=10.0, ttft_p95_seconds=0.1,
                             tpot_p95_seconds=0.01, requests=num_requests)
 

@@ -1,5 +1,5 @@
 """GPU hourly prices as data (``tuner/facts/data/gpu_prices.json``): the defaults the cost
-figures of the goodput search use, each with where it comes from, and the overrides a user
+figures of the capacity search use, each with where it comes from, and the overrides a user
 gives (``--gpu-price H100=2.5``, the chart value ``gpuPrices``, a pool's
 ``gpuPriceUsdPerHour``). A class with no default and no override has no price: its cost is
 not shown (never a guessed figure)."""

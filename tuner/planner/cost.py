@@ -1,15 +1,14 @@
 """What a searched configuration costs (docs/planner.md, "Cost"): GPU hourly prices
-(``tuner/facts/prices.py``) over what the simulator predicts one replica serves of the
-pool's traffic at the observed rate.
+(``tuner/facts/prices.py``) over what the simulator predicts one replica serves.
 
 - cost per million output tokens = price per GPU-hour x GPUs per replica / (output tokens
-  served per second x 3600) x 10^6;
-- cost per million requests meeting the SLO: the same over the SLO-goodput;
-- when the SLO is missed, serving the whole traffic within it takes ``replicas_needed``
-  replicas: their hourly price over the observed rate.
+  served per second at the observed rate x 3600) x 10^6;
+- cost per million requests meeting the SLO: the same over the capacity at SLO (the highest
+  rate one replica serves within it: what a replica costs per good request when the pool is
+  scaled to the traffic, ``replicas_needed`` replicas).
 
-On one GPU class the price is a constant, so the Pareto front of the search (goodput,
-output tokens per second, latency) is the front of goodput against cost; across GPU classes
+On one GPU class the price is a constant, so the Pareto front of the search (capacity,
+output tokens per second, latency) is the front of capacity against cost; across GPU classes
 the price decides, and ``rank_by_cost`` orders pools by the chosen point's cost per million
 requests meeting the SLO. Pure.
 """
@@ -34,26 +33,22 @@ def per_million(usd_per_hour: float, per_second: float) -> float | None:
 
 def priced(pool: PoolPlan, price: GPUPrice | None) -> PoolPlan:
     """``pool`` with the cost of its chosen configuration and of every front point (no
-    change without a goodput search or a price)."""
+    change without a capacity search or a price)."""
     s = pool.search
     if s is None or price is None:
         return pool
     gpus = pool.tensor_parallel
     hourly = price.usd_per_gpu_hour * gpus
-    at_replicas = None
-    if not s.slo_met and s.replicas_needed is not None:
-        at_replicas = per_million(hourly * s.replicas_needed, s.observed_rate_per_second)
     cost = CostFigures(
         usd_per_gpu_hour=price.usd_per_gpu_hour, price_source=price.source,
         gpus_per_replica=gpus, usd_per_replica_hour=hourly,
         cost_per_million_output_tokens_usd=per_million(hourly, s.output_tokens_per_second),
-        cost_per_million_good_requests_usd=per_million(hourly, s.goodput_requests_per_second),
-        cost_per_million_requests_at_needed_replicas_usd=at_replicas,
+        cost_per_million_good_requests_usd=per_million(hourly, s.capacity_requests_per_second),
     )
     front = tuple(p.model_copy(update={
         "cost_per_million_output_tokens_usd": per_million(hourly, p.output_tokens_per_second),
         "cost_per_million_good_requests_usd": per_million(hourly,
-                                                          p.goodput_requests_per_second),
+                                                          p.capacity_requests_per_second),
     }) for p in s.front)
     return pool.model_copy(update={"search": s.model_copy(update={"cost": cost,
                                                                    "front": front})})
@@ -70,15 +65,13 @@ def _good_request_cost(pool: PoolPlan) -> float:
     s = pool.search
     if s is None or s.cost is None:
         return float("inf")
-    # A class that needs more replicas for the SLO pays for them.
-    figure = (s.cost.cost_per_million_requests_at_needed_replicas_usd
-              or s.cost.cost_per_million_good_requests_usd)
+    figure = s.cost.cost_per_million_good_requests_usd
     return figure if figure is not None else float("inf")
 
 
 def rank_by_cost(pools: Sequence[PoolPlan]) -> list[PoolPlan]:
     """Pools cheapest first by what a million requests meeting the SLO cost on their chosen
-    configuration (the replicas the traffic needs included when one misses the SLO); pools
+    configuration (over its capacity at SLO: a class that needs more replicas pays more); pools
     without a price or a search last, in their given order."""
     return sorted(pools, key=_good_request_cost)
 

@@ -59,7 +59,7 @@ def budget_size_gib(run: PlanRun) -> int:
 
 
 def shares_prefixes(run: PlanRun) -> bool:
-    """Whether the profile shows any reuse a CPU tier could serve (the goodput search asks
+    """Whether the profile shows any reuse a CPU tier could serve (the capacity search asks
     the simulator about offload only then)."""
     p = run.req.profile
     return bool(p.multi_turn or p.shared_prefix_tokens or (p.prefix_hit_rate or 0.0) >= 0.01)

@@ -2,11 +2,12 @@
 (``tuner/layout.py``) to serve with, by the same objective as the rest of the plan.
 
 Every layout whose TP vLLM accepts for the model (``validation.tensor_parallel_ok``) and that
-the pins allow is planned in full (one engine's plan, ``plan_fn``: the rules, or the goodput
+the pins allow is planned in full (one engine's plan, ``plan_fn``: the rules, or the capacity
 search on each DP rank's share of the traffic); the replica's figure is the engine's times
 its DP ranks:
 
-- with a goodput search: goodput of the replica (requests/s meeting the SLO);
+- with a capacity search: capacity at SLO of the replica (the highest arrival rate at which
+  95 % of requests meet the SLO);
 - by the rules: sequences the replica runs at once within the TPOT target, at the p95 session
   (per engine the smaller of max-num-seqs and what the KV cache holds, times DP).
 
@@ -106,7 +107,7 @@ def _option(request: PlanRequest, layout: ParallelLayout, pool: PoolPlan | None,
 def objective(pool: PoolPlan, layout: ParallelLayout) -> float:
     """The replica's figure the choice ranks by (module docstring)."""
     if pool.search is not None:
-        return pool.search.goodput_requests_per_second * layout.data_parallel
+        return pool.search.capacity_requests_per_second * layout.data_parallel
     e = pool.expected
     return float(min(pool.plan.max_num_seqs, e.concurrent_sequences) * layout.data_parallel)
 
@@ -155,7 +156,7 @@ def choose_layout(
 def _reason(layout: ParallelLayout, options: list[LayoutOption], best: int, gpus: int,
             *, pinned: bool, by_goodput: bool) -> Reason:
     o = options[best]
-    what = "goodput req/s" if by_goodput else "sequences at once within the TPOT target"
+    what = "req/s capacity at SLO" if by_goodput else "sequences at once within the TPOT target"
 
     def figure(x: LayoutOption) -> str:
         return f"{x.score:.2f} {what}" if by_goodput else f"{x.score:g} {what}"

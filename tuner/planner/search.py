@@ -1,11 +1,13 @@
-"""The planner as a search scored on SLO-goodput (docs/planner.md, "The search").
+"""The planner as a search for capacity at SLO (docs/planner.md, "The search").
 
 ``plan_pool`` decides every knob by rule and checks the plan against vLLM's pre-flight; it
 is fast and needs no traffic. ``search`` starts from that plan and asks what the traffic
 says: it varies the knobs that trade latency against capacity, keeps only candidates vLLM
-would start (the analytic pre-flight), and ranks the rest by SLO-goodput, the requests per
-second that meet both their TTFT and TPOT targets (DistServe's definition), as a
-``GoodputScorer`` (the simulator, replaying the pool's own traffic) predicts them.
+would start (the analytic pre-flight), and ranks the rest by **capacity at SLO** (DistServe's
+goodput, ``capacity.py``): the highest arrival rate of the pool's own traffic one replica
+serves while the SLO's attainment target holds in steady state (95 % of the requests meet
+both their TTFT and TPOT targets; refused and unfinished requests are misses), as a
+``GoodputScorer`` (the simulator, replaying the pool's own traffic) predicts it.
 
 1. **Candidates.** KV dtype (the widest allowed dtype of each precision class vLLM runs for
    this attention on this GPU, never below the quality floor, only where the KV-quality
@@ -16,22 +18,27 @@ second that meet both their TTFT and TPOT targets (DistServe's definition), as a
    policy gives a budget, the profile shows reuse a CPU tier could serve and prefix caching
    is on (the simulator's CPU tier, ``simulator/offload.py``); then block size (the sizes
    the backend accepts) for the best one. Memory fraction, max-model-len and prefix caching
-   stay as the rules chose them: more KV memory never lowers goodput in the simulator (the
+   stay as the rules chose them: more KV memory never lowers capacity in the simulator (the
    risk of a high fraction is an OOM it cannot score), and it charges nothing for prefix
    caching's hashing, so "on" would always win (docs/planner.md). A pin fixes its knob.
 2. **Successive halving.** Every candidate replays a short prefix of the traffic (100
-   requests); the best third (by the order below) and the best candidate for every value of
-   every knob go on to a 3x longer one, and so on up to the full sample (800).
-   Deterministic: the traffic is made once (seeded) and candidates are taken in a fixed
-   order.
-3. **The order.** Higher goodput wins; goodputs within ``GOODPUT_TIE`` of the best are a tie
-   (simulation noise), broken by the wider KV precision (quality), then by fewer knobs
-   changed from the running plan (stability; the rule-based plan when nothing runs), then by
-   more headroom (the larger slack to the SLO targets).
-4. **When the SLO cannot be met** (fewer than ``SLO_ATTAINMENT`` of the requests meet both
-   targets at the observed rate): the best configuration, the highest fraction of the rate
-   one replica sustains within the SLO (bisection), and the replicas the traffic needs.
-
+   requests) at the observed rate, and the capacity ladder (``capacity.climb``) measures
+   the group's capacity on it (to 8 %); the best third (by the order below) and the best
+   candidate for every value of every knob go on to a 3x longer one, whose ladder starts
+   from the shorter one's bracket, and so on up to the full sample (800 requests, capacity
+   to 2 %). Deterministic: the traffic is made once (seeded), candidates are taken in a
+   fixed order.
+3. **The order.** A candidate that misses the attainment target at the observed rate ranks
+   below every one that meets it (unless none does); then higher capacity wins; capacities
+   within ``CAPACITY_TIE`` of the best are a tie (simulation noise), broken by the wider
+   KV precision (quality), then by fewer knobs changed from the running plan (stability;
+   the rule-based plan when nothing runs), then by more headroom (the larger slack to the
+   SLO targets at the observed rate). A plan that refuses more than 5 % of the requests
+   (prompts over its max-model-len) misses the target at every rate: it cannot win.
+4. **When the SLO is missed at the observed rate**: the best configuration's capacity and
+   the replicas the traffic needs (``SLOAtRisk``); overload is never a tie, capacity ranks
+   the candidates. When no configuration can meet it at any rate, the closed-form bound
+   (``simulator/slo_bound.py``) says so before any of this runs.
 5. **Within a budget** (``search_budget.py``): the meter is checked before every score; a
    spent budget ends the search with the best candidate of the last complete stage (and the
    scores of the current stage that compare with it), its reason in ``stopped_by``.
@@ -45,12 +52,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal
 
 from kvtune.tuner import knobs, kv_quality
 from kvtune.tuner.plan import (
     ExpectedFigures,
-    FrontPoint,
     KVPlan,
     PoolPlan,
     Reason,
@@ -65,6 +71,16 @@ from kvtune.tuner.planner import (
     expected,
     kv_dtype_options,
 )
+from kvtune.tuner.planner.capacity import (
+    Bracket,
+    GoodputScore,
+    GoodputScorer,
+    Standing,
+    climb,
+    replicas_needed,
+    settle_ties,
+    standing,
+)
 from kvtune.tuner.planner.planning import plan_pool, preflight
 from kvtune.tuner.planner.planrun import MAX_NUM_SEQS_CEILING, PlanRun
 from kvtune.tuner.planner.request import PlanRequest
@@ -74,11 +90,13 @@ from kvtune.tuner.planner.search_budget import (
     BudgetStop,
     SearchBudgetSpent,
 )
+from kvtune.tuner.planner.search_front import pareto_front
 from kvtune.tuner.planner.search_reasons import told_for_final
 
-# Goodputs within 2% of the best are a tie: the spread of repeated simulations with
-# different seeds on the shipped traces (bench/oracle.py) stays under it.
-GOODPUT_TIE = 0.02
+# Capacities within 2% of the best are a tie: the spread of repeated simulations with
+# different seeds on the shipped traces (bench/oracle.py) stays under it, and the final
+# ladder measures capacity to within it.
+CAPACITY_TIE = 0.02
 # The targets are p95 targets: the SLO holds when 95% of the requests meet both.
 SLO_ATTAINMENT = 0.95
 # max-num-batched-tokens candidates besides the rule's (vLLM's defaults are 2K/8K/16K). 512:
@@ -95,64 +113,32 @@ KEEP_FRACTION = 3  # keep the best third at each rung
 BLOCK_FINALISTS = 1
 # Candidates that also try CPU KV offload (when it is searched at all, ``_offload_size``).
 OFFLOAD_FINALISTS = 2
-# The rate fraction at which requests arrive one at a time (nothing queues).
-_TRICKLE = 1e-3
 # Default targets when the policy sets none (the rule-based planner's defaults).
 DEFAULT_TTFT_SECONDS = 2.0
-
-
-@dataclass(frozen=True, slots=True)
-class GoodputScore:
-    """What a scorer predicts for one plan on a prefix of the traffic."""
-
-    goodput_requests_per_second: float
-    slo_attainment: float
-    throughput_requests_per_second: float
-    ttft_p95_seconds: float
-    tpot_p95_seconds: float
-    requests: int  # how many requests were replayed
-    preemptions: int = 0
-    prefix_hit_rate: float = 0.0
-    output_tokens_per_second: float = 0.0  # output tokens served per second (the cost base)
-    starts: bool = True  # False: vLLM would not start it (no figures)
-
-
-class GoodputScorer(Protocol):
-    """Predicts a plan's SLO-goodput on the pool's traffic (``tuner/simulator`` implements
-    it on a trace or on traffic made from the profile)."""
-
-    @property
-    def rate_per_second(self) -> float:
-        """The observed arrival rate of the traffic."""
-        ...
-
-    @property
-    def max_requests(self) -> int:
-        """How many requests the traffic holds."""
-        ...
-
-    def score(self, request: PlanRequest, plan: KVPlan, num_requests: int,
-              rate_scale: float = 1.0) -> GoodputScore:
-        """Replay the first ``num_requests`` requests with arrivals ``rate_scale`` times as
-        fast (the same requests, the gaps divided)."""
-        ...
 
 
 @dataclass(slots=True)
 class _Scored:
     plan: KVPlan
-    score: GoodputScore
+    standing: Standing
     changed: tuple[str, ...]
     lost: str = ""
+
+    @property
+    def score(self) -> GoodputScore:
+        """The figures at the observed rate."""
+        return self.standing.at_observed
 
 
 @dataclass(frozen=True, slots=True)
 class SearchSettings:
     rungs: tuple[int, ...] = RUNGS
-    tie: float = GOODPUT_TIE
+    tie: float = CAPACITY_TIE
     slo_attainment: float = SLO_ATTAINMENT
-    # Bisection steps for the rate one replica sustains (only when the SLO is missed).
-    rate_steps: int = 6
+    # How close the ladder brackets the best capacity: on the last rung (the figure the
+    # plan reports, and the replicas needed), and on the shorter ones (only to promote).
+    capacity_tolerance: float = CAPACITY_TIE
+    rung_tolerance: float = 0.08
     alternatives: int = 3
     batched_tokens: tuple[int, ...] = BATCHED_TOKENS
 
@@ -163,16 +149,18 @@ DEFAULT_SETTINGS = SearchSettings()
 @dataclass(frozen=True, slots=True)
 class SearchProgress:
     """Where a running search is, for a caller that shows it (``kvtune plan`` on stderr):
-    ``done`` of ``total`` scores taken in the current stage. The search takes seconds; it
-    reports after every score and never reads a clock."""
+    ``done`` of ``total`` scores taken in the current stage (``capacity``: probes of the
+    ladder so far, no total). The search takes seconds; it reports after every score and
+    never reads a clock."""
 
-    stage: Literal["halving", "offload", "block size", "sustainable rate"]
+    stage: Literal["halving", "offload", "block size", "capacity"]
     done: int
     total: int
     candidates: int  # candidates that passed pre-flight
     round: int = 0  # successive-halving round, from 1
     rounds: int = 0
     requests: int = 0  # requests each score replays
+    rate_scale: float = 1.0  # capacity: the rate probed, as a multiple of the observed one
 
     def text(self) -> str:
         if self.stage == "halving":
@@ -185,8 +173,8 @@ class SearchProgress:
         if self.stage == "block size":
             return (f"trying block sizes on the best candidate: {self.done}/{self.total} "
                     f"({self.requests} requests each)")
-        return (f"bisecting the rate one replica sustains within the SLO: "
-                f"{self.done}/{self.total}")
+        return (f"measuring capacity at SLO: {self.done} scores, now at {self.rate_scale:.3g}x "
+                f"the observed rate ({self.requests} requests each)")
 
 
 SearchProgressHook = Callable[[SearchProgress], None]
@@ -194,23 +182,31 @@ SearchProgressHook = Callable[[SearchProgress], None]
 
 @dataclass(slots=True)
 class _Book:
-    """Every score taken, keyed by plan and rung, so a plan is never replayed twice."""
+    """Every score taken, keyed by plan, stream length and rate scale, so a plan is never
+    replayed twice; indexed by (plan, stream length) for the capacity ladder."""
 
     scorer: GoodputScorer
     request: PlanRequest
     meter: BudgetMeter = field(default_factory=UNBOUNDED.start)
-    seen: dict[tuple[KVPlan, int, float], GoodputScore] = field(default_factory=dict)
+    by_plan: dict[tuple[KVPlan, int], dict[float, GoodputScore]] = field(default_factory=dict)
     simulated_requests: int = 0
 
     def score(self, plan: KVPlan, n: int, rate_scale: float = 1.0) -> GoodputScore:
-        key = (plan, n, rate_scale)
-        got = self.seen.get(key)
+        scales = self.by_plan.setdefault((plan, n), {})
+        got = scales.get(rate_scale)
         if got is None:
             self.meter.check()  # raises BudgetStop (or SearchCancelled) before the work
             got = self.scorer.score(self.request, plan, n, rate_scale)
-            self.seen[key] = got
+            scales[rate_scale] = got
             self.simulated_requests += got.requests
         return got
+
+    def has(self, plan: KVPlan, n: int) -> bool:
+        """Scored at the observed rate on ``n`` requests."""
+        return 1.0 in self.by_plan.get((plan, n), {})
+
+    def standing(self, plan: KVPlan, n: int, target: float) -> Standing:
+        return standing(self.by_plan[(plan, n)], target)
 
 
 # The knobs the halving varies (block size is tried on the finalists).
@@ -323,65 +319,85 @@ def _slack(score: GoodputScore, request: PlanRequest) -> float:
     return -worst if math.isfinite(worst) else -math.inf
 
 
-def _order(items: Sequence[_Scored], run: PlanRun, tie: float) -> list[_Scored]:
-    """Best first: goodput, and within a tie of the best, wider precision, fewer changed
-    knobs, more headroom. Candidates outside the tie band follow by goodput."""
+def _order(items: Sequence[_Scored], run: PlanRun, settings: SearchSettings
+           ) -> list[_Scored]:
+    """Best first (module doc, 3): meeting the target at the observed rate (when any
+    does), then capacity, within a tie of the best: wider precision, fewer changed knobs,
+    more headroom. Candidates outside the tie band follow by capacity, then by how close
+    they came where they dropped off the ladder."""
     if not items:
         return []
-    top = max(x.score.goodput_requests_per_second for x in items)
+    target, tie = settings.slo_attainment, settings.tie
+    any_meets = any(x.standing.meets_observed(target) for x in items)
+
+    def feasible(x: _Scored) -> bool:
+        return x.standing.meets_observed(target) or not any_meets
+
+    top = max((x.standing.lower_scale for x in items if feasible(x)), default=0.0)
 
     def key(x: _Scored) -> tuple[float, ...]:
-        g = x.score.goodput_requests_per_second
-        tied = g >= top * (1.0 - tie)
-        return (0.0 if tied else 1.0,
-                -(_precision_bits(run, x.plan.kv_cache_dtype)) if tied else -g,
-                float(len(x.changed)) if tied else 0.0,
-                -_slack(x.score, run.req),
-                -g)
+        st = x.standing
+        ok = feasible(x)
+        tied = ok and top > 0 and st.lower_scale >= top * (1.0 - tie)
+        if tied:
+            return (0.0, 0.0, -_precision_bits(run, x.plan.kv_cache_dtype),
+                    float(len(x.changed)), -_slack(x.score, run.req), -st.lower_scale)
+        return (0.0 if ok else 1.0, 1.0, -st.lower_scale, -st.attainment_at_upper,
+                -st.at_observed.slo_attainment, -_slack(x.score, run.req))
 
     return sorted(items, key=key)
 
 
-def _promote(ranked: Sequence[_Scored]) -> list[KVPlan]:
+def _strength(x: _Scored, target: float) -> tuple[float, ...]:
+    st = x.standing
+    return (1.0 if st.meets_observed(target) else 0.0, st.lower_scale,
+            st.attainment_at_upper, st.at_observed.slo_attainment)
+
+
+def _promote(ranked: Sequence[_Scored], target: float) -> list[KVPlan]:
     """The candidates that go on to the next, longer stream: the best third, and the best
     candidate for every value of every knob searched. A short stream shows where the SLO
     breaks first, not how far a queue grows later (under overload a larger batched-token
     budget can lose on 450 requests and win on 1,200): no value of a knob is dropped on a
     short stream alone."""
     k = max(2, math.ceil(len(ranked) / KEEP_FRACTION))
-    # By goodput alone (then capacity): the tie rules (precision, stability) decide only
-    # among the finalists; applied here they would promote a tied 16-bit candidate over
-    # the fp8 one with the same other knobs, which may pull ahead on the longer stream.
-    by_goodput = sorted(ranked, key=lambda x: (-x.score.goodput_requests_per_second,
-                                               -x.score.throughput_requests_per_second))
-    out = [x.plan for x in by_goodput[:k]]
+    # By capacity alone: the tie rules (precision, stability) decide only among the
+    # finalists; applied here they would promote a tied 16-bit candidate over the fp8 one
+    # with the same other knobs, which may pull ahead on the longer stream.
+    by_capacity = sorted(ranked, key=lambda x: _strength(x, target), reverse=True)
+    out = [x.plan for x in by_capacity[:k]]
     for knob in _SEARCHED:
         champions: dict[object, KVPlan] = {}
-        for x in by_goodput:  # best first
+        for x in by_capacity:  # best first
             champions.setdefault(getattr(x.plan, knob), x.plan)
         out += [p for p in champions.values() if p not in out]
     return out
 
 
-def _why_lost(loser: _Scored, best: _Scored, run: PlanRun, tie: float, reference: str
-              ) -> str:
-    g, b = loser.score.goodput_requests_per_second, best.score.goodput_requests_per_second
-    if g < b * (1.0 - tie):
-        return f"lower goodput ({g:.2f} vs {b:.2f} req/s)"
+def _why_lost(loser: _Scored, best: _Scored, run: PlanRun, settings: SearchSettings,
+              rate: float, reference: str) -> str:
+    target, tie = settings.slo_attainment, settings.tie
+    ls, bs = loser.standing, best.standing
+    if bs.meets_observed(target) and not ls.meets_observed(target):
+        return (f"misses the SLO at the observed rate ({ls.at_observed.slo_attainment:.1%} of "
+                f"requests meet it, needs {target:.0%})")
+    if ls.lower_scale < bs.lower_scale * (1.0 - tie) or bs.lower_scale == 0:
+        return (f"lower capacity at SLO (misses it at {rate * ls.upper_scale:.2f} req/s; the "
+                f"chosen one sustains {rate * bs.lower_scale:.2f})")
     lb, bb = (_precision_bits(run, loser.plan.kv_cache_dtype),
               _precision_bits(run, best.plan.kv_cache_dtype))
     if lb < bb:
-        return f"tied on goodput; {bb}-bit KV keeps more precision than {lb}-bit"
+        return f"tied on capacity; {bb}-bit KV keeps more precision than {lb}-bit"
     if len(loser.changed) > len(best.changed):
-        return (f"tied on goodput; changes {len(loser.changed)} knobs from the {reference}, "
+        return (f"tied on capacity; changes {len(loser.changed)} knobs from the {reference}, "
                 f"the chosen one {len(best.changed)}")
-    return "tied on goodput; less headroom to the SLO targets"
+    return "tied on capacity; less headroom to the SLO targets"
 
 
 @dataclass(slots=True)
 class _Stages:
     """The search's state between stages: what is ranked so far (one stream length), and
-    the scores of the stage in progress, so a spent budget keeps whatever compares."""
+    the plans of the stage in progress, so a spent budget keeps whatever compares."""
 
     run: PlanRun
     book: _Book
@@ -390,32 +406,71 @@ class _Stages:
     progress: SearchProgressHook | None
     ranked: list[_Scored] = field(default_factory=list)
     ranked_n: int = 0
-    partial: list[_Scored] = field(default_factory=list)
+    partial: list[KVPlan] = field(default_factory=list)
     partial_n: int = 0
     considered: int = 0
+    bracket: Bracket = field(default_factory=lambda: Bracket(0.0, math.inf))
 
-    def scored(self, plans: Sequence[KVPlan], n: int, stage: SearchProgress) -> list[_Scored]:
-        self.partial, self.partial_n = [], n
+    def observe(self, plans: Sequence[KVPlan], n: int, stage: SearchProgress) -> None:
+        """Every plan at the observed rate (the constraint), told one by one."""
+        self.partial, self.partial_n = list(plans), n
         for i, p in enumerate(plans):
-            self.partial.append(_Scored(p, self.book.score(p, n),
-                                        changed_knobs(p, self.reference)))
+            self.book.score(p, n)
             if self.progress is not None:
                 self.progress(SearchProgress(
                     stage=stage.stage, done=i + 1, total=len(plans),
                     candidates=stage.candidates, round=stage.round, rounds=stage.rounds,
                     requests=n))
-        return self.partial
 
-    def rank(self, items: Sequence[_Scored], n: int) -> None:
-        self.ranked, self.ranked_n = _order(items, self.run, self.settings.tie), n
+    def measure(self, plans: Sequence[KVPlan], n: int, tolerance: float,
+                hints: Sequence[float]) -> None:
+        """The capacity ladder over ``plans`` (``capacity.climb``)."""
+        done = 0
+
+        def score(plan: KVPlan, m: int, scale: float) -> GoodputScore:
+            nonlocal done
+            fresh = scale not in self.book.by_plan.get((plan, m), {})
+            got = self.book.score(plan, m, scale)
+            if fresh and self.progress is not None:
+                done += 1
+                self.progress(SearchProgress("capacity", done, 0, self.considered,
+                                             requests=m, rate_scale=scale))
+            return got
+
+        target = self.settings.slo_attainment
+        self.bracket = climb(score, plans, n, target, tolerance, hints)
+
+    def rank(self, plans: Sequence[KVPlan], n: int, settle: bool = False) -> None:
+        """Rank ``plans`` by their standing on ``n`` requests; ``settle``: probe first the
+        candidates undecided at the edge of the tie band."""
+        target = self.settings.slo_attainment
+        plans = list(dict.fromkeys(p for p in plans if self.book.has(p, n)))
+        standings = {p: self.book.standing(p, n, target) for p in plans}
+        if settle:
+            feasible = [p for p in plans if standings[p].meets_observed(target)] or plans
+            top = max(standings[p].lower_scale for p in feasible)
+            settle_ties(self.book.score, feasible, n, target, top, self.settings.tie,
+                        standings)
+            standings = {p: self.book.standing(p, n, target) for p in plans}
+        items = [_Scored(p, standings[p], changed_knobs(p, self.reference)) for p in plans]
+        self.ranked, self.ranked_n = _order(items, self.run, self.settings), n
         self.partial = []
 
+    def hints(self) -> tuple[float, ...]:
+        """Where the next ladder starts: the last bracket, and steps below it."""
+        lo, hi = self.bracket.lower, self.bracket.upper
+        if lo <= 0:
+            return (hi / 2, hi / 4) if math.isfinite(hi) else ()
+        # A shorter stream overstates capacity (less time for a queue to build): walk down
+        # from its bracket in steps before bisecting, so the whole group is probed at few
+        # scales before it thins out.
+        return (lo, min(hi, lo * 1.5), lo * 0.9, lo * 0.8, lo * 0.65, lo * 0.5)
+
     def salvage(self, reason: str) -> None:
-        """After ``BudgetStop``: the last ranking plus the current stage's scores on the same
-        stream length; nothing scored at all is ``SearchBudgetSpent``."""
-        same = [x for x in self.partial if x.plan not in {y.plan for y in self.ranked}]
+        """After ``BudgetStop``: the last ranking plus the current stage's plans scored on
+        the same stream length; nothing scored at all is ``SearchBudgetSpent``."""
         if self.ranked and self.partial_n == self.ranked_n:
-            self.rank([*self.ranked, *same], self.ranked_n)
+            self.rank([*(x.plan for x in self.ranked), *self.partial], self.ranked_n)
         elif not self.ranked and self.partial:
             self.rank(self.partial, self.partial_n)
         if not self.ranked:
@@ -423,23 +478,39 @@ class _Stages:
 
 
 def _halving_and_finalists(st: _Stages, request: PlanRequest, pool: list[KVPlan],
-                           rungs: Sequence[int], offload_size: float | None) -> None:
+                           rungs: Sequence[int], offload_size: float | None,
+                           start: KVPlan) -> None:
     """Successive halving over ``pool``, then offload and block size for the finalists
-    (module doc, 1-2); leaves the ranking in ``st``."""
-    run = st.run
+    (module doc, 1-2); leaves the ranking in ``st``. ``start``: the plan whose capacity is
+    measured first (the rules')."""
+    run, settings = st.run, st.settings
+    target = settings.slo_attainment
     survivors = pool
     for i, n in enumerate(rungs):
+        last = i == len(rungs) - 1
         stage = SearchProgress("halving", 0, len(survivors), st.considered, i + 1, len(rungs))
-        st.rank(st.scored(survivors, n, stage), n)
-        if i < len(rungs) - 1:
-            survivors = _promote(st.ranked)
+        st.observe(survivors, n, stage)
+        tol = settings.capacity_tolerance if last else settings.rung_tolerance
+        if i == 0:
+            # A first estimate, cheap: the capacity of the rules' plan alone; the group's
+            # ladder starts there instead of climbing from 1x with every candidate. (Scoring
+            # every candidate once at that estimate instead of a ladder saved a third of the
+            # CPU and lost 5 % of capacity on bench/oracle.py's memory-bound setting.)
+            st.measure([start if start in survivors else survivors[0]], n, tol, ())
+        st.measure(survivors, n, tol, st.hints())
+        st.rank(survivors, n, settle=last)
+        if not last:
+            survivors = _promote(st.ranked, target)
     final_n = rungs[-1]
+    tol = settings.capacity_tolerance
     if offload_size is not None:
-        tried = [x.plan.with_offload(offload_size) for x in st.ranked[:OFFLOAD_FINALISTS]]
+        leaders = [x.plan for x in st.ranked[:OFFLOAD_FINALISTS]]
+        tried = [p.with_offload(offload_size) for p in leaders]
         tried = [p for p in tried if all(p != y.plan for y in st.ranked)]
         st.considered += len(tried)
-        stage = SearchProgress("offload", 0, len(tried), st.considered)
-        st.rank([*st.ranked, *st.scored(tried, final_n, stage)], final_n)
+        st.observe(tried, final_n, SearchProgress("offload", 0, len(tried), st.considered))
+        st.measure([*leaders, *tried], final_n, tol, st.hints())
+        st.rank([*(x.plan for x in st.ranked), *tried], final_n, settle=True)
     # Block size for the finalists (their dtype's sizes the backend accepts).
     extra: list[KVPlan] = []
     if run.pins.block_size is None:
@@ -449,8 +520,10 @@ def _halving_and_finalists(st: _Stages, request: PlanRequest, pool: list[KVPlan]
                 if p not in extra and all(p != y.plan for y in st.ranked) and _starts(request, p):
                     extra.append(p)
     st.considered += len(extra)
-    stage = SearchProgress("block size", 0, len(extra), st.considered)
-    st.rank([*st.ranked, *st.scored(extra, final_n, stage)], final_n)
+    st.observe(extra, final_n, SearchProgress("block size", 0, len(extra), st.considered))
+    if extra:
+        st.measure([st.ranked[0].plan, *extra], final_n, tol, st.hints())
+    st.rank([*(x.plan for x in st.ranked), *extra], final_n, settle=bool(extra))
 
 
 def search(
@@ -458,7 +531,7 @@ def search(
     settings: SearchSettings | None = None, progress: SearchProgressHook | None = None,
     replicas: int = 1, meter: BudgetMeter | None = None,
 ) -> PoolPlan:
-    """Plan one pool by SLO-goodput (module doc). Raises what ``plan_pool`` raises.
+    """Plan one pool by capacity at SLO (module doc). Raises what ``plan_pool`` raises.
     ``progress`` is told after every score (``SearchProgress``). ``scorer`` replays one
     replica's share of the traffic; ``replicas``: how many share it (the replicas needed
     are counted against all of it). ``meter``: the budget (``search_budget``); when it is
@@ -482,61 +555,51 @@ def search(
     st = _Stages(run, book, settings, running or base, progress, considered=len(pool))
     stopped: str | None = None
     try:
-        _halving_and_finalists(st, request, pool, rungs, offload_size)
+        _halving_and_finalists(st, request, pool, rungs, offload_size, base)
     except BudgetStop as exc:
         stopped = exc.reason
         st.salvage(exc.reason)
-    ranked, final_n, considered = st.ranked, st.ranked_n, st.considered
+    ranked, final_n = st.ranked, st.ranked_n
     best = ranked[0]
+    reference = "running plan" if running is not None else "rules' plan"
     for x in ranked[1:]:
-        x.lost = _why_lost(x, best, run, settings.tie,
-                           "running plan" if running is not None else "rules' plan")
+        x.lost = _why_lost(x, best, run, settings, rate, reference)
     offload_reason: Reason | None = None
-    max_scale: float | None = None
-    needed: int | None = None
-    meets = best.score.slo_attainment >= settings.slo_attainment
     try:
         if offload_size is not None and stopped is None:
-            offload_reason = _offload_reason(book, best, offload_size, final_n, settings.tie)
-        if not meets and stopped is None:
-            max_scale = _sustainable_scale(book, best.plan, final_n, settings, progress,
-                                           considered)
-            # Each replica gets 1/replicas of the traffic and sustains max_scale of its share.
-            needed = math.ceil(replicas / max_scale - 1e-9) if max_scale > 0 else None
+            offload_reason = _offload_reason(st, best, offload_size, final_n, rate)
     except BudgetStop as exc:
         stopped = exc.reason
     summary = _summary(request, best, ranked, settings, rate, replicas, book, final_n,
-                       considered, running is not None, max_scale, needed, stopped)
-    return _pool_plan(run, base_pool, best, summary, ranked, offload_reason)
+                       st.considered, reference, stopped)
+    return _pool_plan(run, base_pool, best, summary, offload_reason)
 
 
 def _summary(request: PlanRequest, best: _Scored, ranked: Sequence[_Scored],
              settings: SearchSettings, rate: float, replicas: int, book: _Book, final_n: int,
-             considered: int, has_running: bool, max_scale: float | None,
-             needed: int | None, stopped: str | None) -> SearchSummary:
+             considered: int, reference: str, stopped: str | None) -> SearchSummary:
     slo = request.policy.slo
     return SearchSummary(
         observed_rate_per_second=rate * replicas,
         replicas=replicas,
         rate_per_replica_per_second=rate,
         littles_law_sequences=littles_law_sequences(request, rate),
-        goodput_requests_per_second=best.score.goodput_requests_per_second,
+        capacity_requests_per_second=rate * best.standing.lower_scale,
         slo_attainment=best.score.slo_attainment,
         ttft_p95_seconds=best.score.ttft_p95_seconds,
         tpot_p95_seconds=best.score.tpot_p95_seconds,
-        slo_met=best.score.slo_attainment >= settings.slo_attainment,
+        slo_met=best.standing.meets_observed(settings.slo_attainment),
         slo_set=slo.ttft_p95_seconds is not None or slo.tpot_p95_seconds is not None,
-        max_rate_within_slo_per_second=(rate * max_scale if max_scale is not None else None),
-        replicas_needed=needed,
+        replicas_needed=replicas_needed(replicas, best.standing.lower_scale),
         candidates=considered,
         simulated_requests=book.simulated_requests,
         requests_per_candidate=final_n,
-        changed_from=("running plan" if has_running else "rules' plan"),
+        changed_from=reference,
         changed_knobs=best.changed,
         alternatives=tuple(
             SearchAlternative(
                 vllm_args=tuple(x.plan.vllm_args()),
-                goodput_requests_per_second=x.score.goodput_requests_per_second,
+                capacity_requests_per_second=rate * x.standing.lower_scale,
                 slo_attainment=x.score.slo_attainment,
                 ttft_p95_seconds=x.score.ttft_p95_seconds,
                 tpot_p95_seconds=x.score.tpot_p95_seconds,
@@ -545,107 +608,38 @@ def _summary(request: PlanRequest, best: _Scored, ranked: Sequence[_Scored],
             for x in ranked[1:1 + settings.alternatives]
         ),
         output_tokens_per_second=best.score.output_tokens_per_second,
-        front=pareto_front(ranked, best, request),
+        front=pareto_front([(x.plan, x.standing, x is best) for x in ranked], rate,
+                           lambda score: -_slack(score, request)),
         stopped_by=stopped,
     )
 
 
-def _offload_reason(book: _Book, best: _Scored, size: float, n: int, tie: float) -> Reason:
-    """Why the plan has offload on or off: the chosen plan's predicted goodput with and
-    without the CPU tier (both on the full stream; a score the search took is reused)."""
-    on = book.score(best.plan.with_offload(size), n)
-    off = book.score(best.plan.with_offload(None), n)
+def _offload_reason(st: _Stages, best: _Scored, size: float, n: int, rate: float) -> Reason:
+    """Why the plan has offload on or off: the chosen plan's capacity at SLO with and
+    without the CPU tier (both on the full stream; the ladder reuses the search's scores)."""
+    on_plan, off_plan = best.plan.with_offload(size), best.plan.with_offload(None)
+    st.observe([on_plan, off_plan], n, SearchProgress("offload", 0, 2, st.considered))
+    st.measure([on_plan, off_plan], n, st.settings.capacity_tolerance, st.hints())
+    target = st.settings.slo_attainment
+    on, off = st.book.standing(on_plan, n, target), st.book.standing(off_plan, n, target)
+    figures = (f"capacity at SLO {rate * on.lower_scale:.3g} req/s with {size:g} GiB of CPU "
+               f"KV offload (TTFT p95 {on.at_observed.ttft_p95_seconds:.3f} s at the observed "
+               f"rate), {rate * off.lower_scale:.3g} req/s without (TTFT p95 "
+               f"{off.at_observed.ttft_p95_seconds:.3f} s) over {n} requests")
     chosen = best.plan.kv_offloading_size_gib
-    figures = (f"predicted SLO-goodput {on.goodput_requests_per_second:.3g} req/s with "
-               f"{size:g} GiB of CPU KV offload (TTFT p95 {on.ttft_p95_seconds:.3f} s), "
-               f"{off.goodput_requests_per_second:.3g} req/s without (TTFT p95 "
-               f"{off.ttft_p95_seconds:.3f} s) over {n} requests")
     if chosen:
-        why = "the goodput search keeps the CPU tier on: "
-    elif on.goodput_requests_per_second > off.goodput_requests_per_second:
-        why = (f"the goodput search leaves offload off: within the {tie:.0%} tie, where the "
-               "simpler plan wins; ")
+        why = "the capacity search keeps the CPU tier on: "
+    elif on.lower_scale > off.lower_scale:
+        why = (f"the capacity search leaves offload off: within the {st.settings.tie:.0%} "
+               "tie, where the simpler plan wins; ")
     else:
-        why = "the goodput search leaves offload off: "
+        why = "the capacity search leaves offload off: "
     return Reason(knob="kv-offloading-size", choice=f"{chosen:g}" if chosen else "off",
-                  code="BestGoodput", message=why + figures)
-
-
-def _dominates(a: FrontPoint, b: FrontPoint) -> bool:
-    """``a`` is at least as good as ``b`` on every axis and better on one."""
-    ge = (a.goodput_requests_per_second >= b.goodput_requests_per_second
-          and a.output_tokens_per_second >= b.output_tokens_per_second
-          and a.latency_vs_slo <= b.latency_vs_slo)
-    gt = (a.goodput_requests_per_second > b.goodput_requests_per_second
-          or a.output_tokens_per_second > b.output_tokens_per_second
-          or a.latency_vs_slo < b.latency_vs_slo)
-    return ge and gt
-
-
-def pareto_front(ranked: Sequence[_Scored], best: _Scored, request: PlanRequest
-                 ) -> tuple[FrontPoint, ...]:
-    """The configurations scored on the full stream that no other dominates on goodput,
-    output tokens per second (on one GPU class, cost per token is its hourly price over
-    that) and latency against the SLO; the chosen one is always listed, flagged when a tie
-    rule (precision, stability) chose it over a point that dominates it. Best goodput first;
-    of points with the same figures, the first in the search's order."""
-    points = [FrontPoint(
-        vllm_args=tuple(x.plan.vllm_args()), chosen=x is best, on_front=True,
-        goodput_requests_per_second=x.score.goodput_requests_per_second,
-        slo_attainment=x.score.slo_attainment,
-        output_tokens_per_second=x.score.output_tokens_per_second,
-        ttft_p95_seconds=x.score.ttft_p95_seconds, tpot_p95_seconds=x.score.tpot_p95_seconds,
-        latency_vs_slo=-_slack(x.score, request),
-    ) for x in ranked]
-    out: list[FrontPoint] = []
-    for i, p in enumerate(points):
-        dominated = any(_dominates(q, p) for q in points)
-        duplicate = any(_same_figures(q, p) for q in points[:i])
-        if p.chosen:
-            out.append(p.model_copy(update={"on_front": not dominated}))
-        elif not dominated and not duplicate:
-            out.append(p)
-    out.sort(key=lambda p: (-p.goodput_requests_per_second, -p.output_tokens_per_second,
-                            p.latency_vs_slo))
-    return tuple(out)
-
-
-def _same_figures(a: FrontPoint, b: FrontPoint) -> bool:
-    return (a.goodput_requests_per_second == b.goodput_requests_per_second
-            and a.output_tokens_per_second == b.output_tokens_per_second
-            and a.latency_vs_slo == b.latency_vs_slo)
-
-
-def _sustainable_scale(book: _Book, plan: KVPlan, n: int, settings: SearchSettings,
-                       progress: SearchProgressHook | None = None, candidates: int = 0
-                       ) -> float:
-    """The largest fraction of the observed rate at which ``plan`` meets the SLO (bisection
-    in ``rate_steps`` steps); 0 when not even a trickle (requests a thousand times further
-    apart, each served alone) meets it."""
-    total = settings.rate_steps + 1
-
-    def told(done: int) -> None:
-        if progress is not None:
-            progress(SearchProgress("sustainable rate", done, total, candidates, requests=n))
-
-    trickle = book.score(plan, n, _TRICKLE).slo_attainment
-    told(1)
-    if trickle < settings.slo_attainment:
-        return 0.0
-    lo, hi = _TRICKLE, 1.0
-    for step in range(settings.rate_steps):
-        mid = (lo + hi) / 2
-        attainment = book.score(plan, n, mid).slo_attainment
-        told(step + 2)
-        if attainment >= settings.slo_attainment:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+                  code="BestCapacity", message=why + figures)
 
 
 def _pool_plan(run: PlanRun, base_pool: PoolPlan, best: _Scored, summary: SearchSummary,
-               ranked: Sequence[_Scored], offload_reason: Reason | None = None) -> PoolPlan:
+               offload_reason: Reason | None = None) -> PoolPlan:
     plan = best.plan
     base = base_pool.plan
     changed = set(changed_knobs(plan, base))
@@ -653,10 +647,11 @@ def _pool_plan(run: PlanRun, base_pool: PoolPlan, best: _Scored, summary: Search
         # Its reason comes from the search (below), whether or not the rules chose alike.
         changed.add("kv-offloading-size")
     s = best.score
-    figures = (f"predicted SLO-goodput {s.goodput_requests_per_second:.2f} req/s "
-               f"({s.slo_attainment:.1%} of requests meet the SLO), TTFT p95 "
-               f"{s.ttft_p95_seconds:.3f} s, TPOT p95 {s.tpot_p95_seconds * 1000:.1f} ms over "
-               f"{s.requests} requests at {summary.observed_rate_per_second:.2f} req/s")
+    figures = (f"capacity at SLO {summary.capacity_requests_per_second:.2f} req/s per "
+               f"replica; at the observed {summary.rate_per_replica_per_second:.2f} req/s "
+               f"{s.slo_attainment:.1%} of requests meet the SLO, TTFT p95 "
+               f"{s.ttft_p95_seconds:.3f} s, TPOT p95 {s.tpot_p95_seconds * 1000:.1f} ms "
+               f"(over {s.requests} requests)")
     reasons = told_for_final(run.req, plan, base_pool.reasons, changed, summary.candidates)
     for knob in sorted(changed):
         if offload_reason is not None and knob == "kv-offloading-size":
@@ -666,8 +661,8 @@ def _pool_plan(run: PlanRun, base_pool: PoolPlan, best: _Scored, summary: Search
         was = getattr(base, knobs.FLAG_TO_NAME[knob])
         reasons.append(Reason(
             knob=knob, choice=knobs.choice_text(value),
-            code="BestGoodput",
-            message=(f"the goodput search chose {value} over the rules' {was} among "
+            code="BestCapacity",
+            message=(f"the capacity search chose {value} over the rules' {was} among "
                      f"{summary.candidates} candidates: {figures}"
                      + (_quality_quote(run, str(value)) if knob == "kv-cache-dtype" else "")),
         ))
@@ -686,7 +681,8 @@ def _pool_plan(run: PlanRun, base_pool: PoolPlan, best: _Scored, summary: Search
     exp = ExpectedFigures.model_validate({
         **exp.model_dump(),
         "prefix_hit_rate": s.prefix_hit_rate,
-        "goodput_requests_per_second": s.goodput_requests_per_second,
+        "capacity_requests_per_second": summary.capacity_requests_per_second,
+        "replicas_needed": summary.replicas_needed,
         "slo_attainment": s.slo_attainment,
         "ttft_p95_seconds": s.ttft_p95_seconds,
         "tpot_p95_seconds": s.tpot_p95_seconds,
@@ -712,12 +708,12 @@ def slo_at_risk_message(summary: SearchSummary) -> str:
            f"{summary.slo_attainment:.1%} of requests at the observed "
            f"{summary.observed_rate_per_second:.2f} req/s{over} (needs "
            f"{SLO_ATTAINMENT:.0%})")
-    rate = summary.max_rate_within_slo_per_second
-    if rate is not None and rate > 0:
-        msg += f"; one replica sustains {rate:.2f} req/s within the SLO"
+    rate = summary.capacity_requests_per_second
+    if rate > 0:
+        msg += f"; one replica's capacity at SLO is {rate:.2f} req/s"
         if summary.replicas_needed is not None:
             msg += f", so the traffic needs {summary.replicas_needed} replicas"
-    elif rate is not None:
+    else:
         msg += ("; no request rate meets the SLO on this GPU class: the requests' own service "
                 "time (prefill, then decode at the batch size) exceeds the targets; loosen "
                 "them or plan a faster GPU class or more tensor parallelism")
@@ -759,7 +755,7 @@ def grid(request: PlanRequest, rate_per_second: float,
 
 
 __all__ = [
-    "GOODPUT_TIE",
+    "CAPACITY_TIE",
     "SLO_ATTAINMENT",
     "GoodputScore",
     "GoodputScorer",

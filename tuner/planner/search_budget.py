@@ -1,4 +1,4 @@
-"""A budget for one goodput search: CPU seconds, memory, a stream-size cap and a stop switch.
+"""A budget for one capacity search: CPU seconds, memory, a stream-size cap and a stop switch.
 
 The search (``search.py``) replays hundreds of requests per candidate; the work grows with
 the candidates and, before this budget, with the declared arrival rate (the traffic made from
@@ -70,11 +70,11 @@ class SearchCancelled(Exception):
 
 
 class SearchBudgetSpent(KVTuneError):
-    """The budget ran out before a single candidate was scored: no plan by goodput."""
+    """The budget ran out before a single candidate was scored: no plan by capacity."""
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
-        super().__init__(f"the goodput search was stopped before scoring any candidate: "
+        super().__init__(f"the capacity search was stopped before scoring any candidate: "
                          f"{reason}; raise the budget (kvtune plan --search-cpu-seconds, "
                          "--search-memory-mib; the chart's search.cpuSeconds, "
                          "search.memoryMiB) or plan by the rules (--no-search)")
@@ -121,7 +121,7 @@ class BudgetMeter:
         """Raise ``SearchCancelled`` when told to stop, ``BudgetStop`` when spent."""
         b = self.budget
         if b.cancelled():
-            raise SearchCancelled("the goodput search was cancelled (the operator is stopping)")
+            raise SearchCancelled("the capacity search was cancelled (the operator is stopping)")
         used = self.used_cpu_seconds()
         if b.cpu_seconds is not None and used > b.cpu_seconds:
             raise BudgetStop(f"its CPU budget of {b.cpu_seconds:g} s was spent "

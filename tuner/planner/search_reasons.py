@@ -1,4 +1,4 @@
-"""Reasons told for the plan that ships, after the goodput search's last decision. Pure.
+"""Reasons told for the plan that ships, after the capacity search's last decision. Pure.
 
 The rules explain each knob in the context of their own other choices: the batched-tokens
 reason counts the rules' max-num-seqs, the attention-backend reason names the rules' KV dtype.
@@ -78,6 +78,6 @@ def _kept_by_search(reason: Reason, plan: KVPlan, changed: set[str], candidates:
     choice = knobs.choice_text(value)
     return Reason(
         knob=reason.knob, choice=choice, code=KEPT_BY_SEARCH,
-        message=(f"the goodput search kept {choice} beside its {', '.join(sorted(changed))} "
+        message=(f"the capacity search kept {choice} beside its {', '.join(sorted(changed))} "
                  f"among {candidates} candidates: it scored best with them (the rules chose "
                  f"it beside their own choices of those knobs)"))

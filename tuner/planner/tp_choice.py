@@ -3,7 +3,7 @@ pool, chosen for the lowest cost per good request (docs/planner.md, "Tensor para
 
 Each degree of ``TP_DEGREES`` that vLLM 0.33 accepts for the model (``tensor_parallel_ok``:
 attention heads divisible by TP, KV heads divisible or a whole number of copies) is planned in
-full (``plan_fn``: the goodput search at the pool's whole rate on one replica, or the rules);
+full (``plan_fn``: the capacity search at the pool's whole rate on one replica, or the rules);
 a degree whose weights leave no room for KV says so (``NoFeasiblePlan``'s figures).
 
 - **With a rate** (the search ran): one replica of TP ``t`` serves ``c_t`` requests/s within
@@ -47,16 +47,9 @@ ReplicaPlanFn = Callable[[PlanRequest, int], PoolPlan]
 
 
 def capacity_per_replica(summary: SearchSummary) -> float:
-    """Requests/s one replica serves within the SLO: the one figure the choice reads (the
-    capacity-at-SLO search will give it directly: repoint this at its field). Today the search
-    bisects the sustainable rate only when the SLO is missed at the replica's share; when it
-    is met, the replica sustains at least that share (its goodput, attainment x share, would
-    understate it and ask for a replica too many)."""
-    if summary.max_rate_within_slo_per_second is not None:
-        return summary.max_rate_within_slo_per_second
-    if summary.slo_met:
-        return max(summary.goodput_requests_per_second, summary.rate_per_replica_per_second)
-    return summary.goodput_requests_per_second
+    """Requests/s one replica serves within the SLO: the search's capacity at SLO, the one
+    figure the choice reads."""
+    return summary.capacity_requests_per_second
 
 
 def degrees(request: PlanRequest, allowed: Sequence[int] = TP_DEGREES) -> list[int]:
@@ -204,23 +197,23 @@ def tp_front(planned: Sequence[tuple[int, PoolPlan | None, str | None]], chosen_
                                                                p.output_tokens_per_second)
                                                    if hourly is not None else None),
             "cost_per_million_good_requests_usd": (per_million(hourly,
-                                                               p.goodput_requests_per_second)
+                                                               p.capacity_requests_per_second)
                                                    if hourly is not None else None)})
             for p in pool.search.front]
 
-    def gpus_per_goodput(p: FrontPoint) -> float:
+    def gpus_per_capacity(p: FrontPoint) -> float:
         tp = p.tensor_parallel or 1
-        return tp / p.goodput_requests_per_second if p.goodput_requests_per_second else math.inf
+        return tp / p.capacity_requests_per_second if p.capacity_requests_per_second else math.inf
 
     def dominates(a: FrontPoint, b: FrontPoint) -> bool:
-        ca, cb = gpus_per_goodput(a), gpus_per_goodput(b)
+        ca, cb = gpus_per_capacity(a), gpus_per_capacity(b)
         return (ca <= cb and a.latency_vs_slo <= b.latency_vs_slo
                 and (ca < cb or a.latency_vs_slo < b.latency_vs_slo))
 
     out = [p.model_copy(update={"on_front": not any(dominates(q, p) for q in points)})
            for p in points]
     out = [p for p in out if p.on_front or p.chosen]
-    out.sort(key=lambda p: (gpus_per_goodput(p), p.latency_vs_slo))
+    out.sort(key=lambda p: (gpus_per_capacity(p), p.latency_vs_slo))
     return tuple(out)
 
 

@@ -1,10 +1,11 @@
-"""The goodput search on the simulator: one entry point for ``kvtune plan`` and the operator.
+"""The capacity search on the simulator: one entry point for ``kvtune plan`` and the operator.
 
 ``plan_by_goodput(request, trace=None, running=None)`` replays the pool's traffic (a window
 of the trace when there is one, else traffic made from the request's ``WorkloadProfile``,
 ``profile_traffic``) under the planner's candidates (``planner/search.py``) and returns the
-``PoolPlan`` the search chose, with its predicted goodput, alternatives and, when the SLO
-cannot be met, the rate one replica sustains and the replicas the traffic needs.
+``PoolPlan`` the search chose, with its capacity at SLO (the highest rate one replica serves
+within the SLO), the attainment at the observed rate, the replicas the traffic needs and the
+alternatives.
 
 Results are cached by the hash of everything they depend on (the request, the traffic, the
 running plan, the seed): the operator re-plans on every reconcile, and the same inputs give
@@ -81,16 +82,15 @@ class TrafficScorer:
               rate_scale: float = 1.0) -> GoodputScore:
         sim = simulated_plan(request, plan, "candidate")
         if not sim.starts:
-            return GoodputScore(0.0, 0.0, 0.0, math.inf, math.inf, 0, starts=False)
+            return GoodputScore(0.0, False, 0.0, math.inf, math.inf, 0, starts=False)
         reqs: Sequence[SimRequest] = self.requests[:num_requests]
         if rate_scale != 1.0:
             reqs = [dataclasses.replace(r, arrival_seconds=r.arrival_seconds / rate_scale)
                     for r in reqs]
         res = simulate(reqs, sim.engine, sim.cost, on_progress=self.on_progress)
-        goodput, attainment = res.goodput(slo_targets(request))
         s = res.summary()
         return GoodputScore(
-            goodput_requests_per_second=goodput, slo_attainment=attainment,
+            slo_attainment=res.attainment(slo_targets(request)), keeps_up=res.keeps_up(),
             throughput_requests_per_second=s["throughput_requests_per_second"],
             ttft_p95_seconds=_finite(s["ttft_p95_seconds"]),
             tpot_p95_seconds=_finite(s["tpot_p95_seconds"]),
@@ -137,7 +137,7 @@ def plan_by_goodput(
     progress: SearchProgressHook | None = None, replicas: int = 1,
     budget: SearchBudget | None = None, speed: float = 1.0,
 ) -> PoolPlan:
-    """The pool's plan chosen by simulated SLO-goodput (module doc). Without an arrival rate
+    """The pool's plan chosen by simulated capacity at SLO (module doc). Without an arrival rate
     (no trace, none in the profile) there is no traffic to replay: the rule-based plan,
     with a warning saying so. ``progress`` follows the search (not on a cache hit).
     ``replicas``: how many replicas share the traffic; each is planned on its share (the
@@ -149,7 +149,7 @@ def plan_by_goodput(
         base = plan_pool(request)
         return base.model_copy(update={"warnings": (
             *base.warnings,
-            "no arrival rate in the profile: the plan follows the rules, not a goodput "
+            "no arrival rate in the profile: the plan follows the rules, not a capacity "
             "search (observe traffic, or pass --trace or --request-rate)")})
     if trace is not None and len(trace.requests) < 2:
         raise InvalidInput("--trace", trace.name, "needs at least 2 requests to replay")

@@ -1,4 +1,4 @@
-"""Traffic made from a ``WorkloadProfile``: the request stream the goodput search replays
+"""Traffic made from a ``WorkloadProfile``: the request stream the capacity search replays
 when the operator has Prometheus histograms, not a trace.
 
 What the stream reproduces, and how:

@@ -1,4 +1,4 @@
-"""Reasons from the final plan (issue 22 item 7): after the goodput search changes some knobs,
+"""Reasons from the final plan (issue 22 item 7): after the capacity search changes some knobs,
 every reason describes the plan that ships: its choice is the plan's value, and the figures it
 quotes of other knobs (the running sequences a batched-tokens reason counts, the KV dtype an
 attention-backend reason names) are the final plan's, not the rules' first draft's."""
@@ -60,7 +60,7 @@ def test_a_search_that_widens_the_dtype_tells_every_kept_knob_for_the_wider_dtyp
                                     SLO(ttft_p95_seconds=2.0, tpot_p95_seconds=0.08)),
                            trace=trace)
     assert pool.search is not None
-    changed = {r.knob for r in pool.reasons if r.code == "BestGoodput"}
+    changed = {r.knob for r in pool.reasons if r.code == "BestCapacity"}
     assert changed, "the search changed nothing: the test needs a case where it does"
     _assert_told_for(pool)
     kept = [r for r in pool.reasons if r.code == KEPT_BY_SEARCH]

@@ -40,21 +40,20 @@ def _request(model: object = LLAMA_8B, rate: float | None = None) -> PlanRequest
 def _summary(rate: float, replicas: int, capacity: float, latency_vs_slo: float = 0.5
              ) -> SearchSummary:
     """What the search says of one replica with ``capacity`` req/s at its share of ``rate``:
-    the SLO met when the share is within capacity, else the bisected sustainable rate."""
+    the SLO met when the share is within capacity."""
     share = rate / replicas
     met = share <= capacity
     point = FrontPoint(vllm_args=("--max-num-seqs=64",), chosen=True, on_front=True,
-                       goodput_requests_per_second=min(share, capacity) * 0.97,
+                       capacity_requests_per_second=capacity,
                        slo_attainment=0.97 if met else 0.5, output_tokens_per_second=100.0,
                        ttft_p95_seconds=0.2, tpot_p95_seconds=0.02,
                        latency_vs_slo=latency_vs_slo)
     return SearchSummary(
         observed_rate_per_second=rate, replicas=replicas, rate_per_replica_per_second=share,
-        littles_law_sequences=8, goodput_requests_per_second=min(share, capacity) * 0.97,
+        littles_law_sequences=8, capacity_requests_per_second=capacity,
         slo_attainment=0.97 if met else 0.5, ttft_p95_seconds=0.2, tpot_p95_seconds=0.02,
         slo_met=met, slo_set=True,
-        max_rate_within_slo_per_second=None if met else capacity,
-        replicas_needed=None if met else math.ceil(rate / capacity),
+        replicas_needed=math.ceil(rate / capacity),
         candidates=1, simulated_requests=100, requests_per_candidate=100,
         changed_from="rules' plan", front=(point,))
 
@@ -222,17 +221,15 @@ def test_nothing_fits_names_every_degree() -> None:
     assert "TP1: does not fit" in str(exc.value) and "TP2: does not fit" in str(exc.value)
 
 
-def test_capacity_per_replica_reads_todays_summary() -> None:
-    met = _summary(4.0, 1, 10.0)
-    # Met at its share: at least the share (the goodput, attainment x share, is below it).
-    assert capacity_per_replica(met) == pytest.approx(4.0)
-    missed = _summary(40.0, 2, 10.0)
-    assert capacity_per_replica(missed) == 10.0
+def test_capacity_per_replica_is_the_searchs_capacity_at_slo() -> None:
+    # Met at its share or not, the figure is the capacity the search measured.
+    assert capacity_per_replica(_summary(4.0, 1, 10.0)) == 10.0
+    assert capacity_per_replica(_summary(40.0, 2, 10.0)) == 10.0
 
 
 @pytest.mark.slow
 def test_the_real_search_wires_through() -> None:
-    """The goodput search itself on two degrees (a short stream): figures from its summary."""
+    """The capacity search itself on two degrees (a short stream): figures from its summary."""
     from kvtune.tuner.planner.search import SearchSettings
     from kvtune.tuner.simulator.goodput_search import plan_by_goodput
 
