@@ -300,8 +300,12 @@ def test_more_memory_never_fewer_tokens(request: PlanRequest, extra: int) -> Non
     # At the same max-num-seqs: more memory can buy more sequences, and vLLM's sampler run
     # and CUDA graphs grow with them (the calibrated non-KV model), so unpinned it may trade
     # a few KV tokens for sequences (Kimi K2 on B200 x8: 792 -> 800 sequences, -0.08 %).
+    # At the same max-num-batched-tokens too: vLLM counts a request of a chunked-attention
+    # model (Llama 4) as its chunk plus one batch of blocks, so a larger budget (which the rules
+    # give a larger GPU) logs fewer tokens from more blocks (Scout on H200 x4: 510,754 blocks
+    # at 8K are 2,459,553 tokens, 608,774 at 16K are 2,435,096).
     pins = Pins(kv_cache_dtype="auto", gpu_memory_utilization=0.9, block_size=None,
-                max_num_seqs=256)
+                max_num_seqs=256, max_num_batched_tokens=8192)
     base = request.model_copy(update={"policy": PlanPolicy(pins=pins)})
     bigger = base.model_copy(update={"gpu": _with_memory(base.gpu, extra)})
     try:

@@ -169,11 +169,10 @@ def test_reason_names_every_degree_with_capacity_replicas_and_cost() -> None:
                                   price=PRICE)
     message = pool.reasons[0].message
     assert message.startswith("TP1: 5.00 req/s per replica, 2 replica(s) = 2 GPUs")
-    # Degrees that meet the SLO at the whole rate read as serving at least it (today's
-    # search bisects only a missed SLO: capacity_per_replica).
-    for part in ("TP2: 7.00 req/s per replica, 1 replica(s) = 2 GPUs",
-                 "TP4: 7.00 req/s per replica, 1 replica(s) = 4 GPUs",
-                 "TP8: 7.00 req/s per replica", "/M good requests at capacity",
+    # Each degree at its own capacity at SLO, whether or not it meets the SLO at the rate.
+    for part in ("TP2: 8.00 req/s per replica, 1 replica(s) = 2 GPUs",
+                 "TP4: 14.00 req/s per replica, 1 replica(s) = 4 GPUs",
+                 "TP8: 20.00 req/s per replica", "/M good requests at capacity",
                  "also weighed"):
         assert part in message
 
