@@ -232,7 +232,7 @@ def test_the_real_search_wires_through() -> None:
     from kvtune.tuner.planner.search import SearchSettings
     from kvtune.tuner.simulator.goodput_search import plan_by_goodput
 
-    settings = SearchSettings(rungs=(24, 48), rate_steps=3, alternatives=1)
+    settings = SearchSettings(rungs=(24, 48), alternatives=1)
     pool = choose_tensor_parallel(
         _request(rate=2.0), lambda r, n: plan_by_goodput(r, replicas=n, settings=settings),
         price=PRICE, allowed=(1, 2))
