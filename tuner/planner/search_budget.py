@@ -35,8 +35,10 @@ from dataclasses import dataclass, field
 from kvtune.tuner.errors import KVTuneError
 
 MiB = 2**20
-# Seconds of one thread's CPU a search may use. A search of the default 24-48 candidates on
-# 800 requests takes 5-20 s of CPU (a busy 2-core machine: 18 s); overload takes longer.
+# Seconds of one thread's CPU a search may use. A capacity search (a rate ladder per rung) of
+# the default 24-48 candidates takes 15-100 s of CPU on 2 idle cores (the Azure trace on an
+# H200: 14 s; a chat profile at 5 req/s on an H100: 96 s), so this stops some searches before
+# their last rung, with their best plan so far and a warning that says so.
 DEFAULT_CPU_SECONDS = 30.0
 # How much one search may grow the process's resident set: the chart's operator runs under a
 # 512 MiB limit and needs ~170 MiB for 200 objects (issue 25); a bounded search grows it by
