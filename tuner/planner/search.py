@@ -723,8 +723,11 @@ def slo_at_risk_message(summary: SearchSummary) -> str:
 def budget_stop_message(summary: SearchSummary) -> str:
     """One line: the search's budget ended it early, and what the plan is then."""
     return (f"search stopped by its budget: {summary.stopped_by}; the plan is the best of "
-            f"{summary.candidates} candidates as far as they were scored "
-            f"({summary.simulated_requests:,} requests simulated; raise the search budget "
+            f"{summary.candidates} candidates as far as they were scored, its capacity "
+            f"({summary.capacity_requests_per_second:.3g} req/s) measured on the first "
+            f"{summary.requests_per_candidate:,} requests of the stream (a short stream can "
+            f"overstate it; {summary.simulated_requests:,} requests simulated; raise the "
+            "search budget "
             "for a full search: kvtune plan --search-cpu-seconds/--search-memory-mib, the "
             "chart's search.cpuSeconds/search.memoryMiB)")
 
