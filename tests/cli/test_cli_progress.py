@@ -15,8 +15,10 @@ from kvtune.cli.progress import Progress
 from kvtune.e2e.traces import TRACES_DIR
 
 # The search caches its result per process: each test asks at its own rate, so that it runs.
+# A budget past what the search needs: these tests are about progress, and a search the default
+# budget stops (which it can on a slow machine) says so on stderr.
 SEARCH = ("plan", "-m", "meta-llama/Llama-3.1-8B-Instruct", "-g", "H100", "--workload", "chat",
-          "--ttft-p95", "2", "--tpot-p95", "0.05", "-o", "json")
+          "--ttft-p95", "2", "--tpot-p95", "0.05", "-o", "json", "--search-cpu-seconds", "600")
 SIMULATE = ("simulate", "--trace", str(TRACES_DIR / "AzureLLMInferenceTrace_conv.csv"),
             "-m", "meta-llama/Llama-3.1-8B-Instruct", "-g", "H100", "--limit", "400",
             "--compare", "defaults,custom", "--config", "max_num_seqs=64", "-o", "json")
