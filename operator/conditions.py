@@ -65,7 +65,7 @@ APPLY_FAILED = "ApplyFailed"
 # Degraded: the capacity search's budget (the chart's search values) ran out before it scored
 # a single candidate; retried (operator/search_budget.py).
 SEARCH_BUDGET_SPENT = "SearchBudgetSpent"
-# Progressing: a pool's goodput search runs as a Job (the chart's search.mode); Degraded: that
+# Progressing: a pool's capacity search runs as a Job (the chart's search.mode); Degraded: that
 # Job failed after its retries, or its answer did not fit (operator/search_jobs.py).
 SEARCH_RUNNING = "SearchRunning"
 SEARCH_JOB_FAILED = "SearchJobFailed"

@@ -347,7 +347,7 @@ def _reconcile_locked(
         failures.append((cond.NAME_COLLISION, gate.collision))
     rolling = [f"{o.status.name}: {o.rolling}" for o in outcomes if o.rolling]
     waiting = [o.status.name for o in outcomes if o.no_nodes]
-    # Pools whose goodput search runs as a Job (operator/search_jobs.py); those without a
+    # Pools whose capacity search runs as a Job (operator/search_jobs.py); those without a
     # plan yet are not ready.
     searching = [f"{o.status.name}: {o.searching}" for o in outcomes if o.searching]
     unplanned = [f"{o.status.name}: {o.searching}" for o in outcomes

@@ -1,4 +1,4 @@
-"""A pool's goodput search run as a Job, within one reconcile: the I/O around ``search_jobs``.
+"""A pool's capacity search run as a Job, within one reconcile: the I/O around ``search_jobs``.
 
 ``by_job`` is what the plan stage calls instead of searching in its own thread. It never
 waits: it answers the search's outcome (kept in memory by digest, else in the pool's search

@@ -1,4 +1,4 @@
-"""A pool's goodput search as a Kubernetes Job (issue 22 item 4; docs/search-jobs.md): the
+"""A pool's capacity search as a Kubernetes Job (issue 22 item 4; docs/search-jobs.md): the
 settings, the names, the ConfigMap and the Job, and what a finished Job says. Pure builders and
 readers; the I/O around them is ``search_job_flow``.
 

@@ -24,7 +24,7 @@ class PoolOutcome:
     rolling: str | None = None  # what a rollout still waits for
     no_nodes: bool = False
     retry_after: float | None = None  # seconds until this pool should be reconciled again
-    searching: str | None = None  # its goodput search runs as a Job (operator/search_jobs.py)
+    searching: str | None = None  # its capacity search runs as a Job (operator/search_jobs.py)
 
 
 @dataclass

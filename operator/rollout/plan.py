@@ -163,7 +163,7 @@ def _plan_auto(spec: InferenceDeploymentSpec, pool: PoolSpec, request: PlanReque
     rate = (profile.request_rate_per_second or 0.0) * share
     request = request.model_copy(update={"profile": profile.model_copy(
         update={"request_rate_per_second": rate})})
-    LOG.info("%s (%s): tensorParallel auto, goodput search per degree at %.4g req/s",
+    LOG.info("%s (%s): tensorParallel auto, capacity search per degree at %.4g req/s",
              pool_field, pool.gpu_class, rate)
 
     def by_goodput(req: PlanRequest, replicas: int) -> PoolPlan:

@@ -92,10 +92,10 @@ def _answered(ctx: PoolContext, outcome: SearchOutcome, where: str) -> PoolPlan 
 def _running(ctx: PoolContext, waiting: search_job_flow.Waiting, digest: str) -> PoolOutcome:
     pool = ctx.pool
     if waiting.started:
-        LOG.info("%s (%s): goodput search started as Job %s", ctx.field, pool.gpu_class,
+        LOG.info("%s (%s): capacity search started as Job %s", ctx.field, pool.gpu_class,
                  waiting.job)
     since = f" since {waiting.since}" if waiting.since else ""
-    message = (f"the goodput search runs as Job {waiting.job}{since} (inputs "
+    message = (f"the capacity search runs as Job {waiting.job}{since} (inputs "
                f"{digest[:12]}; kubectl -n {ctx.namespace} logs job/{waiting.job}); "
                + ("the pool keeps its plan in force meanwhile" if ctx.base.plan is not None
                   else "the pool is planned when it answers"))
@@ -119,7 +119,7 @@ def plan_for_retune(kube: kapply.Kube, body: Any, spec: InferenceDeploymentSpec,
     except kapply.ApplyError as exc:
         return f"the search Job: {exc}"
     if isinstance(got, search_job_flow.Waiting):
-        return f"the goodput search for the observed traffic runs as Job {got.job}"
+        return f"the capacity search for the observed traffic runs as Job {got.job}"
     if isinstance(got, search_job_flow.JobFailed):
         return f"the search Job {got.job} failed ({got.message})"
     if got.error is not None:

@@ -173,8 +173,8 @@ def test_sigterm_while_a_search_runs_stops_the_operator_within_seconds(
             workload={**SAMPLE_SPEC["workload"], "requestRatePerSecond": 20000}))
         # Wait until a search runs (this one, 20,000 req/s on 800 requests per candidate, takes
         # far longer than the wait); the operator logs each search it starts.
-        wait_for(lambda: "goodput search at" in proc.current_log() or None,
-                 "a goodput search under way", 120, proc.log)
+        wait_for(lambda: "capacity search at" in proc.current_log() or None,
+                 "a capacity search under way", 120, proc.log)
         time.sleep(2)
         assert not (get_infd(cluster, NS_B, "long-search").get("status") or {}).get("pools"), \
             "the search ended before SIGTERM; nothing was tested"

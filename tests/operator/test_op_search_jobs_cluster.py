@@ -1,4 +1,4 @@
-"""A pool's goodput search as a Kubernetes Job (issue 22 item 4), on the real API server with
+"""A pool's capacity search as a Kubernetes Job (issue 22 item 4), on the real API server with
 kwok (which runs no containers), the reconcile seam called directly with ``search.mode: job``:
 
 - the operator creates the input ConfigMap and the Job, both owned by the

@@ -75,7 +75,7 @@ def test_an_slo_the_traffic_cannot_get_is_at_risk_until_replicas_or_the_slo_chan
 
     obj = wait_for(lambda: _at_risk(api, "True"), "SLOAtRisk=True", TIMEOUT, proc.log)
     message = condition(obj, "SLOAtRisk")["message"]  # type: ignore[index]
-    found = re.search(r"one replica sustains ([0-9.]+) req/s within the SLO, so the traffic "
+    found = re.search(r"one replica's capacity at SLO is ([0-9.]+) req/s, so the traffic "
                       r"needs (\d+) replicas", message)
     assert found is not None, message
     sustained, needed = float(found.group(1)), int(found.group(2))
