@@ -55,7 +55,9 @@ def test_simulate_plans_for_the_trace_at_its_speed() -> None:
     assert slow["vllm_args"] != fast["vllm_args"], (slow["vllm_args"], fast["vllm_args"])
 
 
-def test_plan_and_the_operator_give_one_plan_for_one_declared_workload() -> None:
+def test_plan_and_the_operator_give_one_plan_for_one_declared_workload(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvtune.operator import search_budget
     from kvtune.operator.api import InferenceDeploymentSpec
     from kvtune.operator.rollout import plan as plan_stage
     from kvtune.operator.workloads import declared_profile
@@ -68,10 +70,14 @@ def test_plan_and_the_operator_give_one_plan_for_one_declared_workload() -> None
     spec = InferenceDeploymentSpec.model_validate(body)
     (pool,) = spec.pools
     goodput_search._cache.clear()
+    # Both searches run to the end: a search the CPU budget stops keeps what it had scored by
+    # then, which moves with the machine's speed, so two stopped searches may differ.
+    monkeypatch.setattr(search_budget.CONFIG, "cpu_seconds", 600.0)
     operator = plan_stage.plan_one_pool(
         spec, pool, plan_stage.resolve_model(spec, "llm", None),
         declared_profile(spec.workload), plan_stage.policy_for(spec))
     cli_plan = _json(["plan", "-m", MODEL, "-g", GPU, "--workload", "rag",
-                      "--request-rate", "6", *SLO_FLAGS, "-o", "json"])
-    assert operator.search is not None
+                      "--request-rate", "6", *SLO_FLAGS, "--search-cpu-seconds", "600",
+                      "-o", "json"])
+    assert operator.search is not None and operator.search.stopped_by is None
     assert operator.plan.model_dump(mode="json") == cli_plan["plan"]
