@@ -271,17 +271,26 @@ _PULL_FAILURES = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageNam
                             "ErrImageNeverPull"})
 
 
-def _image_not_pulled(pods: Iterable[Mapping[str, Any]]) -> str:
-    """Why a Job pod's image cannot be pulled ('' when it can, or it is too early to say)."""
+def image_pull_failure(pods: Iterable[Mapping[str, Any]]) -> tuple[str, str] | None:
+    """A Job pod's image that cannot be pulled, and kubelet's reason (None when every image
+    pulls, or it is too early to say): the calibration and search Jobs both ask it."""
     for pod in pods:
         for status in (pod.get("status") or {}).get("containerStatuses") or []:
             waiting = (status.get("state") or {}).get("waiting") or {}
             if waiting.get("reason") in _PULL_FAILURES:
-                return (f"its image {status.get('image')} cannot be pulled "
-                        f"({waiting['reason']}): set the chart value calibration.image (or "
-                        f"spec.quality.calibration.image) to an image with kvtune, torch and "
-                        f"transformers that the nodes can pull")
-    return ""
+                return str(status.get("image")), str(waiting["reason"])
+    return None
+
+
+def _image_not_pulled(pods: Iterable[Mapping[str, Any]]) -> str:
+    """Why a Job pod's image cannot be pulled ('' when it can, or it is too early to say)."""
+    failed = image_pull_failure(pods)
+    if failed is None:
+        return ""
+    image, reason = failed
+    return (f"its image {image} cannot be pulled ({reason}): set the chart value "
+            "calibration.image (or spec.quality.calibration.image) to an image with kvtune, "
+            "torch and transformers that the nodes can pull")
 
 
 # --- the report cache --------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kvtune.operator.calibration import JobPhase, job_phase, owned_by
+from kvtune.operator.calibration import JobPhase, image_pull_failure, job_phase, owned_by
 from kvtune.operator.render import LABEL_DEPLOYMENT, LABEL_POOL, object_name
 from kvtune.tuner.simulator.search_job import SearchInput, SearchOutcome, decode
 
@@ -259,19 +259,13 @@ def _failure(why: str, pods: list[Mapping[str, Any]]) -> str:
     return "; ".join(parts)
 
 
-_PULL_FAILURES = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
-                            "ErrImageNeverPull"})
-
-
 def _image_not_pulled(pods: Iterable[Mapping[str, Any]]) -> str:
-    for pod in pods:
-        for status in (pod.get("status") or {}).get("containerStatuses") or []:
-            waiting = (status.get("state") or {}).get("waiting") or {}
-            if waiting.get("reason") in _PULL_FAILURES:
-                return (f"its image {status.get('image')} cannot be pulled "
-                        f"({waiting['reason']}): set the chart value search.job.image to the "
-                        "operator's image, pullable from the nodes")
-    return ""
+    failed = image_pull_failure(pods)
+    if failed is None:
+        return ""
+    image, reason = failed
+    return (f"its image {image} cannot be pulled ({reason}): set the chart value "
+            "search.job.image to the operator's image, pullable from the nodes")
 
 
 def fix_for(failure: str) -> str:
