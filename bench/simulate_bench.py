@@ -64,7 +64,8 @@ BEFORE_COHORT = "e2902b6"
 # The modules of the simulator's hot path, loaded from the earlier commit where it has them
 # (the rest, from this tree: workload, metrics and prefix only describe requests and
 # results), in import order.
-_HOT = ("timing", "blocks", "cohort", "offload_lru", "offload", "scheduler")
+_HOT = ("timing", "blocks", "cohort", "offload_lru", "offload", "sched_state", "sched_core",
+        "sched_offload", "sched_exact", "sched_cohort", "sched_runs", "scheduler")
 
 
 def _previous(rev: str) -> ModuleType | None:

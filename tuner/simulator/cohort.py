@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from kvtune.tuner.simulator.scheduler import RequestState
+    from kvtune.tuner.simulator.sched_state import RequestState
 
 
 class DecodeCohort:
