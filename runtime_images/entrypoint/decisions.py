@@ -144,22 +144,7 @@ def decide(
     one_sequence_bytes = expected.kv_bytes_per_token * knobs.max_model_len
     need_bytes = expected.non_kv_bytes_per_gpu + one_sequence_bytes
 
-    util = knobs.gpu_memory_utilization
-    kv_memory = knobs.kv_cache_memory_bytes
-    recomputed = False
-    if kv_memory is not None:
-        # vLLM skips profiling: it needs the non-KV bytes plus exactly kv_memory.
-        if expected.non_kv_bytes_per_gpu + kv_memory > usable:
-            kv_memory = usable - expected.non_kv_bytes_per_gpu
-            recomputed = True
-        kv_bytes = kv_memory
-    else:
-        requested = math.ceil(total * util)
-        if requested > usable:
-            util = math.floor(usable / total / _UTIL_STEP) * _UTIL_STEP
-            util = round(util, 3)
-            recomputed = True
-        kv_bytes = math.floor(total * util) - expected.non_kv_bytes_per_gpu
+    util, kv_memory, kv_bytes, recomputed = _fit_memory_knob(plan, total, usable)
 
     if kv_bytes < one_sequence_bytes or usable <= 0:
         fit_tokens = max(0, kv_bytes) // expected.kv_bytes_per_token
@@ -176,15 +161,16 @@ def decide(
         )
 
     if recomputed:
+        where = f"{tightest.describe()} has {_gib(usable)} usable"
         if kv_memory is not None:
             notes.append(
                 f"kv-cache-memory-bytes lowered from {knobs.kv_cache_memory_bytes} to "
-                f"{kv_memory}: {tightest.describe()} has {_gib(usable)} usable"
+                f"{kv_memory}: {where}"
             )
         else:
             notes.append(
                 f"gpu-memory-utilization lowered from {knobs.gpu_memory_utilization:.4g} to "
-                f"{util:.4g}: {tightest.describe()} has {_gib(usable)} usable, the plan "
+                f"{util:.4g}: {where}, the plan "
                 f"asked for {_gib(math.ceil(total * knobs.gpu_memory_utilization))}"
             )
     block = knobs.block_size
@@ -207,6 +193,31 @@ def decide(
         recomputed=recomputed,
         notes=tuple(notes),
     )
+
+
+def _fit_memory_knob(plan: RuntimePlan, total: int, usable: int
+                     ) -> tuple[float, int | None, int, bool]:
+    """The memory knob lowered to what is usable where the plan's asks for more: the
+    utilization, the KV-cache bytes pinned (None: profiled), the KV cache's bytes, and
+    whether either was lowered."""
+    knobs, expected = plan.plan, plan.expected
+    util = knobs.gpu_memory_utilization
+    kv_memory = knobs.kv_cache_memory_bytes
+    recomputed = False
+    if kv_memory is not None:
+        # vLLM skips profiling: it needs the non-KV bytes plus exactly kv_memory.
+        if expected.non_kv_bytes_per_gpu + kv_memory > usable:
+            kv_memory = usable - expected.non_kv_bytes_per_gpu
+            recomputed = True
+        kv_bytes = kv_memory
+    else:
+        requested = math.ceil(total * util)
+        if requested > usable:
+            util = math.floor(usable / total / _UTIL_STEP) * _UTIL_STEP
+            util = round(util, 3)
+            recomputed = True
+        kv_bytes = math.floor(total * util) - expected.non_kv_bytes_per_gpu
+    return util, kv_memory, kv_bytes, recomputed
 
 
 # Flags the plan owns, by the knob they set, from the knob table (both spellings of a bool are

@@ -50,8 +50,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from kvtune.tuner.errors import InvalidInput
-from kvtune.tuner.facts.models import ModelArchitecture
+from kvtune.tuner.facts.models import CheckpointQuantization, ModelArchitecture
 
+# The 16-bit dtype a model is served at (activations, and KV at kv-cache-dtype auto).
+ServedDType = Literal["bfloat16", "float16"]
 WeightsDType = Literal["auto", "bfloat16", "float16", "fp8", "int8", "int4", "awq", "gptq"]
 WEIGHTS_DTYPES: tuple[str, ...] = (
     "auto", "bfloat16", "bf16", "float16", "fp16", "fp8", "int8", "int4", "awq", "gptq",
@@ -88,7 +90,7 @@ class WeightsLoad(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     weights_dtype: str  # the choice, normalised (bf16 -> bfloat16)
-    served_dtype: Literal["bfloat16", "float16"]  # activations, and KV at kv-cache-dtype auto
+    served_dtype: ServedDType  # activations, and KV at kv-cache-dtype auto
     bits: int  # bits per quantized weight; 16 when nothing is quantized
     experts_only: bool = False  # only the MoE experts are at ``bits``
     method: str | None = None  # the quantization in effect (checkpoint's or online)
@@ -114,7 +116,7 @@ def normalize_weights_dtype(weights_dtype: str) -> str:
     return name
 
 
-def _served_16bit(model: ModelArchitecture) -> Literal["bfloat16", "float16"]:
+def _served_16bit(model: ModelArchitecture) -> ServedDType:
     served = model.served_dtype
     if served == "float16" and model.model_type in FLOAT16_UNSUPPORTED_MODEL_TYPES:
         # vLLM's auto dtype skips float16 for these model types.
@@ -127,7 +129,6 @@ def weights_load(model: ModelArchitecture, weights_dtype: str) -> WeightsLoad:
     ``InvalidInput`` naming the field, the value and the fix when vLLM cannot do it."""
     name = normalize_weights_dtype(weights_dtype)
     q = model.quantization
-    deprecated = q is not None and q.method in VLLM_DEPRECATED_METHODS
     if q is not None and q.method not in VLLM_CHECKPOINT_METHODS:
         raise InvalidInput(
             "model.quantization_config.quant_method", q.method,
@@ -136,38 +137,52 @@ def weights_load(model: ModelArchitecture, weights_dtype: str) -> WeightsLoad:
         )
     served = _served_16bit(model)
     if q is not None:
-        _refuse_what_vllm_refuses(model)
-        found = (f"vLLM reads {q.config_file} only with --quantization {q.method}"
-                 if q.config_file else "vLLM detects it from config.json")
-        own = WeightsLoad(
-            weights_dtype=name, served_dtype=served, bits=q.weight_bits,
-            experts_only=q.experts_only, method=q.method,
-            quantization_flag=q.method if q.config_file else None,
-            allow_deprecated_quantization=deprecated,
-            note=(f"{model.hf_id} is stored as {q.method} ({q.weight_bits}-bit"
-                  f"{' experts' if q.experts_only else ''}); {found}"
-                  + ("; the method is deprecated in vLLM 0.33 and needs "
-                     "--allow-deprecated-quantization" if deprecated else "")),
-        )
-        is_float8 = q.weight_bits == 8 and (
-            "fp8" in q.method or q.method in ("compressed-tensors", "modelopt", "quark"))
-        matches = {
-            "auto": True,
-            "fp8": is_float8,
-            "int8": q.weight_bits == 8 and "fp8" not in q.method,
-            "int4": q.weight_bits == 4 and not q.experts_only,
-            "awq": q.weight_bits == 4 and "awq" in q.method,
-            "gptq": q.weight_bits == 4 and "gptq" in q.method,
-        }
-        if matches.get(name, False):
-            return own
-        raise InvalidInput(
-            "weights_dtype", weights_dtype,
-            f"{model.hf_id} is a {q.method} checkpoint ({q.weight_bits}-bit"
-            f"{' experts' if q.experts_only else ''}); vLLM loads it as stored and can neither "
-            "widen nor requantize it: use weights dtype auto, or a checkpoint stored as "
-            f"{name}",
-        )
+        return _load_quantized(model, q, name, weights_dtype, served)
+    return _load_16bit_checkpoint(model, name, weights_dtype, served)
+
+
+def _load_quantized(model: ModelArchitecture, q: CheckpointQuantization, name: str,
+                    weights_dtype: str, served: ServedDType) -> WeightsLoad:
+    """A pre-quantized checkpoint: vLLM loads it as stored, so the weights dtype asked for
+    must be what it stores (``auto``, or its kind)."""
+    deprecated = q.method in VLLM_DEPRECATED_METHODS
+    _refuse_what_vllm_refuses(model)
+    found = (f"vLLM reads {q.config_file} only with --quantization {q.method}"
+             if q.config_file else "vLLM detects it from config.json")
+    own = WeightsLoad(
+        weights_dtype=name, served_dtype=served, bits=q.weight_bits,
+        experts_only=q.experts_only, method=q.method,
+        quantization_flag=q.method if q.config_file else None,
+        allow_deprecated_quantization=deprecated,
+        note=(f"{model.hf_id} is stored as {q.method} ({q.weight_bits}-bit"
+              f"{' experts' if q.experts_only else ''}); {found}"
+              + ("; the method is deprecated in vLLM 0.33 and needs "
+                 "--allow-deprecated-quantization" if deprecated else "")),
+    )
+    is_float8 = q.weight_bits == 8 and (
+        "fp8" in q.method or q.method in ("compressed-tensors", "modelopt", "quark"))
+    matches = {
+        "auto": True,
+        "fp8": is_float8,
+        "int8": q.weight_bits == 8 and "fp8" not in q.method,
+        "int4": q.weight_bits == 4 and not q.experts_only,
+        "awq": q.weight_bits == 4 and "awq" in q.method,
+        "gptq": q.weight_bits == 4 and "gptq" in q.method,
+    }
+    if matches.get(name, False):
+        return own
+    raise InvalidInput(
+        "weights_dtype", weights_dtype,
+        f"{model.hf_id} is a {q.method} checkpoint ({q.weight_bits}-bit"
+        f"{' experts' if q.experts_only else ''}); vLLM loads it as stored and can neither "
+        "widen nor requantize it: use weights dtype auto, or a checkpoint stored as "
+        f"{name}",
+    )
+
+
+def _load_16bit_checkpoint(model: ModelArchitecture, name: str, weights_dtype: str,
+                           served: ServedDType) -> WeightsLoad:
+    """A 16- or 32-bit checkpoint: served at 16 bits, or quantized by vLLM at load time."""
     if name in ("auto", "bfloat16", "float16"):
         target = served if name == "auto" else name
         if target == "float16" and model.model_type in FLOAT16_UNSUPPORTED_MODEL_TYPES:

@@ -137,6 +137,31 @@ def choose(
 ) -> str:
     """The widest dtype meeting ``target`` at the p95 session (``NoFeasiblePlan``: none
     passes pre-flight at ``max_model_len``)."""
+    verdicts, feasible = _judge_dtypes(run, block_size, batched_tokens, seqs_for_memory,
+                                       utilization, max_model_len, target)
+    if not feasible:
+        raise infeasible.no_fit(run, max_model_len, batched_tokens, utilization, verdicts)
+    chosen, code, message = _pick(run, feasible, target, target_why)
+    verdicts = [
+        v.model_copy(update={"check": CHOSEN}) if v.value == chosen.name
+        else v.model_copy(update={"check": WIDER_MEETS_TARGET})
+        if v.ok and _narrower(run, v.value, chosen) else v
+        for v in verdicts
+    ]
+    run.reasons.append(Reason(
+        knob="kv-cache-dtype", choice=chosen.name, code=code,
+        message=message + quality_note(run, chosen.name) + gated_out(verdicts),
+        candidates=tuple(verdicts),
+    ))
+    return chosen.name
+
+
+def _judge_dtypes(
+    run: PlanRun, block_size: int, batched_tokens: int, seqs_for_memory: int,
+    utilization: float, max_model_len: int, target: int,
+) -> tuple[list[CandidateVerdict], list[tuple[KVCacheDType, int]]]:
+    """Every dtype option's verdict, and those that pass pre-flight with the sequences of
+    the p95 session each holds (preference order)."""
     floor_name = run.req.policy.lowest_kv_precision
     floor_bits = PRECISION_FLOOR_BITS[floor_name]
     verdicts: list[CandidateVerdict] = []
@@ -185,8 +210,14 @@ def choose(
             detail=f"{sessions} sequences of {run.p95_session} tokens (p95) fit; "
             f"target {target}",
         ))
-    if not feasible:
-        raise infeasible.no_fit(run, max_model_len, batched_tokens, utilization, verdicts)
+    return verdicts, feasible
+
+
+def _pick(run: PlanRun, feasible: list[tuple[KVCacheDType, int]], target: int,
+          target_why: str) -> tuple[KVCacheDType, str, str]:
+    """The widest feasible dtype that holds ``target`` sequences, else the one that holds
+    the most (with a warning): the dtype, the reason's code and its message."""
+    floor_name = run.req.policy.lowest_kv_precision
     meeting = [(d, s) for d, s in feasible if s >= target]
     if meeting:
         chosen, sessions = meeting[0]  # the widest (preference order)
@@ -209,18 +240,7 @@ def choose(
             f"below the target {target}; a larger tensor parallel, a lower quality floor "
             "or a larger GPU would hold more"
         )
-    verdicts = [
-        v.model_copy(update={"check": CHOSEN}) if v.value == chosen.name
-        else v.model_copy(update={"check": WIDER_MEETS_TARGET})
-        if v.ok and _narrower(run, v.value, chosen) else v
-        for v in verdicts
-    ]
-    run.reasons.append(Reason(
-        knob="kv-cache-dtype", choice=chosen.name, code=code,
-        message=message + quality_note(run, chosen.name) + gated_out(verdicts),
-        candidates=tuple(verdicts),
-    ))
-    return chosen.name
+    return chosen, code, message
 
 
 def gated_out(verdicts: list[CandidateVerdict]) -> str:

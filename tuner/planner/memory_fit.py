@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -181,64 +182,10 @@ def fit(rows: tuple[StartupLog, ...] | list[StartupLog]) -> MemoryCoefficients:
     usable = [r for r in rows if r.repeat_of is None and r.pipeline_parallel == 1
               and _calibrated(r)]
     samplers = sorted({v.sampler for v in versions.values()})
-    x_act: list[list[float]] = []
-    y_act: list[float] = []
-    act_ids: list[str] = []
-    for r in usable:
-        terms = _terms(r)
-        if terms is None or r.logged.activation_gib is None or r.dtype == "float32":
-            continue
-        if terms.forward_bytes >= 0.9 * r.logged.activation_gib * GiB:
-            continue  # the forward pass, not the sampler run, set this row's peak
-        sampler = versions[str(r.vllm_version)].sampler
-        x_act.append([
-            1.0, *(terms.logits / GiB if s == sampler else 0.0 for s in samplers),
-            terms.hidden_bytes / GiB, terms.moe_workspace_bytes / GiB,
-        ])
-        y_act.append(r.logged.activation_gib)
-        act_ids.append(r.id)
-    a = np.linalg.lstsq(np.array(x_act), np.array(y_act), rcond=None)[0]
-
-    tp1: dict[str, list[float]] = {}
-    tp_extra: dict[int, list[float]] = {}
-    nt_ids: list[str] = []
-    for r in usable:
-        if r.logged.non_torch_gib is None:
-            continue
-        gen = versions[str(r.vllm_version)].non_torch
-        if r.tensor_parallel == 1:
-            tp1.setdefault(gen, []).append(r.logged.non_torch_gib)
-        else:
-            tp_extra.setdefault(r.tensor_parallel, []).append(r.logged.non_torch_gib)
-        nt_ids.append(r.id)
-    non_torch = {g: round(statistics.median(v), 4) for g, v in sorted(tp1.items())}
-    for v in versions.values():  # a generation with no TP = 1 row cannot be calibrated
-        non_torch.setdefault(v.non_torch, 0.0)
-    # The TP > 1 rows all ran in the "v0.18" generation (0.19.0); the extra is over its TP = 1.
-    tp_gib, per_peer = _tensor_parallel_extra(tp_extra, non_torch.get("v0.18", 0.0))
-
-    x_cg: list[list[float]] = []
-    y_cg: list[float] = []
-    cg_ids: list[str] = []
-    for r in usable:
-        layers = _layers(r)
-        if layers is None or r.logged.cuda_graph_estimate_gib is None or r.dtype == "float32":
-            continue
-        x_cg.append([1.0, layers * _further_graphs(r)])
-        y_cg.append(r.logged.cuda_graph_estimate_gib)
-        cg_ids.append(r.id)
-    g = np.linalg.lstsq(np.array(x_cg), np.array(y_cg), rcond=None)[0]
-    x_pool: list[list[float]] = []
-    y_pool: list[float] = []
-    pool_ids: list[str] = []
-    for r in usable:
-        layers = _layers(r)
-        if layers is None or r.logged.cuda_graph_actual_gib is None or r.dtype == "float32":
-            continue
-        x_pool.append([1.0, layers * _further_graphs(r)])
-        y_pool.append(r.logged.cuda_graph_actual_gib)
-        pool_ids.append(r.id)
-    pool = np.linalg.lstsq(np.array(x_pool), np.array(y_pool), rcond=None)[0]
+    a, act_ids = _fit_activation(usable, samplers)
+    non_torch, tp_gib, per_peer, nt_ids = _fit_non_torch(usable)
+    g, cg_ids = _fit_graphs(usable, lambda r: r.logged.cuda_graph_estimate_gib)
+    pool, pool_ids = _fit_graphs(usable, lambda r: r.logged.cuda_graph_actual_gib)
 
     return MemoryCoefficients(
         activation_base_gib=round(float(a[0]), 5),
@@ -265,6 +212,75 @@ def fit(rows: tuple[StartupLog, ...] | list[StartupLog]) -> MemoryCoefficients:
         ),
     )
 
+
+
+def _fit_activation(usable: list[StartupLog], samplers: list[str]
+                    ) -> tuple[np.ndarray, list[str]]:
+    """Least squares of the logged activation on [1, sampler logits per generation, hidden
+    bytes, MoE workspace bytes] (GiB), and the rows it used."""
+    versions = memory_data().versions
+    x_act: list[list[float]] = []
+    y_act: list[float] = []
+    act_ids: list[str] = []
+    for r in usable:
+        terms = _terms(r)
+        if terms is None or r.logged.activation_gib is None or r.dtype == "float32":
+            continue
+        if terms.forward_bytes >= 0.9 * r.logged.activation_gib * GiB:
+            continue  # the forward pass, not the sampler run, set this row's peak
+        sampler = versions[str(r.vllm_version)].sampler
+        x_act.append([
+            1.0, *(terms.logits / GiB if s == sampler else 0.0 for s in samplers),
+            terms.hidden_bytes / GiB, terms.moe_workspace_bytes / GiB,
+        ])
+        y_act.append(r.logged.activation_gib)
+        act_ids.append(r.id)
+    a: np.ndarray = np.linalg.lstsq(np.array(x_act), np.array(y_act), rcond=None)[0]
+    return a, act_ids
+
+
+def _fit_non_torch(usable: list[StartupLog]
+                   ) -> tuple[dict[str, float], float, float, list[str]]:
+    """The median non-torch memory at TP = 1 per generation, the TP > 1 extra (at TP 2, per
+    further peer), and the rows used."""
+    versions = memory_data().versions
+    tp1: dict[str, list[float]] = {}
+    tp_extra: dict[int, list[float]] = {}
+    nt_ids: list[str] = []
+    for r in usable:
+        if r.logged.non_torch_gib is None:
+            continue
+        gen = versions[str(r.vllm_version)].non_torch
+        if r.tensor_parallel == 1:
+            tp1.setdefault(gen, []).append(r.logged.non_torch_gib)
+        else:
+            tp_extra.setdefault(r.tensor_parallel, []).append(r.logged.non_torch_gib)
+        nt_ids.append(r.id)
+    non_torch = {g: round(statistics.median(v), 4) for g, v in sorted(tp1.items())}
+    for v in versions.values():  # a generation with no TP = 1 row cannot be calibrated
+        non_torch.setdefault(v.non_torch, 0.0)
+    # The TP > 1 rows all ran in the "v0.18" generation (0.19.0); the extra is over its TP = 1.
+    tp_gib, per_peer = _tensor_parallel_extra(tp_extra, non_torch.get("v0.18", 0.0))
+    return non_torch, tp_gib, per_peer, nt_ids
+
+
+def _fit_graphs(usable: list[StartupLog], logged: Callable[[StartupLog], float | None]
+                ) -> tuple[np.ndarray, list[str]]:
+    """Least squares of a logged CUDA-graph figure (``logged``: the estimate or the actual
+    pool) on [1, layers x graphs past the first of each mode], and the rows used."""
+    x: list[list[float]] = []
+    y: list[float] = []
+    ids: list[str] = []
+    for r in usable:
+        layers = _layers(r)
+        value = logged(r)
+        if layers is None or value is None or r.dtype == "float32":
+            continue
+        x.append([1.0, layers * _further_graphs(r)])
+        y.append(value)
+        ids.append(r.id)
+    coef: np.ndarray = np.linalg.lstsq(np.array(x), np.array(y), rcond=None)[0]
+    return coef, ids
 
 def _tensor_parallel_extra(by_tp: dict[int, list[float]], tp1_gib: float) -> tuple[float, float]:
     """(extra at TP 2, extra per further peer rank) of the non-torch increase over TP = 1: the

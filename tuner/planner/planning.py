@@ -116,7 +116,13 @@ def plan_pool(request: PlanRequest, scorer: CandidateScorer | None = None) -> Po
             run, dtype, sessions_p95, prefix_caching)
         plan = plan.model_copy(update={"block_size": bs})
     run.reasons.append(block_reason)
+    return _final_pool_plan(run, plan, batched, utilization, chosen_score)
 
+
+def _final_pool_plan(run: PlanRun, plan: KVPlan, batched: int, utilization: float,
+                     chosen_score: CandidateScore | None) -> PoolPlan:
+    """The decided ``plan`` checked once more against vLLM's pre-flight, with the attention
+    backend's and the weights' reasons, as the pool's plan."""
     # The final plan must still pass vLLM's pre-flight at its own block size and batch.
     if not run.preflight_ok(
         run.memory(plan.kv_cache_dtype, plan.block_size, plan.max_num_seqs, batched,

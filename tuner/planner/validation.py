@@ -40,9 +40,24 @@ def validate(
 ) -> list[str]:
     """Raises ``InvalidInput`` for what can never work; returns the warnings. Takes the run's
     parts, not the ``PlanRun`` that calls it (that was an import cycle)."""
-    model, tp, gpu, pins = req.model, req.tensor_parallel, req.gpu, req.policy.pins
-    cc = gpu.compute_capability
+    gpu = req.gpu
     warnings: list[str] = []
+    _check_parallelism(req)
+    bits = weights.bits
+    if bits == 8 and not gpu.supports_fp8 and weights.weights_dtype == "fp8":
+        warnings.append(
+            f"{gpu.name} has no native FP8: vLLM serves FP8 weights there with "
+            "weight-only Marlin kernels (slower prefill)"
+        )
+    _check_pins(req, runtime, backends, attention, weights, warnings)
+    check_scheduler_pins(req, runtime.vllm_version)
+    _check_lengths(req)
+    return warnings
+
+
+def _check_parallelism(req: PlanRequest) -> None:
+    """Tensor, decode-context and expert parallelism the model can be split by."""
+    model, tp = req.model, req.tensor_parallel
     if not tensor_parallel_ok(model, tp):
         what = (f"{model.num_attention_heads} attention heads"
                 + ("" if model.is_mla else f" and {model.num_kv_heads} KV heads"))
@@ -66,12 +81,14 @@ def validate(
             "expert_parallel", True,
             f"{model.hf_id} is dense (no experts to split); drop expert parallel (--ep) or "
             "plan a mixture-of-experts model")
-    bits = weights.bits
-    if bits == 8 and not gpu.supports_fp8 and weights.weights_dtype == "fp8":
-        warnings.append(
-            f"{gpu.name} has no native FP8: vLLM serves FP8 weights there with "
-            "weight-only Marlin kernels (slower prefill)"
-        )
+
+
+def _check_pins(req: PlanRequest, runtime: RuntimeCapabilities, backends: BackendChooser,
+                attention: AttentionFamily, weights: WeightsLoad, warnings: list[str]) -> None:
+    """The pinned KV-cache dtype, attention backend and block size this vLLM serves on this
+    GPU (a warning appended where auto means the checkpoint's KV scheme)."""
+    model, gpu, pins = req.model, req.gpu, req.policy.pins
+    cc = gpu.compute_capability
     if pins.kv_cache_dtype is not None:
         if pins.kv_cache_dtype not in runtime.kv_cache_dtype_names:
             raise InvalidInput(
@@ -112,7 +129,11 @@ def validate(
                 f"kv_cache_dtype={pins.kv_cache_dtype or 'auto'}; allowed: "
                 f"{allowed}",
             )
-    check_scheduler_pins(req, runtime.vllm_version)
+
+
+def _check_lengths(req: PlanRequest) -> None:
+    """Length floors and pins within the model's context."""
+    model, pins = req.model, req.policy.pins
     floor = req.policy.min_max_model_len_tokens
     if floor is not None and floor > model.max_position_embeddings:
         raise InvalidInput(
@@ -127,7 +148,6 @@ def validate(
             f"{model.max_position_embeddings}; vLLM refuses it without "
             "VLLM_ALLOW_LONG_MAX_MODEL_LEN",
         )
-    return warnings
 
 
 # The most host memory per GPU a KV offload may ask for: 4x the largest GPU servers' share
