@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tuner" / "facts"))
 
 from hybrid_configs import HYBRID_CONFIGS
 
+from kvtune.tuner.facts.hf_config import _merged_text_config
 from kvtune.tuner.facts.kvmemory import (
     block_bytes,
     hybrid_block_size,
@@ -38,7 +39,7 @@ from kvtune.tuner.facts.kvmemory import (
     num_gpu_blocks,
 )
 from kvtune.tuner.facts.mamba import state_shapes
-from kvtune.tuner.facts.models import ModelArchitecture, _merged_text_config
+from kvtune.tuner.facts.models import ModelArchitecture
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
