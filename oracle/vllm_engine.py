@@ -348,136 +348,158 @@ class VllmEngine:
         )
 
     def run(self) -> RunRecord:
-        from vllm.v1.outputs import ModelRunnerOutput
-
         sched = self.scheduler
-        pool = sched.kv_cache_manager.block_pool
-        usable = self.config.num_gpu_blocks - 1
-        pending = deque(self.requests)
-        rejected: list[int] = []
-        records: list[StepRecord] = []
-        finished_in: list[list[int]] = []
-        finish_step: dict[int, int] = {}
-        # In flight: (scheduler output, ids that sample, index of its record or -1, the
-        # model time its step ends).
-        queue: deque[tuple[Any, list[str], int, float]] = deque()
-        depth = 2 if self.config.async_scheduling else 1
-        now = 0.0
-        self._now = now
-        admitted_once: set[str] = set()
-        sample_dt: float | None = None  # async: the sample of the last scheduled step
-
-        def arrive() -> None:
-            while pending and pending[0].arrival_seconds <= now:
-                r = pending.popleft()
-                out = self._admissible(r)
-                if out:
-                    self.output_tokens[self._index[str(r.request_id)]] = out
-                    sched.add_request(self._vllm_request(r, out))
-                else:
-                    rejected.append(r.request_id)
-
-        def update() -> None:
-            out, samplers, index, end_seconds = queue.pop()
-            ids = list(out.num_scheduled_tokens)
-            sampled: list[list[int]] = []
-            for rid in ids:
-                req = sched.requests.get(rid)
-                if rid in samplers and req is not None and not req.is_finished():
-                    pos = req.num_tokens
-                    sampled.append(self.space.ids(self._by_id[rid], pos, pos + 1))
-                else:
-                    sampled.append([])
-            sched.update_from_output(out, ModelRunnerOutput(
-                req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
-                prompt_token_id_logprobs_dict={}, pooler_output=[],
-                kv_connector_output=self._transfers_done(end_seconds)))
-            if index < 0:
-                return
-            for rid in ids:
-                req = sched.requests.get(rid)
-                if rid in samplers and (req is None or req.is_finished()):
-                    finished_in[index].append(int(rid))
-                    finish_step[int(rid)] = index
-                    self.finish_seconds[self._index[rid]] = records[index].end_seconds
-
+        loop = _Loop(pending=deque(self.requests),
+                     depth=2 if self.config.async_scheduling else 1)
+        self._now = 0.0
         while True:
-            if sample_dt is not None:
-                self._sample(sample_dt)
-                sample_dt = None
-            arrive()
+            if loop.sample_dt is not None:
+                self._sample(loop.sample_dt)
+                loop.sample_dt = None
+            self._arrive(loop)
             if sched.has_requests():
                 running_before = {r.request_id: i for i, r in enumerate(sched.running)}
                 out = sched.schedule()
-                self._offload_step(out, now)
+                self._offload_step(out, self._now)
                 index = -1
                 samplers: list[str] = []
                 if out.total_num_scheduled_tokens > 0:
-                    scheduled = [(int(rid), n) for rid, n in out.num_scheduled_tokens.items()]
-                    before: list[int] = []
-                    admitted: list[tuple[int, int]] = []
-                    for rid, n in out.num_scheduled_tokens.items():
-                        req = sched.requests[rid]
-                        computed = req.num_computed_tokens - n
-                        before.append(computed)
-                        if rid not in running_before:
-                            admitted.append((int(rid), computed))
-                            if rid in admitted_once:
-                                self.resume_hit_tokens += computed
-                            else:
-                                admitted_once.add(rid)
-                                self.query_tokens += req.num_prompt_tokens
-                                # GPU prefix hits only (the CPU tier's are cpu_hit_tokens).
-                                self.hit_tokens += self._gpu_hit.get(rid, computed)
-                        if req.num_computed_tokens >= req.num_tokens:
-                            samplers.append(rid)
-                    preempted = sorted(out.preempted_req_ids or (),
-                                       key=lambda r: -running_before.get(r, -1))
-                    dt = step_cost(self.cost, self.config, scheduled, before)
-                    now += dt
-                    self._now = now
-                    for rid in samplers:
-                        i = self._index[rid]
-                        if self.first_token_seconds[i] != self.first_token_seconds[i]:
-                            self.first_token_seconds[i] = now
-                    if self.config.async_scheduling:
-                        sample_dt = dt
-                    else:
-                        self._sample(dt)
-                    index = len(records)
-                    records.append(attach_offload(StepRecord(
-                        scheduled=tuple(scheduled), admitted=tuple(admitted),
-                        preempted=tuple(int(r) for r in preempted), finished=(),
-                        blocks_in_use=usable - pool.get_num_free_blocks(), end_seconds=now),
-                        self._take_offload_events()))
-                    finished_in.append([])
-                elif not sched.running and all(e[2] < 0 for e in queue):
+                    index, samplers = self._record_step(loop, out, running_before)
+                elif not sched.running and all(e[2] < 0 for e in loop.queue):
                     # Idle (nothing runs, nothing could be scheduled): the engine polls
                     # until the next arrival or transfer; the clock moves there.
-                    now = self._next_event(now, pending[0].arrival_seconds if pending
-                                           else None)
-                    self._now = now
-                queue.appendleft((out, samplers, index, now))
-                if len(queue) < depth and (index >= 0 or sched.has_requests()):
+                    self._now = self._next_event(
+                        self._now, loop.pending[0].arrival_seconds if loop.pending else None)
+                loop.queue.appendleft((out, samplers, index, self._now))
+                if len(loop.queue) < loop.depth and (index >= 0 or sched.has_requests()):
                     continue
-            elif not queue:
-                if not pending:
+            elif not loop.queue:
+                if not loop.pending:
                     break
-                now = max(now, pending[0].arrival_seconds)
-                self._now = now
+                self._now = max(self._now, loop.pending[0].arrival_seconds)
                 continue
-            update()
+            self._update(loop)
+        records = loop.records
         if records:
             # Offload events after the last step (none expected) go with it.
             records[-1] = attach_offload(records[-1], self._take_offload_events())
         steps = tuple(
             dataclasses.replace(s, finished=tuple(f))
-            for s, f in zip(records, finished_in, strict=True))
-        self.record = RunRecord(steps=steps, finish_step=finish_step,
-                                rejected=tuple(rejected))
+            for s, f in zip(records, loop.finished_in, strict=True))
+        self.record = RunRecord(steps=steps, finish_step=loop.finish_step,
+                                rejected=tuple(loop.rejected))
         return self.record
 
+    def _arrive(self, loop: _Loop) -> None:
+        """Requests whose arrival the clock has passed go to vLLM (or are rejected)."""
+        pending = loop.pending
+        while pending and pending[0].arrival_seconds <= self._now:
+            r = pending.popleft()
+            out = self._admissible(r)
+            if out:
+                self.output_tokens[self._index[str(r.request_id)]] = out
+                self.scheduler.add_request(self._vllm_request(r, out))
+            else:
+                loop.rejected.append(r.request_id)
+
+    def _record_step(self, loop: _Loop, out: Any, running_before: dict[str, int]
+                     ) -> tuple[int, list[str]]:
+        """A scheduled batch: its admissions' counts, its time (the clock moves on), first
+        tokens, the sample and its record. Returns the record's index and the ids that
+        sample."""
+        sched = self.scheduler
+        scheduled = [(int(rid), n) for rid, n in out.num_scheduled_tokens.items()]
+        before: list[int] = []
+        admitted: list[tuple[int, int]] = []
+        samplers: list[str] = []
+        for rid, n in out.num_scheduled_tokens.items():
+            req = sched.requests[rid]
+            computed = req.num_computed_tokens - n
+            before.append(computed)
+            if rid not in running_before:
+                admitted.append((int(rid), computed))
+                if rid in loop.admitted_once:
+                    self.resume_hit_tokens += computed
+                else:
+                    loop.admitted_once.add(rid)
+                    self.query_tokens += req.num_prompt_tokens
+                    # GPU prefix hits only (the CPU tier's are cpu_hit_tokens).
+                    self.hit_tokens += self._gpu_hit.get(rid, computed)
+            if req.num_computed_tokens >= req.num_tokens:
+                samplers.append(rid)
+        preempted = sorted(out.preempted_req_ids or (),
+                           key=lambda r: -running_before.get(r, -1))
+        dt = step_cost(self.cost, self.config, scheduled, before)
+        self._now += dt
+        now = self._now
+        for rid in samplers:
+            i = self._index[rid]
+            if self.first_token_seconds[i] != self.first_token_seconds[i]:
+                self.first_token_seconds[i] = now
+        if self.config.async_scheduling:
+            loop.sample_dt = dt
+        else:
+            self._sample(dt)
+        index = len(loop.records)
+        usable = self.config.num_gpu_blocks - 1
+        pool = sched.kv_cache_manager.block_pool
+        loop.records.append(attach_offload(StepRecord(
+            scheduled=tuple(scheduled), admitted=tuple(admitted),
+            preempted=tuple(int(r) for r in preempted), finished=(),
+            blocks_in_use=usable - pool.get_num_free_blocks(), end_seconds=now),
+            self._take_offload_events()))
+        loop.finished_in.append([])
+        return index, samplers
+
+    def _update(self, loop: _Loop) -> None:
+        """The oldest batch in flight executed: each request that samples gets its next
+        token, vLLM processes the output, and the requests it finished are recorded."""
+        # vLLM is imported on first use (module doc), never at this module's import.
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        sched = self.scheduler
+        out, samplers, index, end_seconds = loop.queue.pop()
+        ids = list(out.num_scheduled_tokens)
+        sampled: list[list[int]] = []
+        for rid in ids:
+            req = sched.requests.get(rid)
+            if rid in samplers and req is not None and not req.is_finished():
+                pos = req.num_tokens
+                sampled.append(self.space.ids(self._by_id[rid], pos, pos + 1))
+            else:
+                sampled.append([])
+        sched.update_from_output(out, ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+            sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
+            prompt_token_id_logprobs_dict={}, pooler_output=[],
+            kv_connector_output=self._transfers_done(end_seconds)))
+        if index < 0:
+            return
+        for rid in ids:
+            req = sched.requests.get(rid)
+            if rid in samplers and (req is None or req.is_finished()):
+                loop.finished_in[index].append(int(rid))
+                loop.finish_step[int(rid)] = index
+                self.finish_seconds[self._index[rid]] = loop.records[index].end_seconds
+
+
+@dataclass
+class _Loop:
+    """The engine loop's state (``VllmEngine.run``): requests not arrived yet, those
+    rejected, each step's record and the requests it finished, the batches in flight
+    (scheduler output, ids that sample, index of its record or -1, the model time its step
+    ends), how many may be, the requests admitted once, and (async) the sample of the last
+    scheduled step."""
+
+    pending: deque[SimRequest]
+    depth: int
+    rejected: list[int] = dataclasses.field(default_factory=list)
+    records: list[StepRecord] = dataclasses.field(default_factory=list)
+    finished_in: list[list[int]] = dataclasses.field(default_factory=list)
+    finish_step: dict[int, int] = dataclasses.field(default_factory=dict)
+    queue: deque[tuple[Any, list[str], int, float]] = dataclasses.field(default_factory=deque)
+    admitted_once: set[str] = dataclasses.field(default_factory=set)
+    sample_dt: float | None = None
 
 def vllm_steps(
     requests: Sequence[SimRequest], config: EngineConfig, cost: StepCostModel,
