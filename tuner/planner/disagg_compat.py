@@ -171,7 +171,8 @@ def _check_block_size(model: ModelArchitecture, p: RoleKV, d: RoleKV) -> None:
     if db % pb:
         raise _mismatch("block_size", pb, db,
                         f"the decode block size must be a multiple of the prefill one; pin "
-                        f"--block-size {pb} on both roles (or decode {pb * max(1, db // pb)})")
+                        f"--block-size {pb} on both roles (or a decode block size that is a "
+                        f"multiple of {pb})")
     if "cpu" in (p.kv_buffer_device, d.kv_buffer_device):
         raise _mismatch("block_size", pb, db, "unequal block sizes do not transfer through a "
                         f"host buffer (kv_buffer_device cpu); pin --block-size {pb} on both")

@@ -14,9 +14,10 @@ pins none; a per-role pin the other role's plan cannot match is refused in one l
 Capacity at SLO, as the capacity search measures it (``planner/capacity.py``): the highest
 arrival rate of the traffic (one stream, its gaps divided by a scale) at which 95 % of the
 steady-state requests meet both the TTFT and the TPOT target and the pools keep up. Here it is
-for the whole group of GPUs; it is found by doubling, then a geometric bisection to 5 %.
-The group's best is the chosen split; when co-located serving's capacity is higher, the
-choice says so (co-located wins at this GPU count).
+for the whole group of GPUs; it is found by doubling, then a geometric bisection to 2 %.
+The best split is chosen when it beats the best co-located serving by more than that 2 %;
+else co-located serving is (a tie goes to one pool with no transfer), and the verdict says
+co-located wins at this GPU count.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from kvtune.tuner.simulator.workload import SimRequest
 SLO_ATTAINMENT_TARGET = 0.95
 # Requests replayed per probe, over all engines of the group.
 STREAM_REQUESTS = 480
-_MIN_SCALE, _MAX_SCALE, _TOLERANCE = 1.0 / 1024, 4096.0, 1.05
+_MIN_SCALE, _MAX_SCALE, _TOLERANCE = 1.0 / 1024, 4096.0, 1.02
 # The KV fields the prefill role follows from the decode role when it pins none.
 _SHARED = ("kv_cache_dtype", "block_size", "attention_backend")
 
@@ -301,14 +302,20 @@ def _choice(request: PlanRequest, gpus: int, link: KVLink, options: list[SplitOp
         raise InvalidInput("gpus", gpus, f"no split of {gpus} {request.gpu.name} GPUs nor "
                            f"co-located serving meets the SLO at any rate ({why[:400]}); "
                            "loosen --ttft-p95/--tpot-p95 or add GPUs")
-    best = max(served, key=lambda i: (options[i].capacity_requests_per_second,
-                                      not options[i].disaggregated))
+    def best_of(disaggregated: bool) -> int | None:
+        kept = [i for i in served if options[i].disaggregated == disaggregated]
+        return max(kept, key=lambda i: options[i].capacity_requests_per_second, default=None)
+
+    d, c = best_of(True), best_of(False)
+    # A split must beat co-located by more than the bisection's resolution: within it, the two
+    # are a tie and co-located wins (one pool, no transfer).
+    best = d if c is None or (d is not None and options[d].capacity_requests_per_second
+                              > options[c].capacity_requests_per_second * _TOLERANCE) else c
+    assert best is not None
     options[best] = dataclasses.replace(options[best], chosen=True)
     chosen = options[best]
-    coloc = [o for o in options if not o.disaggregated and o.refused is None]
-    best_coloc = max(coloc, key=lambda o: o.capacity_requests_per_second, default=None)
-    disagg = [o for o in options if o.disaggregated and o.refused is None]
-    best_disagg = max(disagg, key=lambda o: o.capacity_requests_per_second, default=None)
+    best_coloc = None if c is None else options[c]
+    best_disagg = None if d is None else options[d]
     return DisaggChoice(gpus=gpus, gpu_class=request.gpu.name, link=link,
                         options=tuple(options), chosen=chosen, best_colocated=best_coloc,
                         message=_verdict(gpus, request.gpu.name, best_disagg, best_coloc))
@@ -324,8 +331,10 @@ def _verdict(gpus: int, gpu: str, disagg: SplitOption | None, coloc: SplitOption
     if coloc is None:
         return f"{cap(disagg)}: co-located serving meets the SLO at no rate on {gpus} {gpu}"
     d, c = disagg.capacity_requests_per_second, coloc.capacity_requests_per_second
-    if c >= d:
-        return (f"co-located wins on {gpus} {gpu}: {cap(coloc)} at SLO vs the best split "
+    if c * _TOLERANCE >= d:
+        # Within the bisection's 2 % the two tie, and co-located wins (``_choice``).
+        how = "beats" if c > d * _TOLERANCE else "ties (within 2 %) with"
+        return (f"co-located wins on {gpus} {gpu}: {cap(coloc)} at SLO {how} the best split "
                 f"{cap(disagg)}")
     return (f"disaggregated {cap(disagg)} at SLO, {d / c - 1:.0%} over the best co-located "
             f"{cap(coloc)} on {gpus} {gpu}")
