@@ -99,15 +99,15 @@ def test_kv_transfer_config_parses_in_vllms_own_parser() -> None:
     """Each role's --kv-transfer-config, parsed into vLLM's ``KVTransferConfig`` with the kwargs
     vLLM's ``get_kwargs`` gives a field typed ``KVTransferConfig | None`` (EngineArgs's
     ``kv_transfer_config``; the whole VllmConfig needs a device)."""
-    from dataclasses import dataclass
+    from dataclasses import field, make_dataclass
 
     from vllm.config.kv_transfer import KVTransferConfig
     from vllm.engine.arg_utils import EngineArgs, get_kwargs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    @dataclass
-    class Holder:
-        kv_transfer_config: KVTransferConfig | None = None
+    # Built at run time: this module's annotations are strings (from __future__).
+    holder = make_dataclass("Holder", [("kv_transfer_config", KVTransferConfig | None,
+                                        field(default=None))])
 
     # The same annotation as the engine's own field.
     assert EngineArgs.__dataclass_fields__["kv_transfer_config"].type in (
@@ -116,7 +116,7 @@ def test_kv_transfer_config_parses_in_vllms_own_parser() -> None:
     assert code == 0, err
     split = json.loads(out)["options"][0]
     parser = FlexibleArgumentParser()
-    parser.add_argument("--kv-transfer-config", **get_kwargs(Holder)["kv_transfer_config"])
+    parser.add_argument("--kv-transfer-config", **get_kwargs(holder)["kv_transfer_config"])
     for role, kv_role in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
         flag = [a for a in split[role]["vllm_args"] if a.startswith("--kv-transfer-config")]
         config = parser.parse_args(flag).kv_transfer_config
