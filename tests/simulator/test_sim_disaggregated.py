@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 from simhelpers import request
 
@@ -15,11 +16,13 @@ from kvtune.tuner.facts.kv_links import FABRICS, KVLink, kv_link
 from kvtune.tuner.planner.policy import Pins
 from kvtune.tuner.planner.presets import preset_profile
 from kvtune.tuner.planner.request import PlanRequest
+from kvtune.tuner.simulator import disaggregated
 from kvtune.tuner.simulator.disagg_search import (
     SplitPins,
     choose_split,
     plan_roles,
     role_request,
+    steady_p95,
 )
 from kvtune.tuner.simulator.disaggregated import (
     LoadedPromptCost,
@@ -169,3 +172,15 @@ def test_a_pin_no_split_can_honour_is_refused_once() -> None:
         choose_split(plan_request(), 2, FAST, SplitPins(prefill=Pins(kv_cache_dtype="fp8"),
                                                         decode=Pins(kv_cache_dtype="auto")),
                      num_requests=40)
+
+
+def test_p95_beside_a_capacity_is_over_the_judged_requests() -> None:
+    reqs = [request(i, float(i), 100, 3) for i in range(10)]
+    first = np.array([r.arrival_seconds + (10.0 if i == 0 else 1.0)
+                      for i, r in enumerate(reqs)])
+    finish = first + 0.1
+    res = disaggregated._result(reqs, first, finish, "t")
+    ttft, tpot = steady_p95(res)
+    # The first request arrived in the warm-up (the first tenth): not judged, not counted.
+    assert ttft == pytest.approx(1.0) and tpot == pytest.approx(0.05)
+    assert res.summary()["ttft_p95_seconds"] > 1.0

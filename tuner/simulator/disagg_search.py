@@ -26,6 +26,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from kvtune.tuner.errors import InvalidInput, NoFeasiblePlan
 from kvtune.tuner.facts.kv_links import KVLink
 from kvtune.tuner.kv_transfer import Role, kv_transfer_args
@@ -43,7 +45,7 @@ from kvtune.tuner.simulator.disaggregated import (
 )
 from kvtune.tuner.simulator.engine import simulated_plan
 from kvtune.tuner.simulator.goodput_search import slo_targets
-from kvtune.tuner.simulator.metrics import SimResult
+from kvtune.tuner.simulator.metrics import WARMUP_FRACTION, SimResult
 from kvtune.tuner.simulator.profile_traffic import traffic_from_profile
 from kvtune.tuner.simulator.workload import SimRequest
 
@@ -82,7 +84,7 @@ class SplitOption:
     decode: RolePlan | None = None
     colocated: RolePlan | None = None
     capacity_requests_per_second: float = 0.0
-    ttft_p95_seconds: float = float("nan")  # at the capacity
+    ttft_p95_seconds: float = float("nan")  # at the capacity, after the warm-up
     tpot_p95_seconds: float = float("nan")
     refused: str | None = None
     chosen: bool = False
@@ -206,10 +208,23 @@ def _measured(option: SplitOption, found: tuple[float, SimResult | None], reques
     rate, res = found
     if res is None:
         return dataclasses.replace(option, refused="no rate meets the SLO")
-    s = res.summary(slo_targets(request))
+    ttft, tpot = steady_p95(res)
     return dataclasses.replace(option, capacity_requests_per_second=round(rate, 3),
-                               ttft_p95_seconds=s["ttft_p95_seconds"],
-                               tpot_p95_seconds=s["tpot_p95_seconds"])
+                               ttft_p95_seconds=ttft, tpot_p95_seconds=tpot)
+
+
+def steady_p95(res: SimResult) -> tuple[float, float]:
+    """TTFT and TPOT p95 over the requests the attainment judges (after the warm-up), so the
+    figures beside a capacity are those of the requests that set it."""
+    per = res.per_request()
+    arr = per.arrival_seconds
+    judged = arr >= arr.min() + WARMUP_FRACTION * (arr.max() - arr.min())
+
+    def p95(x: np.ndarray) -> float:
+        kept = x[judged & ~np.isnan(x)]
+        return float(np.percentile(kept, 95)) if kept.size else float("nan")
+
+    return p95(per.ttft_seconds), p95(per.tpot_seconds)
 
 
 @dataclass(frozen=True, slots=True)
