@@ -351,5 +351,5 @@ def _verdict(gpus: int, gpu: str, disagg: SplitOption | None, coloc: SplitOption
         how = "beats" if c > d * _TOLERANCE else "ties (within 2 %) with"
         return (f"co-located wins on {gpus} {gpu}: {cap(coloc)} at SLO {how} the best split "
                 f"{cap(disagg)}")
-    return (f"disaggregated {cap(disagg)} at SLO, {d / c - 1:.0%} over the best co-located "
-            f"{cap(coloc)} on {gpus} {gpu}")
+    return (f"disaggregated {cap(disagg)} at SLO on {gpus} {gpu}, {d / c - 1:.1%} over the "
+            f"best co-located option, {cap(coloc)}")
