@@ -16,8 +16,10 @@ from kvtune.tuner.facts.kv_links import FABRICS, KVLink, kv_link
 from kvtune.tuner.planner.policy import Pins
 from kvtune.tuner.planner.presets import preset_profile
 from kvtune.tuner.planner.request import PlanRequest
-from kvtune.tuner.simulator import disaggregated
+from kvtune.tuner.simulator import disagg_search, disaggregated
 from kvtune.tuner.simulator.disagg_search import (
+    RolePlan,
+    SplitOption,
     SplitPins,
     choose_split,
     plan_roles,
@@ -184,3 +186,30 @@ def test_p95_beside_a_capacity_is_over_the_judged_requests() -> None:
     # The first request arrived in the warm-up (the first tenth): not judged, not counted.
     assert ttft == pytest.approx(1.0) and tpot == pytest.approx(0.05)
     assert res.summary()["ttft_p95_seconds"] > 1.0
+
+
+@pytest.mark.parametrize(("split_rate", "chosen", "verdict"), [
+    (10.3, "co-located", "co-located wins on 4 H200: co-located TP1 x4 10.10 req/s at SLO "
+     "ties (within 2 %) with the best split 2P:2D 10.30 req/s"),
+    (10.4, "2P:2D", "disaggregated 2P:2D 10.40 req/s at SLO on 4 H200, 3.0% over the best "
+     "co-located option, co-located TP1 x4 10.10 req/s"),
+    (8.0, "co-located", "co-located wins on 4 H200: co-located TP1 x4 10.10 req/s at SLO "
+     "beats the best split 2P:2D 8.00 req/s"),
+])
+def test_a_split_must_beat_colocated_by_more_than_the_resolution(
+        split_rate: float, chosen: str, verdict: str) -> None:
+    req = plan_request()
+    prefill, decode = plan_roles(req, 1, 1)
+    options = [
+        SplitOption("2P:2D", 2, 2, prefill=RolePlan("prefill", prefill, 2),
+                    decode=RolePlan("decode", decode, 2),
+                    capacity_requests_per_second=split_rate),
+        SplitOption("co-located TP1 x4", 0, 4, colocated=RolePlan("decode", decode, 4),
+                    capacity_requests_per_second=10.1),
+        SplitOption("1P:3D", 1, 3, refused="test: refused"),
+    ]
+    choice = disagg_search._choice(req, 4, FAST, options)
+    assert choice.chosen.label.startswith(chosen)
+    assert choice.message == verdict
+    assert choice.colocated_wins == (chosen == "co-located")
+    assert sum(o.chosen for o in choice.options) == 1
