@@ -26,6 +26,13 @@ from kvtune.cli.options import (
 )
 from kvtune.cli.params import POSITIVE, finite
 from kvtune.cli.plan_compare import with_comparison
+from kvtune.cli.plan_disagg import (
+    check_disagg_options,
+    disagg_options,
+    plan_disaggregated,
+    render_disagg,
+    wants_disagg,
+)
 from kvtune.cli.plan_layout import (
     layout_options,
     layout_rows,
@@ -394,6 +401,7 @@ def _models_help() -> str:
 @gpu_option()
 @tp_option(allow_auto=True)
 @layout_options
+@disagg_options
 @weights_dtype_option()
 @click.option("--context-tokens", type=click.IntRange(2, MAX_PIN_TOKENS),
               help="Session length (prompt+output). With --workload: rescales its p95.")
@@ -487,6 +495,13 @@ def plan(**opts: Any) -> None:
         tp_given, replicas_given = (ctx.get_parameter_source(name)
                                     != click.core.ParameterSource.DEFAULT
                                     for name in ("tp", "replicas"))
+        check_disagg_options(opts, tp_given)
+        if wants_disagg(opts):  # every P:D split and co-located, replayed (issue 26)
+            with Progress("plan", opts["progress"]) as shown:
+                shown("replaying every prefill:decode split and co-located serving")
+                choice = plan_disaggregated(request, opts)
+            click.echo(render_disagg(choice, request, opts["output"]), nl=False)
+            return
         check_auto_options(opts, replicas_given)
 
         def laid_out(req: PlanRequest, plan_fn: Callable[..., PoolPlan]) -> PoolPlan:
