@@ -10,7 +10,7 @@ again) and the caller turns that into kopf's retry policy.
 Each pool's rollout is a sequence of stages (``operator/rollout/``: plan -> render ->
 canary -> apply -> observe); this module checks the spec, resolves what all pools share
 (the model, the profiles, the GPU inventory), runs the stages per pool, and turns the
-outcomes into conditions; ``operator/status.py`` writes status.
+outcomes into conditions; ``operator/kube/status.py`` writes status.
 
 Failure policy: a spec that can never work (bad field, unknown model, a pool that cannot fit
 the model, a template that renders an invalid object) sets ``Degraded`` with a message naming
@@ -28,18 +28,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kvtune.operator import apply as kapply
-from kvtune.operator import (
-    calibration_flow,
-    http_route,
-    routing_status,
-    search_job_flow,
-    search_jobs,
-)
-from kvtune.operator import conditions as cond
-from kvtune.operator import pools as gpu_pools
-from kvtune.operator import routing as routing_module
-from kvtune.operator import status as status_writer
 from kvtune.operator.api import (
     OBJECT_NAME_PATTERN,
     OBJECT_NAME_RULE,
@@ -51,14 +39,23 @@ from kvtune.operator.api import (
     ProfileScope,
     ProfileStatus,
 )
-from kvtune.operator.dropped_fields import dropped_fields
-from kvtune.operator.locks import object_lock
-from kvtune.operator.render import LABEL_DEPLOYMENT, object_name
+from kvtune.operator.api import conditions as cond
+from kvtune.operator.api.dropped_fields import dropped_fields
+from kvtune.operator.api.names import LABEL_DEPLOYMENT, object_name
+from kvtune.operator.api.workloads import declared_profile, profile_from_status, profile_status
+from kvtune.operator.calibration import calibration_flow
+from kvtune.operator.kube import apply as kapply
+from kvtune.operator.kube import pools as gpu_pools
+from kvtune.operator.kube import status as status_writer
+from kvtune.operator.kube.locks import object_lock
+from kvtune.operator.monitoring import routing_status
 from kvtune.operator.rollout import observe
 from kvtune.operator.rollout.outcome import Event, PoolContext
 from kvtune.operator.rollout.plan import PlanInput, policy_for, resolve_model
 from kvtune.operator.rollout.pool import rollout_pool
-from kvtune.operator.workloads import declared_profile, profile_from_status, profile_status
+from kvtune.operator.routing import http_route
+from kvtune.operator.routing import inference_pool as routing_module
+from kvtune.operator.search import search_job_flow, search_jobs
 from kvtune.tuner.errors import InvalidInput, KVTuneError, UnknownName
 from kvtune.tuner.plan import PoolPlan
 from kvtune.tuner.workload import WorkloadProfile
@@ -335,7 +332,8 @@ def _reconcile_locked(
 
     removed = {p.name for p in previous.pools} - {p.pool_name for p in spec.pools}
     if removed and search_jobs.settings().mode != "inProcess":
-        for gone in sorted(removed):  # its search Jobs and ConfigMaps (operator/search_jobs.py)
+        # its search Jobs and ConfigMaps (operator/search/search_jobs.py)
+        for gone in sorted(removed):
             search_job_flow.delete_stale(kube, body, gone, keep=None)
 
     failures = [o.failure for o in outcomes if o.failure]
@@ -347,7 +345,7 @@ def _reconcile_locked(
         failures.append((cond.NAME_COLLISION, gate.collision))
     rolling = [f"{o.status.name}: {o.rolling}" for o in outcomes if o.rolling]
     waiting = [o.status.name for o in outcomes if o.no_nodes]
-    # Pools whose capacity search runs as a Job (operator/search_jobs.py); those without a
+    # Pools whose capacity search runs as a Job (operator/search/search_jobs.py); those without a
     # plan yet are not ready.
     searching = [f"{o.status.name}: {o.searching}" for o in outcomes if o.searching]
     unplanned = [f"{o.status.name}: {o.searching}" for o in outcomes

@@ -18,9 +18,6 @@ from typing import Any
 
 from pydantic.alias_generators import to_camel
 
-from kvtune.operator import apply as kapply
-from kvtune.operator import calibration_flow, gpu_prices, search_budget
-from kvtune.operator import conditions as cond
 from kvtune.operator.api import (
     ExpectedStatus,
     InferenceDeploymentSpec,
@@ -31,9 +28,13 @@ from kvtune.operator.api import (
     ProfileStatus,
     RolloutSpec,
 )
-from kvtune.operator.render import RenderInput, plan_hash, vllm_args
+from kvtune.operator.api import conditions as cond
+from kvtune.operator.calibration import calibration_flow
+from kvtune.operator.kube import apply as kapply
+from kvtune.operator.render.objects import RenderInput, plan_hash, vllm_args
 from kvtune.operator.rollout import plan_checks, search_job_stage
 from kvtune.operator.rollout.outcome import Event, PoolContext, PoolOutcome
+from kvtune.operator.search import gpu_prices, search_budget
 from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan, UnknownName
 from kvtune.tuner.kv_quality import KVQualityEvidence, KVQualityPolicy
 from kvtune.tuner.plan import KVPlan, PoolPlan
@@ -362,7 +363,7 @@ class Planned:
     status: PoolStatus  # the pool's status carrying the new plan
     render_input: RenderInput  # what the render stage renders (placement added there)
     # The traffic continues conversations (history re-sent): the endpoint picker keeps a
-    # request on the pods that hold its prefix (operator/routing.py).
+    # request on the pods that hold its prefix (operator/routing/inference_pool.py).
     multi_turn: bool = False
 
 

@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 
 from kvtune.operator import reconcile as rec
-from kvtune.operator import retune, retune_handlers, retune_state, selectors
-from kvtune.operator import status as status_writer
 from kvtune.operator.api import InferenceDeploymentSpec, PoolStatus, PrometheusSpec
-from kvtune.operator.profiling import (
+from kvtune.operator.api.workloads import declared_profile, profile_status
+from kvtune.operator.kube import status as status_writer
+from kvtune.operator.prometheus import selectors
+from kvtune.operator.prometheus.profiling import (
     LatencyQuantiles,
     ObservedFigures,
     ProfileResult,
@@ -22,10 +23,11 @@ from kvtune.operator.profiling import (
     choose_for_pool,
     queries,
 )
-from kvtune.operator.render import object_name
+from kvtune.operator.render.objects import object_name
+from kvtune.operator.retune import decide as retune
+from kvtune.operator.retune import retune_handlers, retune_state
 from kvtune.operator.rollout import plan as plan_stage
 from kvtune.operator.rollout.outcome import Event
-from kvtune.operator.workloads import declared_profile, profile_status
 from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
 
 PROM = PrometheusSpec(url="http://prometheus:9090", window="1m")
