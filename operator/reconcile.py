@@ -193,7 +193,7 @@ class _Stamp:
     generation: int | None
     now: str | None
 
-    def set(self, conditions: list[Condition], type_: str, ok: bool, reason: str,
+    def set(self, conditions: list[Condition], type_: str, ok: bool | str, reason: str,
             message: str) -> list[Condition]:
         return cond.set_condition(conditions, type_, ok, reason, message,
                                   generation=self.generation, now=self.now)
