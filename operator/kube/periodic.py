@@ -38,7 +38,7 @@ from typing import Any
 
 import kopf
 
-LOG = logging.getLogger("kvtune.operator.kube.periodic")
+LOG = logging.getLogger("kvtune.operator.periodic")
 TICK_SECONDS = 1.0
 # Threads for periodic work: enough that a slow object (a Prometheus query, a long render)
 # does not hold up the others, few enough to bound the API load of a thousand objects.

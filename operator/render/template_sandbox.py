@@ -49,7 +49,7 @@ CACHE_TEXT_BYTES = 64 * 1024  # larger results are not remembered
 _SLOTS = threading.BoundedSemaphore(CONCURRENT)
 _CACHE: OrderedDict[str, tuple[bool, Any]] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
-LOG = logging.getLogger("kvtune.operator.render.template_sandbox")
+LOG = logging.getLogger("kvtune.operator.template_sandbox")
 
 
 class SandboxError(Exception):

@@ -54,7 +54,7 @@ from kvtune.operator.rollout import search_job_stage
 from kvtune.tuner.plan import KVPlan, PoolPlan
 from kvtune.tuner.workload import WorkloadProfile
 
-LOG = logging.getLogger("kvtune.operator.retune.decide")
+LOG = logging.getLogger("kvtune.operator.retune")
 
 # kopf fixes a timer's interval when the module is imported; tests shorten it.
 INTERVAL_SECONDS = float(os.environ.get("KVTUNE_RETUNE_INTERVAL_SECONDS", "60"))
