@@ -119,8 +119,12 @@ def reconcile(
     discovered: Mapping[str, gpu_pools.GPUPool] | None = None,
     now: str | None = None,
     write_status: bool = True,
+    request: ReconcileRequest | None = None,
 ) -> ReconcileResult:
     """Plan, apply (``auto``), and write status when it changed.
+
+    ``request``: all of the keyword arguments below as one typed value (the retune timer's
+    way); when given, the others are left at their defaults.
 
     Each pool is planned on, first found: ``profiles[pool]`` (its scope from
     ``profile_scopes``, default ``pool``); ``profile`` (the observed deployment-wide workload,
@@ -134,7 +138,7 @@ def reconcile(
     ``body`` names the object; it is read again under a per-object lock, so a caller holding
     an older copy (a queued handler, a listing made before a spec change) can never apply an
     older spec over a newer one."""
-    request = ReconcileRequest(
+    request = request or ReconcileRequest(
         profile=profile, profiles=profiles or {}, profile_scopes=profile_scopes or {},
         profile_window=profile_window, plans=plans or {}, nodes=nodes, discovered=discovered,
         now=now, write_status=write_status)

@@ -28,8 +28,7 @@ from kvtune.operator import api
 from kvtune.operator import reconcile as rec
 from kvtune.operator.api import ProfileScope, conditions
 from kvtune.operator.api.durations import parse_duration
-from kvtune.operator.api.workloads import declared_profile, profile_from_status
-from kvtune.operator.calibration import calibration_flow
+from kvtune.operator.api.workloads import declared_profile
 from kvtune.operator.kube import apply as kapply
 from kvtune.operator.kube import periodic
 from kvtune.operator.kube import status as status_writer
@@ -40,19 +39,14 @@ from kvtune.operator.prometheus.profiling import (
     PoolProfile,
     ProfileResult,
     ProfilingSettings,
-    choose_for_pool,
     profile_from_prometheus,
 )
 from kvtune.operator.prometheus.prom_http import PrometheusUnavailable
 from kvtune.operator.prometheus.selectors import SeriesSelector
-from kvtune.operator.retune import decide as retune
-from kvtune.operator.retune import retune_state, slo_observed
-from kvtune.operator.retune.decide import RetuneSettings, RetuneState
+from kvtune.operator.retune import retune_state, slo_observed, tick
+from kvtune.operator.retune.decide import RetuneSettings
 from kvtune.operator.retune.retune_state import finite
 from kvtune.operator.rollout import plan as plan_stage
-from kvtune.operator.rollout import search_job_stage
-from kvtune.tuner.plan import KVPlan, PoolPlan
-from kvtune.tuner.workload import WorkloadProfile
 
 LOG = logging.getLogger("kvtune.operator.retune")
 
@@ -108,44 +102,6 @@ class RetuneEvent:
     message: str
 
 
-# Which pool's decision names the tick (status.profile.retune.reason, the Event): the one
-# furthest along, so a roll-out or a pending re-plan is never hidden by a quiet pool.
-_REASON_RANK = {reason: rank for rank, reason in enumerate((
-    retune.BELOW_THRESHOLD, retune.PROFILE_UNTRUSTED, retune.DWELL_PENDING,
-    retune.STILL_SHIFTING, retune.MIN_INTERVAL_PENDING, retune.REPLAN,
-    retune.PLAN_UNCHANGED, retune.PLAN_CHANGED), start=1)}
-
-
-@dataclass
-class _PoolTick:
-    """One pool's part of a tick: the profile chosen for it and the decision."""
-
-    name: str
-    choice: PoolProfile
-    observed: WorkloadProfile | None  # the chosen profile, kind as declared
-    baseline: WorkloadProfile  # behind the pool's running plan
-    baseline_scope: ProfileScope
-    selector: str
-    decision: retune.Decision
-    reason: str
-    message: str
-    state: RetuneState
-    material: bool = False
-    # The re-plan on ``observed`` gave the running plan exactly: the observed profile becomes
-    # the pool's basis (drift is measured from it from now on) and nothing rolls out.
-    adopted: bool = False
-    new_plan: PoolPlan | None = None  # planned on ``observed`` when the decision is replan
-
-    def status(self) -> api.RetunePoolStatus:
-        drift = self.decision.drift
-        return api.RetunePoolStatus(
-            name=self.name, scope=self.choice.scope, selector=self.selector,
-            requests=self.choice.requests, profile_message=self.choice.message,
-            reason=self.reason, message=self.message,
-            drift_score=finite(drift.score) if drift else None,
-            state=retune_state.state_status(self.state))
-
-
 @dataclass
 class RetuneOutcome:
     reason: str
@@ -155,14 +111,6 @@ class RetuneOutcome:
     events: list[RetuneEvent] = field(default_factory=list)
     profile: ProfileResult | None = None  # the deployment-wide one
     pool_profiles: dict[str, PoolProfile] = field(default_factory=dict)
-
-
-def _current_plans(status: api.InferenceDeploymentStatus) -> dict[str, KVPlan]:
-    out: dict[str, KVPlan] = {}
-    for pool in status.pools:
-        if pool.plan is not None:
-            out[pool.name] = KVPlan.model_validate(pool.plan.model_dump())
-    return out
 
 
 def export_plan_gauges(namespace: str, name: str,
@@ -185,7 +133,9 @@ def retune_once(
     profiler: Callable[[str, ProfilingSettings], ProfileResult] = profile_from_prometheus,
     min_requests: int = MIN_REQUESTS,
 ) -> RetuneOutcome:
-    """One tick for one InferenceDeployment; see the module docstring."""
+    """One tick for one InferenceDeployment; see the module docstring. The steps: follow a
+    rollout this timer started, read the inputs, observe (Prometheus), decide each pool
+    (pure), re-plan the drifted ones, hand the reconcile seam one typed request, report."""
     now = time.time() if now_seconds is None else now_seconds
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
@@ -196,16 +146,56 @@ def retune_once(
                              "the retune timer does nothing")
     # The Events of the reconciles this tick runs (PlanChanged, RolloutStarted, a canary's
     # verdict): posted with the tick's own, as the handlers post theirs.
-    carried: list[RetuneEvent] = []
+    body, carried = _follow_rollout(body, kube)
+    export_plan_gauges(namespace, name, status_writer.read(body))
+    inp = _tick_inputs(body, spec, prom)
+    seen = _observe(kube, body, inp, profiler, min_requests)
+    if isinstance(seen, RetuneOutcome):
+        seen.events[:0] = carried
+        return seen
+    PROFILE_STALE.labels(namespace, name).set(0)
+    PROFILE_LAST_SUCCESS.labels(namespace, name).set(now)
+    ticks = tick.decide_pools(inp, seen, now)
+    tick.replan(kube, body, inp, ticks, now)
+    wide = tick.as_declared(seen.result.profile if seen.result.trusted else None,
+                            inp.declared)
+    request = tick.reconcile_request(ticks, wide, prom.window)
+    event_type: Literal["Normal", "Warning"] = "Normal"
+    if request is not None:
+        outcome = rec.reconcile(body, kube=kube, request=request)
+        carried += _reconcile_events(outcome)
+        if outcome.permanent_error:
+            event_type = "Warning"
+            for t in ticks:
+                if t.material:
+                    t.message = f"{t.message}; reconcile: {outcome.permanent_error}"
+        export_plan_gauges(namespace, name, api.InferenceDeploymentStatus.model_validate(
+            outcome.status))
+    return _report(kube, body, inp, seen, ticks, min_requests,
+                   [*carried], event_type, rolled_out=request is not None
+                   and any(t.material for t in ticks))
+
+
+def _follow_rollout(body: Mapping[str, Any], kube: kapply.Kube
+                    ) -> tuple[Mapping[str, Any], list[RetuneEvent]]:
+    """A rollout this timer started is checked here: no spec change will re-trigger the
+    handlers. The plan comes from the stored profile, so nothing new is applied."""
     progressing = conditions.get_condition(status_writer.read(body).conditions,
                                            conditions.PROGRESSING)
-    if progressing is not None and progressing.status == "True" \
-            and progressing.reason == conditions.ROLLING_OUT:
-        # A rollout this timer started is checked here: no spec change will re-trigger the
-        # handlers. The plan comes from the stored profile, so nothing new is applied.
-        carried += _reconcile_events(rec.reconcile(body, kube=kube))
-        body = kapply.read_inference_deployment(kube, namespace, name) or body
-    export_plan_gauges(namespace, name, status_writer.read(body))
+    if progressing is None or progressing.status != "True" \
+            or progressing.reason != conditions.ROLLING_OUT:
+        return body, []
+    carried = _reconcile_events(rec.reconcile(body, kube=kube))
+    meta = body["metadata"]
+    return kapply.read_inference_deployment(kube, meta["namespace"], meta["name"]) or body, \
+        carried
+
+
+def _tick_inputs(body: Mapping[str, Any], spec: api.InferenceDeploymentSpec,
+                 prom: api.PrometheusSpec) -> tick.TickInputs:
+    """The spec's retune settings, the status as read, the plans in force, each pool's
+    series."""
+    meta = body["metadata"]
     window_seconds = parse_duration(prom.window, field="spec.tuning.prometheus.window")
     retune_spec = spec.tuning.retune or api.RetuneSpec()
     settings = RetuneSettings(
@@ -217,28 +207,42 @@ def retune_once(
                                             field="spec.tuning.retune.minInterval"),
     )
     previous = status_writer.read(body)
-    plans = _current_plans(previous)
-    cap = max((p.max_model_len for p in plans.values()), default=None)
+    return tick.TickInputs(
+        spec=spec, prom=prom, window_seconds=window_seconds, settings=settings,
+        previous=previous, plans=tick.current_plans(previous),
+        pool_series={pool.pool_name: selectors.pool_selector(
+            prom, namespace=meta["namespace"], deployment=meta["name"], pool=pool.pool_name)
+            for pool in spec.pools},
+        declared=declared_profile(spec.workload))
+
+
+def _observe(kube: kapply.Kube, body: Mapping[str, Any], inp: tick.TickInputs,
+             profiler: Callable[[str, ProfilingSettings], ProfileResult],
+             min_requests: int) -> tick.Observed | RetuneOutcome:
+    """The window's profiles from Prometheus: the deployment's and each pool's own; when
+    Prometheus fails, the stale report written and the tick's failed outcome."""
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    cap = max((p.max_model_len for p in inp.plans.values()), default=None)
 
     def settings_for(series: SeriesSelector, max_model_len: int | None) -> ProfilingSettings:
-        return ProfilingSettings.for_series(series, window_seconds=window_seconds,
+        return ProfilingSettings.for_series(series, window_seconds=inp.window_seconds,
                                             min_requests=min_requests,
                                             max_model_len_tokens=max_model_len)
 
-    pool_series = {pool.pool_name: selectors.pool_selector(
-        prom, namespace=namespace, deployment=name, pool=pool.pool_name) for pool in spec.pools}
     own: dict[str, ProfileResult] = {}
     try:
-        result = profiler(prom.url, settings_for(
-            selectors.deployment_selector(spec.model.name), cap))
-        for pool_name, series in pool_series.items():
+        result = profiler(inp.prom.url, settings_for(
+            selectors.deployment_selector(inp.spec.model.name), cap))
+        for pool_name, series in inp.pool_series.items():
             if series is not None:
-                plan = plans.get(pool_name)
-                own[pool_name] = profiler(prom.url, settings_for(
+                plan = inp.plans.get(pool_name)
+                own[pool_name] = profiler(inp.prom.url, settings_for(
                     series, plan.max_model_len if plan else cap))
     except PrometheusUnavailable as exc:
         # The exception's text is short and never quotes a reply; cut it anyway: a condition
         # is readable by anyone who may get the object.
+        previous = inp.previous
         message = (f"{str(exc)[:MAX_REASON_CHARS]}; keeping the last good profile "
                    f"({previous.profile.source if previous.profile else 'declared'}) and the "
                    f"running plan")
@@ -246,141 +250,32 @@ def retune_once(
         status_writer.write_profile_report(kube, namespace, name, stale=(
             True, exc.reason, message))
         return RetuneOutcome(exc.reason, message, failed=True,
-                             events=[*carried, RetuneEvent("Warning", exc.reason, message)])
-    PROFILE_STALE.labels(namespace, name).set(0)
-    PROFILE_LAST_SUCCESS.labels(namespace, name).set(now)
+                             events=[RetuneEvent("Warning", exc.reason, message)])
+    return tick.Observed(result=result, own=own)
 
-    declared = declared_profile(spec.workload)
 
-    def as_declared(p: WorkloadProfile | None) -> WorkloadProfile | None:
-        # Metrics cannot tell the workload's kind or whether requests re-send a conversation;
-        # those stay as declared, so this plan and any later re-plan from the stored profile
-        # (which the reconcile seam rebuilds on the declared one) agree.
-        return None if p is None else p.model_copy(update={"kind": declared.kind,
-                                                           "multi_turn": declared.multi_turn})
-
-    wide = as_declared(result.profile if result.trusted else None)
-    wide_baseline = profile_from_status(previous.profile, declared)
-    prev_pools = {p.name: p for p in previous.pools}
-    ticks: list[_PoolTick] = []
-    for pool in spec.pools:
-        pool_name = pool.pool_name
-        choice = choose_for_pool(pool_name, own.get(pool_name), result)
-        kept = prev_pools[pool_name].profile if pool_name in prev_pools else None
-        kept_observed = kept is not None and kept.source == "prometheus"
-        # The profile behind the pool's plan in force: a pool planned on the declared
-        # workload stays on it until its own decision re-plans it.
-        baseline = profile_from_status(kept, declared) if kept_observed \
-            else declared if kept is not None else wide_baseline
-        decision = retune.decide(
-            now_seconds=now, baseline=baseline, observed=as_declared(choice.profile),
-            untrusted_reason=choice.message, state=retune_state.state_from_status(
-                previous, pool_name, declared),
-            settings=settings)
-        series = pool_series[pool_name]
-        ticks.append(_PoolTick(
-            name=pool_name, choice=choice, observed=as_declared(choice.profile),
-            baseline=baseline,
-            baseline_scope=kept.scope if kept_observed and kept and kept.scope else "deployment",
-            selector=series.promql() if series is not None else "",
-            decision=decision, reason=decision.reason, message=decision.message,
-            state=decision.state))
-
-    rolled_out = False
-    event_type: Literal["Normal", "Warning"] = "Normal"
-    replan = [t for t in ticks if t.decision.action == "replan" and t.observed is not None]
-    if replan:
-        model = plan_stage.resolve_model(spec, namespace, kube)
-        # Gated as the last reconcile was (issue 15): a dtype held back for its calibration
-        # is no material change.
-        kv_policy, kv_evidence = calibration_flow.from_status(spec, previous.kv_quality)
-        policy = plan_stage.policy_for(spec).model_copy(update={"kv_quality": kv_policy})
-        by_name = {p.pool_name: p for p in spec.pools}
-        index = {p.pool_name: i for i, p in enumerate(spec.pools)}
-        for t in replan:
-            assert t.observed is not None
-            # The chart's search.mode: the search as a Job (operator/search/search_jobs.py); until
-            # it answers the pool is decided on a later tick (its drift still stands).
-            by_job = search_job_stage.plan_for_retune(
-                kube, body, spec, by_name[t.name], model, t.observed, policy, kv_evidence,
-                running=plans.get(t.name), scope=t.choice.scope)
-            if isinstance(by_job, str):
-                t.reason, t.message = conditions.SEARCH_RUNNING, \
-                    f"{t.decision.message}; {by_job}"
-                continue
-            t.new_plan = by_job if by_job is not None else plan_stage.plan_one_pool(
-                spec, by_name[t.name], model, t.observed, policy, kv_evidence,
-                running=plans.get(t.name), pool_field=f"spec.pools[{index[t.name]}]",
-                scope=t.choice.scope)
-            t.material, why = retune.plan_change_matters(plans.get(t.name), t.new_plan.plan)
-            if t.material:
-                t.reason = retune.PLAN_CHANGED
-                t.message = f"{t.decision.message}; new plan: {', '.join(why)}"
-                t.state = RetuneState(drift_since_seconds=None, last_rollout_seconds=now)
-            elif plans.get(t.name) == t.new_plan.plan:
-                # Without adopting the profile, drift from the old basis would stay above the
-                # threshold and the pool would be re-planned every dwell time for ever.
-                t.adopted = True
-                t.reason = retune.PLAN_UNCHANGED
-                t.message = (f"{t.decision.message}; the plan for the observed traffic is the "
-                             f"running one: the observed profile is now the plan's basis; "
-                             f"nothing rolled out")
-                t.state = RetuneState(drift_since_seconds=None,
-                                      last_rollout_seconds=t.state.last_rollout_seconds)
-            else:
-                t.reason = retune.PLAN_UNCHANGED
-                t.message = (f"{t.decision.message}; the new plan differs only by noise: "
-                             f"{', '.join(why)}; nothing rolled out")
-                # Look again after another dwell time rather than re-plan every tick. The
-                # basis stays: adopting it would re-plan to the noisy plan on a restart.
-                t.state = t.state.model_copy(update={"drift_since_seconds": now,
-                                                     "stable_since_seconds": now})
-    if any(t.material or t.adopted for t in ticks):
-        # Every pool is passed: a re-planned pool its observed profile, the others the one
-        # behind their running plan (so they keep it: a pool that did not drift is not
-        # re-planned).
-        outcome = rec.reconcile(
-            body, kube=kube, profile=wide,
-            profiles={t.name: t.observed if (t.material or t.adopted) and t.observed
-                      else t.baseline for t in ticks},
-            profile_scopes={t.name: t.choice.scope if t.material or t.adopted
-                            else t.baseline_scope for t in ticks},
-            # The plan stage ran once for each re-planned pool: reconcile applies that plan
-            # (an adopted one has the running plan's hash: same revision, no new pods).
-            plans={t.name: t.new_plan for t in ticks
-                   if (t.material or t.adopted) and t.new_plan},
-            profile_window=prom.window)
-        carried += _reconcile_events(outcome)
-        rolled_out = any(t.material for t in ticks)
-        if outcome.permanent_error:
-            event_type = "Warning"
-            for t in ticks:
-                if t.material:
-                    t.message = f"{t.message}; reconcile: {outcome.permanent_error}"
-        export_plan_gauges(namespace, name, api.InferenceDeploymentStatus.model_validate(
-            outcome.status))
-
-    top = max(ticks, key=lambda t: _REASON_RANK.get(t.reason, 0))
-    reason = top.reason
-    message = ticks[0].message if len(ticks) == 1 else " | ".join(
-        f"pool {t.name}: {t.message}" for t in ticks)
+def _report(kube: kapply.Kube, body: Mapping[str, Any], inp: tick.TickInputs,
+            seen: tick.Observed, ticks: list[tick.PoolTick], min_requests: int,
+            carried: list[RetuneEvent], event_type: Literal["Normal", "Warning"], *,
+            rolled_out: bool) -> RetuneOutcome:
+    """The tick's metrics, its report in status (one transaction) and its outcome."""
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    reason, message = tick.tick_reason(ticks)
     drifts = [t.decision.drift.score for t in ticks if t.decision.drift is not None]
     if drifts:
         DRIFT_SCORE.labels(namespace, name).set(max(drifts))
     DECISIONS.labels(namespace, name, reason).inc()
-    retune_status = api.RetuneStatus(
-        reason=reason, message=message, at=conditions.now_rfc3339(),
-        drift_score=finite(max(drifts)) if drifts else None,
-        drift_threshold=settings.drift_threshold, dwell_seconds=settings.dwell_seconds,
-        pools=[t.status() for t in ticks],
-    )
-    seen_slo, slo_condition = observed_slo(spec, previous, own, result, min_requests)
+    retune_status = tick.retune_status(ticks, inp.settings, conditions.now_rfc3339())
+    seen_slo, slo_condition = observed_slo(inp.spec, inp.previous, seen.own, seen.result,
+                                           min_requests)
     events = [*carried, RetuneEvent(event_type, f"Retune{reason}", message)]
-    was = conditions.get_condition(previous.conditions, conditions.SLO_BELOW_PREDICTION)
+    was = conditions.get_condition(inp.previous.conditions, conditions.SLO_BELOW_PREDICTION)
     if slo_condition is not None and slo_condition[0] == "True" and (
             was is None or was.status != "True"):
         events.append(RetuneEvent("Warning", conditions.SLO_BELOW_PREDICTION,
                                   slo_condition[2]))
+    result = seen.result
     status_writer.write_profile_report(
         kube, namespace, name, stale=(False, result.reason, result.message),
         report=status_writer.ProfileReport(

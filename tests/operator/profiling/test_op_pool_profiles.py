@@ -222,7 +222,7 @@ def test_each_pool_is_decided_and_planned_on_its_own_profile(
     calls: list[dict[str, Any]] = []
 
     def fake_reconcile(body: Any, **kw: Any) -> Any:
-        calls.append(kw)
+        calls.append(vars(kw["request"]))  # the one typed request
         return rec.ReconcileResult(status=dict(body.get("status") or {}),
                                    status_changed=True,
                                    events=[Event("Normal", "RolloutStarted", "bot-docs r2")])
@@ -304,7 +304,7 @@ def test_a_replan_that_gives_the_running_plan_adopts_the_observed_profile(
     calls: list[dict[str, Any]] = []
 
     def fake_reconcile(body: Any, **kw: Any) -> Any:
-        calls.append(kw)
+        calls.append(vars(kw["request"]))  # the one typed request
         return rec.ReconcileResult(status=dict(body.get("status") or {}),
                                    status_changed=True)
 
