@@ -226,12 +226,32 @@ def _seconds(w: str) -> float:
 
 def rule_groups(inp: AlertInputs) -> list[dict[str, Any]]:
     labels = {"namespace": inp.namespace, "kvtune_deployment": inp.name}
+    kv_rules = [*_kv_usage_rules(inp, labels), *_prefix_rules(inp, labels),
+                _preemption_rule(inp, labels), *_capacity_rules(inp, labels)]
+    for pool in inp.pools:
+        kv_rules.extend(_vram_share_rules(inp, pool, labels))
+    groups = [
+        {"name": f"kvtune-{inp.namespace}-{inp.name}-kv-cache", "rules": kv_rules},
+        {"name": f"kvtune-{inp.namespace}-{inp.name}-operator",
+         "rules": _operator_rules(inp, labels)},
+    ]
+    if inp.ttft_p95_seconds is not None:
+        groups.append(_burn_group(inp, "ttft", vm.TIME_TO_FIRST_TOKEN, inp.ttft_p95_seconds,
+                                  slo_buckets.TTFT_FAMILY, labels))
+    if inp.tpot_p95_seconds is not None:
+        groups.append(_burn_group(inp, "tpot", vm.TIME_PER_OUTPUT_TOKEN, inp.tpot_p95_seconds,
+                                  slo_buckets.TPOT_FAMILY, labels))
+    return groups
+
+
+def _kv_usage_rules(inp: AlertInputs, labels: dict[str, str]) -> list[dict[str, Any]]:
+    """The KV cache saturated (requests wait) or underused (while serving)."""
     base = {**inp.target_labels, "namespace": inp.namespace, "model_name": inp.model_name}
     s = _sel(base)
     by = "by (namespace, model_name, instance, engine)"
     usage = vm.KV_CACHE_USAGE_PERC
     who = f"{inp.namespace}/{inp.name}"
-    kv_rules: list[dict[str, Any]] = [
+    return [
         {
             "alert": "KVCacheSaturated",
             "expr": (f"max {by} ({usage}{s}) > 0.9 and "
@@ -263,38 +283,55 @@ def rule_groups(inp: AlertInputs) -> list[dict[str, Any]]:
             },
         },
     ]
+
+
+def _prefix_rules(inp: AlertInputs, labels: dict[str, str]) -> list[dict[str, Any]]:
+    """On a workload that shares prefixes: the prefix cache's hit rate and what it saves."""
+    if not inp.shares_prefixes:
+        return []
+    base = {**inp.target_labels, "namespace": inp.namespace, "model_name": inp.model_name}
+    s = _sel(base)
+    who = f"{inp.namespace}/{inp.name}"
+    kv_rules: list[dict[str, Any]] = []
     hits = f"sum(rate({vm.counter(vm.PREFIX_CACHE_HITS)}{s}[30m]))"
     queries = f"sum(rate({vm.counter(vm.PREFIX_CACHE_QUERIES)}{s}[30m]))"
-    if inp.shares_prefixes:
-        kv_rules.append({
-            "alert": "PrefixCacheHitRateLow",
-            "expr": f"({hits} / {queries}) < 0.3 and {queries} > 0",
-            "for": "30m",
-            "labels": {**labels, "severity": "warning"},
-            "annotations": {
-                "summary": f"{who}: prefix cache hit rate under 30 %",
-                "description": ("Prefix cache hit rate {{ $value | humanizePercentage }} over "
-                                "30m on a workload that shares prefixes: prefix caching is off "
-                                "or not working (block size, cache_salt, eviction)."),
-            },
-        })
-        prompt = f"sum(rate({vm.REQUEST_PROMPT_TOKENS}_sum{s}[30m]))"
-        computed = f"sum(rate({vm.REQUEST_PREFILL_KV_COMPUTED_TOKENS}_sum{s}[30m]))"
-        kv_rules.append({
-            "alert": "PrefixCacheTTFTGapSmall",
-            "expr": f"({prompt} / {computed}) < 1.5 and {computed} > 0",
-            "for": "30m",
-            "labels": {**labels, "severity": "warning"},
-            "annotations": {
-                "summary": f"{who}: cached requests are spared under 1.5x of prefill",
-                "description": ("Prompt tokens per prefill token computed: {{ $value }} over "
-                                "30m. Cached requests cannot reach first token 1.5x faster "
-                                "than uncached ones (vLLM 0.33 does not split TTFT by cache "
-                                "status; this is the prefill work the cache saves)."),
-            },
-        })
-    pre = vm.counter(vm.NUM_PREEMPTIONS)
     kv_rules.append({
+        "alert": "PrefixCacheHitRateLow",
+        "expr": f"({hits} / {queries}) < 0.3 and {queries} > 0",
+        "for": "30m",
+        "labels": {**labels, "severity": "warning"},
+        "annotations": {
+            "summary": f"{who}: prefix cache hit rate under 30 %",
+            "description": ("Prefix cache hit rate {{ $value | humanizePercentage }} over "
+                            "30m on a workload that shares prefixes: prefix caching is off "
+                            "or not working (block size, cache_salt, eviction)."),
+        },
+    })
+    prompt = f"sum(rate({vm.REQUEST_PROMPT_TOKENS}_sum{s}[30m]))"
+    computed = f"sum(rate({vm.REQUEST_PREFILL_KV_COMPUTED_TOKENS}_sum{s}[30m]))"
+    kv_rules.append({
+        "alert": "PrefixCacheTTFTGapSmall",
+        "expr": f"({prompt} / {computed}) < 1.5 and {computed} > 0",
+        "for": "30m",
+        "labels": {**labels, "severity": "warning"},
+        "annotations": {
+            "summary": f"{who}: cached requests are spared under 1.5x of prefill",
+            "description": ("Prompt tokens per prefill token computed: {{ $value }} over "
+                            "30m. Cached requests cannot reach first token 1.5x faster "
+                            "than uncached ones (vLLM 0.33 does not split TTFT by cache "
+                            "status; this is the prefill work the cache saves)."),
+        },
+    })
+    return kv_rules
+
+
+def _preemption_rule(inp: AlertInputs, labels: dict[str, str]) -> dict[str, Any]:
+    """Preemptions over 10m at more than twice the previous hour's rate."""
+    base = {**inp.target_labels, "namespace": inp.namespace, "model_name": inp.model_name}
+    s = _sel(base)
+    who = f"{inp.namespace}/{inp.name}"
+    pre = vm.counter(vm.NUM_PREEMPTIONS)
+    return {
         "alert": "KVCachePreemptionsRising",
         "expr": (f"sum(rate({pre}{s}[10m])) > (1 / 60) and "
                  f"sum(rate({pre}{s}[10m])) > 2 * (sum(rate({pre}{s}[1h] offset 10m)) "
@@ -307,7 +344,13 @@ def rule_groups(inp: AlertInputs) -> list[dict[str, Any]]:
                             "the previous hour: requests are evicted and recomputed for lack "
                             "of KV blocks."),
         },
-    })
+    }
+
+
+def _capacity_rules(inp: AlertInputs, labels: dict[str, str]) -> list[dict[str, Any]]:
+    """Per pool with an expected block count: the runtime's blocks off the plan."""
+    who = f"{inp.namespace}/{inp.name}"
+    kv_rules: list[dict[str, Any]] = []
     for pool in inp.pools:
         if pool.expected_num_gpu_blocks is None:
             continue
@@ -331,13 +374,15 @@ def rule_groups(inp: AlertInputs) -> list[dict[str, Any]]:
                                 f"this GPU or the runtime was changed by hand."),
             },
         })
+    return kv_rules
 
-    for pool in inp.pools:
-        kv_rules.extend(_vram_share_rules(inp, pool, labels))
 
+def _operator_rules(inp: AlertInputs, labels: dict[str, str]) -> list[dict[str, Any]]:
+    """kvtune's own: the profile is stale."""
+    who = f"{inp.namespace}/{inp.name}"
     op_sel = _sel({"namespace": inp.namespace, "name": inp.name})
     stale_after = 3 * inp.profile_window_seconds
-    operator_rules = [
+    return [
         {
             "alert": "KVTuneProfileStale",
             "expr": (f"max(kvtune_profile_stale{op_sel}) == 1 or "
@@ -353,17 +398,6 @@ def rule_groups(inp: AlertInputs) -> list[dict[str, Any]]:
             },
         },
     ]
-    groups = [
-        {"name": f"kvtune-{inp.namespace}-{inp.name}-kv-cache", "rules": kv_rules},
-        {"name": f"kvtune-{inp.namespace}-{inp.name}-operator", "rules": operator_rules},
-    ]
-    if inp.ttft_p95_seconds is not None:
-        groups.append(_burn_group(inp, "ttft", vm.TIME_TO_FIRST_TOKEN, inp.ttft_p95_seconds,
-                                  slo_buckets.TTFT_FAMILY, labels))
-    if inp.tpot_p95_seconds is not None:
-        groups.append(_burn_group(inp, "tpot", vm.TIME_PER_OUTPUT_TOKEN, inp.tpot_p95_seconds,
-                                  slo_buckets.TPOT_FAMILY, labels))
-    return groups
 
 
 # The article's bounds on the share of GPU memory the KV cache holds.
