@@ -218,6 +218,36 @@ def render_pool(inp: RenderInput) -> list[dict[str, Any]]:
         LABEL_GPU_CLASS: inp.pool_plan.gpu_class,
         LABEL_PLAN_REVISION: str(inp.revision),
     }
+    context = _pod_context(inp, name, hash_, labels, selector, kvtune_entrypoint)
+    if inp.pod_template is not None:
+        pod_where = "spec.runtime.podTemplate (ConfigMap template)"
+        pod = _tenant_pod(inp, context, labels, hash_, pod_where)
+    else:
+        pod_where = "pod.yaml.j2"
+        pod = _check_pod_template(
+            _render_yaml("pod.yaml.j2", "pod.yaml.j2", context), "pod.yaml.j2")
+    try:
+        pod_policy.check(pod)
+    except pod_policy.PolicyViolation as exc:
+        raise RenderError(f"{pod_where}: {exc}") from exc
+    try:
+        tenant_reach.check(pod, spec_image=inp.image, spec_secrets=inp.secrets)
+    except tenant_reach.ReachRefused as exc:
+        raise ReachError(f"{pod_where}: {exc}") from exc
+    if kvtune_entrypoint:
+        # The ServiceAccount, its Role and the reports ConfigMap are the chart's, per
+        # namespace (operator/render/runtime_access.py): the operator creates no RBAC objects.
+        runtime_access.use_runtime_access(pod)
+    context["pod_template"] = pod
+    return [
+        _render_yaml(t, t, context)
+        for t in ("deployment.yaml.j2", "service.yaml.j2", "pdb.yaml.j2")
+    ]
+
+
+def _pod_context(inp: RenderInput, name: str, hash_: str, labels: dict[str, str],
+                 selector: dict[str, str], kvtune_entrypoint: bool) -> dict[str, Any]:
+    """What the templates (kvtune's and a tenant's) read of the pool and its plan."""
     scrape = {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(VLLM_PORT),
@@ -227,7 +257,7 @@ def render_pool(inp: RenderInput) -> list[dict[str, Any]]:
     tolerations = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
                    *inp.tolerations]
     resources_, shm_size_limit = container_resources(inp.pool_plan)
-    context: dict[str, Any] = {
+    return {
         "name": name,
         "namespace": inp.namespace,
         "pool": inp.pool,
@@ -262,50 +292,35 @@ def render_pool(inp: RenderInput) -> list[dict[str, Any]]:
         # The chart's podPolicy.level: kvtune's own pod template meets it.
         "pod_security": pod_policy.CONFIG.level,
     }
-    if inp.pod_template is not None:
-        pod_where = "spec.runtime.podTemplate (ConfigMap template)"
-        try:
-            rendered = template_sandbox.render_yaml(inp.pod_template, context,
-                                                    tenant=inp.namespace)
-        except template_sandbox.SandboxError as exc:
-            raise RenderError(f"{pod_where}: {exc}") from exc
-        pod = _check_pod_template(rendered, pod_where)
-        # The selector's labels must be on the pods whatever the user's template says,
-        # or the Deployment is refused; the plan hash too, so a plan change rolls out.
-        meta = pod.setdefault("metadata", {}) or {}
-        pod["metadata"] = meta
-        # kvtune's own labels (its selector, class, revision) are not the template's to change
-        # (issue 25): one with another value is refused, loudly; a label the API server would
-        # refuse fails here, once, not at each apply.
-        own = meta.get("labels") or {}
-        for key, value in labels.items():
-            if key in own and own[key] != value:
-                raise RenderError(f"{pod_where}: metadata.labels[{key!r}]={own[key]!r} "
-                                  f"overrides kvtune's own ({value!r}), which it selects on; "
-                                  f"remove it from the template (pod_labels has kvtune's)")
-        meta["labels"] = {**own, **labels}
-        problem = spec_bounds.label_problem(meta["labels"])
-        if problem:
-            raise RenderError(f"{pod_where}: metadata.labels{problem}; fix the template")
-        meta["annotations"] = {**(meta.get("annotations") or {}), ANNOTATION_PLAN_HASH: hash_}
-    else:
-        pod_where = "pod.yaml.j2"
-        pod = _check_pod_template(
-            _render_yaml("pod.yaml.j2", "pod.yaml.j2", context), "pod.yaml.j2")
+
+
+def _tenant_pod(inp: RenderInput, context: dict[str, Any], labels: dict[str, str],
+                hash_: str, pod_where: str) -> dict[str, Any]:
+    """The pod of a tenant's template (rendered in the sandbox), with kvtune's labels and
+    plan hash on it."""
+    assert inp.pod_template is not None
     try:
-        pod_policy.check(pod)
-    except pod_policy.PolicyViolation as exc:
+        rendered = template_sandbox.render_yaml(inp.pod_template, context,
+                                                tenant=inp.namespace)
+    except template_sandbox.SandboxError as exc:
         raise RenderError(f"{pod_where}: {exc}") from exc
-    try:
-        tenant_reach.check(pod, spec_image=inp.image, spec_secrets=inp.secrets)
-    except tenant_reach.ReachRefused as exc:
-        raise ReachError(f"{pod_where}: {exc}") from exc
-    if kvtune_entrypoint:
-        # The ServiceAccount, its Role and the reports ConfigMap are the chart's, per
-        # namespace (operator/render/runtime_access.py): the operator creates no RBAC objects.
-        runtime_access.use_runtime_access(pod)
-    context["pod_template"] = pod
-    return [
-        _render_yaml(t, t, context)
-        for t in ("deployment.yaml.j2", "service.yaml.j2", "pdb.yaml.j2")
-    ]
+    pod = _check_pod_template(rendered, pod_where)
+    # The selector's labels must be on the pods whatever the user's template says,
+    # or the Deployment is refused; the plan hash too, so a plan change rolls out.
+    meta = pod.setdefault("metadata", {}) or {}
+    pod["metadata"] = meta
+    # kvtune's own labels (its selector, class, revision) are not the template's to change
+    # (issue 25): one with another value is refused, loudly; a label the API server would
+    # refuse fails here, once, not at each apply.
+    own = meta.get("labels") or {}
+    for key, value in labels.items():
+        if key in own and own[key] != value:
+            raise RenderError(f"{pod_where}: metadata.labels[{key!r}]={own[key]!r} "
+                              f"overrides kvtune's own ({value!r}), which it selects on; "
+                              f"remove it from the template (pod_labels has kvtune's)")
+    meta["labels"] = {**own, **labels}
+    problem = spec_bounds.label_problem(meta["labels"])
+    if problem:
+        raise RenderError(f"{pod_where}: metadata.labels{problem}; fix the template")
+    meta["annotations"] = {**(meta.get("annotations") or {}), ANNOTATION_PLAN_HASH: hash_}
+    return pod

@@ -234,7 +234,7 @@ def test_sigterm_stops_a_process_whose_template_loops(tmp_path: Any) -> None:
     pipe, so the main thread runs its signal handler at once."""
     script = (
         "import signal, sys, threading\n"
-        "from kvtune.operator import template_sandbox as ts\n"
+        "from kvtune.operator.render import template_sandbox as ts\n"
         "signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))\n"
         "t = threading.Thread(target=lambda: ts.render_yaml("
         "'{% for i in range(99997) %}{% for j in range(99999) %}{% endfor %}{% endfor %}', {},"
