@@ -75,6 +75,56 @@ def _capacity_shortfall(ctx: PoolContext, planned: Planned,
 
 def render(ctx: PoolContext, planned: Planned,
            discovered: Mapping[str, gpu_pools.GPUPool]) -> Rendered | PoolOutcome:
+    placement = _place(ctx, planned, discovered)
+    if isinstance(placement, PoolOutcome):
+        return placement
+    status, affinity = placement.status, placement.affinity
+    pool = ctx.pool
+    template = _tenant_template(ctx)
+    if isinstance(template, PoolOutcome):
+        return template
+    inp = dataclasses.replace(planned.render_input, affinity=affinity, pod_template=template)
+    # What the Deployment runs now (the plan in status may be one only recommended).
+    running = kapply.read_deployment(ctx.kube, ctx.namespace,
+                                     object_name(ctx.name, pool.pool_name))
+    running_hash = ((running or {}).get("metadata", {}).get("annotations") or {}).get(
+        ANNOTATION_PLAN_HASH)
+    objects = _render_objects(ctx, inp)
+    if isinstance(objects, PoolOutcome):
+        return objects
+    if ctx.spec.routing.enabled:
+        if not routing.operator_enabled():
+            return ctx.failed(cond.INVALID_SPEC, "spec.routing.enabled=true, but this operator "
+                              "was installed without routing (the chart value routing.enabled, "
+                              "which needs the Gateway API Inference Extension's CRDs): set it, "
+                              "or set spec.routing.enabled=false")
+        deployment = model_server(objects)
+        objects = [*objects, *routing.routing_objects(
+            name=ctx.name, namespace=ctx.namespace, pool=pool.pool_name,
+            pool_plan=planned.pool_plan, labels=dict(deployment["metadata"]["labels"]),
+            prefix_hit_rate=planned.pool_plan.expected.prefix_hit_rate,
+            multi_turn=planned.multi_turn)]
+    return Rendered(
+        render_input=inp, status=status,
+        objects=[o for o in objects if o["kind"] not in RUNTIME_ACCESS_KINDS],
+        access=[o for o in objects if o["kind"] in RUNTIME_ACCESS_KINDS],
+        running_hash=running_hash, deployment_absent=running is None,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Placement:
+    """Where the pool's pods go: its status with the node count, the node affinity."""
+
+    status: PoolStatus
+    affinity: dict[str, Any]
+
+
+def _place(ctx: PoolContext, planned: Planned,
+           discovered: Mapping[str, gpu_pools.GPUPool]) -> _Placement | PoolOutcome:
+    """The pool on its GPU nodes: refused (the pool's outcome) when no node of the class is
+    schedulable, its selector matches none, its offload or TP does not fit the nodes, or
+    the nodes are too few."""
     pool, status = ctx.pool, planned.status
     gpu_class = planned.pool_plan.gpu_class
     nodes = discovered.get(gpu_class.upper())
@@ -115,6 +165,11 @@ def render(ctx: PoolContext, planned: Planned,
     if short is not None:
         return ctx.failed(cond.INVALID_SPEC, short)
 
+    return _Placement(status, affinity)
+
+
+def _tenant_template(ctx: PoolContext) -> str | PoolOutcome | None:
+    """The tenant's pod template from its ConfigMap (None: kvtune's own)."""
     template = None
     if ctx.spec.runtime.pod_template is not None:
         ref = ctx.spec.runtime.pod_template.config_map_ref
@@ -125,14 +180,14 @@ def render(ctx: PoolContext, planned: Planned,
             return ctx.failed(cond.INVALID_POD_TEMPLATE, str(exc))
         unpinned = tenant_reach.unpinned_template(ctx.spec.runtime, template)
         if unpinned:
-            return ctx.failed(cond.INVALID_SPEC, f"pool {pool.pool_name}: {unpinned}; nothing "
+            return ctx.failed(cond.INVALID_SPEC, f"pool {ctx.pool.pool_name}: {unpinned}; nothing "
                               f"was changed")
-    inp = dataclasses.replace(planned.render_input, affinity=affinity, pod_template=template)
-    # What the Deployment runs now (the plan in status may be one only recommended).
-    running = kapply.read_deployment(ctx.kube, ctx.namespace,
-                                     object_name(ctx.name, pool.pool_name))
-    running_hash = ((running or {}).get("metadata", {}).get("annotations") or {}).get(
-        ANNOTATION_PLAN_HASH)
+    return template
+
+
+def _render_objects(ctx: PoolContext, inp: RenderInput) -> list[dict[str, Any]] | PoolOutcome:
+    """The pool's objects, or the pool's outcome when the render fails or is deferred."""
+    pool = ctx.pool
     try:
         objects = render_pool(inp)
     except template_sandbox.RenderDeferred as exc:  # the tenant's turn or budget: retried
@@ -149,21 +204,4 @@ def render(ctx: PoolContext, planned: Planned,
         return ctx.failed(cond.INVALID_POD_TEMPLATE, f"pool {pool.pool_name}: the pod template "
                           f"failed ({type(exc).__name__}: {str(exc)[:160]}); fix "
                           f"spec.runtime.podTemplate; nothing was changed")
-    if ctx.spec.routing.enabled:
-        if not routing.operator_enabled():
-            return ctx.failed(cond.INVALID_SPEC, "spec.routing.enabled=true, but this operator "
-                              "was installed without routing (the chart value routing.enabled, "
-                              "which needs the Gateway API Inference Extension's CRDs): set it, "
-                              "or set spec.routing.enabled=false")
-        deployment = model_server(objects)
-        objects = [*objects, *routing.routing_objects(
-            name=ctx.name, namespace=ctx.namespace, pool=pool.pool_name,
-            pool_plan=planned.pool_plan, labels=dict(deployment["metadata"]["labels"]),
-            prefix_hit_rate=planned.pool_plan.expected.prefix_hit_rate,
-            multi_turn=planned.multi_turn)]
-    return Rendered(
-        render_input=inp, status=status,
-        objects=[o for o in objects if o["kind"] not in RUNTIME_ACCESS_KINDS],
-        access=[o for o in objects if o["kind"] in RUNTIME_ACCESS_KINDS],
-        running_hash=running_hash, deployment_absent=running is None,
-    )
+    return objects
