@@ -31,7 +31,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlencode, urlsplit
+from urllib.parse import SplitResult, unquote, urlencode, urlsplit
 
 ENV_ALLOWED = "KVTUNE_PROMETHEUS_ALLOWED_URLS"
 ENV_CA_FILE = "KVTUNE_PROMETHEUS_CA_FILE"
@@ -218,20 +218,33 @@ def query(url: str, promql: str, *, at_unix_seconds: float, access: PrometheusAc
     base = access.check(url)
     where = f"prometheus {shown_url(url)}: query {name}"
     parts = urlsplit(base)
+    conn = _connection(parts, access)
+    target = f"{parts.path}/api/v1/query?" + urlencode(
+        {"query": promql, "time": f"{at_unix_seconds:.3f}"})
+    status, body = _fetch(conn, target, access, where)
+    return _reply_data(status, body, where)
+
+
+def _connection(parts: SplitResult, access: PrometheusAccess) -> http.client.HTTPConnection:
+    """An unopened connection to the allow-listed URL (TLS with the operator's CA)."""
     host = parts.hostname or ""
     timeout = access.timeout_seconds
-    conn: http.client.HTTPConnection
     if parts.scheme == "https":
         context = ssl.create_default_context(cafile=access.ca_file)
         if access.insecure_skip_verify:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
-        conn = http.client.HTTPSConnection(host, parts.port or 443, timeout=timeout,
+        return http.client.HTTPSConnection(host, parts.port or 443, timeout=timeout,
                                            context=context)
     else:
-        conn = http.client.HTTPConnection(host, parts.port or 80, timeout=timeout)
-    target = f"{parts.path}/api/v1/query?" + urlencode(
-        {"query": promql, "time": f"{at_unix_seconds:.3f}"})
+        return http.client.HTTPConnection(host, parts.port or 80, timeout=timeout)
+
+
+def _fetch(conn: http.client.HTTPConnection, target: str, access: PrometheusAccess,
+           where: str) -> tuple[int, bytes]:
+    """The reply's HTTP status and body, read within the deadline and the size limit: a
+    watchdog shuts the socket down at the deadline, whatever the server trickles."""
+    timeout = access.timeout_seconds
     expired = threading.Event()
     # The socket, kept here: http.client hands it to the reply (conn.sock becomes None).
     opened: list[socket.socket] = []
@@ -283,6 +296,12 @@ def query(url: str, promql: str, *, at_unix_seconds: float, access: PrometheusAc
     finally:
         watchdog.cancel()
         conn.close()
+    return status, body
+
+
+def _reply_data(status: int, body: bytes, where: str) -> Any:
+    """The ``data`` of a successful Prometheus reply; PrometheusUnavailable for anything
+    else (never quoting the reply)."""
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
