@@ -53,6 +53,11 @@ from kvtune.operator.rollout import observe
 from kvtune.operator.rollout.outcome import Event, PoolContext, PoolOutcome
 from kvtune.operator.rollout.plan import PlanInput, policy_for, resolve_model
 from kvtune.operator.rollout.pool import rollout_pool
+from kvtune.operator.rollout.pool_conditions import (
+    NO_NODES_RETRY_SECONDS,
+    Stamp,
+    conditions_from_outcomes,
+)
 from kvtune.operator.routing import http_route
 from kvtune.operator.routing import inference_pool as routing_module
 from kvtune.operator.search import search_job_flow, search_jobs
@@ -60,8 +65,6 @@ from kvtune.tuner.errors import InvalidInput, KVTuneError, UnknownName
 from kvtune.tuner.plan import PoolPlan
 from kvtune.tuner.planner.policy import PlanPolicy
 from kvtune.tuner.workload import WorkloadProfile
-
-NO_NODES_RETRY_SECONDS = 30.0
 
 __all__ = ["Event", "ReconcileRequest", "ReconcileResult", "reconcile", "refresh_rollout"]
 
@@ -191,19 +194,6 @@ class ReconcileRequest:
 
 
 @dataclass(frozen=True)
-class _Stamp:
-    """What every condition set by this reconcile carries: the spec's generation, the clock."""
-
-    generation: int | None
-    now: str | None
-
-    def set(self, conditions: list[Condition], type_: str, ok: bool | str, reason: str,
-            message: str) -> list[Condition]:
-        return cond.set_condition(conditions, type_, ok, reason, message,
-                                  generation=self.generation, now=self.now)
-
-
-@dataclass(frozen=True)
 class _Stop:
     """A step's outcome when the reconcile ends there: the status to write and why."""
 
@@ -262,7 +252,7 @@ class _PoolsDone:
 def _reconcile_locked(body: Mapping[str, Any], *, kube: kapply.Kube,
                       request: ReconcileRequest) -> ReconcileResult:
     meta = body["metadata"]
-    stamp = _Stamp(meta.get("generation"), request.now)
+    stamp = Stamp(meta.get("generation"), request.now)
     previous = status_writer.read(body)
     try:
         accepted = _resolve_spec(body)
@@ -349,7 +339,7 @@ def _resolve_spec(body: Mapping[str, Any]) -> _Accepted:
 
 
 def _refuse_spec(previous: InferenceDeploymentStatus, exc: ValidationError | KVTuneError,
-                 stamp: _Stamp) -> _Stop:
+                 stamp: Stamp) -> _Stop:
     message = describe_validation_error(exc) if isinstance(exc, ValidationError) \
         else str(exc)
     conditions = stamp.set(list(previous.conditions), cond.DEGRADED, True, cond.INVALID_SPEC,
@@ -378,7 +368,7 @@ def _conditions_in_scope(conditions: list[Condition],
 
 
 def _tuning_off(previous: InferenceDeploymentStatus, conditions: list[Condition],
-                stamp: _Stamp) -> _Stop:
+                stamp: Stamp) -> _Stop:
     conditions = stamp.set(conditions, cond.READY, True, cond.TUNING_OFF,
                            "tuning is off: kvtune leaves the runtime as it is")
     conditions = stamp.set(conditions, cond.PROGRESSING, False, cond.TUNING_OFF,
@@ -393,7 +383,7 @@ def _tuning_off(previous: InferenceDeploymentStatus, conditions: list[Condition]
 
 
 def _no_model(previous: InferenceDeploymentStatus, conditions: list[Condition],
-              spec: InferenceDeploymentSpec, exc: Exception, stamp: _Stamp) -> _Stop:
+              spec: InferenceDeploymentSpec, exc: Exception, stamp: Stamp) -> _Stop:
     """The model (shared by all pools) could not be resolved."""
     reason = cond.UNKNOWN_MODEL if isinstance(exc, UnknownName) else cond.INVALID_SPEC
     conditions = stamp.set(conditions, cond.DEGRADED, True, reason, str(exc))
@@ -502,98 +492,6 @@ def _route_and_gate_failures(kube: kapply.Kube, body: Mapping[str, Any],
     if done.gate.collision is not None:
         failures.append((cond.NAME_COLLISION, done.gate.collision))
     return failures
-
-
-def conditions_from_outcomes(
-    conditions: list[Condition], stamp: _Stamp, *, spec: InferenceDeploymentSpec,
-    previous: InferenceDeploymentStatus, outcomes: list[PoolOutcome],
-    failures: list[tuple[str, str]], gate: calibration_flow.Gate,
-) -> tuple[list[Condition], list[Event]]:
-    """Degraded, Progressing, Ready, KVQualityVerified and SLOAtRisk from the pools'
-    outcomes. Pure: the conditions before and the outcomes in, the conditions and the
-    Events they call for out."""
-    conditions = _rollout_conditions(conditions, stamp, spec.tuning.mode, outcomes, failures)
-    # A narrower KV dtype nobody can measure here: said as a condition (the wider dtype stays
-    # unless the spec accepts it unverified); cleared once nothing is unverified.
-    if gate.unverified:
-        conditions = stamp.set(conditions, cond.KV_QUALITY_VERIFIED, False,
-                               cond.ACCEPTED_UNVERIFIED
-                               if spec.quality is not None and spec.quality.accept_unverified
-                               else cond.KV_QUALITY_UNMEASURABLE, gate.status().message)
-    elif cond.get_condition(conditions, cond.KV_QUALITY_VERIFIED) is not None:
-        conditions = stamp.set(conditions, cond.KV_QUALITY_VERIFIED, True, cond.KV_QUALITY_OK,
-                               gate.status().message)
-    return _slo_conditions(conditions, stamp, previous, outcomes)
-
-
-def _rollout_conditions(conditions: list[Condition], stamp: _Stamp, mode: str,
-                        outcomes: list[PoolOutcome],
-                        failures: list[tuple[str, str]]) -> list[Condition]:
-    """Degraded, Progressing and Ready. Pure."""
-    rolling = [f"{o.status.name}: {o.rolling}" for o in outcomes if o.rolling]
-    waiting = [o.status.name for o in outcomes if o.no_nodes]
-    # Pools whose capacity search runs as a Job (operator/search/search_jobs.py); those
-    # without a plan yet are not ready.
-    searching = [f"{o.status.name}: {o.searching}" for o in outcomes if o.searching]
-    unplanned = [f"{o.status.name}: {o.searching}" for o in outcomes
-                 if o.searching and o.status.plan is None]
-    if failures:
-        conditions = stamp.set(conditions, cond.DEGRADED, True, failures[0][0],
-                               " | ".join(m for _, m in failures))
-    else:
-        conditions = stamp.set(conditions, cond.DEGRADED, False, cond.AS_EXPECTED, "")
-    if searching:
-        conditions = stamp.set(conditions, cond.PROGRESSING, True, cond.SEARCH_RUNNING,
-                               "; ".join(searching + rolling))
-    elif rolling:
-        conditions = stamp.set(conditions, cond.PROGRESSING, True, cond.ROLLING_OUT,
-                               "; ".join(rolling))
-    else:
-        conditions = stamp.set(
-            conditions, cond.PROGRESSING, False,
-            cond.ROLLED_OUT if mode == "auto" else cond.RECOMMENDED,
-            "every pool runs its current plan" if mode == "auto"
-            else "plans are in status; nothing is applied (tuning.mode=recommend)")
-    if failures:
-        return stamp.set(conditions, cond.READY, False, failures[0][0], failures[0][1])
-    if waiting:
-        return stamp.set(conditions, cond.READY, False, cond.POOL_WITHOUT_NODES,
-                         f"no schedulable nodes of the GPU class for pool(s) "
-                         f"{', '.join(waiting)}; retrying every {NO_NODES_RETRY_SECONDS:.0f}s")
-    if unplanned:
-        return stamp.set(conditions, cond.READY, False, cond.SEARCH_RUNNING,
-                         "; ".join(unplanned))
-    if rolling:
-        return stamp.set(conditions, cond.READY, False, cond.ROLLING_OUT, "; ".join(rolling))
-    if mode == "recommend":
-        return stamp.set(conditions, cond.READY, True, cond.RECOMMENDED,
-                         f"{len(outcomes)} pool plan(s) recommended in status; nothing applied")
-    return stamp.set(conditions, cond.READY, True, cond.ALL_POOLS_APPLIED,
-                     f"{len(outcomes)} pool(s) run their plan")
-
-
-def _slo_conditions(conditions: list[Condition], stamp: _Stamp,
-                    previous: InferenceDeploymentStatus, outcomes: list[PoolOutcome]
-                    ) -> tuple[list[Condition], list[Event]]:
-    """The capacity search's prediction (pools planned on observed traffic): SLOAtRisk with
-    the numbers, and an Event when it appears or its numbers change. Pure."""
-    events = []
-    at_risk = " | ".join(f"{o.status.name}: {o.status.slo_at_risk}" for o in outcomes
-                         if o.status.slo_at_risk)
-    if at_risk:
-        was = cond.get_condition(previous.conditions, cond.SLO_AT_RISK)
-        conditions = stamp.set(conditions, cond.SLO_AT_RISK, True, cond.SLO_UNREACHABLE if any(
-            (o.status.slo_at_risk or "").startswith("SLO unreachable") for o in outcomes)
-            else cond.SLO_AT_RISK, at_risk)
-        if was is None or was.status != "True" or was.message != at_risk:
-            events.append(Event("Warning", cond.SLO_AT_RISK, at_risk))
-    elif any(o.status.expected is not None and o.status.expected.slo_attainment is not None
-             for o in outcomes):
-        conditions = stamp.set(
-            conditions, cond.SLO_AT_RISK, False, cond.SLO_PREDICTED_MET,
-            "the capacity search predicts every searched pool meets the SLO at the observed "
-            "rate")
-    return conditions, events
 
 
 def _apply_route(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeploymentSpec,
