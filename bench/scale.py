@@ -219,7 +219,7 @@ def _deployment_state(obj: dict[str, Any]) -> tuple[bool, bool]:
 def _floor_templates(kube: Any, name: str) -> list[dict[str, Any]]:
     """The Deployment, Service and PodDisruptionBudget the operator applied for the object
     ``name`` (its pool h200), as they would be applied (no server-set fields, no owner)."""
-    from kvtune.operator import apply as kapply
+    from kvtune.operator.kube import apply as kapply
 
     out = []
     for kind in ("Service", "Deployment", "PodDisruptionBudget"):
@@ -240,7 +240,7 @@ def _floor_templates(kube: Any, name: str) -> list[dict[str, Any]]:
 def _apply_floor(kube: Any, templates: list[dict[str, Any]], like: str, name: str) -> None:
     """The objects of ``templates`` (made for the object ``like``) for the object ``name``,
     server-side applied in the floor's namespace: one request each, nothing else."""
-    from kvtune.operator import apply as kapply
+    from kvtune.operator.kube import apply as kapply
 
     for template in templates:
         obj = json.loads(json.dumps(template).replace(like, name))
@@ -328,7 +328,7 @@ def run(n: int, timeout_s: float, workers: int, profile: Path | None = None,
     from kvtune.e2e import cluster as e2e_cluster
     from kvtune.e2e.cluster import LocalCluster
     from kvtune.e2e.gpu_nodes import NodePool
-    from kvtune.operator.apply import Kube
+    from kvtune.operator.kube.apply import Kube
 
     # One Service per object: the tests' /24 service range holds 254 (a /16, 65,534).
     e2e_cluster.SERVICE_CIDR = "10.0.0.0/16"

@@ -37,10 +37,10 @@ def _child(mode: str, pools: int, cpu_seconds: float) -> dict[str, float]:
 
     from op_samples import SAMPLE_SPEC
 
-    from kvtune.operator import search_budget, search_job_flow, search_jobs
     from kvtune.operator.api import InferenceDeploymentSpec
+    from kvtune.operator.api.workloads import declared_profile
     from kvtune.operator.rollout import plan as plan_stage
-    from kvtune.operator.workloads import declared_profile
+    from kvtune.operator.search import search_budget, search_job_flow, search_jobs
     from kvtune.tuner.simulator import search_job
 
     search_budget.CONFIG.cpu_seconds = cpu_seconds

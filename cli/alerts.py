@@ -27,8 +27,8 @@ def alerts(path: str, fmt: str, output: str | None, namespace: str | None) -> No
     from pydantic import ValidationError
 
     from kvtune.cli.outputs import writable_file
-    from kvtune.operator import alerts as render
     from kvtune.operator.api import InferenceDeploymentSpec
+    from kvtune.operator.prometheus import alerts as render
 
     if output:
         writable_file(output, "--out-file")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from kvtune.operator.crdgen import CRD_FILES
+from kvtune.operator.api.crdgen import CRD_FILES
 
 
 def default_crds_dir() -> Path:

@@ -15,13 +15,13 @@ import click
 
 from kvtune.cli.params import PORT, finite
 from kvtune.cli.search_budget_options import search_budget_options
-from kvtune.operator import render_fairness
+from kvtune.operator.render import render_fairness
 
 if TYPE_CHECKING:  # kopf is imported only when the operator runs
     from kopf._core.engines.peering import Identity
 
 # Handler modules other parts of kvtune add; each is registered when it is installed.
-OPTIONAL_HANDLER_MODULES = ("kvtune.operator.retune_handlers",)
+OPTIONAL_HANDLER_MODULES = ("kvtune.operator.retune.retune_handlers",)
 
 
 def load_handlers() -> list[str]:
@@ -63,7 +63,7 @@ def render_limits(in_flight: int, cpu_seconds: float, window_seconds: float,
 @click.option("--pod-security", type=click.Choice(["baseline", "restricted"]),
               default="baseline", show_default=True,
               help="Pod Security Standard every rendered vLLM pod must meet (the chart's "
-              "podPolicy.level), besides kvtune's own pod rules (operator/pod_policy.py).")
+              "podPolicy.level), besides kvtune's own pod rules (operator/render/pod_policy.py).")
 @click.option("--allowed-service-account", "service_accounts", multiple=True,
               help="A ServiceAccount a tenant's pod template may name, besides default and "
               "kvtune-runtime (repeatable; the chart's podPolicy.allowedServiceAccounts).")
@@ -112,16 +112,11 @@ def operator(kubeconfig: str | None, namespaces: tuple[str, ...], metrics_port: 
     """Run the kvtune operator until interrupted."""
     import kopf
 
-    from kvtune.operator import gpu_prices as prices
-    from kvtune.operator import (
-        handlers,
-        metrics,
-        pod_policy,
-        search_budget,
-        search_jobs,
-        template_sandbox,
-        tenant_reach,
-    )
+    from kvtune.operator import handlers
+    from kvtune.operator.monitoring import metrics
+    from kvtune.operator.render import pod_policy, template_sandbox, tenant_reach
+    from kvtune.operator.search import gpu_prices as prices
+    from kvtune.operator.search import search_budget, search_jobs
     from kvtune.tuner.errors import KVTuneError
     from kvtune.tuner.facts.prices import parse_overrides
 

@@ -1,5 +1,5 @@
 """``kvtune search-worker``: one pool's goodput search in a Kubernetes Job (the operator's
-``search.mode: job``, operator/search_jobs.py; docs/search-jobs.md).
+``search.mode: job``, operator/search/search_jobs.py; docs/search-jobs.md).
 
 Reads the search document (``kvtune.tuner.simulator.search_job.SearchInput``) from the file
 the Job's ConfigMap is mounted as, runs the same search the operator runs in-process, and

@@ -62,7 +62,7 @@ def gateway_api_crd_paths(channel: str = "experimental") -> list[Path]:
     """Gateway API's CRD manifests of the release kvtune renders HTTPRoutes for
     (``http_route.GATEWAY_API_VERSION``), of ``channel``: HTTPRoute's ``sessionPersistence``
     is in the experimental channel only."""
-    from kvtune.operator.http_route import GATEWAY_API_VERSION
+    from kvtune.operator.routing.http_route import GATEWAY_API_VERSION
 
     root = module_dir(GATEWAY_API_VERSION, GATEWAY_API_MODULE) / "config" / "crd" / channel
     paths = sorted(p for p in root.glob("gateway.networking.*.yaml") if "_vap_" not in p.name)

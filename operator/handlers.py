@@ -11,7 +11,7 @@
 - A timer follows rollouts into Progressing/Ready while Progressing is True; another
   re-reads the ConfigMaps a spec references (pod template, config.json) every minute; with
   ``spec.runtime.entrypoint: kvtune`` a third reads the runtime's reports. These are
-  ``operator/periodic.py`` timers, not kopf's: kopf puts a finalizer on every object a kopf
+  ``operator/kube/periodic.py`` timers, not kopf's: kopf puts a finalizer on every object a kopf
   timer matches, which would make deletions hang while the operator is down.
 
 kopf keeps its bookkeeping in annotations under ``kvtune.io`` (not in status, whose schema
@@ -30,19 +30,14 @@ from typing import Any, get_args
 
 import kopf
 
-from kvtune.operator import (
-    api,
-    events,
-    metrics,
-    periodic,
-    routing,
-    routing_status,
-    runtime_reports,
-    search_budget,
-)
-from kvtune.operator import apply as kapply
-from kvtune.operator import pools as gpu_pools
+from kvtune.operator import api
 from kvtune.operator import reconcile as rec
+from kvtune.operator.kube import apply as kapply
+from kvtune.operator.kube import events, periodic
+from kvtune.operator.kube import pools as gpu_pools
+from kvtune.operator.monitoring import metrics, routing_status, runtime_reports
+from kvtune.operator.routing import inference_pool as routing
+from kvtune.operator.search import search_budget
 
 RESOURCE = (api.GROUP, api.VERSION, api.PLURAL)
 INVENTORY_PERIOD_SECONDS = 2.0
@@ -140,7 +135,7 @@ async def index_for_periodic(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) ->
 @kopf.on.cleanup()
 async def stop_searches(**_: Any) -> None:
     # A backstop: kopf runs cleanup only after every handler returned, so the switch is
-    # normally thrown earlier, when kopf logs the stop (operator/search_budget.py).
+    # normally thrown earlier, when kopf logs the stop (operator/search/search_budget.py).
     search_budget.STOPPING.set()
 
 
@@ -293,7 +288,7 @@ def _routes(spec: kopf.Spec, **_: Any) -> bool:
                 initial_delay=ROUTING_STATUS_SECONDS, spread=True)
 def read_routing_status(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """The endpoint pickers' availability and the gateway's status.parents on the HTTPRoute
-    into RoutingReady (operator/routing_status.py): both change without any change to the
+    into RoutingReady (operator/monitoring/routing_status.py): both change without any change to the
     InferenceDeployment, and no watch on Deployments or HTTPRoutes is needed."""
     for event in routing_status.refresh(body, kube=memo.kube):
         kapply.post_event(memo.kube, body, event.type, event.reason, event.message)

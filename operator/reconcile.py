@@ -10,7 +10,7 @@ again) and the caller turns that into kopf's retry policy.
 Each pool's rollout is a sequence of stages (``operator/rollout/``: plan -> render ->
 canary -> apply -> observe); this module checks the spec, resolves what all pools share
 (the model, the profiles, the GPU inventory), runs the stages per pool, and turns the
-outcomes into conditions; ``operator/status.py`` writes status.
+outcomes into conditions; ``operator/kube/status.py`` writes status.
 
 Failure policy: a spec that can never work (bad field, unknown model, a pool that cannot fit
 the model, a template that renders an invalid object) sets ``Degraded`` with a message naming
@@ -28,18 +28,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kvtune.operator import apply as kapply
-from kvtune.operator import (
-    calibration_flow,
-    http_route,
-    routing_status,
-    search_job_flow,
-    search_jobs,
-)
-from kvtune.operator import conditions as cond
-from kvtune.operator import pools as gpu_pools
-from kvtune.operator import routing as routing_module
-from kvtune.operator import status as status_writer
 from kvtune.operator.api import (
     OBJECT_NAME_PATTERN,
     OBJECT_NAME_RULE,
@@ -51,21 +39,34 @@ from kvtune.operator.api import (
     ProfileScope,
     ProfileStatus,
 )
-from kvtune.operator.dropped_fields import dropped_fields
-from kvtune.operator.locks import object_lock
-from kvtune.operator.render import LABEL_DEPLOYMENT, object_name
+from kvtune.operator.api import conditions as cond
+from kvtune.operator.api.dropped_fields import dropped_fields
+from kvtune.operator.api.names import LABEL_DEPLOYMENT, object_name
+from kvtune.operator.api.workloads import declared_profile, profile_from_status, profile_status
+from kvtune.operator.calibration import calibration_flow
+from kvtune.operator.kube import apply as kapply
+from kvtune.operator.kube import pools as gpu_pools
+from kvtune.operator.kube import status as status_writer
+from kvtune.operator.kube.locks import object_lock
+from kvtune.operator.monitoring import routing_status
 from kvtune.operator.rollout import observe
-from kvtune.operator.rollout.outcome import Event, PoolContext
+from kvtune.operator.rollout.outcome import Event, PoolContext, PoolOutcome
 from kvtune.operator.rollout.plan import PlanInput, policy_for, resolve_model
 from kvtune.operator.rollout.pool import rollout_pool
-from kvtune.operator.workloads import declared_profile, profile_from_status, profile_status
+from kvtune.operator.rollout.pool_conditions import (
+    NO_NODES_RETRY_SECONDS,
+    Stamp,
+    conditions_from_outcomes,
+)
+from kvtune.operator.routing import http_route
+from kvtune.operator.routing import inference_pool as routing_module
+from kvtune.operator.search import search_job_flow, search_jobs
 from kvtune.tuner.errors import InvalidInput, KVTuneError, UnknownName
 from kvtune.tuner.plan import PoolPlan
+from kvtune.tuner.planner.policy import PlanPolicy
 from kvtune.tuner.workload import WorkloadProfile
 
-NO_NODES_RETRY_SECONDS = 30.0
-
-__all__ = ["Event", "ReconcileResult", "reconcile", "refresh_rollout"]
+__all__ = ["Event", "ReconcileRequest", "ReconcileResult", "reconcile", "refresh_rollout"]
 
 
 @dataclass
@@ -121,8 +122,12 @@ def reconcile(
     discovered: Mapping[str, gpu_pools.GPUPool] | None = None,
     now: str | None = None,
     write_status: bool = True,
+    request: ReconcileRequest | None = None,
 ) -> ReconcileResult:
     """Plan, apply (``auto``), and write status when it changed.
+
+    ``request``: all of the keyword arguments below as one typed value (the retune timer's
+    way); when given, the others are left at their defaults.
 
     Each pool is planned on, first found: ``profiles[pool]`` (its scope from
     ``profile_scopes``, default ``pool``); ``profile`` (the observed deployment-wide workload,
@@ -136,18 +141,17 @@ def reconcile(
     ``body`` names the object; it is read again under a per-object lock, so a caller holding
     an older copy (a queued handler, a listing made before a spec change) can never apply an
     older spec over a newer one."""
+    request = request or ReconcileRequest(
+        profile=profile, profiles=profiles or {}, profile_scopes=profile_scopes or {},
+        profile_window=profile_window, plans=plans or {}, nodes=nodes, discovered=discovered,
+        now=now, write_status=write_status)
     meta = body["metadata"]
     with object_lock(meta["namespace"], meta["name"]):
         fresh = kapply.read_inference_deployment(kube, meta["namespace"], meta["name"])
         if fresh is None:  # deleted meanwhile: the garbage collector has the children
             return ReconcileResult(status=dict(body.get("status") or {}), status_changed=False)
         try:
-            return _reconcile_locked(fresh, kube=kube, profile=profile,
-                                     profiles=profiles or {},
-                                     profile_scopes=profile_scopes or {},
-                                     profile_window=profile_window, plans=plans or {},
-                                     nodes=nodes, discovered=discovered, now=now,
-                                     write_status=write_status)
+            return _reconcile_locked(fresh, kube=kube, request=request)
         except Exception as exc:
             # Never a failure without status: say it (the caller retries with a backoff).
             if write_status:
@@ -172,155 +176,291 @@ def _report_failure(body: Mapping[str, Any], kube: kapply.Kube, exc: Exception,
         status_writer.update(kube, meta["namespace"], meta["name"], degraded, body=body)
 
 
-def _reconcile_locked(
-    body: Mapping[str, Any],
-    *,
-    kube: kapply.Kube,
-    profile: WorkloadProfile | None,
-    profiles: Mapping[str, WorkloadProfile],
-    profile_scopes: Mapping[str, ProfileScope],
-    profile_window: str | None,
-    plans: Mapping[str, PoolPlan],
-    nodes: list[dict[str, Any]] | None,
-    discovered: Mapping[str, gpu_pools.GPUPool] | None,
-    now: str | None,
-    write_status: bool,
-) -> ReconcileResult:
+@dataclass(frozen=True)
+class ReconcileRequest:
+    """What a caller hands the seam besides the object (``reconcile``'s keyword arguments):
+    the retune timer's observed profiles and the plans it made, the GPU inventory, the clock,
+    and whether to write status."""
+
+    profile: WorkloadProfile | None = None
+    profiles: Mapping[str, WorkloadProfile] = field(default_factory=dict)
+    profile_scopes: Mapping[str, ProfileScope] = field(default_factory=dict)
+    profile_window: str | None = None
+    plans: Mapping[str, PoolPlan] = field(default_factory=dict)
+    nodes: list[dict[str, Any]] | None = None
+    discovered: Mapping[str, gpu_pools.GPUPool] | None = None
+    now: str | None = None
+    write_status: bool = True
+
+
+@dataclass(frozen=True)
+class _Stop:
+    """A step's outcome when the reconcile ends there: the status to write and why."""
+
+    status: InferenceDeploymentStatus
+    events: list[Event]
+    retry_after: float | None = None
+    permanent_error: str | None = None
+
+
+@dataclass(frozen=True)
+class _Accepted:
+    """Step 1, resolve: a spec that validates, its planner policy, the model."""
+
+    spec: InferenceDeploymentSpec
+    policy: PlanPolicy
+
+
+@dataclass(frozen=True)
+class _Profiles:
+    """Step 2, profile: the workload each pool is planned on, and what status shows."""
+
+    request: ReconcileRequest
+    declared: WorkloadProfile
+    used: WorkloadProfile
+    used_status: ProfileStatus
+    deployment_wide: ProfileStatus
+    prev_pools: Mapping[str, PoolStatus]
+
+    def for_pool(self, pool_name: str) -> tuple[WorkloadProfile, ProfileStatus]:
+        req = self.request
+        if pool_name in req.profiles:
+            observed = req.profiles[pool_name]
+            return observed, profile_status(observed, window=req.profile_window,
+                                            observed_at=req.now,
+                                            scope=req.profile_scopes.get(pool_name, "pool"))
+        kept = self.prev_pools[pool_name].profile if pool_name in self.prev_pools else None
+        if req.profile is not None or kept is None:  # told so, or a pool planned the first time
+            return self.used, self.deployment_wide
+        # The profile the pool's plan in force was made for: only the timer's accepted
+        # decision (``profiles``) changes it, never a restart or an unrelated edit.
+        if kept.source == "prometheus":
+            return profile_from_status(kept, self.declared), kept
+        return self.declared, profile_status(self.declared, scope="deployment")
+
+
+@dataclass(frozen=True)
+class _PoolsDone:
+    """Steps 3-7 (plan, gate, render, canary, apply, observe: ``rollout_pool``) of every
+    pool, with the deployment-wide failures and the pools' statuses after routing."""
+
+    outcomes: list[PoolOutcome]
+    failures: list[tuple[str, str]]
+    gate: calibration_flow.Gate
+
+
+def _reconcile_locked(body: Mapping[str, Any], *, kube: kapply.Kube,
+                      request: ReconcileRequest) -> ReconcileResult:
     meta = body["metadata"]
-    name, namespace = meta["name"], meta["namespace"]
-    generation = meta.get("generation")
+    stamp = Stamp(meta.get("generation"), request.now)
     previous = status_writer.read(body)
-    events: list[Event] = []
-    conditions: list[Condition] = list(previous.conditions)
-
-    def set_c(type_: str, ok: bool, reason: str, message: str) -> None:
-        nonlocal conditions
-        conditions = cond.set_condition(conditions, type_, ok, reason, message,
-                                        generation=generation, now=now)
-
-    def finish(status: InferenceDeploymentStatus, **kw: Any) -> ReconcileResult:
-        changed = status_writer.changed(body, status)
-        if changed and write_status:
-            # This reconcile's changes, onto the status stored when it writes: a report the
-            # retune timer (or another writer) stored since ``body`` was read stays.
-            stored = status_writer.update(kube, namespace, name,
-                                          status_writer.rebase(previous, status),
-                                          body=body).status
-            status = stored if stored is not None else status
-        return ReconcileResult(status=status_writer.dump(status), status_changed=changed,
-                               events=events, **kw)
-
     try:
-        if not re.fullmatch(OBJECT_NAME_PATTERN, name):  # the CRD's rule, for older CRDs
-            raise InvalidInput("metadata.name", name, OBJECT_NAME_RULE)
-        spec = InferenceDeploymentSpec.model_validate(body.get("spec") or {})
-        policy = policy_for(spec)  # the SLO's and pins' own checks
-        dropped = dropped_fields(body)  # pruned by the API server: never run without it
-        if dropped:
-            (field, value), more = dropped[0], len(dropped) - 1
-            raise InvalidInput(field, value, "the API server dropped this field (the "
-                               "InferenceDeployment has none of that name), so kvtune would "
-                               "run without it. Fix: correct its name or remove it (kubectl "
-                               "apply --validate=strict refuses such a field)"
-                               + (f" (and {more} more)" if more else ""))
+        accepted = _resolve_spec(body)
     except (ValidationError, KVTuneError) as exc:
-        message = describe_validation_error(exc) if isinstance(exc, ValidationError) \
-            else str(exc)
-        set_c(cond.DEGRADED, True, cond.INVALID_SPEC, message)
-        set_c(cond.READY, False, cond.INVALID_SPEC, "the spec is invalid; running objects are "
-              "left as they are")
-        set_c(cond.PROGRESSING, False, cond.INVALID_SPEC, "waiting for a valid spec")
-        if previous.observed_generation != generation or not any(
-                c.type == cond.DEGRADED and c.status == "True" for c in previous.conditions):
-            events.append(Event("Warning", cond.INVALID_SPEC, message))
-        status = previous.model_copy(update={"observed_generation": generation,
-                                             "conditions": conditions})
-        return finish(status, permanent_error=message)
+        return _finish(kube, body, previous, _refuse_spec(previous, exc, stamp), request)
+    spec = accepted.spec
+    conditions = _conditions_in_scope(list(previous.conditions), spec)
+    if spec.tuning.mode == "off":
+        return _finish(kube, body, previous, _tuning_off(previous, conditions, stamp), request)
+    try:
+        model = resolve_model(spec, meta["namespace"], kube)
+    except (KVTuneError, LookupError) as exc:
+        stop = _no_model(previous, conditions, spec, exc, stamp)
+        return _finish(kube, body, previous, stop, request)
+    events: list[Event] = []
+    profiles = _choose_profiles(spec, previous, request)
+    done = _roll_out_pools(kube, body, accepted, model, profiles, request, events)
+    _prune(kube, body, spec, previous, stamp.generation, events)
+    failures = _route_and_gate_failures(kube, body, spec, done)
+    conditions, new_events = conditions_from_outcomes(
+        conditions, stamp, spec=spec, previous=previous, outcomes=done.outcomes,
+        failures=failures, gate=done.gate)
+    events += new_events
+    pool_statuses = [o.status for o in done.outcomes]
+    if spec.tuning.mode == "auto" and spec.routing.enabled:
+        # The pickers' availability and the gateway's word on the route, as they are now
+        # (the routing-status timer follows them between reconciles).
+        pool_statuses, routing_ready = routing_status.evaluate(kube, body, spec, pool_statuses)
+        warning = routing_status.warning(conditions, routing_ready)
+        if warning is not None:
+            events.append(warning)
+        conditions = stamp.set(conditions, cond.ROUTING_READY, *routing_ready)
+    # What other parts keep in status (the retune timer's part of status.profile, the
+    # KV-quality evidence) stays as it is.
+    status = previous.model_copy(update=dict(
+        observed_generation=stamp.generation, mode=spec.tuning.mode, conditions=conditions,
+        profile=status_writer.with_timer_part(profiles.used_status, previous.profile),
+        pools=pool_statuses,
+        pool_summary=pool_summary(pool_statuses), kv_quality=done.gate.status(),
+    ))
+    # Rollouts are followed by the rollout timer (refresh_rollout), not by retries.
+    retries = [o.retry_after for o in done.outcomes if o.retry_after is not None]
+    if any(o.no_nodes for o in done.outcomes):
+        retries.append(NO_NODES_RETRY_SECONDS)
+    return _finish(kube, body, previous, _Stop(status, events, retry_after=min(retries)
+                                               if retries else None), request)
 
+
+def _finish(kube: kapply.Kube, body: Mapping[str, Any], previous: InferenceDeploymentStatus,
+            stop: _Stop, request: ReconcileRequest) -> ReconcileResult:
+    """Step 8: write status when it changed (one transaction), and say what happened."""
+    status = stop.status
+    changed = status_writer.changed(body, status)
+    if changed and request.write_status:
+        meta = body["metadata"]
+        # This reconcile's changes, onto the status stored when it writes: a report the
+        # retune timer (or another writer) stored since ``body`` was read stays.
+        stored = status_writer.update(kube, meta["namespace"], meta["name"],
+                                      status_writer.rebase(previous, status),
+                                      body=body).status
+        status = stored if stored is not None else status
+    return ReconcileResult(status=status_writer.dump(status), status_changed=changed,
+                           events=stop.events, retry_after=stop.retry_after,
+                           permanent_error=stop.permanent_error)
+
+
+def _resolve_spec(body: Mapping[str, Any]) -> _Accepted:
+    """Step 1: the object's name, its spec, the planner policy, the fields the API server
+    dropped; raises ValidationError or KVTuneError for a spec that can never work."""
+    name = body["metadata"]["name"]
+    if not re.fullmatch(OBJECT_NAME_PATTERN, name):  # the CRD's rule, for older CRDs
+        raise InvalidInput("metadata.name", name, OBJECT_NAME_RULE)
+    spec = InferenceDeploymentSpec.model_validate(body.get("spec") or {})
+    policy = policy_for(spec)  # the SLO's and pins' own checks
+    dropped = dropped_fields(body)  # pruned by the API server: never run without it
+    if dropped:
+        (field_, value), more = dropped[0], len(dropped) - 1
+        raise InvalidInput(field_, value, "the API server dropped this field (the "
+                           "InferenceDeployment has none of that name), so kvtune would "
+                           "run without it. Fix: correct its name or remove it (kubectl "
+                           "apply --validate=strict refuses such a field)"
+                           + (f" (and {more} more)" if more else ""))
+    return _Accepted(spec, policy)
+
+
+def _refuse_spec(previous: InferenceDeploymentStatus, exc: ValidationError | KVTuneError,
+                 stamp: Stamp) -> _Stop:
+    message = describe_validation_error(exc) if isinstance(exc, ValidationError) \
+        else str(exc)
+    conditions = stamp.set(list(previous.conditions), cond.DEGRADED, True, cond.INVALID_SPEC,
+                           message)
+    conditions = stamp.set(conditions, cond.READY, False, cond.INVALID_SPEC,
+                           "the spec is invalid; running objects are left as they are")
+    conditions = stamp.set(conditions, cond.PROGRESSING, False, cond.INVALID_SPEC,
+                           "waiting for a valid spec")
+    events = []
+    if previous.observed_generation != stamp.generation or not any(
+            c.type == cond.DEGRADED and c.status == "True" for c in previous.conditions):
+        events.append(Event("Warning", cond.INVALID_SPEC, message))
+    status = previous.model_copy(update={"observed_generation": stamp.generation,
+                                         "conditions": conditions})
+    return _Stop(status, events, permanent_error=message)
+
+
+def _conditions_in_scope(conditions: list[Condition],
+                         spec: InferenceDeploymentSpec) -> list[Condition]:
+    """The conditions of parts the spec no longer runs are dropped."""
     if spec.runtime.entrypoint != "kvtune":  # no runtime reports without kvtune's entrypoint
         conditions = [c for c in conditions if c.type != cond.RUNTIME_AS_PLANNED]
     if not spec.routing.enabled or spec.tuning.mode != "auto":  # no routing objects applied
         conditions = [c for c in conditions if c.type != cond.ROUTING_READY]
+    return conditions
 
-    mode = spec.tuning.mode
-    if mode == "off":
-        set_c(cond.READY, True, cond.TUNING_OFF, "tuning is off: kvtune leaves the runtime as "
-              "it is")
-        set_c(cond.PROGRESSING, False, cond.TUNING_OFF, "nothing to roll out")
-        set_c(cond.DEGRADED, False, cond.AS_EXPECTED, "")
-        pools_off = [p.model_copy(update={"phase": "Unmanaged", "message": "tuning.mode=off"})
-                     for p in previous.pools]
-        status = previous.model_copy(update={"observed_generation": generation, "mode": mode,
-                                             "conditions": conditions, "pools": pools_off})
-        return finish(status)
 
-    # The model and the workload are shared by all pools.
-    try:
-        model = resolve_model(spec, namespace, kube)
-    except (KVTuneError, LookupError) as exc:
-        reason = cond.UNKNOWN_MODEL if isinstance(exc, UnknownName) else cond.INVALID_SPEC
-        set_c(cond.DEGRADED, True, reason, str(exc))
-        set_c(cond.READY, False, reason, "no plan without a model; running objects are left "
-              "as they are")
-        set_c(cond.PROGRESSING, False, reason, "waiting for a valid model")
-        before = cond.get_condition(previous.conditions, cond.DEGRADED)
-        if before is None or (before.status, before.message) != ("True", str(exc)):
-            events.append(Event("Warning", reason, str(exc)))  # once, not on every retry
-        status = previous.model_copy(update={"observed_generation": generation, "mode": mode,
-                                             "conditions": conditions})
-        # A missing ConfigMap may appear later: retry; an unknown catalog id will not.
-        if isinstance(exc, LookupError):
-            return finish(status, retry_after=NO_NODES_RETRY_SECONDS)
-        return finish(status, permanent_error=str(exc))
+def _tuning_off(previous: InferenceDeploymentStatus, conditions: list[Condition],
+                stamp: Stamp) -> _Stop:
+    conditions = stamp.set(conditions, cond.READY, True, cond.TUNING_OFF,
+                           "tuning is off: kvtune leaves the runtime as it is")
+    conditions = stamp.set(conditions, cond.PROGRESSING, False, cond.TUNING_OFF,
+                           "nothing to roll out")
+    conditions = stamp.set(conditions, cond.DEGRADED, False, cond.AS_EXPECTED, "")
+    pools_off = [p.model_copy(update={"phase": "Unmanaged", "message": "tuning.mode=off"})
+                 for p in previous.pools]
+    status = previous.model_copy(update={"observed_generation": stamp.generation,
+                                         "mode": "off", "conditions": conditions,
+                                         "pools": pools_off})
+    return _Stop(status, [])
 
+
+def _no_model(previous: InferenceDeploymentStatus, conditions: list[Condition],
+              spec: InferenceDeploymentSpec, exc: Exception, stamp: Stamp) -> _Stop:
+    """The model (shared by all pools) could not be resolved."""
+    reason = cond.UNKNOWN_MODEL if isinstance(exc, UnknownName) else cond.INVALID_SPEC
+    conditions = stamp.set(conditions, cond.DEGRADED, True, reason, str(exc))
+    conditions = stamp.set(conditions, cond.READY, False, reason,
+                           "no plan without a model; running objects are left as they are")
+    conditions = stamp.set(conditions, cond.PROGRESSING, False, reason,
+                           "waiting for a valid model")
+    events = []
+    before = cond.get_condition(previous.conditions, cond.DEGRADED)
+    if before is None or (before.status, before.message) != ("True", str(exc)):
+        events.append(Event("Warning", reason, str(exc)))  # once, not on every retry
+    status = previous.model_copy(update={"observed_generation": stamp.generation,
+                                         "mode": spec.tuning.mode, "conditions": conditions})
+    # A missing ConfigMap may appear later: retry; an unknown catalog id will not.
+    if isinstance(exc, LookupError):
+        return _Stop(status, events, retry_after=NO_NODES_RETRY_SECONDS)
+    return _Stop(status, events, permanent_error=str(exc))
+
+
+def _choose_profiles(spec: InferenceDeploymentSpec, previous: InferenceDeploymentStatus,
+                     request: ReconcileRequest) -> _Profiles:
+    """Step 2: the deployment-wide workload (observed, kept, or declared)."""
     declared = declared_profile(spec.workload)
-    if profile is not None:
-        used_profile = profile
-        used_profile_status = profile_status(profile, window=profile_window, observed_at=now)
+    if request.profile is not None:
+        used = request.profile
+        used_status = profile_status(used, window=request.profile_window,
+                                     observed_at=request.now)
     else:
-        used_profile = profile_from_status(previous.profile, declared)
-        used_profile_status = previous.profile if used_profile.source == "prometheus" \
+        used = profile_from_status(previous.profile, declared)
+        used_status = previous.profile if used.source == "prometheus" \
             and previous.profile is not None \
-            else profile_status(used_profile)
+            else profile_status(used)
     deployment_wide = status_writer.without_timer_part(
-        used_profile_status.model_copy(update={"scope": "deployment"}))
-    prev_pools = {p.name: p for p in previous.pools}
+        used_status.model_copy(update={"scope": "deployment"}))
+    return _Profiles(request=request, declared=declared, used=used, used_status=used_status,
+                     deployment_wide=deployment_wide,
+                     prev_pools={p.name: p for p in previous.pools})
 
-    def for_pool(pool_name: str) -> tuple[WorkloadProfile, ProfileStatus]:
-        if pool_name in profiles:
-            observed = profiles[pool_name]
-            return observed, profile_status(observed, window=profile_window, observed_at=now,
-                                            scope=profile_scopes.get(pool_name, "pool"))
-        kept = prev_pools[pool_name].profile if pool_name in prev_pools else None
-        if profile is not None or kept is None:  # told so, or a pool planned the first time
-            return used_profile, deployment_wide
-        # The profile the pool's plan in force was made for: only the timer's accepted
-        # decision (``profiles``) changes it, never a restart or an unrelated edit.
-        if kept.source == "prometheus":
-            return profile_from_status(kept, declared), kept
-        return declared, profile_status(declared, scope="deployment")
 
+def _roll_out_pools(kube: kapply.Kube, body: Mapping[str, Any], accepted: _Accepted,
+                    model: Any, profiles: _Profiles, request: ReconcileRequest,
+                    events: list[Event]) -> _PoolsDone:
+    """Steps 3-7 per pool (``rollout_pool``), after the KV-quality gate is prepared; then
+    the HTTPRoute over the routed pools."""
+    spec = accepted.spec
     # The KV-quality evidence of the served model revision, and its calibration Job.
     gate = calibration_flow.prepare(kube, body, spec)
+    discovered = request.discovered
     if discovered is None:
-        discovered = gpu_pools.discover_pools(nodes if nodes is not None
+        discovered = gpu_pools.discover_pools(request.nodes if request.nodes is not None
                                               else kapply.list_nodes(kube))
     outcomes = []
     for i, pool in enumerate(spec.pools):
-        pool_profile, pool_profile_status = for_pool(pool.pool_name)
+        pool_profile, pool_profile_status = profiles.for_pool(pool.pool_name)
         ctx = PoolContext(spec=spec, index=i, pool=pool, body=body, kube=kube,
-                          now=now or cond.now_rfc3339(),
-                          base=base_status(spec, pool, prev_pools.get(pool.pool_name), name),
+                          now=request.now or cond.now_rfc3339(),
+                          base=base_status(spec, pool, profiles.prev_pools.get(pool.pool_name),
+                                           body["metadata"]["name"]),
                           events=events)
         outcomes.append(rollout_pool(ctx, PlanInput(
-            model=model, profile=pool_profile, policy=policy,
+            model=model, profile=pool_profile, policy=accepted.policy,
             profile_used=pool_profile_status,
-            given=plans.get(pool.pool_name) if pool.pool_name in profiles else None,
+            given=request.plans.get(pool.pool_name) if pool.pool_name in request.profiles
+            else None,
             gate=gate,
         ), discovered))
-    if mode == "auto" and may_have_removed_pools(generation, previous,
-                                                 {p.pool_name for p in spec.pools}):
-        for deleted in kapply.prune_pools(kube, body, {p.pool_name for p in spec.pools}):
+    return _PoolsDone(outcomes=outcomes, failures=[o.failure for o in outcomes if o.failure],
+                      gate=gate)
+
+
+def _prune(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeploymentSpec,
+           previous: InferenceDeploymentStatus, generation: int | None,
+           events: list[Event]) -> None:
+    """The children of pools no longer in the spec, and routing no longer asked for."""
+    kept = {p.pool_name for p in spec.pools}
+    if spec.tuning.mode == "auto" and may_have_removed_pools(generation, previous, kept):
+        for deleted in kapply.prune_pools(kube, body, kept):
             events.append(Event("Normal", "PoolRemoved", f"deleted {deleted}: its pool is no "
                                 "longer in the spec"))
         # Only where the chart enabled routing (its rights, and the only place kvtune made
@@ -329,108 +469,29 @@ def _reconcile_locked(
         for deleted in kapply.prune_routing(
                 kube, body, routing=spec.routing.enabled,
                 route=spec.routing.enabled and spec.routing.gateway is not None,
-                keep={p.pool_name for p in spec.pools}) if routed else []:
+                keep=kept) if routed else []:
             events.append(Event("Normal", "RoutingRemoved", f"deleted {deleted}: "
                                 "spec.routing no longer asks for it"))
-
-    removed = {p.name for p in previous.pools} - {p.pool_name for p in spec.pools}
+    removed = {p.name for p in previous.pools} - kept
     if removed and search_jobs.settings().mode != "inProcess":
-        for gone in sorted(removed):  # its search Jobs and ConfigMaps (operator/search_jobs.py)
+        # its search Jobs and ConfigMaps (operator/search/search_jobs.py)
+        for gone in sorted(removed):
             search_job_flow.delete_stale(kube, body, gone, keep=None)
 
-    failures = [o.failure for o in outcomes if o.failure]
-    if mode == "auto":
-        refused = _apply_route(kube, body, spec, [o.status for o in outcomes])
+
+def _route_and_gate_failures(kube: kapply.Kube, body: Mapping[str, Any],
+                             spec: InferenceDeploymentSpec, done: _PoolsDone
+                             ) -> list[tuple[str, str]]:
+    """The pools' failures, the HTTPRoute's (applied over the routed pools) and the
+    calibration Job's name collision, in that order."""
+    failures = list(done.failures)
+    if spec.tuning.mode == "auto":
+        refused = _apply_route(kube, body, spec, [o.status for o in done.outcomes])
         if refused is not None:
             failures.append(refused)
-    if gate.collision is not None:
-        failures.append((cond.NAME_COLLISION, gate.collision))
-    rolling = [f"{o.status.name}: {o.rolling}" for o in outcomes if o.rolling]
-    waiting = [o.status.name for o in outcomes if o.no_nodes]
-    # Pools whose capacity search runs as a Job (operator/search_jobs.py); those without a
-    # plan yet are not ready.
-    searching = [f"{o.status.name}: {o.searching}" for o in outcomes if o.searching]
-    unplanned = [f"{o.status.name}: {o.searching}" for o in outcomes
-                 if o.searching and o.status.plan is None]
-    if failures:
-        set_c(cond.DEGRADED, True, failures[0][0], " | ".join(m for _, m in failures))
-    else:
-        set_c(cond.DEGRADED, False, cond.AS_EXPECTED, "")
-    if searching:
-        set_c(cond.PROGRESSING, True, cond.SEARCH_RUNNING, "; ".join(searching + rolling))
-    elif rolling:
-        set_c(cond.PROGRESSING, True, cond.ROLLING_OUT, "; ".join(rolling))
-    else:
-        set_c(cond.PROGRESSING, False, cond.ROLLED_OUT if mode == "auto" else cond.RECOMMENDED,
-              "every pool runs its current plan" if mode == "auto"
-              else "plans are in status; nothing is applied (tuning.mode=recommend)")
-    if failures:
-        set_c(cond.READY, False, failures[0][0], failures[0][1])
-    elif waiting:
-        set_c(cond.READY, False, cond.POOL_WITHOUT_NODES,
-              f"no schedulable nodes of the GPU class for pool(s) {', '.join(waiting)}; "
-              f"retrying every {NO_NODES_RETRY_SECONDS:.0f}s")
-    elif unplanned:
-        set_c(cond.READY, False, cond.SEARCH_RUNNING, "; ".join(unplanned))
-    elif rolling:
-        set_c(cond.READY, False, cond.ROLLING_OUT, "; ".join(rolling))
-    elif mode == "recommend":
-        set_c(cond.READY, True, cond.RECOMMENDED,
-              f"{len(outcomes)} pool plan(s) recommended in status; nothing applied")
-    else:
-        set_c(cond.READY, True, cond.ALL_POOLS_APPLIED,
-              f"{len(outcomes)} pool(s) run their plan")
-
-    # A narrower KV dtype nobody can measure here: said as a condition (the wider dtype stays
-    # unless the spec accepts it unverified); cleared once nothing is unverified.
-    if gate.unverified:
-        set_c(cond.KV_QUALITY_VERIFIED, False, cond.ACCEPTED_UNVERIFIED
-              if spec.quality is not None and spec.quality.accept_unverified
-              else cond.KV_QUALITY_UNMEASURABLE, gate.status().message)
-    elif cond.get_condition(conditions, cond.KV_QUALITY_VERIFIED) is not None:
-        set_c(cond.KV_QUALITY_VERIFIED, True, cond.KV_QUALITY_OK, gate.status().message)
-
-    # The capacity search's prediction (pools planned on observed traffic): SLOAtRisk with
-    # the numbers, and an Event when it appears or its numbers change.
-    at_risk = " | ".join(f"{o.status.name}: {o.status.slo_at_risk}" for o in outcomes
-                         if o.status.slo_at_risk)
-    if at_risk:
-        was = cond.get_condition(previous.conditions, cond.SLO_AT_RISK)
-        set_c(cond.SLO_AT_RISK, True, cond.SLO_UNREACHABLE if any(
-            (o.status.slo_at_risk or "").startswith("SLO unreachable") for o in outcomes)
-            else cond.SLO_AT_RISK, at_risk)
-        if was is None or was.status != "True" or was.message != at_risk:
-            events.append(Event("Warning", cond.SLO_AT_RISK, at_risk))
-    elif any(o.status.expected is not None and o.status.expected.slo_attainment is not None
-             for o in outcomes):
-        set_c(cond.SLO_AT_RISK, False, cond.SLO_PREDICTED_MET,
-              "the capacity search predicts every searched pool meets the SLO at the observed "
-              "rate")
-
-    pool_statuses = [o.status for o in outcomes]
-    if mode == "auto" and spec.routing.enabled:
-        # The pickers' availability and the gateway's word on the route, as they are now
-        # (the routing-status timer follows them between reconciles).
-        pool_statuses, routing_ready = routing_status.evaluate(kube, body, spec, pool_statuses)
-        warning = routing_status.warning(conditions, routing_ready)
-        if warning is not None:
-            events.append(warning)
-        conditions = cond.set_condition(conditions, cond.ROUTING_READY, *routing_ready,
-                                        generation=generation, now=now)
-
-    # What other parts keep in status (the retune timer's part of status.profile, the
-    # KV-quality evidence) stays as it is.
-    status = previous.model_copy(update=dict(
-        observed_generation=generation, mode=mode, conditions=conditions,
-        profile=status_writer.with_timer_part(used_profile_status, previous.profile),
-        pools=pool_statuses,
-        pool_summary=pool_summary(pool_statuses), kv_quality=gate.status(),
-    ))
-    # Rollouts are followed by the rollout timer (refresh_rollout), not by retries.
-    retries = [o.retry_after for o in outcomes if o.retry_after is not None]
-    if waiting:
-        retries.append(NO_NODES_RETRY_SECONDS)
-    return finish(status, retry_after=min(retries) if retries else None)
+    if done.gate.collision is not None:
+        failures.append((cond.NAME_COLLISION, done.gate.collision))
+    return failures
 
 
 def _apply_route(kube: kapply.Kube, body: Mapping[str, Any], spec: InferenceDeploymentSpec,

@@ -2,7 +2,7 @@
 wall clock (``speed`` model seconds per wall second) and an HTTP server on 127.0.0.1 with
 
 - ``GET /metrics``: vLLM 0.33.0's metrics (names, kinds, labels, buckets from
-  ``kvtune.operator.vllm_metrics``), Prometheus text format;
+  ``kvtune.operator.prometheus.vllm_metrics``), Prometheus text format;
 - ``GET /health``: 200;
 - ``GET /control/state``: JSON with the trace playing, model time, queue and cache figures;
 - ``POST /control/trace``: JSON ``{"trace": PATH, "speed": N?, "offset_seconds": S?,
@@ -40,7 +40,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from kvtune.operator import vllm_metrics as vm
+from kvtune.operator.prometheus import vllm_metrics as vm
 from kvtune.replay.instance import Instance, InstanceConfig, TraceSchedule
 from kvtune.replay.sim import Hardware, SimInstance, engine_for
 from kvtune.tuner.knobs import BY_NAME, FLAG_TO_NAME, KNOBS, TENSOR_PARALLEL_FLAG

@@ -1,7 +1,7 @@
 """``kvtune replay --follow-deployment NS/NAME``: the replayed instance follows a rollout.
 
 The operator renders the plan as ``vllm serve`` flags in the Deployment's pod template
-(``operator/render.py``: container ``vllm``, ``args``). The follower polls that Deployment
+(``operator/render/objects.py``: container ``vllm``, ``args``). The follower polls that Deployment
 and, when the container's args differ from the ones it applied last, restarts the replayed
 instance with them (``Replay.reconfigure``), as the rollout would restart vLLM. A poll that
 fails (API server away, Deployment not created yet) is logged and retried at the next one.

@@ -28,7 +28,7 @@ import random
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from kvtune.operator import vllm_metrics as vm
+from kvtune.operator.prometheus import vllm_metrics as vm
 from kvtune.tuner.traces import TraceRequest
 
 
@@ -53,7 +53,7 @@ class InstanceConfig:
     decode_step_seconds_per_kv_token: float = 2e-8
     step_seconds: float = 0.05
     # vLLM's --custom-histogram-buckets: (family, bounds) pairs replacing a family's defaults
-    # (kvtune renders its SLO targets as bounds: operator/slo_buckets.py).
+    # (kvtune renders its SLO targets as bounds: operator/prometheus/slo_buckets.py).
     custom_histogram_buckets: tuple[tuple[str, tuple[float, ...]], ...] = ()
 
     def __post_init__(self) -> None:

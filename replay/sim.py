@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from kvtune.operator import vllm_metrics as vm
+from kvtune.operator.prometheus import vllm_metrics as vm
 from kvtune.replay.instance import InstanceConfig, InstanceMetrics, cache_config_labels
 from kvtune.tuner.errors import KVTuneError
 from kvtune.tuner.facts.catalog import get_model

@@ -165,9 +165,9 @@ def run_plans(out: list[str]) -> None:
 
 def run_examples(out: list[str]) -> None:
     from kvtune.operator.api import InferenceDeploymentSpec
-    from kvtune.operator.render import RenderInput, object_name, plan_hash, render_pool
+    from kvtune.operator.api.workloads import declared_profile
+    from kvtune.operator.render.objects import RenderInput, object_name, plan_hash, render_pool
     from kvtune.operator.rollout import plan as rec  # the rollout's plan stage
-    from kvtune.operator.workloads import declared_profile
 
     affinity = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "kvtune.io/corpus", "operator": "Exists"}]}]}}

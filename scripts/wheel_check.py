@@ -200,7 +200,8 @@ def help_problems(kvtune: Path, paths: list[list[str]]) -> list[str]:
 
 
 # `python -m` entry points of the wheel besides the console script: the calibration Job runs
-# kvtune.quality's (operator/calibration.py). kvtune.runtime's reads NVML at once; its
+# kvtune.quality's (operator/calibration/calibration_job.py). kvtune.runtime's reads NVML at once;
+# its
 # modules are imported above.
 MODULE_ENTRY_POINTS = ["kvtune.quality"]
 

@@ -38,7 +38,8 @@ def prometheus() -> Iterator[PrometheusServer]:
         yield server
 
 
-# --- the template sandbox's per-namespace budget (operator/render_fairness.py) --------------
+# --- the template sandbox's per-namespace budget (operator/render/render_fairness.py)
+# --------------
 @pytest.fixture(autouse=True)
 def fresh_template_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test starts with no namespace's render CPU charged: in-process renders of earlier
@@ -46,9 +47,9 @@ def fresh_template_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     budget itself is tested in tests/operator/test_op_render_fairness.py."""
     import sys
 
-    sandbox = sys.modules.get("kvtune.operator.template_sandbox")
+    sandbox = sys.modules.get("kvtune.operator.render.template_sandbox")
     if sandbox is not None:
-        from kvtune.operator.render_fairness import TenantBudget
+        from kvtune.operator.render.render_fairness import TenantBudget
 
         monkeypatch.setattr(sandbox, "BUDGET", TenantBudget())
 

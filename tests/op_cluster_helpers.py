@@ -141,8 +141,8 @@ def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
 def create_runtime_access(api_client: Any, namespace: str) -> None:
     """What the chart creates in a runtime namespace (spec.runtime.entrypoint: kvtune): the
     ServiceAccount kvtune-runtime, the reports ConfigMap, its Role and RoleBinding
-    (operator/runtime_access.py); the runtime pods cannot start without them."""
-    from kvtune.operator import runtime_access
+    (operator/render/runtime_access.py); the runtime pods cannot start without them."""
+    from kvtune.operator.render import runtime_access
 
     create_objects(api_client, runtime_access.namespace_objects(namespace))
 

@@ -68,3 +68,19 @@ def test_the_runtime_entrypoint_imports_only_what_its_image_has() -> None:
     third_party = set(json.loads(result.stdout))
     assert third_party, "grimp found no import at all: the shim is wrong"
     assert third_party <= RUNTIME_IMAGE_PACKAGES, third_party - RUNTIME_IMAGE_PACKAGES
+
+
+def test_no_two_operator_modules_share_a_name() -> None:
+    """Inside operator/ a module's name says which one it is (issue 24 item 4): no two
+    modules, and no module and sub-package, with one name."""
+    operator = REPO / "operator"
+    names: dict[str, list[str]] = {}
+    for path in operator.rglob("*.py"):
+        if path.name != "__init__.py":
+            names.setdefault(path.stem, []).append(path.relative_to(REPO).as_posix())
+    for package in operator.glob("*/__init__.py"):
+        names.setdefault(package.parent.name, []).append(
+            package.parent.relative_to(REPO).as_posix() + "/")
+    clashes = {name: paths for name, paths in names.items() if len(paths) > 1}
+    assert len(names) > 40, "too few modules found: the walk is wrong"
+    assert not clashes, clashes

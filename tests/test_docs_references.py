@@ -141,3 +141,61 @@ def test_the_checks_catch_what_is_gone() -> None:
     assert _command_problem(["cluster", "sideways"]) is not None
     assert _command_problem(["cluster", "up"]) is None
     assert _command_problem(["plan", "--from-cluster", "NAME", "-o", "patch"]) is None
+
+
+# --- docs/architecture.md against the code (issue 24) ---------------------------------------
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+OPERATOR = REPO / "operator"
+# The operator's tree in the fenced drawing: from its ` operator/` line to the next part's.
+OPERATOR_TREE = re.compile(r"^ operator/ .*?(?=^ tuner/ )", re.M | re.S)
+TREE_MODULE = re.compile(r"(?<![\w/])([a-z_]+)\.py\b")
+TREE_PACKAGE = re.compile(r"^   ([a-z_]+)/ ", re.M)
+CONTRACT_ROW = re.compile(r"^\| `([a-z\-]+)` \| (.*) \|$", re.M)
+
+
+def _pyproject_contracts() -> dict[str, dict[str, object]]:
+    import tomllib
+
+    with (REPO / "pyproject.toml").open("rb") as f:
+        contracts = tomllib.load(f)["tool"]["importlinter"]["contracts"]
+    return {c["id"]: c for c in contracts}
+
+
+def _operator_tree() -> str:
+    found = OPERATOR_TREE.search(ARCHITECTURE.read_text(encoding="utf-8"))
+    assert found, "docs/architecture.md lost its operator/ drawing"
+    return found.group(0)
+
+
+def test_the_architecture_drawing_names_only_operator_modules_that_exist() -> None:
+    """Every `x.py` of the operator's drawing is a module of operator/ (module names are
+    unique there: tests/test_code_quality.py), every sub-package drawn exists, and every
+    sub-package that exists is drawn."""
+    tree = _operator_tree()
+    modules = {p.stem for p in OPERATOR.rglob("*.py")} | {"__init__"}
+    named = set(TREE_MODULE.findall(tree))
+    assert named, "no module found in the operator's drawing: the pattern is wrong"
+    assert named <= modules, f"drawn but not in operator/: {sorted(named - modules)}"
+    packages = {p.parent.name for p in OPERATOR.glob("*/__init__.py")}
+    drawn = set(TREE_PACKAGE.findall(tree))
+    assert drawn == packages, (f"drawn, no such sub-package: {sorted(drawn - packages)}; "
+                               f"not drawn: {sorted(packages - drawn)}")
+    top = {p.stem for p in OPERATOR.glob("*.py")} - {"__init__"}
+    assert top <= named, f"operator/ modules the drawing leaves out: {sorted(top - named)}"
+
+
+def test_the_architecture_contracts_are_pyprojects() -> None:
+    """The contract table names exactly the contracts of [tool.importlinter], and the
+    operator's layers in the order pyproject.toml checks them."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    rows = dict(CONTRACT_ROW.findall(text))
+    contracts = _pyproject_contracts()
+    assert set(rows) == set(contracts), (
+        f"in the doc only: {sorted(set(rows) - set(contracts))}; "
+        f"in pyproject only: {sorted(set(contracts) - set(rows))}")
+    layers = contracts["operator-layers"]["layers"]
+    assert isinstance(layers, list)
+    said = [w.strip("`") for w in rows["operator-layers"].split(" (")[0].split(": ", 1)[1]
+            .replace("\\|", "|").split(" > ")]
+    assert said == [" | ".join(f"`{p}`" for p in layer.split(" | ")).strip("`")
+                    for layer in layers], said

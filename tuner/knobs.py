@@ -5,7 +5,8 @@ unit, the ``vllm serve`` flag, whether a human may pin it, what change counts as
 re-tune, and one doc line. From this table derive: the rendered flags (``plan_args``,
 ``serve_args``: one path for ``kvtune plan -o json|args``, the operator's Deployment and the
 runtime entrypoint), the CLI's pin options (``cli/options.py``), the CRD's pins and the status
-plan fields (``operator/api.py`` builds them from ``PINNABLE`` / ``KNOBS``), the retune's
+plan fields (``operator/api/tuning_spec.py`` and ``pool_status.py`` build them from
+``PINNABLE`` / ``KNOBS``), the retune's
 significance test (``material_changes``) and replay's flag parser (``FLAG_TO_NAME``).
 
 Adding a knob: a row here, the field on ``KVPlan`` (and, when pinnable, ``Pins``; tests check
@@ -21,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-# How a change of the knob's value counts for a re-tune (operator/retune.py): "any" change,
+# How a change of the knob's value counts for a re-tune (operator/retune/decide.py): "any" change,
 # a "relative" change above the margin, an "absolute" change above the margin.
 MaterialKind = Literal["any", "relative", "absolute"]
 # How a bool renders: "paired" (--flag / --no-flag) or "switch" (--flag when true, else nothing).

@@ -8,5 +8,5 @@ rendered objects -> ``Rendered``) -> ``canary`` (start, wait, promote or roll ba
 Each stage either hands its output to the next or ends the pool with a ``PoolOutcome``
 (a failure names the field, the value and the fix, and leaves the running objects as they
 are). ``pool.rollout_pool`` runs them in order; ``operator/reconcile.py`` runs it for every
-pool and turns the outcomes into conditions; ``operator/status.py`` writes status.
+pool and turns the outcomes into conditions; ``operator/kube/status.py`` writes status.
 """

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvtune.operator import apply as kapply
-from kvtune.operator import conditions as cond
 from kvtune.operator.api import InferenceDeploymentStatus
-from kvtune.operator.rollout.apply import Applied
+from kvtune.operator.api import conditions as cond
+from kvtune.operator.kube import apply as kapply
+from kvtune.operator.rollout.apply_stage import Applied
 from kvtune.operator.rollout.outcome import PoolContext, PoolOutcome
 from kvtune.operator.rollout.plan import Planned
 

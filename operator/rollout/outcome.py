@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kvtune.operator import apply as kapply
-from kvtune.operator import conditions as cond
 from kvtune.operator.api import InferenceDeploymentSpec, PoolSpec, PoolStatus
+from kvtune.operator.api import conditions as cond
+from kvtune.operator.kube import apply as kapply
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,8 @@ class PoolOutcome:
     rolling: str | None = None  # what a rollout still waits for
     no_nodes: bool = False
     retry_after: float | None = None  # seconds until this pool should be reconciled again
-    searching: str | None = None  # its capacity search runs as a Job (operator/search_jobs.py)
+    # its capacity search runs as a Job (operator/search/search_jobs.py)
+    searching: str | None = None
 
 
 @dataclass

@@ -18,9 +18,6 @@ from typing import Any
 
 from pydantic.alias_generators import to_camel
 
-from kvtune.operator import apply as kapply
-from kvtune.operator import calibration_flow, gpu_prices, search_budget
-from kvtune.operator import conditions as cond
 from kvtune.operator.api import (
     ExpectedStatus,
     InferenceDeploymentSpec,
@@ -31,9 +28,13 @@ from kvtune.operator.api import (
     ProfileStatus,
     RolloutSpec,
 )
-from kvtune.operator.render import RenderInput, plan_hash, vllm_args
+from kvtune.operator.api import conditions as cond
+from kvtune.operator.calibration import calibration_flow
+from kvtune.operator.kube import apply as kapply
+from kvtune.operator.render.objects import RenderInput, plan_hash, vllm_args
 from kvtune.operator.rollout import plan_checks, search_job_stage
 from kvtune.operator.rollout.outcome import Event, PoolContext, PoolOutcome
+from kvtune.operator.search import gpu_prices, search_budget
 from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan, UnknownName
 from kvtune.tuner.kv_quality import KVQualityEvidence, KVQualityPolicy
 from kvtune.tuner.plan import KVPlan, PoolPlan
@@ -362,12 +363,70 @@ class Planned:
     status: PoolStatus  # the pool's status carrying the new plan
     render_input: RenderInput  # what the render stage renders (placement added there)
     # The traffic continues conversations (history re-sent): the endpoint picker keeps a
-    # request on the pods that hold its prefix (operator/routing.py).
+    # request on the pods that hold its prefix (operator/routing/inference_pool.py).
     multi_turn: bool = False
 
 
 def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
     pool, base = ctx.pool, ctx.base
+    made = _make(ctx, inp)
+    if isinstance(made, PoolOutcome):
+        return made
+    pool_plan, policy, evidence = made.pool_plan, made.policy, made.evidence
+    scope: ProfileScope = (inp.profile_used.scope or "deployment") \
+        if inp.profile_used is not None else "deployment"
+    inputs = planning_inputs(ctx.spec, pool, inp.model, inp.profile, policy, evidence,
+                             sharing_replicas(ctx.spec, pool, scope) if searched(inp.profile)
+                             else 1)
+    kept = plan_in_force(ctx, inputs)
+    kept_warning = None
+    if kept is not None and kept != pool_plan.plan:
+        pool_plan, kept_warning = _keep(pool_plan, kept, base)
+    refused = plan_checks.check(ctx.spec, pool_plan, inp.profile)
+    if refused is not None:
+        return ctx.failed(*refused)
+    knobs, expected, reasons = plan_status(pool_plan)
+    warnings = list(pool_plan.warnings)
+    at_risk, cost = slo_at_risk(pool_plan), gpu_prices.cost_status(pool_plan)
+    if kept_warning is not None:
+        # The reasons, warnings, SLO verdict and cost the plan in force was made with stay
+        # beside it (the new search's are about a plan that does not run).
+        reasons = list(base.reasons)
+        warnings = [w for w in base.warnings if not w.startswith(KEPT_WARNING)] + [kept_warning]
+        at_risk, cost = base.slo_at_risk, base.cost
+    hash_ = plan_hash(pool_plan, ctx.spec.runtime.image)
+    revision = base.revision if base.plan_hash == hash_ else base.revision + 1
+    render_input = _render_input(ctx, pool_plan, revision)
+    status = base.model_copy(update={
+        "gpu_class": pool_plan.gpu_class, "plan": knobs, "expected": expected,
+        # tensorParallel auto: the degree and replicas chosen.
+        "tensor_parallel": pool_plan.tensor_parallel, "replicas": render_input.replicas,
+        "reasons": reasons, "warnings": warnings, "plan_inputs": inputs,
+        "slo_at_risk": at_risk, "cost": cost,
+        "vllm_args": vllm_args(render_input),
+        "plan_hash": hash_, "revision": revision, "message": "", "profile": inp.profile_used,
+    })
+    if base.plan_hash != hash_:
+        ctx.events.append(Event("Normal", "PlanChanged", f"pool {pool.pool_name} "
+                                f"({pool_plan.gpu_class}) plan revision {revision}: "
+                                f"{' '.join(pool_plan.plan.vllm_args())}"))
+    return Planned(pool_plan=pool_plan, plan_hash=hash_, revision=revision, status=status,
+                   render_input=render_input, multi_turn=inp.profile.multi_turn)
+
+
+@dataclass(frozen=True)
+class _Made:
+    """The planner's answer for the pool and what it was asked with."""
+
+    pool_plan: PoolPlan
+    policy: PlanPolicy
+    evidence: KVQualityEvidence | None
+
+
+def _make(ctx: PoolContext, inp: PlanInput) -> _Made | PoolOutcome:
+    """The plan given (the retune timer's), the search Job's, or the planner's own; the
+    pool's outcome when the planner refuses the pool or its search is still running."""
+    pool = ctx.pool
     try:
         gate = inp.gate
         policy = calibration_flow.with_gate(inp.policy, gate) if gate is not None \
@@ -398,31 +457,13 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
         return ctx.failed(cond.INVALID_SPEC,
                           f"{ctx.field} ({pool.gpu_class}): {spec_field_names(exc)}")
 
-    scope: ProfileScope = (inp.profile_used.scope or "deployment") \
-        if inp.profile_used is not None else "deployment"
-    inputs = planning_inputs(ctx.spec, pool, inp.model, inp.profile, policy, evidence,
-                             sharing_replicas(ctx.spec, pool, scope) if searched(inp.profile)
-                             else 1)
-    kept = plan_in_force(ctx, inputs)
-    kept_warning = None
-    if kept is not None and kept != pool_plan.plan:
-        pool_plan, kept_warning = _keep(pool_plan, kept, base)
-    refused = plan_checks.check(ctx.spec, pool_plan, inp.profile)
-    if refused is not None:
-        return ctx.failed(*refused)
-    knobs, expected, reasons = plan_status(pool_plan)
-    warnings = list(pool_plan.warnings)
-    at_risk, cost = slo_at_risk(pool_plan), gpu_prices.cost_status(pool_plan)
-    if kept_warning is not None:
-        # The reasons, warnings, SLO verdict and cost the plan in force was made with stay
-        # beside it (the new search's are about a plan that does not run).
-        reasons = list(base.reasons)
-        warnings = [w for w in base.warnings if not w.startswith(KEPT_WARNING)] + [kept_warning]
-        at_risk, cost = base.slo_at_risk, base.cost
-    hash_ = plan_hash(pool_plan, ctx.spec.runtime.image)
-    revision = base.revision if base.plan_hash == hash_ else base.revision + 1
-    spec = ctx.spec
-    render_input = RenderInput(
+    return _Made(pool_plan, policy, evidence)
+
+
+def _render_input(ctx: PoolContext, pool_plan: PoolPlan, revision: int) -> RenderInput:
+    """What the render stage renders the pool's objects from."""
+    pool, spec = ctx.pool, ctx.spec
+    return RenderInput(
         name=ctx.name, namespace=ctx.namespace, pool=pool.pool_name,
         pool_plan=pool_plan, model_name=spec.model.name, image=spec.runtime.image,
         replicas=rendered_replicas(spec, pool, pool_plan), revision=revision,
@@ -435,18 +476,3 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
         tolerations=[t.model_dump(by_alias=True, exclude_none=True)
                      for t in pool.tolerations or []],
     )
-    status = base.model_copy(update={
-        "gpu_class": pool_plan.gpu_class, "plan": knobs, "expected": expected,
-        # tensorParallel auto: the degree and replicas chosen.
-        "tensor_parallel": pool_plan.tensor_parallel, "replicas": render_input.replicas,
-        "reasons": reasons, "warnings": warnings, "plan_inputs": inputs,
-        "slo_at_risk": at_risk, "cost": cost,
-        "vllm_args": vllm_args(render_input),
-        "plan_hash": hash_, "revision": revision, "message": "", "profile": inp.profile_used,
-    })
-    if base.plan_hash != hash_:
-        ctx.events.append(Event("Normal", "PlanChanged", f"pool {pool.pool_name} "
-                                f"({pool_plan.gpu_class}) plan revision {revision}: "
-                                f"{' '.join(pool_plan.plan.vllm_args())}"))
-    return Planned(pool_plan=pool_plan, plan_hash=hash_, revision=revision, status=status,
-                   render_input=render_input, multi_turn=inp.profile.multi_turn)

@@ -16,8 +16,8 @@ import math
 
 from pydantic.alias_generators import to_camel
 
-from kvtune.operator import conditions as cond
 from kvtune.operator.api import InferenceDeploymentSpec, PinSpec
+from kvtune.operator.api import conditions as cond
 from kvtune.tuner.plan import PoolPlan
 from kvtune.tuner.workload import WorkloadProfile
 

@@ -1,22 +1,23 @@
 """One pool's rollout: the stages in order; each either hands on its output or ends it.
 
-Between render and apply, the KV-quality gate (``operator/calibration_flow.py``) may start a
+Between render and apply, the KV-quality gate (``operator/calibration/calibration_flow.py``) may
+start a
 calibration Job for a narrower KV dtype and plan the pool again with the wider one held."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kvtune.operator import apply as kapply
-from kvtune.operator import calibration_flow
-from kvtune.operator import pools as gpu_pools
-from kvtune.operator.render import model_server
-from kvtune.operator.rollout.apply import apply, apply_access
-from kvtune.operator.rollout.canary import canary
+from kvtune.operator.calibration import calibration_flow
+from kvtune.operator.kube import apply as kapply
+from kvtune.operator.kube import pools as gpu_pools
+from kvtune.operator.render.objects import model_server
+from kvtune.operator.rollout.apply_stage import apply, apply_access
+from kvtune.operator.rollout.canary_stage import canary
 from kvtune.operator.rollout.observe import observe
 from kvtune.operator.rollout.outcome import Event, PoolContext, PoolOutcome
 from kvtune.operator.rollout.plan import PlanInput, plan
-from kvtune.operator.rollout.render import render
+from kvtune.operator.rollout.render_stage import render
 
 
 def rollout_pool(ctx: PoolContext, inp: PlanInput,

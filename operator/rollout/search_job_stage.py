@@ -1,4 +1,4 @@
-"""The plan stage's search by Job (the chart's ``search.mode``; ``operator/search_jobs.py``).
+"""The plan stage's search by Job (the chart's ``search.mode``; ``operator/search/search_jobs.py``).
 
 ``plan_by_job`` answers None when this pool is planned in the operator as before (no search,
 or mode ``inProcess``, or ``auto`` within the budget); else the plan the Job found (priced as
@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kvtune.operator import apply as kapply
-from kvtune.operator import conditions as cond
-from kvtune.operator import gpu_prices, search_job_flow, search_jobs
 from kvtune.operator.api import InferenceDeploymentSpec, PoolSpec, ProfileScope, ProfileStatus
+from kvtune.operator.api import conditions as cond
+from kvtune.operator.kube import apply as kapply
 from kvtune.operator.rollout.outcome import PoolContext, PoolOutcome
+from kvtune.operator.search import gpu_prices, search_job_flow, search_jobs
 from kvtune.tuner.kv_quality import KVQualityEvidence
 from kvtune.tuner.plan import KVPlan, PoolPlan
 from kvtune.tuner.planner.policy import PlanPolicy

@@ -253,7 +253,7 @@ def build_command(
     """The final ``vllm serve`` command.
 
     ``args`` are the container's args: either the operator's full list (model first, then
-    server flags, TP and the plan's flags, as ``kvtune.operator.render.vllm_args`` renders
+    server flags, TP and the plan's flags, as ``kvtune.operator.render.objects.vllm_args`` renders
     them) or only extra server flags. Plan flags found in ``args`` must equal the plan's
     (a container arg that disagrees would silently override it); the memory flag is replaced
     by what this node allows; plan flags missing from ``args`` are added, as is the model.

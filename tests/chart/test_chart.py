@@ -85,7 +85,7 @@ def test_default_render(helm: Path) -> None:
         "--tenant-secrets-admission",
         "--template-renders-in-flight=1", "--template-cpu-seconds=6",
         "--template-cpu-window-seconds=60", "--template-retry-spread-seconds=2",
-        # The goodput search's budget, under the 512Mi limit (operator/search_budget.py).
+        # The goodput search's budget, under the 512Mi limit (operator/search/search_budget.py).
         "--search-cpu-seconds=30", "--search-memory-mib=256"]
     assert pod["serviceAccountName"] == "kvtune"
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
@@ -130,7 +130,7 @@ def test_the_template_render_budget_reaches_the_operator(helm: Path) -> None:
     """The chart's `templates` values become the operator's --template-* options, which the
     operator's own parser reads back as the budget every sandboxed render asks."""
     from kvtune.cli.operator_cmd import operator, render_limits
-    from kvtune.operator.render_fairness import Limits
+    from kvtune.operator.render.render_fairness import Limits
 
     def limits(*values: str) -> Limits:
         (deploy,) = by_kind(render(helm, *values), "Deployment")
@@ -380,7 +380,7 @@ def test_the_operator_may_only_read_the_endpoint_pickers_service_account(
         helm: Path, args: list[str]) -> None:
     """RoutingReady's check that kvtune-endpoint-picker exists: get on that one name, granted
     only with routing.enabled; no list, no other ServiceAccount, no write."""
-    from kvtune.operator import endpoint_picker
+    from kvtune.operator.routing import endpoint_picker
 
     kind = "Role" if args else "ClusterRole"
 
@@ -405,9 +405,9 @@ def test_the_operator_may_only_read_the_endpoint_pickers_service_account(
 ], ids=["cluster", "cluster-listed", "namespaced", "namespaced-listed"])
 def test_runtime_access_objects_are_the_operators_own(
         helm: Path, args: list[str], namespaces: set[str]) -> None:
-    """The chart creates exactly what operator/runtime_access.py describes (the operator
+    """The chart creates exactly what operator/render/runtime_access.py describes (the operator
     renders those names into the runtime pods), in the runtime namespaces only."""
-    from kvtune.operator import runtime_access
+    from kvtune.operator.render import runtime_access
 
     docs = render(helm, *args)
     ours = {(o["kind"], o["metadata"]["name"]) for o in runtime_access.namespace_objects("x")}
@@ -429,9 +429,9 @@ def test_runtime_access_objects_are_the_operators_own(
 ], ids=["off", "cluster", "cluster-listed", "namespaced"])
 def test_endpoint_picker_access_objects_are_the_operators_own(
         helm: Path, args: list[str], namespaces: set[str]) -> None:
-    """The chart creates exactly what operator/endpoint_picker.py describes (the operator
+    """The chart creates exactly what operator/routing/endpoint_picker.py describes (the operator
     renders that ServiceAccount into the endpoint pickers' pods), in the runtime namespaces."""
-    from kvtune.operator import endpoint_picker
+    from kvtune.operator.routing import endpoint_picker
 
     docs = render(helm, *args)
     ours = {(o["kind"], o["metadata"]["name"]) for o in endpoint_picker.namespace_objects("x")}
@@ -477,8 +477,8 @@ def test_admission_policy_guards_the_operators_own_writes(helm: Path) -> None:
     assert "['kube-system','kube-public','kube-node-lease','kvtune-system']" in text
     assert "['default','kvtune-runtime','weights-reader']" in text
     assert "in ['hf-token']" in text
-    # The policy's Pod Security lists are the renderer's (operator/pod_policy.py).
-    from kvtune.operator import pod_policy
+    # The policy's Pod Security lists are the renderer's (operator/render/pod_policy.py).
+    from kvtune.operator.render import pod_policy
 
     caps = "[" + ",".join(f"'{c}'" for c in sorted(pod_policy.BASELINE_CAPABILITIES)) + "]"
     assert caps in text
@@ -517,7 +517,7 @@ def test_kube_version_floor_is_what_the_chart_renders(helm: Path) -> None:
 
 def test_the_calibration_jobs_default_image_reaches_the_operator(helm: Path) -> None:
     # kvtune's runtime image for the pool's GPU class ({gpuClass}, filled in per pool by
-    # operator/calibration.py), tagged as runtime_images/build.sh tags this release.
+    # operator/calibration/calibration_job.py), tagged as runtime_images/build.sh tags this release.
     def image(*args: str) -> str:
         (deploy,) = by_kind(render(helm, *args), "Deployment")
         (container,) = deploy["spec"]["template"]["spec"]["containers"]
@@ -534,7 +534,7 @@ def test_the_calibration_jobs_default_image_reaches_the_operator(helm: Path) -> 
 def test_search_jobs_values_reach_the_operator_and_grant_only_with_jobs(helm: Path) -> None:
     """search.mode and search.job become the operator's environment, read back by the
     operator's own parser; Jobs are granted only with mode job or auto (docs/search-jobs.md)."""
-    from kvtune.operator import search_jobs
+    from kvtune.operator.search import search_jobs
 
     def settings_and_roles(*values: str) -> tuple[search_jobs.JobSettings, list[Any], str]:
         docs = render(helm, *values)

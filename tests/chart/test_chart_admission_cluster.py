@@ -7,7 +7,7 @@ installs them), the Gateway API's and the Inference Extension's. Each attack is 
 made with a TokenRequest token of the chart's ServiceAccount, in a namespace where RBAC lets
 that token write the kind: only the ValidatingAdmissionPolicy stands in the way, so each must
 end 403 with the policy's own message (``kvtune: …``). The positive control: what kvtune's own
-renderers make (operator/render.py, routing.py, endpoint_picker.py, http_route.py,
+renderers make (operator/render/objects.py, routing.py, endpoint_picker.py, http_route.py,
 monitors.py, alerts.py, calibration.py, search_jobs.py, apply.post_event) is admitted, as a
 server-side dry run with the same token.
 """
@@ -169,7 +169,7 @@ def _wait_for_policies(admin: Any, api: Any) -> None:
 
 def _pool_objects() -> list[dict[str, Any]]:
     """Deployment, Service and PodDisruptionBudget of one pool, as the renderer makes them."""
-    from kvtune.operator.render import RenderInput, render_pool
+    from kvtune.operator.render.objects import RenderInput, render_pool
 
     return render_pool(RenderInput(
         name=OWNER, namespace=NS, pool="h200", pool_plan=make_pool_plan(),
@@ -189,8 +189,8 @@ def _service(**spec: Any) -> dict[str, Any]:
 
 
 def _routing_objects() -> list[dict[str, Any]]:
-    from kvtune.operator import routing
-    from kvtune.operator.render import LABEL_POOL
+    from kvtune.operator.render.objects import LABEL_POOL
+    from kvtune.operator.routing import inference_pool as routing
 
     return routing.routing_objects(name=OWNER, namespace=NS, pool="h200",
                                    pool_plan=make_pool_plan(),
@@ -198,7 +198,7 @@ def _routing_objects() -> list[dict[str, Any]]:
 
 
 def _http_route() -> dict[str, Any]:
-    from kvtune.operator import http_route
+    from kvtune.operator.routing import http_route
 
     return http_route.http_route(
         name=OWNER, namespace=NS, labels=dict(LABELS),
@@ -216,7 +216,7 @@ def _infd_body() -> dict[str, Any]:
 
 
 def _monitors(kind: str) -> list[dict[str, Any]]:
-    from kvtune.operator import monitors
+    from kvtune.operator.prometheus import monitors
 
     body = _infd_body()
     body["spec"]["monitoring"]["scrape"]["kind"] = kind
@@ -225,7 +225,7 @@ def _monitors(kind: str) -> list[dict[str, Any]]:
 
 
 def _prometheus_rule() -> dict[str, Any]:
-    from kvtune.operator import monitors
+    from kvtune.operator.prometheus import monitors
 
     rule = monitors.prometheus_rule(_infd_body())
     assert rule is not None
@@ -233,7 +233,7 @@ def _prometheus_rule() -> dict[str, Any]:
 
 
 def _calibration() -> tuple[dict[str, Any], dict[str, Any]]:
-    from kvtune.operator import calibration
+    from kvtune.operator.calibration import calibration_job as calibration
 
     job = calibration.render_job(
         deployment=_kind(_pool_objects(), "Deployment"), name="chat-kvq-1", namespace=NS,
@@ -247,8 +247,9 @@ def _calibration() -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _search_job() -> tuple[dict[str, Any], dict[str, Any]]:
-    """A pool's search Job and its ConfigMap with input and answer (operator/search_jobs.py)."""
-    from kvtune.operator import search_jobs
+    """A pool's search Job and its ConfigMap with input and answer
+    (operator/search/search_jobs.py)."""
+    from kvtune.operator.search import search_jobs
     from kvtune.tuner.facts.catalog import get_model
     from kvtune.tuner.facts.gpus import get_gpu_class
     from kvtune.tuner.planner.planning import PlanRequest
@@ -465,7 +466,7 @@ def test_what_kvtune_renders_is_admitted(token: Any, admin: Any) -> None:
     (a server-side dry run: admitted exactly as a real write), and its Events for real."""
     from kubernetes import client
 
-    from kvtune.operator import apply as kapply
+    from kvtune.operator.kube import apply as kapply
 
     job, report = _calibration()
     objects = [*_pool_objects(), *_routing_objects(), _http_route(),
@@ -473,7 +474,7 @@ def test_what_kvtune_renders_is_admitted(token: Any, admin: Any) -> None:
                job, report, *_search_job()]
     # kvtune's own template with a vLLM entrypoint too, and a pod with the chart's /dev/shm
     # and resource requests (what the pods change renders).
-    from kvtune.operator.render import RenderInput, render_pool
+    from kvtune.operator.render.objects import RenderInput, render_pool
 
     plain = render_pool(RenderInput(
         name=OWNER, namespace=NS, pool="h100", pool_plan=make_pool_plan(),

@@ -577,7 +577,7 @@ def test_the_operators_token_is_refused_every_escalation(
     client.AppsV1Api(api).create_namespaced_deployment(WATCHED_NS, harmless, dry_run="All")
     client.CoreV1Api(api).list_namespaced_pod(WATCHED_NS)
     # A pool's endpoint picker as kvtune renders it runs as its own ServiceAccount.
-    from kvtune.operator import endpoint_picker
+    from kvtune.operator.routing import endpoint_picker
 
     picker = endpoint_picker.deployment(
         picker="chat-h200-epp", namespace=WATCHED_NS, pool_name="chat-h200",
@@ -650,7 +650,7 @@ def test_outside_the_runtime_namespaces_a_pool_rolls_out_without_a_calibration_j
     from kubernetes import client
     from op_samples import SAMPLE_SPEC
 
-    from kvtune.operator import apply as kapply
+    from kvtune.operator.kube import apply as kapply
     from kvtune.operator.reconcile import reconcile
 
     ns = "kvtune-pkg-nocal"

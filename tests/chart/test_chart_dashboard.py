@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from kvtune.operator import metrics as operator_metrics
-from kvtune.operator import retune_handlers  # noqa: F401  (registers its gauges)
-from kvtune.operator import vllm_metrics as vm
+from kvtune.operator.monitoring import metrics as operator_metrics
+from kvtune.operator.prometheus import vllm_metrics as vm
+from kvtune.operator.retune import retune_handlers  # noqa: F401  (registers its gauges)
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "charts/kvtune/dashboards/kvtune-kv-cache.json"
 METRIC = re.compile(r"\b((?:vllm:|kvtune_)[a-zA-Z0-9_:]+)")

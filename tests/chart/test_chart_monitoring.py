@@ -18,7 +18,7 @@ import yaml
 from op_samples import SAMPLE_SPEC
 from test_chart import by_kind, render
 
-from kvtune.operator import monitors
+from kvtune.operator.prometheus import monitors
 
 ENABLED = ["--set", "metrics.serviceMonitor.enabled=true", "--set", "alerts.enabled=true"]
 MONITOR_KINDS = ("PodMonitor", "ServiceMonitor", "PrometheusRule")

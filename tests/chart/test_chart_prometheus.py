@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kvtune.operator.prom_http import PrometheusAccess, PrometheusNotAllowed
+from kvtune.operator.prometheus.prom_http import PrometheusAccess, PrometheusNotAllowed
 
 CHART = Path(__file__).resolve().parents[2] / "charts/kvtune"
 

@@ -57,10 +57,10 @@ def test_simulate_plans_for_the_trace_at_its_speed() -> None:
 
 def test_plan_and_the_operator_give_one_plan_for_one_declared_workload(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvtune.operator import search_budget
     from kvtune.operator.api import InferenceDeploymentSpec
+    from kvtune.operator.api.workloads import declared_profile
     from kvtune.operator.rollout import plan as plan_stage
-    from kvtune.operator.workloads import declared_profile
+    from kvtune.operator.search import search_budget
 
     body = copy.deepcopy(SAMPLE_SPEC)
     body["pools"] = [{"gpuClass": GPU, "replicas": 1}]

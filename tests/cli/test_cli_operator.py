@@ -43,8 +43,8 @@ def test_the_template_render_budget_settings_reach_the_sandboxs_budget(
     """`kvtune operator --template-*` (the chart's `templates` values) configure the budget
     every sandboxed render asks (template_sandbox.BUDGET) before anything connects; the
     excluded --standalone/--peering pair stops the command right after."""
-    from kvtune.operator import template_sandbox
-    from kvtune.operator.render_fairness import Limits, TenantBudget
+    from kvtune.operator.render import template_sandbox
+    from kvtune.operator.render.render_fairness import Limits, TenantBudget
 
     budget = TenantBudget()
     monkeypatch.setattr(template_sandbox, "BUDGET", budget)

@@ -57,7 +57,7 @@ def test_the_operator_refuses_bad_search_job_settings_before_it_connects(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """search.mode and search.job come from the environment the chart sets: a value kvtune
     cannot use stops ``kvtune operator`` at once, in one line (no API server is reached)."""
-    from kvtune.operator import search_jobs
+    from kvtune.operator.search import search_jobs
 
     monkeypatch.setenv("KUBECONFIG", "/nonexistent/kubeconfig")
     monkeypatch.setenv(search_jobs.ENV_MODE, "sometimes")

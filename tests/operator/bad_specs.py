@@ -13,7 +13,7 @@
 
 A ``strict`` case stored under ``Warn`` (the field pruned) with the
 ``kubectl.kubernetes.io/last-applied-configuration`` a client-side apply writes is also
-``Degraded``/InvalidSpec naming the dropped field (operator/dropped_fields.py).
+``Degraded``/InvalidSpec naming the dropped field (operator/api/dropped_fields.py).
 """
 
 from __future__ import annotations

@@ -26,6 +26,6 @@ def sample_spec() -> dict[str, Any]:
 # 127.0.0.1 only.
 @pytest.fixture(autouse=True)
 def allow_loopback_prometheus(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvtune.operator.prom_http import ENV_ALLOWED
+    from kvtune.operator.prometheus.prom_http import ENV_ALLOWED
 
     monkeypatch.setenv(ENV_ALLOWED, "http://127.0.0.1:*")

@@ -24,9 +24,9 @@ from op_cluster_helpers import (
 )
 from op_samples import SAMPLE_SPEC
 
-from kvtune.operator import apply as kapply
 from kvtune.operator import reconcile as rec
-from kvtune.operator.apply import Kube
+from kvtune.operator.kube import apply as kapply
+from kvtune.operator.kube.apply import Kube
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 QUOTA_NS, TEMPLATE_NS, TWO_NS = "aon-quota", "aon-template", "aon-two"

@@ -10,7 +10,7 @@ from op_samples import SAMPLE_SPEC
 from pydantic import ValidationError
 
 from kvtune.operator.api import InferenceDeploymentSpec
-from kvtune.operator.durations import parse_duration
+from kvtune.operator.api.durations import parse_duration
 from kvtune.tuner.errors import InvalidInput
 
 

@@ -11,7 +11,7 @@ from bad_specs import BASE, CASES, BadSpec
 from pydantic import ValidationError
 
 from kvtune.operator.api import InferenceDeploymentSpec
-from kvtune.operator.dropped_fields import LAST_APPLIED, dropped_fields
+from kvtune.operator.api.dropped_fields import LAST_APPLIED, dropped_fields
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.expect == "admission" and not c.name],

@@ -27,8 +27,8 @@ from op_cluster_helpers import (
 )
 
 from kvtune.operator import reconcile as rec
-from kvtune.operator.apply import Kube
-from kvtune.operator.dropped_fields import LAST_APPLIED
+from kvtune.operator.api.dropped_fields import LAST_APPLIED
+from kvtune.operator.kube.apply import Kube
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 NS = "bad-specs"

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from op_samples import make_pool_plan
 
-from kvtune.operator import calibration, pod_policy, tenant_reach
-from kvtune.operator.render import RenderInput, render_pool
+from kvtune.operator.calibration import calibration_job as calibration
+from kvtune.operator.render import pod_policy, tenant_reach
+from kvtune.operator.render.objects import RenderInput, render_pool
 from kvtune.tuner.kv_quality import KVDtypeMeasurement, KVQualityEvidence
 from kvtune.tuner.plan import CandidateVerdict, Reason
 
@@ -45,7 +46,7 @@ spec:
 def _tenant_reach(monkeypatch: pytest.MonkeyPatch) -> None:
     """The template's log-shipper sidecar is an image the chart allows
     (podPolicy.allowedImages), and its hf-token is named in the spec and checked at
-    admission (operator/tenant_reach.py)."""
+    admission (operator/render/tenant_reach.py)."""
     monkeypatch.setattr(tenant_reach.CONFIG, "images", ("vllm/vllm-openai:*", "busybox"))
     monkeypatch.setattr(tenant_reach.CONFIG, "secrets_checked_at_admission", True)
 
@@ -256,7 +257,7 @@ def test_the_retune_timer_sees_the_gate_from_status() -> None:
     from op_samples import SAMPLE_SPEC
 
     from kvtune.operator.api import InferenceDeploymentSpec
-    from kvtune.operator.calibration_flow import from_status
+    from kvtune.operator.calibration.calibration_flow import from_status
 
     spec = InferenceDeploymentSpec.model_validate(
         {**SAMPLE_SPEC, "model": {**SAMPLE_SPEC["model"], "revision": "r"}})
@@ -293,7 +294,7 @@ def test_a_narrower_dtype_that_cannot_be_measured_here_is_unverified_not_not_nee
     from op_samples import SAMPLE_SPEC
 
     from kvtune.operator.api import InferenceDeploymentSpec, QualitySpec
-    from kvtune.operator.calibration_flow import Gate, maybe_start
+    from kvtune.operator.calibration.calibration_flow import Gate, maybe_start
 
     spec = InferenceDeploymentSpec.model_validate(SAMPLE_SPEC)
     body = {"metadata": {"name": "chat", "namespace": "llm", "uid": "u1"}}
@@ -346,7 +347,7 @@ def test_a_calibration_image_off_the_allow_list_is_not_run(
     from op_samples import SAMPLE_SPEC
 
     from kvtune.operator.api import InferenceDeploymentSpec, QualitySpec
-    from kvtune.operator.calibration_flow import Gate, maybe_start
+    from kvtune.operator.calibration.calibration_flow import Gate, maybe_start
 
     spec = InferenceDeploymentSpec.model_validate(SAMPLE_SPEC)
     body = {"metadata": {"name": "chat", "namespace": "llm", "uid": "u1"}}

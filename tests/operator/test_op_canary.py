@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from op_samples import make_pool_plan
 
-from kvtune.operator.canary import TRACK_LABEL, canary_objects, decide
-from kvtune.operator.canary_analysis import CanaryAnalysis, RevisionFigures
-from kvtune.operator.render import RenderInput, render_pool
+from kvtune.operator.render.objects import RenderInput, render_pool
+from kvtune.operator.rollout.canary_analysis import CanaryAnalysis, RevisionFigures
+from kvtune.operator.rollout.canary_objects import TRACK_LABEL, canary_objects, decide
 
 T0, T5, T20, T700 = ("2026-01-01T00:00:00Z", "2026-01-01T00:00:05Z", "2026-01-01T00:00:20Z",
                      "2026-01-01T00:11:40Z")

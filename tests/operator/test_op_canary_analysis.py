@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from kvtune.operator import canary_metrics, selectors
 from kvtune.operator.api import PrometheusSpec
-from kvtune.operator.canary_analysis import AnalysisSettings, RevisionFigures, analyse
+from kvtune.operator.prometheus import selectors
+from kvtune.operator.rollout import canary_metrics
+from kvtune.operator.rollout.canary_analysis import AnalysisSettings, RevisionFigures, analyse
 
 SETTINGS = AnalysisSettings(min_requests=100, ttft_bound_seconds=1.0, tpot_bound_seconds=0.1)
 

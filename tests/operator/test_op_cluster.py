@@ -186,7 +186,7 @@ def test_tensor_parallel_auto_is_admitted_and_renders_the_chosen_degree(
         cluster_api: Any) -> None:
     """The CRD's int-or-string admits auto (its CEL rule runs on the real API server); the
     reconcile seam plans every degree and the Deployment asks for the chosen one's GPUs."""
-    from kvtune.operator.apply import Kube
+    from kvtune.operator.kube.apply import Kube
     from kvtune.operator.reconcile import reconcile
 
     ns = "op-direct"
@@ -455,7 +455,7 @@ def test_reconcile_seam_writes_status_only_when_it_changes(cluster_api: Any) -> 
     """The function the retune timer calls, used directly (no operator serves this
     namespace): a second reconcile of an unchanged object writes nothing; an observed profile
     replans, is kept in status, and survives a reconcile without one."""
-    from kvtune.operator.apply import Kube
+    from kvtune.operator.kube.apply import Kube
     from kvtune.operator.reconcile import reconcile
     from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvtune.operator import conditions as cond
 from kvtune.operator.api import Condition
+from kvtune.operator.api import conditions as cond
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T01:00:00Z"
 
@@ -54,7 +54,7 @@ def test_other_conditions_kept_and_ordered() -> None:
 def test_status_merge_patch_nulls_what_disappeared(
     old: dict[str, object], new: dict[str, object], patch: dict[str, object]
 ) -> None:
-    from kvtune.operator.status import merge_patch
+    from kvtune.operator.kube.status import merge_patch
 
     assert merge_patch(old, new) == patch
 
@@ -86,7 +86,7 @@ STUCK = {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineEx
 def test_rollout_progress_of_a_deployment(
     deployment: dict[str, object], done: bool, progress: str, stuck: str | None
 ) -> None:
-    from kvtune.operator.apply import rollout_done, rollout_stuck
+    from kvtune.operator.kube.apply import rollout_done, rollout_stuck
 
     got_done, got_progress = rollout_done(deployment)
     assert got_done == done and progress in got_progress

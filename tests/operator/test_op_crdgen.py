@@ -10,7 +10,7 @@ import yaml
 from click.testing import CliRunner
 
 from kvtune.cli.crds import crds
-from kvtune.operator import crdgen
+from kvtune.operator.api import crdgen
 
 CRDS_DIR = Path(__file__).resolve().parents[2] / "crds"
 

@@ -11,7 +11,7 @@ from op_samples import SAMPLE_SPEC
 from pydantic import ValidationError
 
 from kvtune.operator.api import InferenceDeploymentSpec
-from kvtune.operator.pools import classify_node
+from kvtune.operator.kube.pools import classify_node
 from kvtune.operator.rollout.plan import plan_one_pool, policy_for, resolve_model
 from kvtune.tuner.planner.presets import preset_profile
 

@@ -30,9 +30,9 @@ from op_cluster_helpers import (
 )
 from op_samples import SAMPLE_SPEC
 
-from kvtune.operator import calibration
 from kvtune.operator import reconcile as rec
-from kvtune.operator.apply import Kube
+from kvtune.operator.calibration import calibration_job as calibration
+from kvtune.operator.kube.apply import Kube
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 NS = "deputy"
@@ -137,7 +137,7 @@ def test_names_taken_by_foreign_objects_are_degraded_not_taken_over(cluster_api:
 
 
 # A spec whose plan picks an unmeasured fp8 KV cache: kvtune starts a calibration Job
-# (operator/calibration_flow.py) and stores the Job's report in a ConfigMap.
+# (operator/calibration/calibration_flow.py) and stores the Job's report in a ConfigMap.
 def _calibrating_spec() -> dict[str, Any]:
     spec = _spec(entrypoint="kvtune", image="ghcr.io/kvtune/kvtune-vllm-h200:0.1.0-vllm0.33.0")
     spec["model"]["revision"] = "rev-deputy"

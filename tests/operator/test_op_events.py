@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from kvtune.operator import events
+from kvtune.operator.kube import events
 
 
 class FakeApi:
@@ -114,7 +114,7 @@ def test_an_expired_event_starts_a_new_series(
 
 
 def test_post_event_goes_through_the_recorder(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvtune.operator import apply as kapply
+    from kvtune.operator.kube import apply as kapply
 
     api = FakeApi()
     monkeypatch.setattr(events, "RECORDER", events.EventRecorder(clock=Clock()))

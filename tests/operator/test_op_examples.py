@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from kvtune.operator.api import InferenceDeploymentSpec
+from kvtune.operator.api.workloads import declared_profile
 from kvtune.operator.rollout import plan as plan_stage
-from kvtune.operator.workloads import declared_profile
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 PATTERNS = {"rag.yaml": "rag", "agentic.yaml": "agent",

@@ -1,7 +1,7 @@
 """Issue 11 item 9 on the real control plane: no finalizer, and leader failover.
 
 - With the operator gone (kill -9), an InferenceDeployment and its namespace still delete:
-  kvtune sets no finalizer (its timers are not kopf's, operator/periodic.py), and removes the
+  kvtune sets no finalizer (its timers are not kopf's, operator/kube/periodic.py), and removes the
   one older versions set.
 - Two replicas under kopf peering: the active one is killed with SIGKILL (no goodbye to its
   peers) and the standby takes over, reconciling a change, in under 30 s.

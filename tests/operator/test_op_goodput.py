@@ -57,7 +57,7 @@ def test_an_slo_no_configuration_meets_is_at_risk_with_numbers() -> None:
 
 @pytest.mark.slow
 def test_status_carries_the_chosen_cost_at_the_pools_own_price_or_the_charts() -> None:
-    from kvtune.operator import gpu_prices
+    from kvtune.operator.search import gpu_prices
 
     body = copy.deepcopy(SAMPLE_SPEC)
     body["pools"] = [{"gpuClass": "H200", "replicas": 1, "gpuPriceUsdPerHour": 2.0},
@@ -91,7 +91,7 @@ def test_status_carries_the_chosen_cost_at_the_pools_own_price_or_the_charts() -
 
 @pytest.mark.slow
 def test_a_declared_rate_is_searched_and_shared_by_the_replicas() -> None:
-    from kvtune.operator.workloads import declared_profile
+    from kvtune.operator.api.workloads import declared_profile
 
     body = copy.deepcopy(SAMPLE_SPEC)
     body["pools"] = [{"gpuClass": "H100", "replicas": 1}]

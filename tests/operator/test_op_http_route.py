@@ -8,9 +8,9 @@ import re
 import pytest
 from pydantic import ValidationError
 
-from kvtune.operator import http_route
 from kvtune.operator.api import PlanStatus, PoolRoutingStatus, PoolStatus, RoutingSpec
-from kvtune.operator.http_route import GatewayRef, PoolRoute
+from kvtune.operator.routing import http_route
+from kvtune.operator.routing.http_route import GatewayRef, PoolRoute
 
 POOLS = [PoolRoute("bot-short", 8192, 4), PoolRoute("bot-mid", 32768, 2),
          PoolRoute("bot-long", 131072, 1), PoolRoute("bot-mid2", 32768, 3)]

@@ -36,8 +36,8 @@ from op_cluster_helpers import (
 from op_samples import SAMPLE_SPEC
 from waiting import wait_for
 
-from kvtune.operator import apply as kapply
-from kvtune.operator import calibration
+from kvtune.operator.calibration import calibration_job as calibration
+from kvtune.operator.kube import apply as kapply
 from kvtune.operator.reconcile import reconcile
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

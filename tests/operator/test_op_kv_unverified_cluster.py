@@ -16,9 +16,9 @@ import pytest
 from op_cluster_helpers import create_infd, get_infd, patch_spec, prepare_namespaces
 from op_samples import SAMPLE_SPEC
 
-from kvtune.operator import apply as kapply
-from kvtune.operator import calibration
 from kvtune.operator import reconcile as rec
+from kvtune.operator.calibration import calibration_job as calibration
+from kvtune.operator.kube import apply as kapply
 from kvtune.operator.rollout import plan as plan_stage
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

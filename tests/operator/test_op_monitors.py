@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from op_samples import SAMPLE_SPEC, make_pool_plan
 
-from kvtune.operator import monitors
-from kvtune.operator.render import RenderInput, render_pool
+from kvtune.operator.prometheus import monitors
+from kvtune.operator.render.objects import RenderInput, render_pool
 
 NS, NAME = "op-monitors", "bot"
 
@@ -121,8 +121,8 @@ def test_objects_are_applied_and_switched_off_on_the_apiserver(local_cluster: An
     from kubernetes.client.exceptions import ApiException
     from op_cluster_helpers import create_infd, get_infd, install_crd
 
-    from kvtune.operator import apply as kapply
-    from kvtune.operator.retune_handlers import sync_alert_rules
+    from kvtune.operator.kube import apply as kapply
+    from kvtune.operator.retune.retune_handlers import sync_alert_rules
 
     api = local_cluster.api_client()
     ext = client.ApiextensionsV1Api(api)
@@ -207,9 +207,9 @@ def test_rules_are_applied_once_the_prometheus_operator_comes_after_kvtune(
     from kubernetes.client.exceptions import ApiException
     from op_cluster_helpers import create_infd, ensure_namespace, get_infd, install_crd
 
-    from kvtune.operator import apply as kapply
-    from kvtune.operator import retune_handlers
-    from kvtune.operator.retune_handlers import sync_alert_rules
+    from kvtune.operator.kube import apply as kapply
+    from kvtune.operator.retune import retune_handlers
+    from kvtune.operator.retune.retune_handlers import sync_alert_rules
 
     api = local_cluster.api_client()
     ext = client.ApiextensionsV1Api(api)
@@ -288,9 +288,9 @@ def test_someone_elses_rule_or_monitor_of_that_name_is_not_taken_over(
     from kubernetes.client.exceptions import ApiException
     from op_cluster_helpers import create_infd, ensure_namespace, get_infd, install_crd
 
-    from kvtune.operator import alert_rules
-    from kvtune.operator import apply as kapply
-    from kvtune.operator.retune_handlers import sync_alert_rules
+    from kvtune.operator.kube import apply as kapply
+    from kvtune.operator.monitoring import alert_rules
+    from kvtune.operator.retune.retune_handlers import sync_alert_rules
 
     api = local_cluster.api_client()
     ext = client.ApiextensionsV1Api(api)

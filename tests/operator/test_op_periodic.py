@@ -1,4 +1,4 @@
-"""operator/periodic.py: kvtune's own timers (kopf's would put a finalizer on every object)."""
+"""operator/kube/periodic.py: kvtune's own timers (kopf's would put a finalizer on every object)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from typing import Any
 import kopf
 import pytest
 
-from kvtune.operator import handlers, periodic, retune_handlers  # noqa: F401 (registers)
+from kvtune.operator import handlers
+from kvtune.operator.kube import periodic
+from kvtune.operator.retune import retune_handlers  # noqa: F401 (registers)
 
 
 def body(name: str, uid: str = "u1", progressing: bool = False) -> dict[str, Any]:

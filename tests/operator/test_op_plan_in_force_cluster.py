@@ -27,14 +27,15 @@ from op_cluster_helpers import (
 from op_samples import SAMPLE_SPEC
 
 from kvtune.operator import reconcile as rec
-from kvtune.operator import retune, retune_handlers
-from kvtune.operator.apply import Kube
-from kvtune.operator.profiling import (
+from kvtune.operator.kube.apply import Kube
+from kvtune.operator.prometheus.profiling import (
     LatencyQuantiles,
     ObservedFigures,
     ProfileResult,
     ProfilingSettings,
 )
+from kvtune.operator.retune import decide as retune
+from kvtune.operator.retune import retune_handlers
 from kvtune.operator.rollout import plan as plan_stage
 from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from kvtune.operator import pod_policy, template_sandbox, tenant_reach
-from kvtune.operator.render import RenderError, RenderInput, render_pool
+from kvtune.operator.render import pod_policy, template_sandbox, tenant_reach
+from kvtune.operator.render.objects import RenderError, RenderInput, render_pool
 from kvtune.tuner.plan import PoolPlan
 
 BASE = """
@@ -137,7 +137,7 @@ def test_a_secret_the_chart_allows_may_be_referenced(pool_plan: PoolPlan,
         render_pool(_input(pool_plan, template))
     monkeypatch.setattr(pod_policy.CONFIG, "secrets", ("hf-token",))
     # The spec must also name it, and the API server have checked its writer may read it
-    # (operator/tenant_reach.py, issue 25): both tested in test_op_tenant_reach.py.
+    # (operator/render/tenant_reach.py, issue 25): both tested in test_op_tenant_reach.py.
     monkeypatch.setattr(tenant_reach.CONFIG, "secrets_checked_at_admission", True)
     render_pool(dataclasses.replace(_input(pool_plan, template), secrets=("hf-token",)))
     with pytest.raises(RenderError, match=r"envFrom\[0\]\.secretRef=.*allowed: hf-token"):
@@ -234,7 +234,7 @@ def test_sigterm_stops_a_process_whose_template_loops(tmp_path: Any) -> None:
     pipe, so the main thread runs its signal handler at once."""
     script = (
         "import signal, sys, threading\n"
-        "from kvtune.operator import template_sandbox as ts\n"
+        "from kvtune.operator.render import template_sandbox as ts\n"
         "signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))\n"
         "t = threading.Thread(target=lambda: ts.render_yaml("
         "'{% for i in range(99997) %}{% for j in range(99999) %}{% endfor %}{% endfor %}', {},"

@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 from op_samples import SAMPLE_SPEC
 
-from kvtune.operator import pools as gpu_pools
 from kvtune.operator import reconcile as rec
 from kvtune.operator.api import InferenceDeploymentSpec
+from kvtune.operator.api.workloads import declared_profile
+from kvtune.operator.kube import pools as gpu_pools
 from kvtune.operator.rollout.outcome import Event, PoolContext
 from kvtune.operator.rollout.plan import PlanInput, policy_for, resolve_model
 from kvtune.operator.rollout.pool import rollout_pool
-from kvtune.operator.workloads import declared_profile
 
 BODY = {"metadata": {"name": "bot", "namespace": "llm", "uid": "u"}}
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from kvtune.operator.pools import classify_node, discover_pools, inventory_digest
+from kvtune.operator.kube.pools import classify_node, discover_pools, inventory_digest
 
 
 def node(name: str, labels: dict[str, str], gpus: str | None = "8",

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from op_samples import make_pool_plan
 
-from kvtune.operator.render import (
+from kvtune.operator.render.objects import (
     ANNOTATION_PLAN_HASH,
     LABEL_PLAN_REVISION,
     RenderError,
@@ -121,7 +121,7 @@ def test_both_pod_policy_levels_accept_the_sized_pod(
     level: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # render_pool checks the pod against the chart's level and raises RenderError otherwise.
-    from kvtune.operator import pod_policy
+    from kvtune.operator.render import pod_policy
     monkeypatch.setattr(pod_policy.CONFIG, "level", level)
     pool_plan = make_pool_plan().model_copy(update={"tensor_parallel": 4})
     pool_plan = pool_plan.model_copy(update={"plan": pool_plan.plan.with_offload(32.0)})
@@ -205,7 +205,7 @@ spec:
 
 def test_user_pod_template_keeps_selector_labels_and_hash(
         pool_plan: PoolPlan, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvtune.operator import pod_policy
+    from kvtune.operator.render import pod_policy
 
     # The chart's podPolicy.allowedServiceAccounts lets this namespace's "vllm" account in.
     monkeypatch.setattr(pod_policy.CONFIG, "service_accounts", ("vllm",))
@@ -263,8 +263,8 @@ def test_the_runtime_images_pod_template_renders(pool_plan: PoolPlan) -> None:
 def test_slo_targets_are_rendered_as_histogram_bounds(pool_plan: PoolPlan) -> None:
     """issue 22 item 8: each SLO target is a bound of vLLM's latency histograms, added to
     vLLM's default bounds, so alerts, canary and observed attainment read it exactly."""
-    from kvtune.operator import slo_buckets
-    from kvtune.operator import vllm_metrics as vm
+    from kvtune.operator.prometheus import slo_buckets
+    from kvtune.operator.prometheus import vllm_metrics as vm
 
     args = _container(_by_kind(render_pool(_input(
         pool_plan, ttft_slo_seconds=2.0, tpot_slo_seconds=0.08)))["Deployment"])["args"]

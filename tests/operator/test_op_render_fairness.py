@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvtune.operator import template_sandbox
-from kvtune.operator.render_fairness import Deferred, TenantBudget
+from kvtune.operator.render import template_sandbox
+from kvtune.operator.render.render_fairness import Deferred, TenantBudget
 
 HEAD = "spec:\n  containers:\n    - name: vllm\n      image: {{ image | tojson }}\n"
 

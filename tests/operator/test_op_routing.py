@@ -6,7 +6,9 @@ import pytest
 import yaml
 from op_samples import make_pool_plan
 
-from kvtune.operator import endpoint_picker, pod_policy, routing
+from kvtune.operator.render import pod_policy
+from kvtune.operator.routing import endpoint_picker
+from kvtune.operator.routing import inference_pool as routing
 
 LABELS = {"kvtune.io/deployment": "bot", "kvtune.io/pool": "h200"}
 

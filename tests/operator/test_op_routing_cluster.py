@@ -34,7 +34,8 @@ from op_cluster_helpers import (
 from op_samples import SAMPLE_SPEC, make_pool_plan
 
 from kvtune.e2e.inference_extension import crd_paths, gateway_api_crd_paths
-from kvtune.operator import endpoint_picker, http_route, routing
+from kvtune.operator.routing import endpoint_picker, http_route
+from kvtune.operator.routing import inference_pool as routing
 
 NS = "routing"
 LABELS = {"kvtune.io/deployment": "bot", "kvtune.io/pool": "h200"}
@@ -494,9 +495,9 @@ def test_a_refused_routing_read_makes_routing_ready_unknown_not_a_failed_reconci
     """RoutingReady's reads as an account the API server refuses (403): Unknown, naming the
     read; with get on Deployments and HTTPRoutes but not on the pickers' ServiceAccount (a
     chart from before that right) the pickers' state still decides."""
-    from kvtune.operator import apply as kapply
-    from kvtune.operator import routing_status
     from kvtune.operator.api import InferenceDeploymentSpec, PoolRoutingStatus, PoolStatus
+    from kvtune.operator.kube import apply as kapply
+    from kvtune.operator.monitoring import routing_status
 
     ns = "routing-unreadable"
     api_client = _setup(local_cluster)

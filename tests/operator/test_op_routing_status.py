@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvtune.operator import conditions as cond
-from kvtune.operator import routing_status
 from kvtune.operator.api import PoolRoutingStatus, PoolStatus
-from kvtune.operator.http_route import GatewayRef
+from kvtune.operator.api import conditions as cond
+from kvtune.operator.monitoring import routing_status
+from kvtune.operator.routing.http_route import GatewayRef
 
 GW = GatewayRef("inference-gateway")
 

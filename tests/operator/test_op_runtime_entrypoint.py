@@ -10,10 +10,16 @@ from typing import Any
 import pytest
 from op_samples import SAMPLE_SPEC, make_pool_plan
 
-from kvtune.operator import conditions as cond
-from kvtune.operator import runtime_access, runtime_reports
 from kvtune.operator.api import InferenceDeploymentSpec
-from kvtune.operator.render import ANNOTATION_PLAN_HASH, RenderInput, plan_env_json, render_pool
+from kvtune.operator.api import conditions as cond
+from kvtune.operator.monitoring import runtime_reports
+from kvtune.operator.render import runtime_access
+from kvtune.operator.render.objects import (
+    ANNOTATION_PLAN_HASH,
+    RenderInput,
+    plan_env_json,
+    render_pool,
+)
 from kvtune.runtime import decisions, gpus
 from kvtune.runtime.runtime_plan import parse_plan
 from kvtune.tuner.plan import PoolPlan

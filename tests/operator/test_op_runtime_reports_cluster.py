@@ -1,5 +1,5 @@
 """spec.runtime.entrypoint: kvtune against the real control plane: the runtime pods run as
-``kvtune-runtime`` (created here from operator/runtime_access.py, as the chart creates it),
+``kvtune-runtime`` (created here from operator/render/runtime_access.py, as the chart creates it),
 and the runtime entrypoint's own code, authenticated as that ServiceAccount (a TokenRequest
 token), writes its report into the namespace's ``kvtune-runtime-reports`` ConfigMap; the
 operator shows expected vs actual in status and posts an Event. The token may patch no pod.

@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 
-from kvtune.operator import apply as kapply
-from kvtune.operator import handlers, periodic
+from kvtune.operator import handlers
 from kvtune.operator.api import InferenceDeploymentSpec, InferenceDeploymentStatus, PoolStatus
+from kvtune.operator.api.workloads import declared_profile
+from kvtune.operator.kube import apply as kapply
+from kvtune.operator.kube import periodic
 from kvtune.operator.reconcile import may_have_removed_pools
 from kvtune.operator.rollout import plan as plan_stage
-from kvtune.operator.workloads import declared_profile
 
 SPEC: dict[str, Any] = {
     "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
@@ -80,7 +81,7 @@ def test_the_operator_calls_the_api_without_the_clients_typed_classes() -> None:
     from pathlib import Path
 
     probe = ("import sys, kvtune.cli.operator_cmd, kvtune.operator.handlers, "
-             "kvtune.operator.retune_handlers; "
+             "kvtune.operator.retune.retune_handlers; "
              "print(sorted(m for m in sys.modules if m.startswith('kubernetes.client.api.')))")
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             check=True).stdout.strip()
@@ -103,7 +104,7 @@ def test_reconciles_place_pools_from_the_node_watch_once_its_first_listing_settl
 
     import kopf
 
-    from kvtune.operator.pools import discover_pools
+    from kvtune.operator.kube.pools import discover_pools
 
     def node(name: str, product: str, **spec: Any) -> dict[str, Any]:
         return {"metadata": {"name": name, "labels": {"nvidia.com/gpu.product": product}},

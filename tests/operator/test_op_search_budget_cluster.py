@@ -186,7 +186,7 @@ def test_sigterm_while_a_search_runs_stops_the_operator_within_seconds(
         assert popen.returncode is not None and popen.returncode != -9
         print(f"SIGTERM during a search: exited after {took:.1f} s")
         assert took < SIGTERM_WITHIN_SECONDS, f"SIGTERM took {took:.1f} s"
-        # It was searching, and the search stopped by itself (operator/search_budget.py).
+        # It was searching, and the search stopped by itself (operator/search/search_budget.py).
         assert "capacity search cancelled: the operator is stopping" in proc.current_log()
     finally:
         proc.stop()

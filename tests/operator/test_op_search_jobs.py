@@ -1,4 +1,4 @@
-"""The search Job's pure parts (operator/search_jobs.py): the settings the chart passes, when
+"""The search Job's pure parts (operator/search/search_jobs.py): the settings the chart passes, when
 ``auto`` sends a search to a Job, the names, the least-privilege Job, and which termination
 message counts as the answer (only the current digest's, from a pod the Job controls)."""
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kvtune.operator import search_jobs
+from kvtune.operator.search import search_jobs
 from kvtune.tuner.facts.catalog import get_model
 from kvtune.tuner.facts.gpus import get_gpu_class
 from kvtune.tuner.planner.planning import PlanRequest

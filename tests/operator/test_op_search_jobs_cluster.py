@@ -42,9 +42,9 @@ from op_samples import SAMPLE_SPEC
 
 from kvtune.e2e.operator_command import operator_executable
 from kvtune.operator import reconcile as rec
-from kvtune.operator import search_budget, search_job_flow, search_jobs
-from kvtune.operator.apply import Kube, path
-from kvtune.operator.render import LABEL_DEPLOYMENT
+from kvtune.operator.kube.apply import Kube, path
+from kvtune.operator.render.objects import LABEL_DEPLOYMENT
+from kvtune.operator.search import search_budget, search_job_flow, search_jobs
 from kvtune.tuner.simulator import search_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -253,9 +253,9 @@ def test_the_retune_timer_replans_a_drifted_pool_by_job(cluster_api: Any,
     """The retune timer's re-plan (``search_job_stage.plan_for_retune``): not decided while
     the Job runs (a line saying so), the plan once the Job answered."""
     from kvtune.operator.api import InferenceDeploymentSpec
+    from kvtune.operator.api.workloads import declared_profile
     from kvtune.operator.rollout import plan as plan_stage
     from kvtune.operator.rollout import search_job_stage
-    from kvtune.operator.workloads import declared_profile
 
     kube, name = Kube(cluster_api), "drift"
     create_infd(cluster_api, NS, name, _spec(rate=3.0))

@@ -34,16 +34,16 @@ from op_cluster_helpers import (
 from op_samples import SAMPLE_SPEC
 
 from kvtune.operator import reconcile as rec
-from kvtune.operator import retune_handlers
 from kvtune.operator.api import InferenceDeploymentSpec
-from kvtune.operator.apply import Kube
-from kvtune.operator.profiling import (
+from kvtune.operator.api.workloads import declared_profile
+from kvtune.operator.kube.apply import Kube
+from kvtune.operator.prometheus.profiling import (
     LatencyQuantiles,
     ObservedFigures,
     ProfileResult,
     ProfilingSettings,
 )
-from kvtune.operator.workloads import declared_profile
+from kvtune.operator.retune import retune_handlers
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -17,13 +17,14 @@ import pytest
 from op_samples import make_pool_plan
 from pydantic import BaseModel
 
-from kvtune.operator import api, retune_state
-from kvtune.operator import status as status_writer
+from kvtune.operator import api
 from kvtune.operator.api import PoolSpec, WorkloadSpec
-from kvtune.operator.profiling import ProfilingSettings, RawWindow, build_profile
-from kvtune.operator.retune import RetuneState
+from kvtune.operator.api.workloads import declared_profile, profile_from_status, profile_status
+from kvtune.operator.kube import status as status_writer
+from kvtune.operator.prometheus.profiling import ProfilingSettings, RawWindow, build_profile
+from kvtune.operator.retune import retune_state
+from kvtune.operator.retune.decide import RetuneState
 from kvtune.operator.rollout import plan as plan_stage
-from kvtune.operator.workloads import declared_profile, profile_from_status, profile_status
 from kvtune.tuner.plan import ExpectedFigures
 from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from kvtune.operator import apply as kapply
-from kvtune.operator import conditions, status_merge
-from kvtune.operator import status as status_writer
-from kvtune.operator.api import InferenceDeploymentStatus
+from kvtune.operator.api import InferenceDeploymentStatus, conditions
+from kvtune.operator.kube import apply as kapply
+from kvtune.operator.kube import status as status_writer
+from kvtune.operator.kube import status_merge
 
 READY = {"type": "Ready", "status": "True", "reason": "AllPoolsApplied", "message": "",
          "lastTransitionTime": "t0"}

@@ -3,7 +3,7 @@ exhaust the operator's CPU and memory, or ask for a privileged hostPath pod, mak
 tenant's InferenceDeployments Degraded, each naming its own problem, while another tenant's
 InferenceDeployment, created after them, is reconciled to Ready; then SIGTERM stops the
 operator promptly. And fairness: a tenant with many slow templates renders one at a time
-within its CPU budget per minute (operator/render_fairness.py), so another tenant's object
+within its CPU budget per minute (operator/render/render_fairness.py), so another tenant's object
 is Ready long before the first tenant's templates are all rendered."""
 
 from __future__ import annotations

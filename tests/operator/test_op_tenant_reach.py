@@ -1,5 +1,5 @@
 """What a tenant's spec may reach through the operator (issue 25 item 3,
-operator/tenant_reach.py): images from the allow-list, Secrets only when the spec names them
+operator/render/tenant_reach.py): images from the allow-list, Secrets only when the spec names them
 and the API server checked the writer may read them. The refusals are InvalidSpec-worthy
 one-liners naming the field, the value and the fix; the cluster test
 (test_op_tenant_reach_cluster.py) runs the same through the reconcile and the chart's
@@ -11,8 +11,9 @@ import dataclasses
 
 import pytest
 
-from kvtune.operator import calibration, pod_policy, tenant_reach
-from kvtune.operator.render import ReachError, RenderError, RenderInput, render_pool
+from kvtune.operator.calibration import calibration_job as calibration
+from kvtune.operator.render import pod_policy, tenant_reach
+from kvtune.operator.render.objects import ReachError, RenderError, RenderInput, render_pool
 from kvtune.tuner.plan import PoolPlan
 
 SPEC_IMAGE = "vllm/vllm-openai:v0.33.0"

@@ -6,7 +6,7 @@ could not get herself.
   installed here): a spec may name in ``spec.runtime.secrets`` only Secrets its writer may
   ``get`` (the authorizer, asked for the requesting user); the tenant's own token is refused
   for a Secret she cannot read, on create and on a spec update, and admitted for one she can.
-- At reconcile (the reconcile seam, called directly; operator/tenant_reach.py): a template
+- At reconcile (the reconcile seam, called directly; operator/render/tenant_reach.py): a template
   that references a Secret the spec does not name, or runs an image off the allow-list, is
   Degraded/InvalidSpec naming the field, the value and the fix, and nothing is applied;
   without the admission policy (``--tenant-secrets-admission`` unset) a named Secret is
@@ -40,9 +40,9 @@ from op_cluster_helpers import (
 from op_samples import SAMPLE_SPEC
 from waiting import wait_for
 
-from kvtune.operator import pod_policy, tenant_reach
 from kvtune.operator import reconcile as rec
-from kvtune.operator.apply import Kube
+from kvtune.operator.kube.apply import Kube
+from kvtune.operator.render import pod_policy, tenant_reach
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 NS = "tenant-reach"

@@ -15,10 +15,10 @@ from pydantic import ValidationError
 
 from kvtune.operator import reconcile as rec
 from kvtune.operator.api import InferenceDeploymentSpec
-from kvtune.operator.render import render_pool
+from kvtune.operator.api.workloads import declared_profile
+from kvtune.operator.render.objects import render_pool
 from kvtune.operator.rollout.outcome import Event, PoolContext
 from kvtune.operator.rollout.plan import PlanInput, Planned, plan, policy_for, resolve_model
-from kvtune.operator.workloads import declared_profile
 from kvtune.tuner.facts.gpus import get_gpu_class
 from kvtune.tuner.plan import PoolPlan, SearchSummary, TPChoice
 from kvtune.tuner.planner.planning import PlanRequest, plan_pool

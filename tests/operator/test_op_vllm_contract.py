@@ -13,7 +13,7 @@ import pytest
 from op_samples import make_pool_plan
 
 from kvtune.operator import api
-from kvtune.operator.render import RenderInput, render_pool
+from kvtune.operator.render.objects import RenderInput, render_pool
 
 pytestmark = pytest.mark.vllm_source
 VLLM_VERSION = "0.33.0"
@@ -175,7 +175,7 @@ def _cli(args: list[str]) -> str:
 def test_plan_json_args_deployment_and_runtime_render_the_same_flags(case: list[str]) -> None:
     import json
 
-    from kvtune.operator.render import plan_env_json
+    from kvtune.operator.render.objects import plan_env_json
     from kvtune.runtime.decisions import Decision, build_command
     from kvtune.runtime.runtime_plan import parse_plan
     from kvtune.tuner.plan import PoolPlan
@@ -228,7 +228,7 @@ def test_rendered_slo_buckets_parse_in_vllms_parser_and_validator() -> None:
     from vllm.engine.arg_utils import get_kwargs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from kvtune.operator import slo_buckets
+    from kvtune.operator.prometheus import slo_buckets
 
     flag = slo_buckets.vllm_flag(2.0, 0.08)
     assert flag and flag[0].split("=", 1)[0] in _parser_flags()

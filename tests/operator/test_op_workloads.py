@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvtune.operator.api import DeclaredTokens
-from kvtune.operator.workloads import merge_quantiles
+from kvtune.operator.api.workloads import merge_quantiles
 from kvtune.tuner.workload import TokenQuantiles
 
 PRESET = TokenQuantiles(p50=1000, p90=3000, p95=4000, p99=8000, max=16000)

@@ -19,7 +19,12 @@ def test_the_wheel_holds_every_file_of_the_package_folders(
     _, wheel = built_dists
     expected = wheel_check.expected_wheel_files()
     # The folders that were once forgotten, and a data file of each kind: the check must see them.
-    for path in ("kvtune/operator/rollout/__init__.py", "kvtune/operator/templates/pod.yaml.j2",
+    # The operator's sub-packages (issue 24 item 4) each ship.
+    for path in ("kvtune/operator/rollout/__init__.py",
+                 "kvtune/operator/render/templates/pod.yaml.j2",
+                 *(f"kvtune/operator/{sub}/__init__.py"
+                   for sub in ("api", "kube", "prometheus", "render", "routing", "calibration",
+                               "search", "monitoring", "retune")),
                  "kvtune/tuner/facts/data/gpus.json", "kvtune/e2e/kwok-stages.yaml",
                  "kvtune/e2e/gomod/k8s/go.mod", "kvtune/quality/data/calibration-v1.jsonl",
                  "kvtune/runtime/__main__.py", "kvtune/__init__.py"):

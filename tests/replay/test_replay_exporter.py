@@ -12,7 +12,7 @@ import pytest
 from kvtune.e2e.prometheus import PrometheusServer
 from kvtune.e2e.traces import AZURE_TRACE as AZURE
 from kvtune.e2e.traces import MOONCAKE_TRACE as MOONCAKE
-from kvtune.operator import vllm_metrics as vm
+from kvtune.operator.prometheus import vllm_metrics as vm
 from kvtune.replay.exporter import Engine, Replay, ReplayServer, parse_config_overrides
 from kvtune.replay.instance import HistogramState, Instance, InstanceConfig, TraceSchedule
 from kvtune.tuner.traces import TraceRequest, load_trace

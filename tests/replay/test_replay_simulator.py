@@ -14,7 +14,7 @@ import pytest
 
 from kvtune.e2e.traces import AZURE_TRACE as AZURE
 from kvtune.e2e.traces import MOONCAKE_TRACE as MOONCAKE
-from kvtune.operator import vllm_metrics as vm
+from kvtune.operator.prometheus import vllm_metrics as vm
 from kvtune.replay.exporter import (
     Replay,
     ReplayServer,

@@ -219,13 +219,13 @@ def test_command_has_the_plan_flags_and_refuses_overrides() -> None:
 
 
 def test_command_from_the_operators_rendered_args_replaces_only_the_memory_flag() -> None:
-    from kvtune.operator.render import RenderInput, vllm_args
+    from kvtune.operator.render.objects import RenderInput, vllm_args
 
     pool = pool_plan("H200")
     rendered = vllm_args(RenderInput(name="bot", namespace="llm", pool="h200", pool_plan=pool,
                                      model_name=pool.model_id, image="i", replicas=1,
                                      revision=1, ttft_slo_seconds=2.0, tpot_slo_seconds=0.08))
-    # The SLO buckets flag (operator/slo_buckets.py) passes through to vllm unchanged.
+    # The SLO buckets flag (operator/prometheus/slo_buckets.py) passes through to vllm unchanged.
     assert any(a.startswith("--custom-histogram-buckets=") for a in rendered)
     plan = parse_plan(pool.model_dump_json())
     d = decisions.decide(plan, [gpu(H200, free_bytes=100 * GIB)])
@@ -419,7 +419,7 @@ def test_mig_instances_are_read_instead_of_the_whole_gpu(monkeypatch: pytest.Mon
 def test_operator_render_to_runtime_entrypoint_end_to_end(tmp_path: Path) -> None:
     """runtime_images/pod-template.yaml.j2 rendered by the operator's real renderer, then
     the rendered container (its env and args) run through the entrypoint on a busy H200."""
-    from kvtune.operator.render import RenderInput, render_pool
+    from kvtune.operator.render.objects import RenderInput, render_pool
 
     pool = pool_plan("H200")
     template = (Path(__file__).resolve().parents[2] / "runtime_images/pod-template.yaml.j2")

@@ -25,7 +25,7 @@ class SLO(BaseModel):
 # zero, a value in the wrong unit) fails at the boundary instead of sizing a plan, a
 # simulation or a pod's memory from it. Tokens: 2**24, above the longest context of any
 # catalog model (Llama 4 Scout's 10,485,760). Sequences: 100x vLLM's largest default.
-# Offload: 64 TiB across the TP ranks, the CRD's bound (operator/api.py PinSpec).
+# Offload: 64 TiB across the TP ranks, the CRD's bound (operator/api/ PinSpec).
 MAX_PIN_TOKENS = 1 << 24
 MAX_PIN_SEQUENCES = 100_000
 MAX_PIN_OFFLOAD_GIB = 65536.0

@@ -1,7 +1,7 @@
 """One pool's goodput search as a document: what a search Job runs and what it answers.
 
 The operator runs a pool's search in its own process, or (the chart's ``search.mode``) as a
-Kubernetes Job from its own image (``operator/search_jobs.py``). Both run the same function,
+Kubernetes Job from its own image (``operator/search/search_jobs.py``). Both run the same function,
 ``plan_by_goodput``, on the same inputs; here are those inputs as one pure, versioned
 document (``SearchInput``: the ``PlanRequest``, whose profile the traffic is made from with
 ``seed``, the running plan ties go to, the replicas that share the rate, and the budget),

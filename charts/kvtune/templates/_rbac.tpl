@@ -66,7 +66,7 @@ runtime namespace only, in both modes (templates/rbac.yaml). */}}
   verbs: [create, patch]
 {{- end -}}
 
-{{/* search.mode job or auto (operator/search_jobs.py, docs/search-jobs.md): a pool's goodput
+{{/* search.mode job or auto (operator/search/search_jobs.py, docs/search-jobs.md): a pool's goodput
 search as a Job, its input (and then its answer) in a ConfigMap, both owned by the
 InferenceDeployment and named by the input's digest. get: the ownership check before an
 apply and the Job's status; list: the Job's pods (the "pods" concern) and the pool's Jobs and
@@ -81,12 +81,12 @@ pods get no token and need no right. Granted in the namespaces the operator serv
   verbs: [list, create, patch, delete]
 {{- end -}}
 
-{{/* spec.routing (operator/routing.py): each pool's Gateway API Inference Extension
+{{/* spec.routing (operator/routing/inference_pool.py): each pool's Gateway API Inference Extension
 InferencePool and its endpoint picker's configuration ConfigMap, and with spec.routing.gateway
-the InferenceDeployment's HTTPRoute (operator/http_route.py), server-side applied (get: the
+the InferenceDeployment's HTTPRoute (operator/routing/http_route.py), server-side applied (get: the
 ownership check before an apply; list + delete: kvtune's own InferencePools of pools removed
 from the spec, and everything routing rendered once spec.routing turns it off). The endpoint
-picker's Deployment and Service are "rendered". RoutingReady (operator/routing_status.py)
+picker's Deployment and Service are "rendered". RoutingReady (operator/monitoring/routing_status.py)
 reads the HTTPRoute's status with the get above, the pickers' Deployments with "rendered"'s
 get, and whether the pickers' ServiceAccount exists: get on that one name only. Granted only
 with the chart value routing.enabled. */}}

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kvtune.operator import alerts
+from kvtune.operator.prometheus import alerts
 
 pytestmark = pytest.mark.prometheus
 
@@ -81,7 +81,7 @@ def test_integer_range_regex_random() -> None:
 
 
 def test_slo_bucket_rounds_down_to_a_vllm_bound() -> None:
-    from kvtune.operator import vllm_metrics as vm
+    from kvtune.operator.prometheus import vllm_metrics as vm
     assert alerts.slo_bucket(2.0, vm.TIME_TO_FIRST_TOKEN_BUCKETS) == 1.0
     assert alerts.slo_bucket(0.08, vm.INTER_TOKEN_LATENCY_BUCKETS) == 0.075
     assert alerts.le_string(1.0) == "1.0" and alerts.le_string(0.075) == "0.075"
@@ -312,7 +312,7 @@ def test_rules_evaluate_live_on_the_replayed_vllm_series(tmp_path: Path) -> None
     body["status"]["pools"][0]["expected"]["numGpuBlocks"] = 30000  # replay runs 60000
     rules = tmp_path / "rules.yaml"
     rules.write_text(yaml.safe_dump(alerts.rule_file(alerts.inputs_from_body(body))))
-    from kvtune.operator import slo_buckets
+    from kvtune.operator.prometheus import slo_buckets
 
     # The pods render the SLO targets as bounds (slo_buckets): the replayed instance too.
     custom = tuple((family, tuple(bounds))

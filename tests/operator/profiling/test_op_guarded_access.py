@@ -17,16 +17,17 @@ from typing import Any
 
 import pytest
 
-from kvtune.operator import prom_http, retune_handlers
-from kvtune.operator import prom_replies as replies
-from kvtune.operator.profiling import ProfilingSettings, profile_from_prometheus
-from kvtune.operator.prom_http import (
+from kvtune.operator.prometheus import prom_http
+from kvtune.operator.prometheus import prom_replies as replies
+from kvtune.operator.prometheus.profiling import ProfilingSettings, profile_from_prometheus
+from kvtune.operator.prometheus.prom_http import (
     AllowedEndpoint,
     PrometheusAccess,
     PrometheusNotAllowed,
     PrometheusUnavailable,
 )
-from kvtune.operator.prom_replies import PrometheusDataInvalid, Sample
+from kvtune.operator.prometheus.prom_replies import PrometheusDataInvalid, Sample
+from kvtune.operator.retune import retune_handlers
 
 SECRET = "s3cr3t-token-from-the-metadata-service"
 Handler = Callable[[BaseHTTPRequestHandler], None]

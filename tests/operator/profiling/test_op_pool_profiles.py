@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 
 from kvtune.operator import reconcile as rec
-from kvtune.operator import retune, retune_handlers, retune_state, selectors
-from kvtune.operator import status as status_writer
 from kvtune.operator.api import InferenceDeploymentSpec, PoolStatus, PrometheusSpec
-from kvtune.operator.profiling import (
+from kvtune.operator.api.workloads import declared_profile, profile_status
+from kvtune.operator.kube import status as status_writer
+from kvtune.operator.prometheus import selectors
+from kvtune.operator.prometheus.profiling import (
     LatencyQuantiles,
     ObservedFigures,
     ProfileResult,
@@ -22,10 +23,11 @@ from kvtune.operator.profiling import (
     choose_for_pool,
     queries,
 )
-from kvtune.operator.render import object_name
+from kvtune.operator.render.objects import object_name
+from kvtune.operator.retune import decide as retune
+from kvtune.operator.retune import retune_handlers, retune_state
 from kvtune.operator.rollout import plan as plan_stage
 from kvtune.operator.rollout.outcome import Event
-from kvtune.operator.workloads import declared_profile, profile_status
 from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
 
 PROM = PrometheusSpec(url="http://prometheus:9090", window="1m")
@@ -220,7 +222,7 @@ def test_each_pool_is_decided_and_planned_on_its_own_profile(
     calls: list[dict[str, Any]] = []
 
     def fake_reconcile(body: Any, **kw: Any) -> Any:
-        calls.append(kw)
+        calls.append(vars(kw["request"]))  # the one typed request
         return rec.ReconcileResult(status=dict(body.get("status") or {}),
                                    status_changed=True,
                                    events=[Event("Normal", "RolloutStarted", "bot-docs r2")])
@@ -302,7 +304,7 @@ def test_a_replan_that_gives_the_running_plan_adopts_the_observed_profile(
     calls: list[dict[str, Any]] = []
 
     def fake_reconcile(body: Any, **kw: Any) -> Any:
-        calls.append(kw)
+        calls.append(vars(kw["request"]))  # the one typed request
         return rec.ReconcileResult(status=dict(body.get("status") or {}),
                                    status_changed=True)
 

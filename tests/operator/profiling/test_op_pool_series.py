@@ -13,9 +13,9 @@ import pytest
 from kvtune.e2e.prometheus import PrometheusServer
 from kvtune.e2e.traces import AZURE_TRACE as AZURE
 from kvtune.e2e.traces import MOONCAKE_TRACE as MOONCAKE
-from kvtune.operator import selectors
 from kvtune.operator.api import PrometheusSpec
-from kvtune.operator.profiling import ProfilingSettings, profile_from_prometheus
+from kvtune.operator.prometheus import selectors
+from kvtune.operator.prometheus.profiling import ProfilingSettings, profile_from_prometheus
 from kvtune.replay.exporter import Replay, ReplayServer
 from kvtune.replay.instance import InstanceConfig
 

@@ -14,16 +14,16 @@ import pytest
 from kvtune.e2e.prometheus import PrometheusServer, free_port
 from kvtune.e2e.traces import AZURE_TRACE as AZURE
 from kvtune.e2e.traces import MOONCAKE_TRACE as MOONCAKE
-from kvtune.operator import histograms
-from kvtune.operator import vllm_metrics as vm
-from kvtune.operator.profiling import (
+from kvtune.operator.prometheus import histograms
+from kvtune.operator.prometheus import vllm_metrics as vm
+from kvtune.operator.prometheus.profiling import (
     ProfilingSettings,
     RawWindow,
     build_profile,
     profile_from_prometheus,
     query_window,
 )
-from kvtune.operator.prom_http import PrometheusUnavailable
+from kvtune.operator.prometheus.prom_http import PrometheusUnavailable
 from kvtune.replay.exporter import Replay, ReplayServer
 from kvtune.replay.instance import InstanceConfig
 from kvtune.tuner.traces import load_trace

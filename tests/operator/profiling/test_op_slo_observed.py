@@ -1,4 +1,4 @@
-"""Observed SLO attainment beside the goodput search's prediction (operator/slo_observed.py,
+"""Observed SLO attainment beside the goodput search's prediction (operator/retune/slo_observed.py,
 retune_handlers.observed_slo): pure checks of the reading and the noise rule, then two
 replayed pools through a real Prometheus, one healthy and one starved of KV blocks."""
 
@@ -16,7 +16,6 @@ from op_samples import SAMPLE_SPEC
 
 from kvtune.e2e.prometheus import PrometheusServer
 from kvtune.e2e.traces import AZURE_TRACE as AZURE
-from kvtune.operator import canary_metrics, selectors, slo_observed
 from kvtune.operator.api import (
     ExpectedStatus,
     InferenceDeploymentSpec,
@@ -24,8 +23,11 @@ from kvtune.operator.api import (
     PoolStatus,
     PrometheusSpec,
 )
-from kvtune.operator.profiling import ProfilingSettings, profile_from_prometheus
-from kvtune.operator.retune_handlers import observed_slo
+from kvtune.operator.prometheus import selectors
+from kvtune.operator.prometheus.profiling import ProfilingSettings, profile_from_prometheus
+from kvtune.operator.retune import slo_observed
+from kvtune.operator.retune.retune_handlers import observed_slo
+from kvtune.operator.rollout import canary_metrics
 from kvtune.replay.exporter import Replay, ReplayServer
 from kvtune.replay.instance import InstanceConfig
 

@@ -1,4 +1,5 @@
-"""kvtune's table of vLLM metrics (operator/vllm_metrics.py) against the pinned wheel's own
+"""kvtune's table of vLLM metrics (operator/prometheus/vllm_metrics.py) against the pinned wheel's
+own
 ``vllm/v1/metrics/loggers.py`` and ``buckets.py``, read with ast (vLLM is never imported)."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtune.operator import vllm_metrics as vm
+from kvtune.operator.prometheus import vllm_metrics as vm
 
 pytestmark = pytest.mark.vllm_source
 

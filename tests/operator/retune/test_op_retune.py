@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from kvtune.operator import retune
-from kvtune.operator.retune import RetuneSettings, RetuneState
+from kvtune.operator.retune import decide as retune
+from kvtune.operator.retune.decide import RetuneSettings, RetuneState
 from kvtune.tuner.plan import KVPlan
 from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
 

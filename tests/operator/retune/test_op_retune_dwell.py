@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from kvtune.operator.api import InferenceDeploymentSpec, TuningSpec
-from kvtune.operator.crdgen import crd as build_crd
+from kvtune.operator.api.crdgen import crd as build_crd
 
 PROM = {"url": "http://prometheus:9090", "window": "10m"}
 

@@ -10,10 +10,11 @@ import pytest
 
 from kvtune.e2e.prometheus import PrometheusServer
 from kvtune.e2e.traces import AZURE_TRACE
-from kvtune.operator import canary_metrics, selectors
-from kvtune.operator import prom_replies as replies
 from kvtune.operator.api import PrometheusSpec
-from kvtune.operator.canary_analysis import AnalysisSettings, CanaryAnalysis, analyse
+from kvtune.operator.prometheus import prom_replies as replies
+from kvtune.operator.prometheus import selectors
+from kvtune.operator.rollout import canary_metrics
+from kvtune.operator.rollout.canary_analysis import AnalysisSettings, CanaryAnalysis, analyse
 from kvtune.replay.exporter import Replay, ReplayServer
 from kvtune.replay.instance import InstanceConfig
 

@@ -33,7 +33,7 @@ from op_samples import SAMPLE_SPEC
 from kvtune.e2e.inference_extension import crd_paths
 from kvtune.e2e.prometheus import PrometheusServer
 from kvtune.e2e.traces import AZURE_TRACE
-from kvtune.operator import routing
+from kvtune.operator.routing import inference_pool as routing
 from kvtune.replay.exporter import Replay, ReplayServer
 from kvtune.replay.instance import InstanceConfig
 

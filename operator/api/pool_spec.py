@@ -1,0 +1,112 @@
+"""A pool of the spec: its GPU class (or a custom GPU), replicas, tensor parallelism,
+node placement.
+
+Part of ``kvtune.operator.api`` (which re-exports every name here).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field, WithJsonSchema, model_validator
+
+from kvtune.operator.api.schema_base import _CEL, _DNS_LABEL, _Model, _rules
+from kvtune.operator.api.spec_bounds import LabelValue, check_labels, label_rules
+
+_POOL_KEY = "(has({v}.name) ? {v}.name : {v}.gpuClass.lowerAscii())"
+
+
+class Toleration(_Model):
+    key: str | None = Field(default=None, max_length=316)
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = Field(default=None, max_length=63)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = Field(default=None, ge=0, le=31_536_000)  # a year
+
+
+_QUANTITY = r"^[0-9]+(\.[0-9]+)?\s*[A-Za-z/]+$"
+
+
+class CustomGPUSpec(_Model):
+    """A GPU kvtune has no data for, declared by its facts; label its nodes
+    ``kvtune.io/gpu-class: <gpuClass>``."""
+
+    memory: str = Field(pattern=_QUANTITY, max_length=32, description=(
+        "Memory as the CUDA runtime reports it (torch.cuda.mem_get_info total), e.g. 47.4GiB."))
+    bandwidth: str = Field(pattern=_QUANTITY, max_length=32,
+                           description="Memory bandwidth, e.g. 960GB/s or 3.35TB/s.")
+    bf16: str = Field(pattern=_QUANTITY, max_length=32,
+                      description="Dense BF16 tensor FLOPs, e.g. 364TFLOPS.")
+    fp8: str | None = Field(default=None, pattern=_QUANTITY, max_length=32,
+                            description="Dense FP8 tensor FLOPs (compute capability 8.9+).")
+    compute_capability: str = Field(pattern=r"^[0-9]+\.[0-9]$", max_length=8,
+                                    description="e.g. 8.9 (nvidia-smi --query-gpu=compute_cap).")
+
+    def declaration(self, name: str) -> str:
+        """The tuner's custom-GPU declaration (``tuner.gpus.parse_gpu_spec``)."""
+        fp8 = f",fp8={self.fp8}" if self.fp8 else ""
+        return (f"{name}:memory={self.memory},bandwidth={self.bandwidth},bf16={self.bf16}"
+                f"{fp8},cc={self.compute_capability}")
+
+
+# spec.pools[].tensorParallel: GPUs per replica, or "auto" (kvtune chooses the degree and the
+# replicas, tuner/planner/tp_choice.py). An int-or-string in the CRD (pydantic's mixed enum has
+# no structural form), checked there by CEL and here by the Literal.
+_TP_VALUES = "1, 2, 4, 8 or auto"
+TensorParallel = Annotated[Literal[1, 2, 4, 8, "auto"], WithJsonSchema({
+    "x-kubernetes-int-or-string": True, "default": 1,
+    "description": "GPUs per replica (tensor parallel): 1, 2, 4 or 8; auto: kvtune chooses the "
+                   "degree and the replicas for the lowest cost per good request, with "
+                   "replicas as the most it may run.",
+    _CEL: [{"rule": "type(self) == string ? self == 'auto' : self in [1, 2, 4, 8]",
+            "message": f"tensorParallel must be {_TP_VALUES}; set one of them"}]})]
+
+
+class PoolSpec(_Model):
+    model_config = ConfigDict(json_schema_extra=_rules(
+        (f"!{_POOL_KEY.format(v='self')}.endsWith('-canary')",
+         "a pool name must not end in -canary (kvtune names the canary Deployment of pool "
+         "<p> <name>-<p>-canary); set pools[].name"),
+        *label_rules("spec.pools[]", "nodeSelector", reserved=False),
+    ))
+
+    gpu_class: str = Field(
+        min_length=1, max_length=32, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
+        description="kvtune GPU class, e.g. H100, H200, B200, L4; or the name of a customGpu.",
+    )
+    custom_gpu: CustomGPUSpec | None = Field(
+        default=None, description="Declares gpuClass as a GPU kvtune has no data for.")
+    name: str | None = Field(
+        default=None, min_length=1, max_length=20, pattern=_DNS_LABEL,
+        description="Pool name in object names; defaults to the lower-cased GPU class.",
+    )
+    replicas: int = Field(default=1, ge=0, le=512)
+    tensor_parallel: TensorParallel = 1
+    gpu_price_usd_per_hour: float | None = Field(
+        default=None, gt=0, le=100_000,
+        description="What one GPU of this pool costs per hour, in USD, for the cost figures in "
+        "status (overrides the chart's gpuPrices and kvtune's list prices).")
+    node_selector: dict[str, LabelValue] | None = Field(default=None, max_length=16)
+    tolerations: list[Toleration] | None = Field(default=None, max_length=16)
+
+    @property
+    def pool_name(self) -> str:
+        return self.name or self.gpu_class.lower().replace("_", "-")
+
+    @property
+    def tp_auto(self) -> bool:
+        """``tensorParallel: auto``: the degree and replicas are planned (up to ``replicas``)."""
+        return self.tensor_parallel == "auto"
+
+    @property
+    def gpu_declaration(self) -> str:
+        """What ``tuner.gpus.get_gpu_class`` takes: the class name, or its custom declaration."""
+        return self.custom_gpu.declaration(self.gpu_class) if self.custom_gpu else self.gpu_class
+
+    @model_validator(mode="after")
+    def _not_a_canary_name(self) -> PoolSpec:
+        if self.pool_name.endswith("-canary"):
+            raise ValueError(f"pool name {self.pool_name!r} ends in -canary, the suffix of "
+                             f"kvtune's canary Deployments; set pools[].name")
+        check_labels(self.node_selector, "spec.pools[].nodeSelector", reserved=False)
+        return self

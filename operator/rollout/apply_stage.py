@@ -1,0 +1,81 @@
+"""Stage 4, apply: server-side apply of the pool's objects, all or nothing (``apply_pool``).
+
+``apply_access`` applies the runtime's ServiceAccount, Role and RoleBinding one by one
+before the canary (its pods run as that account, and a RoleBinding's dry run needs its Role
+to exist). ``apply`` applies the Deployment, Service and PDB and retires a canary that ran.
+Out: ``Applied`` (the Deployment as the server holds it), or a failed outcome.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvtune.operator.api import PoolRoutingStatus, PoolStatus
+from kvtune.operator.kube import apply as kapply
+from kvtune.operator.render.objects import model_server, object_name
+from kvtune.operator.rollout.canary_stage import CanaryResult
+from kvtune.operator.rollout.outcome import Event, PoolContext, PoolOutcome
+from kvtune.operator.rollout.plan import Planned
+from kvtune.operator.rollout.render_stage import Rendered
+from kvtune.operator.routing import http_route
+from kvtune.operator.routing import inference_pool as routing
+
+
+@dataclass(frozen=True)
+class Applied:
+    deployment: dict[str, Any]  # as the API server holds it after the apply
+    status: PoolStatus  # the planned pool, no canary
+
+
+def apply_access(ctx: PoolContext, rendered: Rendered) -> PoolOutcome | None:
+    """None when the runtime's access objects (if any) are in place."""
+    try:
+        kapply.apply_each(ctx.kube, rendered.access, ctx.body)
+    except kapply.ApplyError as exc:
+        return ctx.apply_failed(exc, f"pool {ctx.pool.pool_name}: the runtime's access "
+                                f"(spec.runtime.entrypoint=kvtune): {exc}")
+    return None
+
+
+def apply(ctx: PoolContext, planned: Planned, rendered: Rendered,
+          canary: CanaryResult) -> Applied | PoolOutcome:
+    pool = ctx.pool
+    try:
+        applied = kapply.apply_pool(ctx.kube, rendered.objects, ctx.body, absent=[
+            ("Deployment", object_name(ctx.name, pool.pool_name))] if rendered.deployment_absent
+            else [])
+    except kapply.ApplyError as exc:
+        return ctx.apply_failed(exc, f"pool {pool.pool_name}: {exc}; nothing was changed")
+    if canary.had_canary:
+        try:
+            kapply.delete_deployment(ctx.kube, ctx.namespace, canary.name, ctx.body)
+        except kapply.NameCollision as exc:
+            return ctx.apply_failed(exc, f"pool {pool.pool_name}: {exc}")
+        if canary.action == "promote":
+            ctx.events.append(Event("Normal", "CanaryPromoted", f"pool {pool.pool_name}: plan "
+                                    f"revision {planned.revision} promoted: {canary.message}"))
+    if rendered.running_hash != planned.plan_hash:
+        ctx.events.append(Event("Normal", "RolloutStarted", f"Deployment "
+                                f"{object_name(ctx.name, pool.pool_name)} rolls out plan "
+                                f"revision {planned.revision}"))
+    deployment = model_server(applied)
+    return Applied(deployment=deployment, status=rendered.status.model_copy(update={
+        "canary": None, "routing": routed(ctx, planned, rendered)}))
+
+
+def routed(ctx: PoolContext, planned: Planned, rendered: Rendered) -> PoolRoutingStatus | None:
+    """The pool's routing as just applied with its main Deployment: the plan's max-model-len
+    (what the HTTPRoute's length rules use until the next plan is applied here, canary or
+    not); the picker's availability as last read (the routing status refresh reads it)."""
+    if not any(o["kind"] == "InferencePool" for o in rendered.objects):
+        return None
+    picker = routing.epp_name(ctx.name, ctx.pool.pool_name)
+    before = rendered.status.routing
+    available = before.endpoint_picker_available if before is not None \
+        and before.endpoint_picker == picker else None
+    return PoolRoutingStatus(max_model_len=planned.pool_plan.plan.max_model_len,
+                             capacity_requests_per_second_per_replica=http_route.capacity_of(
+                                 planned.pool_plan),
+                             endpoint_picker=picker, endpoint_picker_available=available,
+                             message=before.message if available is not None and before else "")

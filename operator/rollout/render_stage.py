@@ -1,0 +1,207 @@
+"""Stage 2, render: place the planned pool on its GPU nodes and render its objects.
+
+In: ``Planned`` and the GPU pools discovered from the nodes. Out: ``Rendered`` (the
+objects to apply, the runtime's access objects apart, and the plan hash the running
+Deployment carries), or the pool's outcome when it stops here: ``recommend`` mode, no
+nodes of its class, nodes too small for its tensor parallelism or too few for its replicas,
+a pod template that cannot be read or renders no valid object, or reaches for an image or
+Secret its spec may not (operator/render/tenant_reach.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvtune.operator.api import PoolStatus
+from kvtune.operator.api import conditions as cond
+from kvtune.operator.kube import apply as kapply
+from kvtune.operator.kube import pools as gpu_pools
+from kvtune.operator.render import template_sandbox, tenant_reach
+from kvtune.operator.render.objects import (
+    ANNOTATION_PLAN_HASH,
+    ReachError,
+    RenderError,
+    RenderInput,
+    model_server,
+    object_name,
+    render_pool,
+)
+from kvtune.operator.rollout.outcome import PoolContext, PoolOutcome
+from kvtune.operator.rollout.plan import Planned
+from kvtune.operator.routing import inference_pool as routing
+
+GIB_BYTES = 2**30
+# The runtime's ServiceAccount, Role, RoleBinding (spec.runtime.entrypoint: kvtune).
+RUNTIME_ACCESS_KINDS = ("ServiceAccount", "Role", "RoleBinding")
+
+
+@dataclass(frozen=True)
+class Rendered:
+    render_input: RenderInput  # with the placement and the pod template
+    status: PoolStatus  # the planned pool's status with its node count
+    # Deployment, Service, PDB (and with spec.routing the InferencePool and its endpoint
+    # picker's ConfigMap, Deployment and Service: a new plan moves the scorer's block size
+    # in the same apply)
+    objects: list[dict[str, Any]]
+    access: list[dict[str, Any]]  # the runtime's access objects, applied first
+    running_hash: str | None  # the plan hash of the Deployment running now
+    # The pool's Deployment did not exist when it was read here (apply reads it no more)
+    deployment_absent: bool = False
+
+
+def _capacity_shortfall(ctx: PoolContext, planned: Planned,
+                        placed: Sequence[gpu_pools.GPUNode]) -> str | None:
+    """The message when the pool's replicas can never all be placed: each replica needs
+    tensorParallel GPUs of one node, and the nodes it may use have fewer in all (issue 25
+    item 5: 512 replicas on 32 GPUs was Degraded=False until the progress deadline). None
+    when they fit, or when a node does not say how many GPUs it has."""
+    # The plan's TP: tensorParallel auto's chosen degree.
+    tp, replicas = planned.pool_plan.tensor_parallel, planned.render_input.replicas
+    if not placed or any(n.gpus <= 0 for n in placed):
+        return None
+    fit = sum(n.gpus // tp for n in placed)
+    if replicas <= fit:
+        return None
+    total = sum(n.gpus for n in placed)
+    gpu_class = planned.pool_plan.gpu_class
+    return (f"{ctx.field}.replicas={replicas}: {replicas} replicas x tensorParallel={tp} need "
+            f"{replicas * tp} {gpu_class} GPUs, but the {len(placed)} schedulable {gpu_class} "
+            f"node(s) it may use have {total} in all, room for {fit} replica(s); lower "
+            f"replicas to at most {fit} or add nodes")
+
+
+def render(ctx: PoolContext, planned: Planned,
+           discovered: Mapping[str, gpu_pools.GPUPool]) -> Rendered | PoolOutcome:
+    placement = _place(ctx, planned, discovered)
+    if isinstance(placement, PoolOutcome):
+        return placement
+    status, affinity = placement.status, placement.affinity
+    pool = ctx.pool
+    template = _tenant_template(ctx)
+    if isinstance(template, PoolOutcome):
+        return template
+    inp = dataclasses.replace(planned.render_input, affinity=affinity, pod_template=template)
+    # What the Deployment runs now (the plan in status may be one only recommended).
+    running = kapply.read_deployment(ctx.kube, ctx.namespace,
+                                     object_name(ctx.name, pool.pool_name))
+    running_hash = ((running or {}).get("metadata", {}).get("annotations") or {}).get(
+        ANNOTATION_PLAN_HASH)
+    objects = _render_objects(ctx, inp)
+    if isinstance(objects, PoolOutcome):
+        return objects
+    if ctx.spec.routing.enabled:
+        if not routing.operator_enabled():
+            return ctx.failed(cond.INVALID_SPEC, "spec.routing.enabled=true, but this operator "
+                              "was installed without routing (the chart value routing.enabled, "
+                              "which needs the Gateway API Inference Extension's CRDs): set it, "
+                              "or set spec.routing.enabled=false")
+        deployment = model_server(objects)
+        objects = [*objects, *routing.routing_objects(
+            name=ctx.name, namespace=ctx.namespace, pool=pool.pool_name,
+            pool_plan=planned.pool_plan, labels=dict(deployment["metadata"]["labels"]),
+            prefix_hit_rate=planned.pool_plan.expected.prefix_hit_rate,
+            multi_turn=planned.multi_turn)]
+    return Rendered(
+        render_input=inp, status=status,
+        objects=[o for o in objects if o["kind"] not in RUNTIME_ACCESS_KINDS],
+        access=[o for o in objects if o["kind"] in RUNTIME_ACCESS_KINDS],
+        running_hash=running_hash, deployment_absent=running is None,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Placement:
+    """Where the pool's pods go: its status with the node count, the node affinity."""
+
+    status: PoolStatus
+    affinity: dict[str, Any]
+
+
+def _place(ctx: PoolContext, planned: Planned,
+           discovered: Mapping[str, gpu_pools.GPUPool]) -> _Placement | PoolOutcome:
+    """The pool on its GPU nodes: refused (the pool's outcome) when no node of the class is
+    schedulable, its selector matches none, its offload or TP does not fit the nodes, or
+    the nodes are too few."""
+    pool, status = ctx.pool, planned.status
+    gpu_class = planned.pool_plan.gpu_class
+    nodes = discovered.get(gpu_class.upper())
+    node_count = len(nodes.schedulable_nodes) if nodes else 0
+    status = status.model_copy(update={"nodes": node_count})
+    if ctx.spec.tuning.mode == "recommend":
+        return PoolOutcome(status.model_copy(update={
+            "phase": "Recommended", "message": "tuning.mode=recommend: not applied"}))
+    affinity = nodes.node_affinity() if nodes is not None else None
+    if nodes is None or node_count == 0 or affinity is None:
+        return PoolOutcome(status.model_copy(update={
+            "phase": "NoNodes",
+            "message": f"no schedulable node is labelled as a {gpu_class} GPU; label the "
+                       f"nodes (e.g. nvidia.com/gpu.product) or add nodes to the pool"}),
+            no_nodes=True)
+    selector = dict(pool.node_selector or {})
+    placed = [n for n in nodes.schedulable_nodes if n.matches(selector)]
+    if selector and not placed:
+        shown = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+        return ctx.failed(cond.INVALID_SPEC, f"{ctx.field}.nodeSelector={shown}: none of the "
+                          f"{node_count} schedulable {gpu_class} node(s) has these labels, so "
+                          f"no pod could be scheduled; fix the selector or label the nodes")
+    offload = planned.pool_plan.plan.kv_offloading_size_gib
+    memory = min((n.memory_bytes for n in placed if n.memory_bytes), default=0)
+    if offload and memory and offload * GIB_BYTES >= memory:
+        return ctx.failed(cond.INVALID_SPEC, f"spec.tuning.pin.kvOffloadingSizeGiB={offload:g}: "
+                          f"the {gpu_class} nodes have {memory / GIB_BYTES:.0f} GiB of memory "
+                          f"(the smallest); the CPU offload buffer must fit beside the server: "
+                          f"lower it")
+    tp = planned.pool_plan.tensor_parallel
+    if nodes.max_gpus_per_node and nodes.max_gpus_per_node < tp:
+        chosen = f" (auto chose {tp})" if pool.tp_auto else ""
+        return ctx.failed(cond.INVALID_SPEC, f"{ctx.field}.tensorParallel="
+                          f"{pool.tensor_parallel}{chosen}: {gpu_class} nodes have at most "
+                          f"{nodes.max_gpus_per_node} GPUs; lower tensorParallel or add "
+                          f"larger nodes")
+    short = _capacity_shortfall(ctx, planned, placed if selector else nodes.schedulable_nodes)
+    if short is not None:
+        return ctx.failed(cond.INVALID_SPEC, short)
+
+    return _Placement(status, affinity)
+
+
+def _tenant_template(ctx: PoolContext) -> str | PoolOutcome | None:
+    """The tenant's pod template from its ConfigMap (None: kvtune's own)."""
+    template = None
+    if ctx.spec.runtime.pod_template is not None:
+        ref = ctx.spec.runtime.pod_template.config_map_ref
+        try:
+            template = kapply.read_config_map_key(ctx.kube, ctx.namespace, ref.name, ref.key,
+                                                  field="spec.runtime.podTemplate.configMapRef")
+        except LookupError as exc:
+            return ctx.failed(cond.INVALID_POD_TEMPLATE, str(exc))
+        unpinned = tenant_reach.unpinned_template(ctx.spec.runtime, template)
+        if unpinned:
+            return ctx.failed(cond.INVALID_SPEC, f"pool {ctx.pool.pool_name}: {unpinned}; nothing "
+                              f"was changed")
+    return template
+
+
+def _render_objects(ctx: PoolContext, inp: RenderInput) -> list[dict[str, Any]] | PoolOutcome:
+    """The pool's objects, or the pool's outcome when the render fails or is deferred."""
+    pool = ctx.pool
+    try:
+        objects = render_pool(inp)
+    except template_sandbox.RenderDeferred as exc:  # the tenant's turn or budget: retried
+        outcome = ctx.failed(cond.TEMPLATE_RENDER_DEFERRED, f"pool {pool.pool_name}: "
+                             f"spec.runtime.podTemplate: {exc}; nothing was changed")
+        return dataclasses.replace(outcome, retry_after=exc.retry_after_seconds)
+    except ReachError as exc:  # an image or Secret the spec may not reach: the spec's fault
+        return ctx.failed(cond.INVALID_SPEC, f"pool {pool.pool_name}: {exc}; nothing was "
+                          f"changed")
+    except RenderError as exc:
+        return ctx.failed(cond.INVALID_POD_TEMPLATE, f"pool {pool.pool_name}: {exc}; nothing "
+                          f"was changed")
+    except Exception as exc:  # a template that fails in a way the renderer did not name
+        return ctx.failed(cond.INVALID_POD_TEMPLATE, f"pool {pool.pool_name}: the pod template "
+                          f"failed ({type(exc).__name__}: {str(exc)[:160]}); fix "
+                          f"spec.runtime.podTemplate; nothing was changed")
+    return objects
