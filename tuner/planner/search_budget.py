@@ -115,9 +115,21 @@ class BudgetMeter:
     budget: SearchBudget
     started_cpu_seconds: float
     started_rss_bytes: int | None = None
+    # CPU seconds granted past the budget (``grant``): the search's last measurement after
+    # a stop (``search.py``: the chosen plan on the full stream).
+    granted_cpu_seconds: float = 0.0
 
     def used_cpu_seconds(self) -> float:
         return self.budget.cpu_clock() - self.started_cpu_seconds
+
+    def grant(self, cpu_seconds: float) -> None:
+        """Allow ``cpu_seconds`` more of CPU from now than the budget left (none left: from
+        now); memory and the stop switch stay as they were."""
+        if self.budget.cpu_seconds is None:
+            return
+        over = max(0.0, self.used_cpu_seconds() - self.budget.cpu_seconds
+                   - self.granted_cpu_seconds)
+        self.granted_cpu_seconds += over + cpu_seconds
 
     def check(self) -> None:
         """Raise ``SearchCancelled`` when told to stop, ``BudgetStop`` when spent."""
@@ -125,7 +137,7 @@ class BudgetMeter:
         if b.cancelled():
             raise SearchCancelled("the capacity search was cancelled (the operator is stopping)")
         used = self.used_cpu_seconds()
-        if b.cpu_seconds is not None and used > b.cpu_seconds:
+        if b.cpu_seconds is not None and used > b.cpu_seconds + self.granted_cpu_seconds:
             raise BudgetStop(f"its CPU budget of {b.cpu_seconds:g} s was spent "
                              f"({used:.1f} s used)")
         if b.memory_bytes is not None:
