@@ -233,20 +233,26 @@ def knockout(score: ScoreFn, plans: Sequence[KVPlan], n: int, target: float,
         plans.sort(key=lambda p: (not meets(seen[p][guess], target),
                                   -seen[p][guess].slo_attainment))
     lower, upper = 0.0, math.inf
+    best = plans[0] if plans else None
     for i, p in enumerate(plans):
-        if i == 0 or lower <= 0.0:
+        if i == 0 or lower <= 0.0 or best is None:
             b = climb(score, [p], n, target, tolerance, hints if i == 0 else (upper,))
             if i == 0 or b.lower > 0.0:
-                lower, upper = b.lower, b.upper
+                lower, upper, best = b.lower, b.upper, p
             continue
         if not probe(p, lower * (1.0 - band)):
             continue
         if final:
             score(p, n, 1.0)  # its figures at the observed rate
-        if not probe(p, lower) or math.isinf(upper) or not probe(p, upper):
-            continue  # within the band of the best, below it or at it
+        if not probe(p, lower) or math.isinf(upper):
+            continue  # within the band of the best, below it
+        if not final and (seen[p][lower].slo_attainment if lower in seen[p] else 1.0) < (
+                score(best, n, lower).slo_attainment):
+            continue  # off the last rung: met the best's rate with less to spare, a tie
+        if not probe(p, upper):
+            continue  # at the best's capacity, to the tolerance
         b = climb(score, [p], n, target, tolerance, start=upper)
-        lower, upper = b.lower, b.upper
+        lower, upper, best = b.lower, b.upper, p
     return Bracket(lower, upper)
 
 

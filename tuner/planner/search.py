@@ -49,11 +49,12 @@ randomness beyond the scorer's seeded traffic.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from kvtune.tuner.plan import KVPlan, PoolPlan, Reason
 from kvtune.tuner.planner import decide_block_size
-from kvtune.tuner.planner.capacity import GoodputScore, GoodputScorer
+from kvtune.tuner.planner.capacity import GoodputScore, GoodputScorer, Standing
 from kvtune.tuner.planner.planning import plan_pool
 from kvtune.tuner.planner.planrun import PlanRun
 from kvtune.tuner.planner.request import PlanRequest
@@ -222,14 +223,24 @@ def _measured_in_grace(st: Stages, best: Scored, n: int) -> Scored:
 
 def _offload_reason(st: Stages, best: Scored, size: float, n: int, rate: float) -> Reason:
     """Why the plan has offload on or off: the chosen plan's capacity at SLO with and
-    without the CPU tier (both on the full stream; each ladder reuses the search's scores)."""
+    without the CPU tier (both on the full stream, from the search's scores; the one the
+    knockout put out of the tie band after one replay is quoted as below that rate)."""
     on_plan, off_plan = best.plan.with_offload(size), best.plan.with_offload(None)
-    st.observe([on_plan, off_plan], n, SearchProgress("offload", 0, 2, st.considered))
-    on, off = st.measure_alone(on_plan, n), st.measure_alone(off_plan, n)
-    figures = (f"capacity at SLO {rate * on.lower_scale:.3g} req/s with {size:g} GiB of CPU "
-               f"KV offload (TTFT p95 {on.at_observed.ttft_p95_seconds:.3f} s at the observed "
-               f"rate), {rate * off.lower_scale:.3g} req/s without (TTFT p95 "
-               f"{off.at_observed.ttft_p95_seconds:.3f} s) over {n} requests")
+    target = st.settings.slo_attainment
+    for p in (on_plan, off_plan):
+        st.book.score(p, n)  # its figures at the observed rate (cached for the finalists)
+    on, off = st.book.standing(on_plan, n, target), st.book.standing(off_plan, n, target)
+
+    def capacity(x: Standing, other: Standing) -> str:
+        out_of_band = x.upper_scale <= other.lower_scale * (1.0 - st.settings.tie)
+        if out_of_band and math.isfinite(x.upper_scale):
+            return f"under {rate * x.upper_scale:.3g} req/s"
+        return f"{rate * x.lower_scale:.3g} req/s"
+
+    figures = (f"capacity at SLO {capacity(on, off)} with {size:g} GiB of CPU KV offload "
+               f"(TTFT p95 {on.at_observed.ttft_p95_seconds:.3f} s at the observed rate), "
+               f"{capacity(off, on)} without (TTFT p95 {off.at_observed.ttft_p95_seconds:.3f} "
+               f"s) over {n} requests")
     chosen = best.plan.kv_offloading_size_gib
     if chosen:
         why = "the capacity search keeps the CPU tier on: "

@@ -18,7 +18,6 @@ from kvtune.tuner.planner.capacity import (
     GoodputScorer,
     Standing,
     knockout,
-    observed_score,
     settle_ties,
     standing,
 )
@@ -60,11 +59,11 @@ class Book:
             self.simulated_requests += got.requests
         return got
 
-    def has(self, plan: KVPlan, n: int, target: float, observed: bool = True) -> bool:
-        """Has figures for the observed rate on ``n`` requests (``observed_score``), or,
-        with ``observed`` off, any score there."""
+    def has(self, plan: KVPlan, n: int, observed: bool = True) -> bool:
+        """Scored at the observed rate on ``n`` requests (its figures are reported), or,
+        with ``observed`` off, scored there at all."""
         scores = self.by_plan.get((plan, n), {})
-        return observed_score(scores, target) is not None if observed else bool(scores)
+        return 1.0 in scores if observed else bool(scores)
 
     def standing(self, plan: KVPlan, n: int, target: float) -> Standing:
         return standing(self.by_plan[(plan, n)], target)
@@ -134,7 +133,7 @@ class Stages:
         def key(i_p: tuple[int, KVPlan]) -> tuple[object, ...]:
             i, p = i_p
             for m in sorted(shorter, reverse=True):
-                if self.book.has(p, m, target, observed=False):
+                if self.book.has(p, m, observed=False):
                     return (-m, tuple(-x for x in strength(self.book.standing(p, m, target),
                                                            target)), i)
             return (1, (), i)
@@ -169,7 +168,7 @@ class Stages:
         candidates undecided at the edge of the tie band. ``final``: only the ones with
         figures at the observed rate (the others lost at the edge of the best's band)."""
         target = self.settings.slo_attainment
-        plans = list(dict.fromkeys(p for p in plans if self.book.has(p, n, target, final)))
+        plans = list(dict.fromkeys(p for p in plans if self.book.has(p, n, final)))
         standings = {p: self.book.standing(p, n, target) for p in plans}
         if settle:
             feasible = [p for p in plans if standings[p].meets_observed(target)] or plans
@@ -184,10 +183,12 @@ class Stages:
     def salvage(self, reason: str) -> None:
         """After ``BudgetStop``: the last ranking plus the current stage's plans scored on
         the same stream length; nothing scored at all is ``SearchBudgetSpent``."""
+        # Off the last rung some were not scored at the observed rate: rank them all.
         if self.ranked and self.partial_n == self.ranked_n:
-            self.rank([*(x.plan for x in self.ranked), *self.partial], self.ranked_n)
+            self.rank([*(x.plan for x in self.ranked), *self.partial], self.ranked_n,
+                      final=False)
         elif not self.ranked and self.partial:
-            self.rank(self.partial, self.partial_n)
+            self.rank(self.partial, self.partial_n, final=False)
         if not self.ranked:
             raise SearchBudgetSpent(reason)
 
