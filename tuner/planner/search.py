@@ -16,18 +16,20 @@ both their TTFT and TPOT targets; refused and unfinished requests are misses), a
    max-num-batched-tokens (512, 2K, 8K, 16K and the rules'); then CPU KV offload (off, and
    the policy's CPU budget as ``--kv-offloading-size``) for the best two, only where the
    policy gives a budget, the profile shows reuse a CPU tier could serve and prefix caching
-   is on (the simulator's CPU tier, ``simulator/offload.py``); then block size (the sizes
-   the backend accepts) for the best one. Memory fraction, max-model-len and prefix caching
-   stay as the rules chose them: more KV memory never lowers capacity in the simulator (the
-   risk of a high fraction is an OOM it cannot score), and it charges nothing for prefix
-   caching's hashing, so "on" would always win (docs/planner.md). A pin fixes its knob.
+   is on (the simulator's CPU tier, ``simulator/offload.py``); block size (the sizes the
+   backend accepts) for the first rung's best, on the middle rung. Memory fraction,
+   max-model-len and prefix caching stay as the rules chose them: more KV memory never
+   lowers capacity in the simulator (the risk of a high fraction is an OOM it cannot
+   score), and it charges nothing for prefix caching's hashing, so "on" would always win
+   (docs/planner.md). A pin fixes its knob.
 2. **Successive halving.** Every candidate replays a short prefix of the traffic (100
-   requests) at the observed rate, and the capacity ladder (``capacity.climb``) measures
-   the group's capacity on it (to 8 %); the best third (by the order below) and the best
-   candidate for every value of every knob go on to a 3x longer one, whose ladder starts
-   from the shorter one's bracket, and so on up to the full sample (800 requests, capacity
-   to 2 %). Deterministic: the traffic is made once (seeded), candidates are taken in a
-   fixed order.
+   requests), then 300, then the full sample (800). Each rung is a knockout
+   (``capacity.knockout``, ``search_stages.py``): the most promising candidate climbs its
+   own capacity ladder (to 8 %, to 2 % on the last rung) from where the shorter rungs put
+   the best capacity, and every other one is replayed once at the best's rate, more only
+   when it reaches it. The best third and the best candidate for every value of every knob
+   go on to the middle rung, the best third to the last. Deterministic: the traffic is made
+   once (seeded), candidates are taken in a fixed order.
 3. **The order.** A candidate that misses the attainment target at the observed rate ranks
    below every one that meets it (unless none does); then higher capacity wins; capacities
    within ``CAPACITY_TIE`` of the best are a tie (simulation noise), broken by the wider
@@ -41,7 +43,10 @@ both their TTFT and TPOT targets; refused and unfinished requests are misses), a
    (``simulator/slo_bound.py``) says so before any of this runs.
 5. **Within a budget** (``search_budget.py``): the meter is checked before every score; a
    spent budget ends the search with the best candidate of the last complete stage (and the
-   scores of the current stage that compare with it), its reason in ``stopped_by``.
+   scores of the current stage that compare with it), its reason in ``stopped_by``; that
+   plan is then measured alone on the full stream within a grace (``GRACE_SHARE`` of the
+   budget), so the capacity reported is the full stream's (``capacity_measured_requests``
+   says which stream it is from when even the grace runs out).
 
 Pure apart from the budget's meter (its clock and memory probe are the caller's): no I/O, no
 randomness beyond the scorer's seeded traffic.
@@ -114,7 +119,8 @@ def _halving(st: Stages, request: PlanRequest, pool: list[KVPlan], rungs: Sequen
         # Off the last rung a candidate only needs ranking, to promote it: one replay at
         # the best's rate (``capacity.knockout``), its figures at the observed rate from a
         # higher rate it met (``capacity.observed_score``), none when it missed there.
-        st.measure(survivors, n, tol, settings.tie if last else 0.0, final=last)
+        stage = SearchProgress("halving", 0, len(survivors), st.considered, i + 1, len(rungs))
+        st.measure(survivors, n, tol, settings.tie if last else 0.0, final=last, stage=stage)
         st.rank(survivors, n, settle=last, final=last)
         if not last:
             survivors = promote(st.ranked, target,

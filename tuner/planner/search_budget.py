@@ -35,10 +35,11 @@ from dataclasses import dataclass, field
 from kvtune.tuner.errors import KVTuneError
 
 MiB = 2**20
-# Seconds of one thread's CPU a search may use. A capacity search (a rate ladder per rung) of
-# the default 24-48 candidates takes 15-100 s of CPU on 2 idle cores (the Azure trace on an
-# H200: 14 s; a chat profile at 5 req/s on an H100: 96 s), so this stops some searches before
-# their last rung, with their best plan so far and a warning that says so.
+# Seconds of one thread's CPU a search may use. The capacity search (a knockout per rung,
+# ``search.py``) of the default 24-48 candidates takes 3-28 s of CPU on the shared 2-core
+# machine under load (bench/oracle.py's settings: 3.0-11.9 s, offload 27.9 s; a chat profile
+# at 5 req/s on an H100: ~25 s of its `kvtune plan`'s 28.9 s), so it finishes within this; a
+# search it stops still reports its plan's capacity on the full stream (``search.py``, 5).
 DEFAULT_CPU_SECONDS = 30.0
 # How much one search may grow the process's resident set: the chart's operator runs under a
 # 512 MiB limit and needs ~170 MiB for 200 objects (issue 25); a bounded search grows it by

@@ -101,17 +101,26 @@ class Stages:
             self.progress(progress)
 
     def measure(self, plans: Sequence[KVPlan], n: int, tolerance: float, band: float,
-                final: bool = True) -> None:
+                final: bool = True, stage: SearchProgress | None = None) -> None:
         """The best capacity among ``plans`` (``capacity.knockout``, most promising first:
-        by their standing on the longest shorter stream, else in the given order)."""
+        by their standing on the longest shorter stream, else in the given order).
+        ``stage``: told as each candidate is first replayed (a halving round), then every
+        other replay as a ladder's probe."""
         self.partial, self.partial_n = list(dict.fromkeys([*self.partial, *plans])), n
         done = 0
+        reached: set[KVPlan] = set()
 
         def score(plan: KVPlan, m: int, scale: float) -> GoodputScore:
             nonlocal done
             fresh = scale not in self.book.by_plan.get((plan, m), {})
             got = self.book.score(plan, m, scale)
-            if fresh:
+            if stage is not None and plan not in reached:
+                reached.add(plan)
+                self._tell(SearchProgress(
+                    stage=stage.stage, done=len(reached), total=len(plans),
+                    candidates=stage.candidates, round=stage.round, rounds=stage.rounds,
+                    requests=m))
+            elif fresh:
                 done += 1
                 self._tell(SearchProgress("capacity", done, 0, self.considered,
                                           requests=m, rate_scale=scale))
