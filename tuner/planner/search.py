@@ -65,7 +65,7 @@ from kvtune.tuner.planner.planrun import PlanRun
 from kvtune.tuner.planner.request import PlanRequest
 from kvtune.tuner.planner.search_budget import UNBOUNDED, BudgetMeter, BudgetStop
 from kvtune.tuner.planner.search_front import pareto_front
-from kvtune.tuner.planner.search_order import Scored, promote, why_lost
+from kvtune.tuner.planner.search_order import Scored, promote, strength, why_lost
 from kvtune.tuner.planner.search_report import (
     budget_stop_message,
     pool_plan,
@@ -194,23 +194,41 @@ def search(
     except BudgetStop as exc:
         stopped = exc.reason
         st.salvage(exc.reason)
-    ranked, final_n = st.ranked, st.ranked_n
+    final_n = st.ranked_n
     reference = "running plan" if running is not None else "rules' plan"
-    best = ranked[0]
+    best = st.ranked[0]
     if stopped is not None and final_n < rungs[-1]:
         best = _measured_in_grace(st, best, rungs[-1])
-    for x in ranked[1:]:
-        x.lost = why_lost(x, best, run, settings, rate, reference)
     offload_reason: Reason | None = None
     try:
         if offload_gib is not None and stopped is None:
             offload_reason = _offload_reason(st, best, offload_gib, final_n, rate)
+        if stopped is None:
+            _runners_up(st, final_n)
     except BudgetStop as exc:
-        stopped = exc.reason
-    figures = summary(request, best, [best, *ranked[1:]], settings, rate, replicas,
+        stopped = stopped or (exc.reason if offload_reason is None and offload_gib else None)
+    ranked = [best, *(x for x in st.ranked if x.plan != best.plan)]
+    for x in ranked[1:]:
+        x.lost = why_lost(x, best, run, settings, rate, reference)
+    figures = summary(request, best, ranked, settings, rate, replicas,
                       book.simulated_requests, final_n, st.considered, reference, stopped,
                       best.score.requests)
     return pool_plan(run, base_pool, best, figures, offload_reason)
+
+
+def _runners_up(st: Stages, n: int) -> None:
+    """The candidates the knockout put out on the full stream after one replay, scored at
+    the observed rate, the closest first, until the summary has its alternatives (the runners-
+    up ``kvtune plan`` shows): their capacity is then the highest rate they met (the observed
+    one, or none), with the rate they missed in ``why_lost``."""
+    target = st.settings.slo_attainment
+    wanted = st.settings.alternatives + 1 - len(st.ranked)
+    out = [p for (p, m), scores in st.book.by_plan.items()
+           if m == n and scores and 1.0 not in scores]
+    out.sort(key=lambda p: strength(st.book.standing(p, n, target), target), reverse=True)
+    for p in out[:max(0, wanted)]:
+        st.book.score(p, n)
+        st.rank([*(x.plan for x in st.ranked), p], n)
 
 
 def _measured_in_grace(st: Stages, best: Scored, n: int) -> Scored:
