@@ -190,6 +190,10 @@ class SearchSummary(BaseModel):
     candidates: int  # configurations that passed pre-flight and were scored
     simulated_requests: int
     requests_per_candidate: int  # the finalists' stream length
+    # The requests the reported capacity was measured on: the full stream, unless a budget
+    # stop left no time to measure the chosen plan on it (then a short stream's figure,
+    # which overstates capacity; the plan's warnings say so). 0: not recorded.
+    capacity_measured_requests: int = 0
     changed_from: str  # "running plan" or "rules' plan"
     changed_knobs: tuple[str, ...] = ()
     alternatives: tuple[SearchAlternative, ...] = ()

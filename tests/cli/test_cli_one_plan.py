@@ -46,13 +46,16 @@ def test_plan_and_simulate_give_one_plan_for_one_trace() -> None:
 
 
 def test_simulate_plans_for_the_trace_at_its_speed() -> None:
-    """--speed replays the trace faster, and 'planned' is planned for that traffic: at 40x
-    the Azure conversations need more sequences in flight than at 1x."""
+    """--speed replays the trace faster, and 'planned' is planned for that traffic and meets
+    the SLO there. (Under capacity at SLO the same plan may win at both speeds: on these 50
+    requests its capacity, ~44 req/s, is far above both rates, and a tie keeps the rules'
+    knobs; the goodput objective chose fewer sequences at 1x.)"""
     common = ["-m", MODEL, "-g", GPU, "--trace", str(AZURE_TRACE), *SLO_FLAGS,
               "--compare", "planned", "--limit", "50", "-o", "json"]
     slow = _json(["simulate", *common])["configurations"][0]  # type: ignore[index]
     fast = _json(["simulate", *common, "--speed", "40"])["configurations"][0]  # type: ignore[index]
-    assert slow["vllm_args"] != fast["vllm_args"], (slow["vllm_args"], fast["vllm_args"])
+    assert fast["throughput_requests_per_second"] > 5 * slow["throughput_requests_per_second"]
+    assert fast["slo_attainment"] >= 0.95 and slow["slo_attainment"] >= 0.95
 
 
 def test_plan_and_the_operator_give_one_plan_for_one_declared_workload(

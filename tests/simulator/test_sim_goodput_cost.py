@@ -81,7 +81,9 @@ def test_the_front_is_non_dominated_and_its_capacities_are_what_the_ladder_saw()
     s = pool.search
     assert s is not None
     final = {tuple(p.vllm_args()): (p, sc) for (p, n), sc in scorer.taken.items() if n == 80}
-    assert len(final) >= 4
+    # The knockout scores at the observed rate, on the full stream, only the finalists
+    # within the tie band of the best (a loser is out after one replay at the band's edge).
+    assert len(final) >= 2
     # The chosen capacity is the best true capacity among the finalists, to the tolerance;
     # every other point's is a lower bound of its own.
     best = max(ScrambledScorer.capacity_scale(p) for p, _ in final.values()) * 10.0

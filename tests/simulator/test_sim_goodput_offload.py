@@ -15,7 +15,7 @@ from kvtune.tuner.plan import KVPlan, Reason
 from kvtune.tuner.planner.planning import PlanRequest, plan_pool
 from kvtune.tuner.planner.policy import SLO, PlanPolicy
 from kvtune.tuner.planner.presets import preset_profile
-from kvtune.tuner.planner.search import SearchSettings, grid, search
+from kvtune.tuner.planner.search import CAPACITY_TIE, SearchSettings, grid, search
 from kvtune.tuner.simulator.goodput_search import TrafficScorer
 from kvtune.tuner.simulator.prefix import Segment, shareable_prefix_tokens
 from kvtune.tuner.simulator.workload import SimRequest
@@ -77,8 +77,12 @@ def test_offload_is_searched_and_wins_where_history_outlives_the_gpu_cache() -> 
     cap = pool.search.capacity_requests_per_second
     assert f"capacity at SLO {cap:.3g} req/s with 64 GiB" in message
     off_text = message.split("req/s without")[0].rsplit(", ", 1)[1]
-    off = float(off_text)
-    assert cap > off * 1.3
+    if off_text.startswith("under "):
+        # The knockout put the plan without the tier out of the tie band after one replay
+        # (it missed the SLO at the band's edge): its capacity is quoted as below that rate.
+        assert float(off_text.removeprefix("under ")) <= cap * (1 - CAPACITY_TIE) * 1.005
+    else:
+        assert cap > float(off_text) * 1.3
     scale = cap / scorer.rate_per_second
     on_at_cap = scorer.score(request, pool.plan, n, scale)
     off_at_cap = scorer.score(request, pool.plan.model_copy(update={

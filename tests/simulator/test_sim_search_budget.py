@@ -6,6 +6,7 @@ best plan so far and says so, and a cancelled search stops."""
 from __future__ import annotations
 
 import itertools
+import math
 import time
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from kvtune.tuner.facts.catalog import get_model
 from kvtune.tuner.facts.gpus import get_gpu_class
 from kvtune.tuner.plan import KVPlan
+from kvtune.tuner.planner import search as search_module
 from kvtune.tuner.planner.planning import PlanRequest
 from kvtune.tuner.planner.policy import SLO, PlanPolicy
 from kvtune.tuner.planner.presets import preset_profile
@@ -113,19 +115,65 @@ def test_memory_the_search_adds_past_the_budget_stops_it() -> None:
         plan_by_goodput(_request(7.0), settings=TINY, budget=runaway)
 
 
-def test_a_budget_spent_midway_keeps_the_best_scored_plan_and_says_why() -> None:
-    scorer = CountingScorer()
+class ShrinkingScorer(CountingScorer):
+    """As ``CountingScorer``, but a longer stream sustains less (a queue has longer to
+    build): the capacity on n requests is the one on 30 x sqrt(30 / n)."""
+
+    def score(self, request: PlanRequest, plan: KVPlan, num_requests: int,
+              rate_scale: float = 1.0) -> GoodputScore:
+        return super().score(request, plan, num_requests,
+                             rate_scale / math.sqrt(30 / num_requests))
+
+
+def _stopped_after(looks: int, scorer: CountingScorer) -> SearchBudget:
+    """A CPU budget spent after ``looks`` looks at the meter, each a quarter second."""
     clock = itertools.count()
-    budget = SearchBudget(cpu_seconds=4.5, cpu_clock=lambda: float(next(clock)))
+    return SearchBudget(cpu_seconds=looks / 4 + 0.1, cpu_clock=lambda: next(clock) / 4)
+
+
+def test_a_budget_spent_midway_keeps_the_best_plan_measured_on_the_full_stream() -> None:
+    scorer = ShrinkingScorer()
     pool = search(_request(10.0), scorer, settings=SearchSettings(rungs=(30, 80)),
-                  meter=budget.start())
+                  meter=_stopped_after(4, scorer).start())
     s = pool.search
     assert s is not None and s.stopped_by is not None and "CPU budget" in s.stopped_by
-    assert scorer.calls == 4  # four looks allowed, then stopped before the fifth score
-    assert any(w.startswith("search stopped by its budget") for w in pool.warnings)
+    # Four looks, then the stop; then the chosen plan alone on the whole stream, in a grace.
+    assert 4 < scorer.calls <= 4 + 20
+    assert s.requests_per_candidate == 30 and s.capacity_measured_requests == 80
+    # Its capacity is the full stream's (a 30-request figure would be sqrt(80/30) = 1.63x).
+    true_80 = 10.0 * (pool.plan.max_num_seqs % 97) / 10 * math.sqrt(30 / 80)
+    assert true_80 / 1.021 <= s.capacity_requests_per_second <= true_80 * 1.0001
+    warning = next(w for w in pool.warnings if w.startswith("search stopped by its budget"))
+    assert "measured on the full stream of 80" in warning
     full = search(_request(10.0), CountingScorer(), settings=SearchSettings(rungs=(30, 80)),
                   meter=UNBOUNDED.start())
     assert full.search is not None and full.search.stopped_by is None
+    assert full.search.capacity_measured_requests == 80
+
+
+def test_with_no_grace_left_a_short_streams_capacity_is_labelled_as_such(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(search_module, "GRACE_MIN_CPU_SECONDS", 0.0)
+    monkeypatch.setattr(search_module, "GRACE_SHARE", 0.0)
+    scorer = ShrinkingScorer()
+    pool = search(_request(10.0), scorer, settings=SearchSettings(rungs=(30, 80)),
+                  meter=_stopped_after(4, scorer).start())
+    s = pool.search
+    assert s is not None and s.stopped_by is not None and scorer.calls == 4
+    assert s.capacity_measured_requests == 30 == s.requests_per_candidate
+    warning = next(w for w in pool.warnings if w.startswith("search stopped by its budget"))
+    assert "measured on the first 30 requests" in warning and "overstate" in warning
+
+
+@pytest.mark.slow
+def test_the_default_budget_finishes_the_chat_search_at_5_requests_per_second() -> None:
+    """The standard spec (`kvtune plan -m meta-llama/Llama-3.1-8B-Instruct -g H100
+    --workload chat --request-rate 5`) searches to its last stage within the default 30 s;
+    before the knockout it took ~96 s and stopped at its 100-request rung."""
+    pool = plan_by_goodput(_request(5.0, ttft=None, tpot=None), budget=SearchBudget())
+    s = pool.search
+    assert s is not None and s.stopped_by is None
+    assert s.capacity_measured_requests == s.requests_per_candidate == 800
 
 
 def test_a_cancelled_search_stops_at_once() -> None:
