@@ -66,5 +66,5 @@ def test_the_profile_carries_the_figures_with_units_in_their_names() -> None:
 def test_quantiles_must_not_decrease() -> None:
     from kvtune.tuner.workload import SecondsQuantiles
 
-    with pytest.raises(ValueError, match="p90=1.0 > p99=0.5"):
+    with pytest.raises(ValueError, match=r"p90=1\.0 > p99=0\.5"):
         SecondsQuantiles(p50=0.1, p90=1.0, p99=0.5, max=2.0)

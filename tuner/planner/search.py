@@ -63,13 +63,16 @@ from kvtune.tuner.plan import (
     SearchAlternative,
     SearchSummary,
 )
+from kvtune.tuner.plan_reuse import TierSize
 from kvtune.tuner.planner import (
     decide_block_size,
     decide_dtype,
     decide_max_num_seqs,
+    decide_offload_size,
     decide_prefix_offload,
     expected,
     kv_dtype_options,
+    reuse_money,
 )
 from kvtune.tuner.planner.capacity import (
     Bracket,
@@ -341,7 +344,8 @@ def _order(items: Sequence[_Scored], run: PlanRun, settings: SearchSettings
         tied = ok and top > 0 and st.lower_scale >= top * (1.0 - tie)
         if tied:
             return (0.0, 0.0, -_precision_bits(run, x.plan.kv_cache_dtype),
-                    float(len(x.changed)), -_slack(x.score, run.req), -st.lower_scale)
+                    float(len(x.changed)), x.plan.kv_offloading_size_gib or 0.0,
+                    -_slack(x.score, run.req), -st.lower_scale)
         return (0.0 if ok else 1.0, 1.0, -st.lower_scale, -st.attainment_at_upper,
                 -st.at_observed.slo_attainment, -_slack(x.score, run.req))
 
@@ -505,7 +509,7 @@ def _halving_and_finalists(st: _Stages, request: PlanRequest, pool: list[KVPlan]
     tol = settings.capacity_tolerance
     if offload_size is not None:
         leaders = [x.plan for x in st.ranked[:OFFLOAD_FINALISTS]]
-        tried = [p.with_offload(offload_size) for p in leaders]
+        tried = decide_offload_size.tried(run, leaders, offload_size)
         tried = [p for p in tried if all(p != y.plan for y in st.ranked)]
         st.considered += len(tried)
         st.observe(tried, final_n, SearchProgress("offload", 0, len(tried), st.considered))
@@ -565,13 +569,16 @@ def search(
     for x in ranked[1:]:
         x.lost = _why_lost(x, best, run, settings, rate, reference)
     offload_reason: Reason | None = None
+    tiers: tuple[TierSize, ...] = ()
     try:
         if offload_size is not None and stopped is None:
-            offload_reason = _offload_reason(st, best, offload_size, final_n, rate)
+            offload_reason, tiers = _offload_reason(st, best, offload_size, final_n, rate)
     except BudgetStop as exc:
         stopped = exc.reason
     summary = _summary(request, best, ranked, settings, rate, replicas, book, final_n,
                        st.considered, reference, stopped)
+    summary = summary.model_copy(update={"reuse": reuse_money.figures(
+        run, best.plan, best.score, summary.observed_rate_per_second, tiers)})
     return _pool_plan(run, base_pool, best, summary, offload_reason)
 
 
@@ -614,28 +621,20 @@ def _summary(request: PlanRequest, best: _Scored, ranked: Sequence[_Scored],
     )
 
 
-def _offload_reason(st: _Stages, best: _Scored, size: float, n: int, rate: float) -> Reason:
-    """Why the plan has offload on or off: the chosen plan's capacity at SLO with and
-    without the CPU tier (both on the full stream; the ladder reuses the search's scores)."""
-    on_plan, off_plan = best.plan.with_offload(size), best.plan.with_offload(None)
-    st.observe([on_plan, off_plan], n, SearchProgress("offload", 0, 2, st.considered))
-    st.measure([on_plan, off_plan], n, st.settings.capacity_tolerance, st.hints())
+def _offload_reason(st: _Stages, best: _Scored, budget_gib: float, n: int, rate: float
+                   ) -> tuple[Reason, tuple[TierSize, ...]]:
+    """How many GiB of CPU tier pay and why (``decide_offload_size``): the chosen plan's
+    capacity at SLO without a tier and at every size tried (the full stream; the ladder
+    reuses the search's scores)."""
+    sizes = decide_offload_size.options(st.run, best.plan.with_offload(None), budget_gib)
+    plans = [best.plan.with_offload(size) for size in (None, *(o.size_gib for o in sizes))]
+    st.observe(plans, n, SearchProgress("offload", 0, len(plans), st.considered))
+    st.measure(plans, n, st.settings.capacity_tolerance, st.hints())
     target = st.settings.slo_attainment
-    on, off = st.book.standing(on_plan, n, target), st.book.standing(off_plan, n, target)
-    figures = (f"capacity at SLO {rate * on.lower_scale:.3g} req/s with {size:g} GiB of CPU "
-               f"KV offload (TTFT p95 {on.at_observed.ttft_p95_seconds:.3f} s at the observed "
-               f"rate), {rate * off.lower_scale:.3g} req/s without (TTFT p95 "
-               f"{off.at_observed.ttft_p95_seconds:.3f} s) over {n} requests")
-    chosen = best.plan.kv_offloading_size_gib
-    if chosen:
-        why = "the capacity search keeps the CPU tier on: "
-    elif on.lower_scale > off.lower_scale:
-        why = (f"the capacity search leaves offload off: within the {st.settings.tie:.0%} "
-               "tie, where the simpler plan wins; ")
-    else:
-        why = "the capacity search leaves offload off: "
-    return Reason(knob="kv-offloading-size", choice=f"{chosen:g}" if chosen else "off",
-                  code="BestCapacity", message=why + figures)
+    rows = decide_offload_size.tier_sizes(
+        sizes, [st.book.standing(p, n, target) for p in plans], rate,
+        best.plan.kv_offloading_size_gib or 0.0)
+    return decide_offload_size.explain(st.run, best.plan, rows, st.settings.tie, n), rows
 
 
 def _pool_plan(run: PlanRun, base_pool: PoolPlan, best: _Scored, summary: SearchSummary,
@@ -681,6 +680,7 @@ def _pool_plan(run: PlanRun, base_pool: PoolPlan, best: _Scored, summary: Search
     exp = ExpectedFigures.model_validate({
         **exp.model_dump(),
         "prefix_hit_rate": s.prefix_hit_rate,
+        "cpu_prefix_hit_rate": s.cpu_hit_rate,
         "capacity_requests_per_second": summary.capacity_requests_per_second,
         "replicas_needed": summary.replicas_needed,
         "slo_attainment": s.slo_attainment,
@@ -743,7 +743,7 @@ def grid(request: PlanRequest, rate_per_second: float,
     offload_size = _offload_size(run, base)
     sizes: tuple[float | None, ...] = (base.kv_offloading_size_gib,)
     if offload_size is not None:
-        sizes = (None, offload_size)
+        sizes = (None, *(o.size_gib for o in decide_offload_size.options(run, base, offload_size)))
         base = base.with_offload(None)
     out: list[KVPlan] = []
     for p in _candidates(run, base, rate_per_second, settings):
