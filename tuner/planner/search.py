@@ -14,7 +14,7 @@ both their TTFT and TPOT targets; refused and unfinished requests are misses), a
    gate allows) x max-num-seqs (the concurrency the traffic needs by Little's law, arrival
    rate x the time a request spends in the engine at the SLO, 4x that, and the rules') x
    max-num-batched-tokens (512, 2K, 8K, 16K and the rules'); then CPU KV offload (off, and
-   the policy's CPU budget as ``--kv-offloading-size``) for the best two, only where the
+   reuse-sized ones and the budget: ``decide_offload_size``) for the best two, only where the
    policy gives a budget, the profile shows reuse a CPU tier could serve and prefix caching
    is on (the simulator's CPU tier, ``simulator/offload.py``); then block size (the sizes
    the backend accepts) for the best one. Memory fraction, max-model-len and prefix caching
