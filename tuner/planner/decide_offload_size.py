@@ -39,6 +39,9 @@ _HOST_PAGE_BYTES = 4096
 # The reuse-distance quantiles a size is tried at.
 QUANTILES = ("p50", "p90", "p99")
 BUDGET_BASIS = "the policy's CPU budget"
+# Quantile sizes within 10 % of each other are one size (the larger): each size tried is a
+# full-stream capacity ladder, and 10 % more host memory is not worth a ladder.
+MERGE_WITHIN = 0.10
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +79,13 @@ def options(run: PlanRun, plan: KVPlan, budget_gib: float) -> tuple[SizeOption, 
             if tokens <= gpu_tokens:
                 continue  # the GPU's prefix cache already keeps reuses that close
             gib = float(math.ceil(tokens * per_token / GiB))
-            if 1 <= gib < budget_gib and all(o.size_gib != gib for o in out):
-                out.append(SizeOption(gib, f"{q} reuse distance {tokens:,} tokens"))
+            if not 1 <= gib < budget_gib:
+                continue
+            if out and gib <= out[-1].size_gib * (1.0 + MERGE_WITHIN):
+                out.pop()  # nearly the same memory: the larger catches more reuses
+            out.append(SizeOption(gib, f"{q} reuse distance {tokens:,} tokens"))
+    if out and budget_gib <= out[-1].size_gib * (1.0 + MERGE_WITHIN):
+        out.pop()  # the budget is tried anyway
     out.append(SizeOption(float(budget_gib), BUDGET_BASIS))
     return tuple(out)
 

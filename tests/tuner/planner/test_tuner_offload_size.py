@@ -38,18 +38,18 @@ def _request(distance: TokenQuantiles | None, cpu_gib: int = 256, gpu: str = "H1
 def test_sizes_follow_the_reuse_distance_quantiles_below_the_budget() -> None:
     dist = TokenQuantiles(p50=2_000_000, p90=6_000_000, p95=7_000_000, p99=7_700_000,
                           max=8_000_000)
-    request = _request(dist, cpu_gib=1024)
+    request = _request(dist, cpu_gib=2048)
     run = PlanRun(request)
     plan = plan_pool(request).plan
     per_token = decide_offload_size.tier_bytes_per_token(run, plan)
     # 8B at 16-bit KV: 32 layers x 8 KV heads x 128 x 2 (K and V) x 2 bytes.
     assert per_token == 131_072 if plan.kv_cache_dtype == "auto" else 65_536
-    opts = decide_offload_size.options(run, plan, 1024.0)
+    opts = decide_offload_size.options(run, plan, 2048.0)
     sizes = [o.size_gib for o in opts]
-    assert sizes == sorted(sizes) and sizes[-1] == 1024.0
+    assert sizes == sorted(sizes) and sizes[-1] == 2048.0
     assert opts[-1].basis == decide_offload_size.BUDGET_BASIS
     expected = [float(math.ceil(t * per_token / GiB)) for t in (dist.p50, dist.p90, dist.p99)]
-    assert sizes[:-1] == [s for s in expected if s < 1024]
+    assert sizes[:-1] == [s for s in expected if s < 2048]
     assert "p50 reuse distance 2,000,000 tokens" in opts[0].basis
 
 
@@ -63,6 +63,22 @@ def test_a_quantile_the_gpu_cache_covers_or_the_budget_caps_adds_no_size() -> No
     # p50 is inside the GPU's cache; p99 (9M tokens, > 1 TiB) is above the budget.
     assert [o.basis.split()[0] for o in opts] == ["p90", "the"]
     assert opts[-1].size_gib == 300.0
+
+
+def test_sizes_within_ten_percent_are_one_the_larger() -> None:
+    request = _request(TokenQuantiles(p50=3_000_000, p90=3_200_000, p95=3_300_000,
+                                      p99=3_900_000, max=4_000_000), cpu_gib=1024)
+    run = PlanRun(request)
+    plan = plan_pool(request).plan
+    per_token = decide_offload_size.tier_bytes_per_token(run, plan)
+    opts = decide_offload_size.options(run, plan, 1024.0)
+    # p50 and p90 are within 10 %: p90's size stands for both; p99 is 22 % above it.
+    assert [o.basis.split()[0] for o in opts] == ["p90", "p99", "the"]
+    assert opts[0].size_gib == math.ceil(3_200_000 * per_token / GiB)
+    # A quantile size within 10 % below the budget gives way to the budget.
+    budget = opts[1].size_gib * 1.05
+    assert [o.basis.split()[0] for o in decide_offload_size.options(run, plan, budget)] == [
+        "p90", "the"]
 
 
 def test_without_reuse_figures_the_budget_is_the_one_size() -> None:
