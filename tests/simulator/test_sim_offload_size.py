@@ -63,7 +63,8 @@ def test_the_tier_is_the_smallest_size_within_the_tie_not_the_budget() -> None:
     assert reason.message.startswith(f"{chosen:g} GiB of CPU tier pays: capacity at SLO "
                                      f"{rows[chosen].capacity_requests_per_second:.3g} req/s")
     assert "the smallest within the 2% capacity tie" in reason.message
-    assert "reuse distance" in reason.message and "gap p50 43 s" in reason.message
+    assert "(p50)" in reason.message and "(budget)" in reason.message
+    assert "comes back after p50 43 s" in reason.message
     # The chosen plan's figures are the search's capacity, with its hits per tier.
     assert s.capacity_requests_per_second == pytest.approx(
         rows[chosen].capacity_requests_per_second)

@@ -101,6 +101,12 @@ def tried(run: PlanRun, leaders: Sequence[KVPlan], budget_gib: float) -> list[KV
     return out
 
 
+def _label(basis: str) -> str:
+    """A size's basis in a reason: its quantile, or "budget" (the full text is in
+    ``search.reuse.tier_sizes``)."""
+    return "budget" if basis == BUDGET_BASIS else basis.split()[0]
+
+
 def _reuse_quote(run: PlanRun, plan: KVPlan) -> str:
     p = run.req.profile
     gap, dist = p.prefix_reuse_gap_seconds, p.prefix_reuse_distance_tokens
@@ -108,10 +114,10 @@ def _reuse_quote(run: PlanRun, plan: KVPlan) -> str:
         return "no reuse figures in the profile (a trace with prefix ids gives them): only " \
             "the budget is tried"
     per_token = tier_bytes_per_token(run, plan)
-    return (f"per reuse of a prefix block, gap p50 {gap.p50:.0f} s / p90 {gap.p90:.0f} s and "
-            f"{dist.p50:,} / {dist.p90:,} distinct tokens in between "
-            f"({dist.p50 * per_token / GiB:.0f} / {dist.p90 * per_token / GiB:.0f} GiB at "
-            f"{per_token:,.0f} B per token); the GPU holds {gpu_kv_tokens(run, plan):,} tokens")
+    return (f"a prefix block comes back after p50 {gap.p50:.0f} s / p90 {gap.p90:.0f} s and "
+            f"{dist.p50:,} / {dist.p90:,} distinct tokens ({dist.p50 * per_token / GiB:.0f} / "
+            f"{dist.p90 * per_token / GiB:.0f} GiB); the GPU holds "
+            f"{gpu_kv_tokens(run, plan):,} tokens")
 
 
 def tier_sizes(sizes: Sequence[SizeOption], standings: Sequence[Standing], rate: float,
@@ -137,8 +143,8 @@ def explain(run: PlanRun, plan: KVPlan, rows: Sequence[TierSize], tie: float,
     within = [r for r in rows if r.capacity_requests_per_second >= best * (1.0 - tie)]
     smallest = min(within, key=lambda r: r.size_gib)
     table = ", ".join(
-        f"{'off' if r.size_gib == 0 else f'{r.size_gib:g} GiB ({r.basis})'} "
-        f"{r.capacity_requests_per_second:.3g} req/s (CPU hits {r.cpu_prefix_hit_rate:.1%})"
+        f"{'off' if r.size_gib == 0 else f'{r.size_gib:g} GiB ({_label(r.basis)})'} "
+        f"{r.capacity_requests_per_second:.3g} (CPU hits {r.cpu_prefix_hit_rate:.0%})"
         for r in rows)
     rule = (f"the smallest within the {tie:.0%} capacity tie of the best ({best:.3g} req/s)"
             if chosen is smallest else "chosen by the search's ranking of all candidates "
@@ -157,7 +163,7 @@ def explain(run: PlanRun, plan: KVPlan, rows: Sequence[TierSize], tie: float,
     return Reason(
         knob="kv-offloading-size", choice=f"{chosen.size_gib:g}" if chosen.size_gib else "off",
         code="BestCapacity",
-        message=f"{head}. Sizes weighed over {requests} requests: {table}. Sized from the "
+        message=f"{head}. Sizes weighed over {requests} requests, req/s: {table}. From the "
         f"traffic's reuse: {_reuse_quote(run, plan)}",
     )
 

@@ -106,8 +106,9 @@ def test_the_reason_quotes_every_size_and_says_the_smallest_within_the_tie_pays(
     assert reason.message.startswith("48 GiB of CPU tier pays: capacity at SLO 3 req/s per "
                                      "replica against 2 without (+50%)")
     assert "the smallest within the 2% capacity tie of the best (3.04 req/s)" in reason.message
-    for text in ("off 2 req/s", "12 GiB (basis 12) 2.5 req/s", "256 GiB (basis 256) 3.04",
-                 "gap p50 60 s / p90 170 s", "2,000,000 / 6,000,000 distinct tokens"):
+    for text in ("req/s: off 2 (CPU hits 0%), 12 GiB (basis) 2.5 (CPU hits 20%)",
+                 "256 GiB (basis) 3.04", "after p50 60 s / p90 170 s",
+                 "2,000,000 / 6,000,000 distinct tokens"):
         assert text in reason.message
     # Chosen above the smallest in the tie: the reason does not claim the rule.
     other = decide_offload_size.explain(
