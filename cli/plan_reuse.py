@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvtune.tuner.plan import PoolPlan
+from kvtune.tuner.planner.decide_offload_size import capacity_text
 
 
 def _usd(x: float) -> str:
@@ -54,7 +55,7 @@ def print_reuse(console: Any, pool: PoolPlan) -> None:
         table.add_column(col, justify="left" if col == "from" else "right")
     for t in s.reuse.tier_sizes:
         table.add_row(f"{t.size_gib:g}" if t.size_gib else "off", t.basis,
-                      f"{t.capacity_requests_per_second:.3g}", f"{t.gpu_prefix_hit_rate:.1%}",
+                      capacity_text(t), f"{t.gpu_prefix_hit_rate:.1%}",
                       f"{t.cpu_prefix_hit_rate:.1%}", "*" if t.chosen else "")
     console.print(table)
 

@@ -14,6 +14,8 @@ class TierSize(BaseModel):
     size_gib: float = Field(ge=0.0)  # --kv-offloading-size across TP ranks (0: no tier)
     basis: str  # where the size comes from (a reuse-distance quantile, the policy's budget)
     capacity_requests_per_second: float  # per replica at SLO (a lower bound; the chosen's: 2 %)
+    # At the observed rate (False with capacity 0: missed there and not probed lower).
+    meets_slo_at_observed: bool = True
     gpu_prefix_hit_rate: float  # of prompt tokens, at the observed rate
     cpu_prefix_hit_rate: float
     chosen: bool

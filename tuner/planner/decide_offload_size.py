@@ -101,6 +101,14 @@ def tried(run: PlanRun, leaders: Sequence[KVPlan], budget_gib: float) -> list[KV
     return out
 
 
+def capacity_text(row: TierSize) -> str:
+    """A size's capacity in req/s, or that it missed the SLO at the observed rate (its ladder
+    went no lower: the capacity is below the observed rate, not measured)."""
+    if row.capacity_requests_per_second <= 0 and not row.meets_slo_at_observed:
+        return "below the observed rate"
+    return f"{row.capacity_requests_per_second:.3g}"
+
+
 def _label(basis: str) -> str:
     """A size's basis in a reason: its quantile, or "budget" (the full text is in
     ``search.reuse.tier_sizes``)."""
@@ -121,12 +129,13 @@ def _reuse_quote(run: PlanRun, plan: KVPlan) -> str:
 
 
 def tier_sizes(sizes: Sequence[SizeOption], standings: Sequence[Standing], rate: float,
-               chosen_gib: float) -> tuple[TierSize, ...]:
-    """``standings``: no tier first, then one per size."""
+               chosen_gib: float, target: float) -> tuple[TierSize, ...]:
+    """``standings``: no tier first, then one per size; ``target``: the SLO attainment."""
     rows = [SizeOption(0.0, "no CPU tier"), *sizes]
     return tuple(TierSize(
         size_gib=o.size_gib, basis=o.basis,
         capacity_requests_per_second=rate * st.lower_scale,
+        meets_slo_at_observed=st.meets_observed(target),
         gpu_prefix_hit_rate=st.at_observed.prefix_hit_rate,
         cpu_prefix_hit_rate=st.at_observed.cpu_hit_rate,
         chosen=o.size_gib == chosen_gib,
@@ -144,7 +153,7 @@ def explain(run: PlanRun, plan: KVPlan, rows: Sequence[TierSize], tie: float,
     smallest = min(within, key=lambda r: r.size_gib)
     table = ", ".join(
         f"{'off' if r.size_gib == 0 else f'{r.size_gib:g} GiB ({_label(r.basis)})'} "
-        f"{r.capacity_requests_per_second:.3g} (CPU hits {r.cpu_prefix_hit_rate:.0%})"
+        f"{capacity_text(r)} (CPU hits {r.cpu_prefix_hit_rate:.0%})"
         for r in rows)
     rule = (f"the smallest within the {tie:.0%} capacity tie of the best ({best:.3g} req/s)"
             if chosen is smallest else "chosen by the search's ranking of all candidates "
@@ -168,5 +177,5 @@ def explain(run: PlanRun, plan: KVPlan, rows: Sequence[TierSize], tie: float,
     )
 
 
-__all__ = ["SizeOption", "explain", "gpu_kv_tokens", "options", "tier_bytes_per_token",
-           "tier_sizes", "tried"]
+__all__ = ["SizeOption", "capacity_text", "explain", "gpu_kv_tokens", "options",
+           "tier_bytes_per_token", "tier_sizes", "tried"]

@@ -633,7 +633,7 @@ def _offload_reason(st: _Stages, best: _Scored, budget_gib: float, n: int, rate:
     target = st.settings.slo_attainment
     rows = decide_offload_size.tier_sizes(
         sizes, [st.book.standing(p, n, target) for p in plans], rate,
-        best.plan.kv_offloading_size_gib or 0.0)
+        best.plan.kv_offloading_size_gib or 0.0, target)
     return decide_offload_size.explain(st.run, best.plan, rows, st.settings.tie, n), rows
 
 

@@ -91,7 +91,8 @@ def test_without_reuse_figures_the_budget_is_the_one_size() -> None:
 def _rows(caps: dict[float, float], chosen: float) -> tuple[TierSize, ...]:
     return tuple(TierSize(size_gib=s, basis="no CPU tier" if s == 0 else f"basis {s:g}",
                           capacity_requests_per_second=c, gpu_prefix_hit_rate=0.1,
-                          cpu_prefix_hit_rate=0.0 if s == 0 else 0.2, chosen=s == chosen)
+                          cpu_prefix_hit_rate=0.0 if s == 0 else 0.2, chosen=s == chosen,
+                          meets_slo_at_observed=c > 0)
                  for s, c in caps.items())
 
 
@@ -101,13 +102,16 @@ def test_the_reason_quotes_every_size_and_says_the_smallest_within_the_tie_pays(
     run = PlanRun(request)
     plan = plan_pool(request).plan.with_offload(48.0)
     reason = decide_offload_size.explain(
-        run, plan, _rows({0.0: 2.0, 12.0: 2.5, 48.0: 3.0, 256.0: 3.04}, 48.0), 0.02, 800)
+        run, plan, _rows({0.0: 2.0, 6.0: 0.0, 12.0: 2.5, 48.0: 3.0, 256.0: 3.04}, 48.0), 0.02,
+        800)
     assert reason.choice == "48"
     assert reason.message.startswith("48 GiB of CPU tier pays: capacity at SLO 3 req/s per "
                                      "replica against 2 without (+50%)")
     assert "the smallest within the 2% capacity tie of the best (3.04 req/s)" in reason.message
-    for text in ("req/s: off 2 (CPU hits 0%), 12 GiB (basis) 2.5 (CPU hits 20%)",
+    for text in ("req/s: off 2 (CPU hits 0%), ", "12 GiB (basis) 2.5 (CPU hits 20%)",
                  "256 GiB (basis) 3.04", "after p50 60 s / p90 170 s",
+                 # Missed the SLO at the observed rate, not probed lower: not "0 req/s".
+                 "6 GiB (basis) below the observed rate (CPU hits 20%)",
                  "2,000,000 / 6,000,000 distinct tokens"):
         assert text in reason.message
     # Chosen above the smallest in the tie: the reason does not claim the rule.
