@@ -54,6 +54,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=800)
     ap.add_argument("--model", default="meta-llama/Llama-3.1-8B-Instruct")
     ap.add_argument("--gpu", default="H100")
+    ap.add_argument("--save", help="write the searched plan's JSON here")
     args = ap.parse_args()
     full = load_trace(MOONCAKE_TRACE)
     reqs = tuple(dataclasses.replace(r, arrival_seconds=r.arrival_seconds / args.speed)
@@ -75,6 +76,9 @@ def main() -> None:
     reuse = pool.search.reuse
     chosen = pool.plan.kv_offloading_size_gib
     print("plan:", " ".join(pool.vllm_args()))
+    if args.save:
+        with open(args.save, "w", encoding="utf-8") as f:
+            f.write(pool.model_dump_json())
     message = search_job.encode(search_job.SearchOutcome(digest="0" * 64, plan=pool))
     back = search_job.decode(message)
     fits = back is not None and back.plan is not None

@@ -46,7 +46,9 @@ def test_plan_shows_the_tier_sized_from_reuse_and_the_money(tmp_path: Path) -> N
     assert size is not None and 1 <= size < 256
     reuse = doc["search"]["reuse"]
     assert reuse["cpu_tier_gib_per_replica"] == size
-    assert reuse["cpu_prefix_hit_rate"] == doc["expected"]["cpu_prefix_hit_rate"] > 0
+    assert reuse["cpu_prefix_hit_rate"] > 0
+    assert reuse["cpu_prefix_hit_rate"] == pytest.approx(doc["expected"]["cpu_prefix_hit_rate"],
+                                                         abs=1e-4)
     assert reuse["usd_saved_per_day"] == pytest.approx(
         reuse["prefill_gpu_seconds_saved_per_day"] / 3600 * GPU_PRICE)
     assert reuse["gpu_price_source"] == f"--gpu-price L40S={GPU_PRICE:g}"

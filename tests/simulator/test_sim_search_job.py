@@ -121,11 +121,13 @@ def test_an_answer_just_over_the_cap_leaves_out_the_front_and_says_so() -> None:
     back = search_job.decode(message)
     assert back is not None and back.error is None and back.plan is not None
     assert back.plan.search is not None and back.plan.search.front == ()
+    assert back.plan.search.alternatives == ()
     # Everything the operator acts on is kept: the knobs, the capacity, the replicas.
     assert back.plan.plan == outcome.plan.plan
     assert back.plan.search.capacity_requests_per_second == (
         outcome.plan.search.capacity_requests_per_second)
-    assert "leaves out the CPU tier sizes weighed and the Pareto front" in back.plan.warnings[-1]
+    assert "leaves out the CPU tier sizes weighed, the Pareto front and the runners-up" in (
+        back.plan.warnings[-1])
 
 
 def test_a_spent_budget_is_an_error_outcome_not_a_crash() -> None:

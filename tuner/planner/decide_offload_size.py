@@ -134,10 +134,10 @@ def tier_sizes(sizes: Sequence[SizeOption], standings: Sequence[Standing], rate:
     rows = [SizeOption(0.0, "no CPU tier"), *sizes]
     return tuple(TierSize(
         size_gib=o.size_gib, basis=o.basis,
-        capacity_requests_per_second=rate * st.lower_scale,
+        capacity_requests_per_second=round(rate * st.lower_scale, 4),
         meets_slo_at_observed=st.meets_observed(target),
-        gpu_prefix_hit_rate=st.at_observed.prefix_hit_rate,
-        cpu_prefix_hit_rate=st.at_observed.cpu_hit_rate,
+        gpu_prefix_hit_rate=round(st.at_observed.prefix_hit_rate, 4),
+        cpu_prefix_hit_rate=round(st.at_observed.cpu_hit_rate, 4),
         chosen=o.size_gib == chosen_gib,
     ) for o, st in zip(rows, standings, strict=True))
 

@@ -48,10 +48,12 @@ def figures(run: PlanRun, plan: KVPlan, score: GoodputScore, observed_rate_per_s
     bits = weight_bits(run.model, run.req.weights_dtype)
     gpu_seconds_per_token = decode.prefill_seconds_per_token(
         run.model, run.gpu, run.tp, bits) * run.tp
+    # Rounded: simulated figures, and the plan travels in a search Job's 4 kB answer.
     return ReuseFigures(
-        gpu_prefix_hit_rate=score.prefix_hit_rate, cpu_prefix_hit_rate=score.cpu_hit_rate,
-        cached_prompt_tokens_per_day=tokens_per_day,
-        prefill_gpu_seconds_saved_per_day=tokens_per_day * gpu_seconds_per_token,
+        gpu_prefix_hit_rate=round(score.prefix_hit_rate, 4),
+        cpu_prefix_hit_rate=round(score.cpu_hit_rate, 4),
+        cached_prompt_tokens_per_day=round(tokens_per_day),
+        prefill_gpu_seconds_saved_per_day=round(tokens_per_day * gpu_seconds_per_token, 1),
         cpu_tier_gib_per_replica=plan.kv_offloading_size_gib or 0.0,
         tier_sizes=tuple(tiers),
     )

@@ -160,18 +160,19 @@ def encode(outcome: SearchOutcome, limit_bytes: int = TERMINATION_MESSAGE_MAX_BY
 
 
 def _without_detail(outcome: SearchOutcome) -> SearchOutcome | None:
-    """The outcome without what the operator does not act on (the CPU tier sizes weighed and
-    the Pareto front), saying so in a warning; None: nothing to leave out."""
+    """The outcome without what the operator does not act on (the CPU tier sizes weighed, the
+    Pareto front, the runners-up), saying so in a warning; None: nothing to leave out."""
     plan = outcome.plan
     s = plan.search if plan is not None else None
-    if plan is None or s is None or not (s.front or (s.reuse and s.reuse.tier_sizes)):
+    if plan is None or s is None or not (s.front or s.alternatives
+                                         or (s.reuse and s.reuse.tier_sizes)):
         return None
     reuse = s.reuse.model_copy(update={"tier_sizes": ()}) if s.reuse is not None else None
-    warning = ("the search Job's answer leaves out the CPU tier sizes weighed and the Pareto "
-               f"front to fit the kubelet's {TERMINATION_MESSAGE_MAX_BYTES}-byte termination "
-               "message (kvtune plan shows them)")
+    warning = ("the search Job's answer leaves out the CPU tier sizes weighed, the Pareto "
+               f"front and the runners-up to fit the kubelet's {TERMINATION_MESSAGE_MAX_BYTES}"
+               "-byte termination message (kvtune plan shows them)")
     return outcome.model_copy(update={"plan": plan.model_copy(update={
-        "search": s.model_copy(update={"front": (), "reuse": reuse}),
+        "search": s.model_copy(update={"front": (), "alternatives": (), "reuse": reuse}),
         "warnings": (*plan.warnings, warning)})})
 
 
