@@ -41,6 +41,7 @@ from kvtune.cli.plan_layout import (
     request_for,
     wants_layout,
 )
+from kvtune.cli.plan_reuse import print_reuse
 from kvtune.cli.plan_tp import (
     check_auto_options,
     max_replicas_option,
@@ -81,6 +82,7 @@ from kvtune.tuner.planner.presets import (
     preset_profile,
     profile_from_trace,
 )
+from kvtune.tuner.planner.reuse_money import with_host_price
 from kvtune.tuner.simulator.goodput_search import plan_by_goodput
 from kvtune.tuner.traces import load_trace
 from kvtune.tuner.units import GiB
@@ -272,6 +274,9 @@ def render_table(pool: PoolPlan, request: PlanRequest) -> str:
         f"concurrent sequences at {e.concurrent_sequences_context_tokens:,} tokens",
         f"{e.concurrent_sequences:,}",
     )
+    if e.prefix_hit_rate is not None:
+        figures.add_row("predicted prefix hits (GPU / CPU tier)", f"{e.prefix_hit_rate:.1%} / "
+                        f"{e.cpu_prefix_hit_rate or 0.0:.1%}")
     if e.decode_step_seconds is not None:
         figures.add_row(
             f"decode step at {p.max_num_seqs} sequences", f"{e.decode_step_seconds * 1000:.1f} ms"
@@ -337,6 +342,7 @@ def _print_search(console: Any, pool: PoolPlan) -> None:
         console.print(f"SLO met: {s.slo_attainment:.1%} of requests meet both targets at the "
                       "observed rate")
     _print_front(console, pool)
+    print_reuse(console, pool)
 
 
 def _money(x: float | None) -> str:
@@ -453,6 +459,9 @@ def _models_help() -> str:
               help="Price of one GPU of a class per hour, for the cost figures of the capacity "
               "search (repeat, or comma-separate). Defaults: tuner/facts/data/gpu_prices.json "
               "(list prices with their sources; classes without one show no cost).")
+@click.option("--host-memory-price", type=finite(0, 1e3, min_open=True), metavar="USD",
+              help="Host memory price, USD per GiB-hour, for the CPU tier's cost (kvtune ships "
+              "no default: without it the tier is not priced).")
 @click.option("-o", "--output", "output", type=click.Choice([*RENDERERS, "patch"]),
               default="table", show_default=True)
 @click.option("--from-cluster", metavar="NAME",
@@ -525,6 +534,9 @@ def plan(**opts: Any) -> None:
 
                 pool = priced(laid_out(request, by_goodput),
                               price_for(request.gpu.name, prices))
+                if opts["host_memory_price"] is not None:
+                    pool = with_host_price(pool, opts["host_memory_price"],
+                                           f"--host-memory-price {opts['host_memory_price']:g}")
                 for name in opts["compare_gpu"]:
                     other = request.model_copy(update={"gpu": gpus.get_gpu_class(name)})
                     try:

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 
 from kvtune.tuner import knobs
 from kvtune.tuner.layout import ParallelLayout
+from kvtune.tuner.plan_reuse import ReuseFigures
 
 
 class KVPlan(BaseModel):
@@ -95,6 +96,8 @@ class ExpectedFigures(BaseModel):
     concurrent_sequences_context_tokens: int  # the context length that figure assumes
     decode_step_seconds: float | None = None  # at max_num_seqs, from the bandwidth model
     prefix_hit_rate: float | None = None  # from the simulator, when it scored the plan
+    # Of prompt tokens loaded from the CPU tier (the figure above is the GPU's), when scored.
+    cpu_prefix_hit_rate: float | None = None
     # From the capacity search (the simulator on the pool's traffic), when it ran: one
     # replica's capacity at SLO (the highest arrival rate of this traffic at which 95 % of
     # requests meet both targets), the fraction that do at the observed rate, and the p95
@@ -202,6 +205,8 @@ class SearchSummary(BaseModel):
     # Capacity against cost and latency over the configurations scored on the full stream.
     front: tuple[FrontPoint, ...] = ()
     cost: CostFigures | None = None  # set when the GPU class has a price
+    # What prefix reuse saves and the CPU tier costs (None: no prompt token was cached).
+    reuse: ReuseFigures | None = None
     # Set when the search's budget (CPU seconds, memory) stopped it before its last stage:
     # why; the plan is the best of what was scored by then (``planner/search_budget.py``).
     stopped_by: str | None = None

@@ -43,6 +43,29 @@ class TokenQuantiles(BaseModel):
         return self
 
 
+class SecondsQuantiles(BaseModel):
+    """Quantiles of a time distribution, in seconds (reuse gaps, session gaps, idle time)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    p50: float = Field(ge=0.0)
+    p90: float = Field(ge=0.0)
+    p99: float = Field(ge=0.0)
+    max: float = Field(ge=0.0)
+    count: int = Field(default=0, ge=0)  # how many gaps the quantiles are taken over
+
+    @model_validator(mode="after")
+    def _monotone(self) -> SecondsQuantiles:
+        chain = [("p50", self.p50), ("p90", self.p90), ("p99", self.p99), ("max", self.max)]
+        for (lo_name, lo), (hi_name, hi) in pairwise(chain):
+            if lo > hi:
+                raise ValueError(
+                    f"quantiles must not decrease: {lo_name}={lo} > {hi_name}={hi}; "
+                    f"fix the larger quantile or the smaller one"
+                )
+        return self
+
+
 class WorkloadProfile(BaseModel):
     """The workload a plan is made for.
 
@@ -70,5 +93,15 @@ class WorkloadProfile(BaseModel):
     # How many requests the figures are based on, and over what window (observed profiles).
     requests: int | None = Field(default=None, ge=0)
     window_seconds: float | None = Field(default=None, gt=0.0)
+    # Reuse (``tuner/reuse_profile.py``; None: not observed). Per reuse of a prefix block:
+    # the seconds since its previous use, and the distinct prompt tokens used in between (the
+    # LRU stack distance: a cache holding fewer tokens has evicted the block by then).
+    prefix_reuse_gap_seconds: SecondsQuantiles | None = None
+    prefix_reuse_distance_tokens: TokenQuantiles | None = None
+    # Seconds between a request and the next one that re-sends its whole prompt (the next turn
+    # of a conversation or an agent's next call after a tool ran).
+    session_gap_seconds: SecondsQuantiles | None = None
+    # vLLM's ``vllm:kv_block_idle_before_evict_seconds`` (``--kv-cache-metrics``), when observed.
+    kv_block_idle_before_evict_seconds: SecondsQuantiles | None = None
     # Free-form notes on how the figures were estimated (e.g. quantile uncertainty).
     notes: tuple[str, ...] = ()

@@ -111,6 +111,25 @@ def test_an_answer_over_the_kubelets_cap_is_an_error_that_names_sizes_and_fix() 
     assert "search.mode: inProcess" in back.error.message
 
 
+def test_an_answer_just_over_the_cap_leaves_out_the_front_and_says_so() -> None:
+    outcome = search_job.run(_doc())
+    assert outcome.plan is not None and outcome.plan.search is not None
+    assert outcome.plan.search.front  # detail the operator does not act on
+    full = len(search_job.encode(outcome).encode())
+    message = search_job.encode(outcome, limit_bytes=full - 1)
+    assert len(message.encode()) < full
+    back = search_job.decode(message)
+    assert back is not None and back.error is None and back.plan is not None
+    assert back.plan.search is not None and back.plan.search.front == ()
+    assert back.plan.search.alternatives == ()
+    # Everything the operator acts on is kept: the knobs, the capacity, the replicas.
+    assert back.plan.plan == outcome.plan.plan
+    assert back.plan.search.capacity_requests_per_second == (
+        outcome.plan.search.capacity_requests_per_second)
+    assert "leaves out the CPU tier sizes weighed, the Pareto front and the runners-up" in (
+        back.plan.warnings[-1])
+
+
 def test_a_spent_budget_is_an_error_outcome_not_a_crash() -> None:
     outcome = search_job.run(_doc(rate=1e5, cpu_seconds=1e-9))
     assert outcome.plan is None and outcome.error is not None

@@ -49,7 +49,9 @@ class GoodputScore:
     tpot_p95_seconds: float
     requests: int  # how many requests were replayed
     preemptions: int = 0
-    prefix_hit_rate: float = 0.0
+    prefix_hit_rate: float = 0.0  # of prompt tokens, found in the GPU's prefix cache
+    cpu_hit_rate: float = 0.0  # of prompt tokens, loaded from the CPU tier
+    prompt_tokens_per_request: float = 0.0  # looked up in the prefix cache, per request replayed
     output_tokens_per_second: float = 0.0  # output tokens served per second (the cost base)
     starts: bool = True  # False: vLLM would not start it (no figures)
 

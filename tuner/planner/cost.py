@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from kvtune.tuner.facts.prices import GPUPrice
 from kvtune.tuner.plan import CostFigures, PoolPlan
+from kvtune.tuner.planner import reuse_money
 
 _PER_MILLION_HOURS = 1e6 / 3600.0
 
@@ -50,8 +51,9 @@ def priced(pool: PoolPlan, price: GPUPrice | None) -> PoolPlan:
         "cost_per_million_good_requests_usd": per_million(hourly,
                                                           p.capacity_requests_per_second),
     }) for p in s.front)
-    return pool.model_copy(update={"search": s.model_copy(update={"cost": cost,
+    pool = pool.model_copy(update={"search": s.model_copy(update={"cost": cost,
                                                                    "front": front})})
+    return reuse_money.priced(pool, price)  # what prefix reuse saves, at the same price
 
 
 def _good_request_cost(pool: PoolPlan) -> float:

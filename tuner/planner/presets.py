@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Sequence
 from itertools import pairwise
 
+from kvtune.tuner import reuse_profile
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.traces import Trace
 from kvtune.tuner.workload import TokenQuantiles, WorkloadKind, WorkloadProfile
@@ -189,10 +190,14 @@ def profile_from_trace(trace: Trace, kind: WorkloadKind = "custom") -> WorkloadP
         )
     else:
         notes.append("no prefix information in this trace format; prefix hit rate unknown")
+    reuse = reuse_profile.observe(trace)
     return WorkloadProfile(
         source="trace", kind=kind,
         context_tokens=_quantiles_of(prompts), output_tokens=_quantiles_of(outputs),
         shared_prefix_tokens=shared, prefix_hit_rate=hit_rate, multi_turn=multi_turn,
         request_rate_per_second=rate, arrival_cv=cv, requests=len(trace.requests),
         window_seconds=duration if duration > 0 else None, notes=tuple(notes),
+        prefix_reuse_gap_seconds=reuse.prefix_reuse_gap_seconds,
+        prefix_reuse_distance_tokens=reuse.prefix_reuse_distance_tokens,
+        session_gap_seconds=reuse.session_gap_seconds,
     )

@@ -54,12 +54,12 @@ randomness beyond the scorer's seeded traffic.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from kvtune.tuner.plan import KVPlan, PoolPlan, Reason
-from kvtune.tuner.planner import decide_block_size
-from kvtune.tuner.planner.capacity import GoodputScore, GoodputScorer, Standing
+from kvtune.tuner.plan_reuse import TierSize
+from kvtune.tuner.planner import decide_block_size, decide_offload_size, reuse_money
+from kvtune.tuner.planner.capacity import GoodputScore, GoodputScorer
 from kvtune.tuner.planner.planning import plan_pool
 from kvtune.tuner.planner.planrun import PlanRun
 from kvtune.tuner.planner.request import PlanRequest
@@ -148,7 +148,7 @@ def _finalists(st: Stages, request: PlanRequest, rungs: Sequence[int],
     n, tol, tie = rungs[-1], st.settings.capacity_tolerance, st.settings.tie
     if offload_gib is not None:
         leaders = [x.plan for x in st.ranked[:OFFLOAD_FINALISTS]]
-        tried = [p.with_offload(offload_gib) for p in leaders]
+        tried = decide_offload_size.tried(st.run, leaders, offload_gib)
         tried = [p for p in tried if all(p != y.plan for y in st.ranked)]
         st.considered += len(tried)
         st.measure([*leaders, *tried], n, tol, tie)
@@ -200,9 +200,10 @@ def search(
     if stopped is not None and final_n < rungs[-1]:
         best = _measured_in_grace(st, best, rungs[-1])
     offload_reason: Reason | None = None
+    tiers: tuple[TierSize, ...] = ()
     try:
         if offload_gib is not None and stopped is None:
-            offload_reason = _offload_reason(st, best, offload_gib, final_n, rate)
+            offload_reason, tiers = _offload_reason(st, best, offload_gib, final_n, rate)
         if stopped is None:
             _runners_up(st, final_n)
     except BudgetStop as exc:
@@ -213,6 +214,8 @@ def search(
     figures = summary(request, best, ranked, settings, rate, replicas,
                       book.simulated_requests, final_n, st.considered, reference, stopped,
                       best.score.requests)
+    figures = figures.model_copy(update={"reuse": reuse_money.figures(
+        run, best.plan, best.score, figures.observed_rate_per_second, tiers)})
     return pool_plan(run, base_pool, best, figures, offload_reason)
 
 
@@ -245,36 +248,22 @@ def _measured_in_grace(st: Stages, best: Scored, n: int) -> Scored:
     return Scored(best.plan, full, best.changed)
 
 
-def _offload_reason(st: Stages, best: Scored, size: float, n: int, rate: float) -> Reason:
-    """Why the plan has offload on or off: the chosen plan's capacity at SLO with and
-    without the CPU tier (both on the full stream, from the search's scores; the one the
-    knockout put out of the tie band after one replay is quoted as below that rate)."""
-    on_plan, off_plan = best.plan.with_offload(size), best.plan.with_offload(None)
+def _offload_reason(st: Stages, best: Scored, budget_gib: float, n: int, rate: float
+                   ) -> tuple[Reason, tuple[TierSize, ...]]:
+    """How many GiB of CPU tier pay and why (``decide_offload_size``): the chosen plan's
+    capacity at SLO without a tier and at every size tried, on the full stream (a knockout
+    among them that reuses the search's scores; a size it put out after one replay is
+    quoted as under the rate it missed)."""
+    sizes = decide_offload_size.options(st.run, best.plan.with_offload(None), budget_gib)
+    plans = [best.plan.with_offload(size) for size in (None, *(o.size_gib for o in sizes))]
+    st.measure(plans, n, st.settings.capacity_tolerance, st.settings.tie)
     target = st.settings.slo_attainment
-    for p in (on_plan, off_plan):
+    for p in plans:
         st.book.score(p, n)  # its figures at the observed rate (cached for the finalists)
-    on, off = st.book.standing(on_plan, n, target), st.book.standing(off_plan, n, target)
-
-    def capacity(x: Standing, other: Standing) -> str:
-        out_of_band = x.upper_scale <= other.lower_scale * (1.0 - st.settings.tie)
-        if out_of_band and math.isfinite(x.upper_scale):
-            return f"under {rate * x.upper_scale:.3g} req/s"
-        return f"{rate * x.lower_scale:.3g} req/s"
-
-    figures = (f"capacity at SLO {capacity(on, off)} with {size:g} GiB of CPU KV offload "
-               f"(TTFT p95 {on.at_observed.ttft_p95_seconds:.3f} s at the observed rate), "
-               f"{capacity(off, on)} without (TTFT p95 {off.at_observed.ttft_p95_seconds:.3f} "
-               f"s) over {n} requests")
-    chosen = best.plan.kv_offloading_size_gib
-    if chosen:
-        why = "the capacity search keeps the CPU tier on: "
-    elif on.lower_scale > off.lower_scale:
-        why = (f"the capacity search leaves offload off: within the {st.settings.tie:.0%} "
-               "tie, where the simpler plan wins; ")
-    else:
-        why = "the capacity search leaves offload off: "
-    return Reason(knob="kv-offloading-size", choice=f"{chosen:g}" if chosen else "off",
-                  code="BestCapacity", message=why + figures)
+    rows = decide_offload_size.tier_sizes(
+        sizes, [st.book.standing(p, n, target) for p in plans], rate,
+        best.plan.kv_offloading_size_gib or 0.0, target, st.settings.tie)
+    return decide_offload_size.explain(st.run, best.plan, rows, st.settings.tie, n), rows
 
 
 __all__ = [

@@ -65,7 +65,8 @@ def order(items: Sequence[Scored], run: PlanRun, settings: SearchSettings) -> li
         tied = ok and top > 0 and st.lower_scale >= top * (1.0 - tie)
         if tied:
             return (0.0, 0.0, -precision_bits(run, x.plan.kv_cache_dtype),
-                    float(len(x.changed)), -slack(x.score, run.req), -st.lower_scale)
+                    float(len(x.changed)), x.plan.kv_offloading_size_gib or 0.0,
+                    -slack(x.score, run.req), -st.lower_scale)
         return (0.0 if ok else 1.0, 1.0, -st.lower_scale, -st.attainment_at_upper,
                 -st.at_observed.slo_attainment, -slack(x.score, run.req))
 

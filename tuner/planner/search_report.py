@@ -101,6 +101,7 @@ def pool_plan(run: PlanRun, base_pool: PoolPlan, best: Scored, summary: SearchSu
     exp = ExpectedFigures.model_validate({
         **exp.model_dump(),
         "prefix_hit_rate": s.prefix_hit_rate,
+        "cpu_prefix_hit_rate": s.cpu_hit_rate,
         "capacity_requests_per_second": summary.capacity_requests_per_second,
         "replicas_needed": summary.replicas_needed,
         "slo_attainment": s.slo_attainment,

@@ -16,6 +16,7 @@ from kvtune.tuner.plan import KVPlan
 from kvtune.tuner.planner import (
     decide_block_size,
     decide_max_num_seqs,
+    decide_offload_size,
     decide_prefix_offload,
     kv_dtype_options,
 )
@@ -142,7 +143,7 @@ def grid(request: PlanRequest, rate_per_second: float,
     size_gib = offload_size(run, base)
     sizes: tuple[float | None, ...] = (base.kv_offloading_size_gib,)
     if size_gib is not None:
-        sizes = (None, size_gib)
+        sizes = (None, *(o.size_gib for o in decide_offload_size.options(run, base, size_gib)))
         base = base.with_offload(None)
     out: list[KVPlan] = []
     for p in candidates(run, base, rate_per_second, settings):

@@ -96,6 +96,9 @@ class TrafficScorer:
             tpot_p95_seconds=_finite(s["tpot_p95_seconds"]),
             requests=len(reqs), preemptions=s["preemptions"],
             prefix_hit_rate=s["prefix_hit_rate"],
+            cpu_hit_rate=(res.cpu_hit_tokens / res.prefix_query_tokens
+                          if res.prefix_query_tokens else 0.0),
+            prompt_tokens_per_request=res.prefix_query_tokens / max(1, len(reqs)),
             output_tokens_per_second=s["throughput_output_tokens_per_second"],
         )
 

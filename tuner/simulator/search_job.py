@@ -147,6 +147,9 @@ def encode(outcome: SearchOutcome, limit_bytes: int = TERMINATION_MESSAGE_MAX_BY
     text = _wrap(outcome)
     if len(text.encode()) <= limit_bytes:
         return text
+    slim = _without_detail(outcome)
+    if slim is not None and len(_wrap(slim).encode()) <= limit_bytes:
+        return _wrap(slim)
     raw = len(outcome.model_dump_json(exclude_defaults=True).encode())
     too_large = SearchOutcome(digest=outcome.digest, error=SearchError(
         kind="ResultTooLarge",
@@ -154,6 +157,23 @@ def encode(outcome: SearchOutcome, limit_bytes: int = TERMINATION_MESSAGE_MAX_BY
                  f"JSON), over the kubelet's {limit_bytes}-byte termination message; run "
                  "this pool's search in the operator (chart value search.mode: inProcess)")))
     return _wrap(too_large)
+
+
+def _without_detail(outcome: SearchOutcome) -> SearchOutcome | None:
+    """The outcome without what the operator does not act on (the CPU tier sizes weighed, the
+    Pareto front, the runners-up), saying so in a warning; None: nothing to leave out."""
+    plan = outcome.plan
+    s = plan.search if plan is not None else None
+    if plan is None or s is None or not (s.front or s.alternatives
+                                         or (s.reuse and s.reuse.tier_sizes)):
+        return None
+    reuse = s.reuse.model_copy(update={"tier_sizes": ()}) if s.reuse is not None else None
+    warning = ("the search Job's answer leaves out the CPU tier sizes weighed, the Pareto "
+               f"front and the runners-up to fit the kubelet's {TERMINATION_MESSAGE_MAX_BYTES}"
+               "-byte termination message (kvtune plan shows them)")
+    return outcome.model_copy(update={"plan": plan.model_copy(update={
+        "search": s.model_copy(update={"front": (), "alternatives": (), "reuse": reuse}),
+        "warnings": (*plan.warnings, warning)})})
 
 
 def _wrap(outcome: SearchOutcome) -> str:
