@@ -398,6 +398,24 @@ def _models_help() -> str:
         gpus.list_gpu_classes()) + "."
 
 
+def _show_disaggregated(request: PlanRequest, opts: dict[str, Any]) -> None:
+    """``--disaggregate``: every prefill:decode split and co-located serving, replayed."""
+    with Progress("plan", opts["progress"]) as shown:
+        shown("replaying every prefill:decode split and co-located serving")
+        choice = plan_disaggregated(request, opts)
+    click.echo(render_disagg(choice, request, opts["output"]), nl=False)
+
+
+def _priced(pool: PoolPlan, request: PlanRequest, prices: dict[str, float],
+            opts: dict[str, Any]) -> PoolPlan:
+    """The GPU's price (and the host memory's, when given) beside the searched plan."""
+    pool = priced(pool, price_for(request.gpu.name, prices))
+    if opts["host_memory_price"] is not None:
+        pool = with_host_price(pool, opts["host_memory_price"],
+                               f"--host-memory-price {opts['host_memory_price']:g}")
+    return pool
+
+
 @click.command(
     "plan",
     epilog="MODEL is a catalog id (Hugging Face id, or its last part) or a path to a "
@@ -506,10 +524,7 @@ def plan(**opts: Any) -> None:
                                     for name in ("tp", "replicas"))
         check_disagg_options(opts, tp_given)
         if wants_disagg(opts):  # every P:D split and co-located, replayed (issue 26)
-            with Progress("plan", opts["progress"]) as shown:
-                shown("replaying every prefill:decode split and co-located serving")
-                choice = plan_disaggregated(request, opts)
-            click.echo(render_disagg(choice, request, opts["output"]), nl=False)
+            _show_disaggregated(request, opts)
             return
         check_auto_options(opts, replicas_given)
 
@@ -532,11 +547,7 @@ def plan(**opts: Any) -> None:
                         replicas=(replicas or opts["replicas"]) * req.data_parallel,
                         budget=budget)
 
-                pool = priced(laid_out(request, by_goodput),
-                              price_for(request.gpu.name, prices))
-                if opts["host_memory_price"] is not None:
-                    pool = with_host_price(pool, opts["host_memory_price"],
-                                           f"--host-memory-price {opts['host_memory_price']:g}")
+                pool = _priced(laid_out(request, by_goodput), request, prices, opts)
                 for name in opts["compare_gpu"]:
                     other = request.model_copy(update={"gpu": gpus.get_gpu_class(name)})
                     try:
