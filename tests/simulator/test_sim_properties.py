@@ -97,6 +97,32 @@ def test_decode_runs_match_exact_stepping(case: tuple[list[SimRequest], EngineCo
         assert (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
 
 
+def test_a_decode_run_stops_at_an_arrival_exactly_at_a_step_end() -> None:
+    """Hypothesis found it: request 2 decodes alone from 0.127 s in steps of 0.002 s, and
+    requests 3 and 4 arrive at 0.135 s, exactly when its fourth step ends. Exact stepping
+    admits request 3 in the fifth step, whose blocks run out, so request 3 is preempted.
+    The decode run used to compare its length with ``0.135 - 0.127`` (which rounds to
+    0.008000000000000007 > 0.008), took five steps past the arrival and skipped the
+    preemption."""
+    def tiny(i: int, arrival_s: float, out: int) -> SimRequest:
+        return SimRequest(request_id=i, arrival_seconds=arrival_s, prompt_tokens=1,
+                          output_tokens=out, segments=((1_000_000 + i, out + 1),),
+                          shareable_tokens=0)
+
+    reqs = [tiny(0, 0.03125, 1), tiny(1, 0.078125, 1), tiny(2, 0.125, 7),
+            tiny(3, 0.135, 1), tiny(4, 0.135, 1)]
+    config = EngineConfig(
+        num_gpu_blocks=5, block_size=2, max_num_seqs=2, max_num_batched_tokens=2,
+        max_model_len=9, enable_prefix_caching=False, allocation="paged",
+        async_scheduling=True, cpu_offload_blocks=0, offload_load_seconds_per_block=0.0)
+    fast = Scheduler(reqs, config, GROWING).run()
+    exact = Scheduler(reqs, config, GROWING, decode_runs=False).run()
+    assert exact.preemptions == 1  # the case still exercises the preemption
+    assert fast.preemptions == exact.preemptions
+    assert fast.finish_seconds == pytest.approx(exact.finish_seconds, rel=1e-9, abs=1e-9)
+    assert fast.finish_seconds[3] == pytest.approx(0.137, abs=1e-9)
+
+
 def test_fixed_cost_helper_is_fixed() -> None:
     c = fixed_step_cost(0.5)
     assert c.step_seconds(100, 1000, 1e6) == 0.5

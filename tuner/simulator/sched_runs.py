@@ -69,16 +69,17 @@ class RunScheduler(CohortScheduler):
         arrives, or the step-wise horizon."""
         cost = self.cost
         overlapped = self.config.async_scheduling
+        now = self.now
+        # Each bound compares the steps' end times with the event's time (``steps_to_reach``).
         if (next_arrival is not None and not self.waiting
                 and self.cohort.size < self.config.max_num_seqs):
-            k = min(k, cost.steps_to_reach(lines, next_arrival - self.now, k, overlapped))
+            k = min(k, cost.steps_to_reach(lines, next_arrival, k, overlapped, now))
         if self.loading:
             # A load that arrives is scheduled in the next step: stop there.
             k = min(k, cost.steps_to_reach(
-                lines, self.loading[0].load_ready_seconds - self.now, k, overlapped))
+                lines, self.loading[0].load_ready_seconds, k, overlapped, now))
         if self.horizon_seconds is not None:
-            k = min(k, cost.steps_to_reach(lines, self.horizon_seconds - self.now, k,
-                                           overlapped))
+            k = min(k, cost.steps_to_reach(lines, self.horizon_seconds, k, overlapped, now))
         return k
 
     def _run_block_bound(self, k: int, free: int, floor: int) -> int:

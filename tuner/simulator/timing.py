@@ -248,30 +248,39 @@ class StepCostModel:
                                    max_steps, overlapped)
 
     def steps_to_reach(self, lines: RunLines, seconds: float, max_steps: int,
-                       overlapped: bool) -> int:
-        """``decode_steps_to_reach`` from ``run_lines``."""
-        if seconds <= 0:
+                       overlapped: bool, start_seconds: float = 0.0) -> int:
+        """``decode_steps_to_reach`` from ``run_lines``; with ``start_seconds``, the fewest
+        steps whose end, ``start_seconds + run_seconds(j)``, is >= the time ``seconds``.
+        The end is compared as a time, not the run's length against ``seconds -
+        start_seconds``: that difference rounds, and a run that ends exactly at an arrival
+        would then take one step past it, where the clock (the same sum) has reached it."""
+        if seconds <= start_seconds:
             return 0
         run = self.run_seconds
-        if max_steps <= 0 or run(lines, max_steps, overlapped) < seconds:
+
+        def reaches(j: int) -> bool:
+            return start_seconds + run(lines, j, overlapped) >= seconds
+
+        if max_steps <= 0 or not reaches(max_steps):
             return max_steps
-        lo, hi = 0, max_steps  # run(lo) < seconds <= run(hi) (a run of 0 steps takes 0 s)
-        # Steps only get longer along a run, so seconds / (first step) bounds the answer
-        # from above and seconds / (last step) from below: a bisection over a few steps
+        lo, hi = 0, max_steps  # not reaches(lo), reaches(hi) (a run of 0 steps takes 0 s)
+        # Steps only get longer along a run, so span / (first step) bounds the answer
+        # from above and span / (last step) from below: a bisection over a few steps
         # instead of all of them (the bounds are checked, so rounding cannot mislead it).
+        span = seconds - start_seconds
         overhead = self._overhead
         first = _run_step_seconds(lines, 0, overhead, overlapped)
         if first > 0:
-            guess = min(max_steps, math.ceil(seconds / first))
-            if guess < max_steps and run(lines, guess, overlapped) >= seconds:
+            guess = min(max_steps, math.ceil(span / first))
+            if guess < max_steps and reaches(guess):
                 hi = guess
             last = _run_step_seconds(lines, hi - 1, overhead, overlapped)
-            low = max(0, math.ceil(seconds / last) - 1)
-            if low > lo and run(lines, low, overlapped) < seconds:
+            low = max(0, math.ceil(span / last) - 1)
+            if low > lo and not reaches(low):
                 lo = low
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if run(lines, mid, overlapped) >= seconds:
+            if reaches(mid):
                 hi = mid
             else:
                 lo = mid
