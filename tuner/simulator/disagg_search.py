@@ -36,6 +36,7 @@ from kvtune.tuner.planner.disagg_compat import RoleKV, check_pair
 from kvtune.tuner.planner.planning import plan_pool
 from kvtune.tuner.planner.policy import Pins
 from kvtune.tuner.planner.request import PlanRequest
+from kvtune.tuner.planner.search_settings import SLO_ATTAINMENT
 from kvtune.tuner.planner.validation import tensor_parallel_ok
 from kvtune.tuner.simulator.disaggregated import (
     RolePool,
@@ -45,11 +46,10 @@ from kvtune.tuner.simulator.disaggregated import (
 )
 from kvtune.tuner.simulator.engine import simulated_plan
 from kvtune.tuner.simulator.goodput_search import slo_targets
-from kvtune.tuner.simulator.metrics import WARMUP_FRACTION, SimResult
+from kvtune.tuner.simulator.metrics import SimResult
 from kvtune.tuner.simulator.profile_traffic import traffic_from_profile
 from kvtune.tuner.simulator.workload import SimRequest
 
-SLO_ATTAINMENT_TARGET = 0.95
 # Requests replayed per probe, over all engines of the group.
 STREAM_REQUESTS = 480
 _MIN_SCALE, _MAX_SCALE, _TOLERANCE = 1.0 / 1024, 4096.0, 1.02
@@ -174,7 +174,7 @@ def capacity(probe: Probe, base_rate: float, request: PlanRequest
 
     def ok(scale: float) -> SimResult | None:
         res = probe(scale)
-        return res if meets_slo(res, slo, SLO_ATTAINMENT_TARGET) else None
+        return res if meets_slo(res, slo, SLO_ATTAINMENT) else None
 
     lo, hi = 1.0, 1.0
     best = ok(1.0)
@@ -216,9 +216,7 @@ def _measured(option: SplitOption, found: tuple[float, SimResult | None], reques
 def steady_p95(res: SimResult) -> tuple[float, float]:
     """TTFT and TPOT p95 over the requests the attainment judges (after the warm-up), so the
     figures beside a capacity are those of the requests that set it."""
-    per = res.per_request()
-    arr = per.arrival_seconds
-    judged = arr >= arr.min() + WARMUP_FRACTION * (arr.max() - arr.min())
+    per, judged = res.per_request(), res.judged()
 
     def p95(x: np.ndarray) -> float:
         kept = x[judged & ~np.isnan(x)]

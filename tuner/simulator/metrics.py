@@ -107,6 +107,11 @@ class SimResult:
         first, last = float(arr.min()), float(arr.max())
         return arr, first + warmup_fraction * (last - first), last
 
+    def judged(self, warmup_fraction: float = WARMUP_FRACTION) -> np.ndarray:
+        """Which requests the attainment judges: those arriving after the warm-up."""
+        arr, start, _ = self._window(warmup_fraction)
+        return arr >= start
+
     def attainment(self, slo: SLOTargets, warmup_fraction: float = WARMUP_FRACTION
                    ) -> float:
         """The fraction of the steady-state requests that met ``slo`` (DistServe's SLO
@@ -116,8 +121,7 @@ class SimResult:
         stream's drain tail would count, and refusing long prompts would raise it."""
         if not self.arrival_seconds:
             return 0.0
-        arr, start, _ = self._window(warmup_fraction)
-        judged = arr >= start
+        judged = self.judged(warmup_fraction)
         return float(self.per_request(slo).met_slo[judged].sum()) / int(judged.sum())
 
     def keeps_up(self, warmup_fraction: float = WARMUP_FRACTION,
