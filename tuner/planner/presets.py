@@ -90,20 +90,13 @@ def fixed_session_profile(session_tokens: int, output_tokens: int | None = None)
     )
 
 
-def _percentile(sorted_values: Sequence[int], q: float) -> int:
-    # Nearest-rank percentile: a value that occurred, never interpolated.
-    if not sorted_values:
-        return 0
-    rank = max(1, min(len(sorted_values), math.ceil(q * len(sorted_values))))
-    return sorted_values[rank - 1]
-
-
 def _quantiles_of(values: Sequence[int]) -> TokenQuantiles:
-    s = sorted(values)
-    return TokenQuantiles(
-        p50=_percentile(s, 0.50), p90=_percentile(s, 0.90), p95=_percentile(s, 0.95),
-        p99=_percentile(s, 0.99), max=s[-1] if s else 0,
-    )
+    """Nearest-rank quantiles of a trace's lengths (``reuse_profile.token_quantiles``: a value
+    that occurred, never interpolated); ``profile_from_trace`` refuses an empty trace first."""
+    got = reuse_profile.token_quantiles(values)
+    if got is None:
+        raise InvalidInput("trace", "(empty)", "has no requests")
+    return got
 
 
 def _prefix_sharing(trace: Trace) -> tuple[float, int]:
@@ -172,8 +165,8 @@ def profile_from_trace(trace: Trace, kind: WorkloadKind = "custom") -> WorkloadP
     hash ids (Azure traces carry none: hit rate unknown)."""
     if not trace.requests:
         raise InvalidInput("trace", trace.name, "has no requests")
-    prompts = [r.prompt_tokens for r in trace.requests]
-    outputs = [r.output_tokens for r in trace.requests]
+    context = _quantiles_of([r.prompt_tokens for r in trace.requests])
+    output = _quantiles_of([r.output_tokens for r in trace.requests])
     duration = trace.duration_seconds
     rate = len(trace.requests) / duration if duration > 0 else None
     cv = _arrival_cv([r.arrival_seconds for r in trace.requests])
@@ -184,7 +177,7 @@ def profile_from_trace(trace: Trace, kind: WorkloadKind = "custom") -> WorkloadP
     if trace.has_prefix_ids:
         hit_rate, shared = _prefix_sharing(trace)
         # Re-sent histories show up as high reuse of blocks that are not a common prefix.
-        multi_turn = hit_rate > 0.3 and shared < _percentile(sorted(prompts), 0.5) // 2
+        multi_turn = hit_rate > 0.3 and shared < context.p50 // 2
         notes.append(
             f"ideal prefix hit rate {hit_rate:.2f} from hash ids (unbounded cache)"
         )
@@ -193,7 +186,7 @@ def profile_from_trace(trace: Trace, kind: WorkloadKind = "custom") -> WorkloadP
     reuse = reuse_profile.observe(trace)
     return WorkloadProfile(
         source="trace", kind=kind,
-        context_tokens=_quantiles_of(prompts), output_tokens=_quantiles_of(outputs),
+        context_tokens=context, output_tokens=output,
         shared_prefix_tokens=shared, prefix_hit_rate=hit_rate, multi_turn=multi_turn,
         request_rate_per_second=rate, arrival_cv=cv, requests=len(trace.requests),
         window_seconds=duration if duration > 0 else None, notes=tuple(notes),
