@@ -34,15 +34,18 @@ from kvtune.operator.api.names import (
 from kvtune.operator.api.names import FIELD_MANAGER as FIELD_MANAGER
 from kvtune.operator.api.names import LABEL_DEPLOYMENT as LABEL_DEPLOYMENT
 from kvtune.operator.api.names import LABEL_GPU_CLASS as LABEL_GPU_CLASS
+from kvtune.operator.api.names import LABEL_LLM_D_ROLE as LABEL_LLM_D_ROLE
 from kvtune.operator.api.names import LABEL_METRICS as LABEL_METRICS
 from kvtune.operator.api.names import LABEL_PLAN_REVISION as LABEL_PLAN_REVISION
 from kvtune.operator.api.names import LABEL_POOL as LABEL_POOL
+from kvtune.operator.api.names import LABEL_ROLE as LABEL_ROLE
 from kvtune.operator.api.names import VLLM_PORT as VLLM_PORT
 from kvtune.operator.api.names import object_name as object_name
 from kvtune.operator.prometheus import slo_buckets
 from kvtune.operator.render import pod_policy, runtime_access, template_sandbox, tenant_reach
 from kvtune.operator.routing import endpoint_picker
 from kvtune.tuner.facts import host_resources
+from kvtune.tuner.kv_transfer import Role, kv_transfer_args
 from kvtune.tuner.plan import PoolPlan
 
 PLAN_ENV = "KVTUNE_PLAN"
@@ -85,6 +88,9 @@ class RenderInput:
     # exactly.
     ttft_slo_seconds: float | None = None
     tpot_slo_seconds: float | None = None
+    # spec.pools[].role: the pool's phase of a prefill/decode pair (its --kv-transfer-config
+    # and role labels); None: both phases.
+    role: Role | None = None
 
 
 def model_server(objects: list[dict[str, Any]]) -> dict[str, Any]:
@@ -94,10 +100,11 @@ def model_server(objects: list[dict[str, Any]]) -> dict[str, Any]:
                 and endpoint_picker.LABEL_PICKER not in (o["metadata"].get("labels") or {}))
 
 
-def plan_hash(pool_plan: PoolPlan, image: str) -> str:
-    """Identity of what the pods run: the knobs, TP, model, version and image. Reasons and
-    expected figures are left out on purpose: rewording a reason must not restart pods."""
-    payload = {
+def plan_hash(pool_plan: PoolPlan, image: str, role: Role | None = None) -> str:
+    """Identity of what the pods run: the knobs, TP, model, version and image (and the role
+    of a prefill/decode pool). Reasons and expected figures are left out on purpose:
+    rewording a reason must not restart pods."""
+    payload: dict[str, Any] = {
         "plan": pool_plan.plan.model_dump(mode="json"),
         "model": pool_plan.model_id,
         "tp": pool_plan.tensor_parallel,
@@ -105,6 +112,8 @@ def plan_hash(pool_plan: PoolPlan, image: str) -> str:
         "gpu": pool_plan.gpu_class,
         "image": image,
     }
+    if role is not None:  # left out without a role: the hashes of running pools stay
+        payload["role"] = role
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -126,6 +135,7 @@ def vllm_args(inp: RenderInput) -> list[str]:
         f"--served-model-name={inp.model_name}",
         *inp.pool_plan.vllm_args(),
         *slo_buckets.vllm_flag(inp.ttft_slo_seconds, inp.tpot_slo_seconds),
+        *(kv_transfer_args(inp.role) if inp.role is not None else []),
     ]
 
 
@@ -208,7 +218,7 @@ def render_pool(inp: RenderInput) -> list[dict[str, Any]]:
     """Deployment, Service and PodDisruptionBudget of one pool, in apply order."""
     kvtune_entrypoint = inp.entrypoint == "kvtune"
     name = object_name(inp.name, inp.pool)
-    hash_ = plan_hash(inp.pool_plan, inp.image)
+    hash_ = plan_hash(inp.pool_plan, inp.image, inp.role)
     selector = {LABEL_DEPLOYMENT: inp.name, LABEL_POOL: inp.pool}
     labels = {
         "app.kubernetes.io/name": "vllm",
@@ -217,6 +227,8 @@ def render_pool(inp: RenderInput) -> list[dict[str, Any]]:
         **selector,
         LABEL_GPU_CLASS: inp.pool_plan.gpu_class,
         LABEL_PLAN_REVISION: str(inp.revision),
+        # kvtune's and llm-d's role labels (llm-d's P/D scheduler selects pods by the latter).
+        **({LABEL_ROLE: inp.role, LABEL_LLM_D_ROLE: inp.role} if inp.role is not None else {}),
     }
     context = _pod_context(inp, name, hash_, labels, selector, kvtune_entrypoint)
     if inp.pod_template is not None:
