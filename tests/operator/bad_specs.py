@@ -353,9 +353,11 @@ CASES: list[BadSpec] = [
         "prefillPool": "nope"}]), "must name a pool of this spec with role: prefill"),
     _adm("prefill-pool-with-no-decode", at("pools", [_PREFILL]),
          "must be named by the prefillPool of exactly one decode pool"),
+    # The pool already running stays first (a spec without it would prune its Deployment).
     _deg("pair-block-sizes-the-handshake-refuses", at("pools", [
-        _PREFILL | {"pin": {"blockSize": 32}}, _DECODE | {"pin": {"blockSize": 16}}]),
-         "KVTransferIncompatible", "spec.pools[0] (prefill pool pre, pair pre/dec)",
+        *BASE["pools"], _PREFILL | {"pin": {"blockSize": 32}},
+        _DECODE | {"pin": {"blockSize": 16}}]),
+         "KVTransferIncompatible", "spec.pools[1] (prefill pool pre, pair pre/dec)",
          "blockSize='prefill 32, decode 16'", "NixlConnector",
          "pin pools[].pin.blockSize 32 on both roles"),
     # --- accepted at the edge of a bound, and applied as written ---------------------------
