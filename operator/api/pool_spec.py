@@ -83,6 +83,25 @@ _ROLE_RULES = (
      "roles of a pair together at their degrees; set pools[].tensorParallel"),
 )
 
+# A replica's layout beyond TP (tuner/layout.py) and the nodes it spans (docs/multi-node.md):
+# dataParallel engines per replica, their experts split with expertParallel; a replica over
+# nodesPerReplica nodes renders a LeaderWorkerSet (one pod per node, dataParallel /
+# nodesPerReplica engines each, vLLM's multi-node data parallel).
+_LAYOUT_RULES = (
+    ("!has(self.nodesPerReplica) || !has(self.dataParallel) || "
+     "self.dataParallel % self.nodesPerReplica == 0",
+     "pools[].dataParallel must be a multiple of nodesPerReplica: a replica spans nodes by "
+     "its data-parallel engines, the same number on each node; raise dataParallel or lower "
+     "nodesPerReplica"),
+    ("(!has(self.dataParallel) || self.dataParallel == 1) || !has(self.tensorParallel) || "
+     "type(self.tensorParallel) != string",
+     "pools[].dataParallel needs a pinned tensorParallel (1, 2, 4 or 8); set it"),
+    ("!has(self.role) || ((!has(self.dataParallel) || self.dataParallel == 1) && "
+     "(!has(self.nodesPerReplica) || self.nodesPerReplica == 1))",
+     "a pool with a role runs one engine per replica on one node; drop dataParallel and "
+     "nodesPerReplica from it"),
+)
+
 
 class PoolSpec(_Model):
     model_config = ConfigDict(json_schema_extra=_rules(
@@ -91,6 +110,7 @@ class PoolSpec(_Model):
          "<p> <name>-<p>-canary); set pools[].name"),
         *label_rules("spec.pools[]", "nodeSelector", reserved=False),
         *_ROLE_RULES,
+        *_LAYOUT_RULES,
     ))
 
     gpu_class: str = Field(
@@ -111,6 +131,15 @@ class PoolSpec(_Model):
         "status (overrides the chart's gpuPrices and kvtune's list prices).")
     node_selector: dict[str, LabelValue] | None = Field(default=None, max_length=16)
     tolerations: list[Toleration] | None = Field(default=None, max_length=16)
+    data_parallel: int = Field(default=1, ge=1, le=64, description=(
+        "Data-parallel attention engines per replica (vLLM --data-parallel-size), each over "
+        "tensorParallel GPUs with its own KV cache: a replica has tensorParallel x "
+        "dataParallel GPUs."))
+    expert_parallel: bool = Field(default=False, description=(
+        "Split a MoE model's experts over the replica's GPUs (vLLM --enable-expert-parallel)."))
+    nodes_per_replica: int = Field(default=1, ge=1, le=16, description=(
+        "Nodes one replica spans; above 1 the replica is a LeaderWorkerSet (sigs.k8s.io/lws) "
+        "of one pod per node running dataParallel / nodesPerReplica engines each."))
     role: Role | None = Field(default=None, description=(
         "Prefill/decode disaggregation: prefill runs each request's prompt and hands its KV "
         "cache to a decode pool over vLLM's NixlConnector (--kv-transfer-config kv_producer); "
@@ -157,3 +186,10 @@ def _check_role_fields(pool: PoolSpec) -> None:
         raise ValueError(_ROLE_RULES[2][1])
     if pool.role is not None and pool.tp_auto:
         raise ValueError(_ROLE_RULES[3][1])
+    nodes, dp = pool.nodes_per_replica, pool.data_parallel
+    broken = [dp % nodes != 0, dp > 1 and pool.tp_auto,
+              pool.role is not None and (dp > 1 or nodes > 1)]
+    for rule, bad in zip(_LAYOUT_RULES, broken, strict=True):
+        if bad:
+            raise ValueError(f"spec.pools[] ({pool.pool_name}): dataParallel={dp}, "
+                             f"nodesPerReplica={nodes}: {rule[1]}")

@@ -203,6 +203,7 @@ def plan_request(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         model=model, gpu=get_gpu_class(pool.gpu_declaration),
         # tensorParallel auto: each degree in turn (_plan_auto); 1 until then.
         tensor_parallel=pool.tensor_parallel if isinstance(pool.tensor_parallel, int) else 1,
+        data_parallel=pool.data_parallel, expert_parallel=pool.expert_parallel,
         weights_dtype=spec.model.weights_dtype, profile=profile, policy=policy,
         vllm_version=spec.runtime.vllm_version, kv_quality_evidence=kv_quality_evidence,
     )
@@ -242,6 +243,9 @@ def planning_inputs(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         "evidence": evidence.model_dump(mode="json", exclude_defaults=True)
         if evidence is not None else None,
     }
+    if pool.data_parallel != 1 or pool.expert_parallel:
+        # The layout beyond TP (left out at its default, so digests from before it stay).
+        payload["layout"] = [pool.data_parallel, pool.expert_parallel]
     pair = role_plan.pair_inputs(spec, pool)
     if pair is not None:
         # A role's plan follows its peer's pool and pins (left out without a role, so
@@ -492,5 +496,5 @@ def _render_input(ctx: PoolContext, pool_plan: PoolPlan, revision: int) -> Rende
         node_selector=dict(pool.node_selector or {}),
         tolerations=[t.model_dump(by_alias=True, exclude_none=True)
                      for t in pool.tolerations or []],
-        role=pool.role,
+        role=pool.role, nodes_per_replica=pool.nodes_per_replica,
     )
