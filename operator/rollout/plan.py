@@ -398,7 +398,7 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
     kept_warning = None
     if kept is not None and kept != pool_plan.plan:
         pool_plan, kept_warning = _keep(pool_plan, kept, base)
-    refused = plan_checks.check(ctx.spec, pool_plan, inp.profile)
+    refused = plan_checks.check(ctx.spec, pool_plan, inp.profile, pool.pin)
     if refused is not None:
         return ctx.failed(*refused)
     knobs, expected, reasons = plan_status(pool_plan)

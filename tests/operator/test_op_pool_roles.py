@@ -156,3 +156,24 @@ def test_the_rendered_transfer_configs_parse_in_vllms_parser() -> None:
         assert isinstance(config, KVTransferConfig)
         assert config.is_kv_producer == (inp.role == "prefill")
         assert config.is_kv_consumer == (inp.role == "decode")
+
+
+def test_a_roles_own_pin_over_the_specs_pin_is_honoured_not_refused() -> None:
+    """``pools[].pin`` overrides ``tuning.pin`` for its role: the pin check reads the two
+    together (before, a role's blockSize 64 over a spec's 32 was refused as unhonoured)."""
+    from kvtune.operator.rollout import plan_checks
+
+    raw = _spec(decode={"pin": {"blockSize": 64}}).model_dump(by_alias=True,
+                                                               exclude_none=True)
+    raw["tuning"]["pin"] = {"blockSize": 32}
+    spec = InferenceDeploymentSpec.model_validate(raw)
+    prefill, decode = _plans(spec)
+    assert (prefill.plan.block_size, decode.plan.block_size) == (32, 64)
+    profile = declared_profile(spec.workload)
+    for pool, plan in zip(spec.pools, (prefill, decode), strict=True):
+        assert plan_checks.check(spec, plan, profile, pool.pin) is None
+    refused = plan_checks.check(spec, decode, profile)
+    assert refused is not None and "spec.tuning.pin.blockSize=32" in refused[1]
+    bad = decode.model_copy(update={"plan": decode.plan.model_copy(update={"block_size": 16})})
+    refused = plan_checks.check(spec, bad, profile, spec.pools[1].pin)
+    assert refused is not None and "spec.pools[].pin.blockSize=64" in refused[1]
