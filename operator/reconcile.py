@@ -38,6 +38,7 @@ from kvtune.operator.api import (
     PoolStatus,
     ProfileScope,
     ProfileStatus,
+    pair_of,
 )
 from kvtune.operator.api import conditions as cond
 from kvtune.operator.api.dropped_fields import dropped_fields
@@ -437,7 +438,10 @@ def _roll_out_pools(kube: kapply.Kube, body: Mapping[str, Any], accepted: _Accep
                                               else kapply.list_nodes(kube))
     outcomes = []
     for i, pool in enumerate(spec.pools):
-        pool_profile, pool_profile_status = profiles.for_pool(pool.pool_name)
+        # A prefill/decode pair is planned on one traffic, its decode pool's.
+        pair = pair_of(spec.pools, pool)
+        pool_profile, pool_profile_status = profiles.for_pool(
+            pair[1].pool_name if pair is not None else pool.pool_name)
         ctx = PoolContext(spec=spec, index=i, pool=pool, body=body, kube=kube,
                           now=request.now or cond.now_rfc3339(),
                           base=base_status(spec, pool, profiles.prev_pools.get(pool.pool_name),

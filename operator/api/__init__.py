@@ -30,8 +30,10 @@ from kvtune.operator.api.model_spec import WorkloadSpec as WorkloadSpec
 from kvtune.operator.api.monitoring_spec import MonitoringSpec as MonitoringSpec
 from kvtune.operator.api.monitoring_spec import PrometheusRuleSpec as PrometheusRuleSpec
 from kvtune.operator.api.monitoring_spec import ScrapeSpec as ScrapeSpec
+from kvtune.operator.api.pool_roles import pair_of as pair_of
 from kvtune.operator.api.pool_spec import CustomGPUSpec as CustomGPUSpec
 from kvtune.operator.api.pool_spec import PoolSpec as PoolSpec
+from kvtune.operator.api.pool_spec import Role as Role
 from kvtune.operator.api.pool_spec import TensorParallel as TensorParallel
 from kvtune.operator.api.pool_spec import Toleration as Toleration
 from kvtune.operator.api.pool_status import CanaryAnalysisStatus as CanaryAnalysisStatus

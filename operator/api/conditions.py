@@ -57,6 +57,12 @@ CANARY_FAILED = "CanaryFailed"  # a new plan's canary was not available in time:
 ROLLOUT_STUCK = "RolloutStuck"  # new pods not ready by spec.rollout.progressDeadline
 INVALID_SPEC = "InvalidSpec"  # a spec field that can never work (names field, value, fix)
 NO_FEASIBLE_PLAN = "NoFeasiblePlan"  # the model does not fit a pool
+# A prefill/decode pair whose plans vLLM's NixlConnector handshake would refuse (field, the two
+# values, the fix; operator/rollout/role_plan.py): neither pool rolls out.
+KV_TRANSFER_INCOMPATIBLE = "KVTransferIncompatible"
+# A pool whose replicas span nodes (spec.pools[].nodesPerReplica > 1): its LeaderWorkerSet is
+# rendered and its plan is in status, but this kvtune rolls out Deployments only.
+MULTI_NODE_NOT_ROLLED_OUT = "MultiNodeNotRolledOut"
 UNKNOWN_MODEL = "UnknownModel"
 INVALID_POD_TEMPLATE = "InvalidPodTemplate"  # the user's template renders no valid object
 # The namespace's templates are rendering or used their CPU budget (render_fairness): retried.

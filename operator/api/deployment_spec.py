@@ -15,6 +15,7 @@ from kvtune.operator.api.model_spec import (
     WorkloadSpec,
 )
 from kvtune.operator.api.monitoring_spec import MonitoringSpec
+from kvtune.operator.api.pool_roles import ROLE_RULES, check_pairs
 from kvtune.operator.api.pool_spec import _POOL_KEY, PoolSpec
 from kvtune.operator.api.routing_spec import RoutingSpec
 from kvtune.operator.api.schema_base import KV_DTYPE_BITS, Mode, _Model, _rules
@@ -54,6 +55,7 @@ class InferenceDeploymentSpec(_Model):
              "self.tuning.pin.maxModelLen >= self.workload.contextTokens.max",
              "tuning.pin.maxModelLen is below workload.contextTokens.max: vLLM would refuse "
              "the longest requests the spec promises; raise the pin or lower the max"),
+            *ROLE_RULES,
         )
     )
 
@@ -84,6 +86,7 @@ class InferenceDeploymentSpec(_Model):
             raise ValueError(
                 f"spec.pools: pool name(s) {dupes} used twice; give each pool a distinct name"
             )
+        check_pairs(self.pools)
         pin = self.tuning.pin
         ctx_max = self.workload.context_tokens.max if self.workload.context_tokens else None
         if pin is not None and pin.max_model_len is not None and ctx_max is not None \

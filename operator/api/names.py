@@ -14,6 +14,10 @@ LABEL_DEPLOYMENT = "kvtune.io/deployment"
 LABEL_POOL = "kvtune.io/pool"
 LABEL_PLAN_REVISION = "kvtune.io/plan-revision"
 LABEL_GPU_CLASS = "kvtune.io/gpu-class"
+# spec.pools[].role on a prefill/decode pool's objects and pods; the same value under llm-d's
+# key, which its P/D scheduler (llm-d-inference-scheduler's prefill/decode filters) selects on.
+LABEL_ROLE = "kvtune.io/role"
+LABEL_LLM_D_ROLE = "llm-d.ai/role"
 LABEL_METRICS = "kvtune.io/metrics"  # on Services whose pods serve vLLM's /metrics
 ANNOTATION_PLAN_HASH = "kvtune.io/plan-hash"
 VLLM_PORT = 8000

@@ -1,5 +1,5 @@
 """A pool of the spec: its GPU class (or a custom GPU), replicas, tensor parallelism,
-node placement.
+node placement, and its role when prefill and decode run on separate pools.
 
 Part of ``kvtune.operator.api`` (which re-exports every name here).
 """
@@ -12,6 +12,7 @@ from pydantic import ConfigDict, Field, WithJsonSchema, model_validator
 
 from kvtune.operator.api.schema_base import _CEL, _DNS_LABEL, _Model, _rules
 from kvtune.operator.api.spec_bounds import LabelValue, check_labels, label_rules
+from kvtune.operator.api.tuning_spec import PinSpec
 
 _POOL_KEY = "(has({v}.name) ? {v}.name : {v}.gpuClass.lowerAscii())"
 
@@ -62,12 +63,54 @@ TensorParallel = Annotated[Literal[1, 2, 4, 8, "auto"], WithJsonSchema({
             "message": f"tensorParallel must be {_TP_VALUES}; set one of them"}]})]
 
 
+# Prefill/decode disaggregation (docs/disaggregation.md): a pool with a role runs one phase;
+# a decode pool names the prefill pool that hands it each request's KV cache (one pair per
+# prefill pool: kvtune plans and checks the two together). The cross-pool rules (the peer
+# exists and is a prefill pool) are the deployment's (operator/api/pool_roles.py).
+Role = Literal["prefill", "decode"]
+_ROLE_RULES = (
+    ("!has(self.prefillPool) || (has(self.role) && self.role == 'decode')",
+     "pools[].prefillPool is for a pool with role: decode; set role: decode or drop "
+     "prefillPool"),
+    ("!has(self.role) || self.role != 'decode' || has(self.prefillPool)",
+     "a pool with role: decode needs pools[].prefillPool, the name of the prefill pool that "
+     "hands it the KV cache; set it"),
+    ("!has(self.pin) || has(self.role)",
+     "pools[].pin holds one role's own pins; set pools[].role or move the pins to "
+     "tuning.pin"),
+    ("!has(self.role) || !has(self.tensorParallel) || type(self.tensorParallel) != string",
+     "a pool with a role needs a pinned tensorParallel (1, 2, 4 or 8): kvtune plans the two "
+     "roles of a pair together at their degrees; set pools[].tensorParallel"),
+)
+
+# A replica's layout beyond TP (tuner/layout.py) and the nodes it spans (docs/multi-node.md):
+# dataParallel engines per replica, their experts split with expertParallel; a replica over
+# nodesPerReplica nodes renders a LeaderWorkerSet (one pod per node, dataParallel /
+# nodesPerReplica engines each, vLLM's multi-node data parallel).
+_LAYOUT_RULES = (
+    ("!has(self.nodesPerReplica) || !has(self.dataParallel) || "
+     "self.dataParallel % self.nodesPerReplica == 0",
+     "pools[].dataParallel must be a multiple of nodesPerReplica: a replica spans nodes by "
+     "its data-parallel engines, the same number on each node; raise dataParallel or lower "
+     "nodesPerReplica"),
+    ("(!has(self.dataParallel) || self.dataParallel == 1) || !has(self.tensorParallel) || "
+     "type(self.tensorParallel) != string",
+     "pools[].dataParallel needs a pinned tensorParallel (1, 2, 4 or 8); set it"),
+    ("!has(self.role) || ((!has(self.dataParallel) || self.dataParallel == 1) && "
+     "(!has(self.nodesPerReplica) || self.nodesPerReplica == 1))",
+     "a pool with a role runs one engine per replica on one node; drop dataParallel and "
+     "nodesPerReplica from it"),
+)
+
+
 class PoolSpec(_Model):
     model_config = ConfigDict(json_schema_extra=_rules(
         (f"!{_POOL_KEY.format(v='self')}.endsWith('-canary')",
          "a pool name must not end in -canary (kvtune names the canary Deployment of pool "
          "<p> <name>-<p>-canary); set pools[].name"),
         *label_rules("spec.pools[]", "nodeSelector", reserved=False),
+        *_ROLE_RULES,
+        *_LAYOUT_RULES,
     ))
 
     gpu_class: str = Field(
@@ -88,6 +131,26 @@ class PoolSpec(_Model):
         "status (overrides the chart's gpuPrices and kvtune's list prices).")
     node_selector: dict[str, LabelValue] | None = Field(default=None, max_length=16)
     tolerations: list[Toleration] | None = Field(default=None, max_length=16)
+    data_parallel: int = Field(default=1, ge=1, le=64, description=(
+        "Data-parallel attention engines per replica (vLLM --data-parallel-size), each over "
+        "tensorParallel GPUs with its own KV cache: a replica has tensorParallel x "
+        "dataParallel GPUs."))
+    expert_parallel: bool = Field(default=False, description=(
+        "Split a MoE model's experts over the replica's GPUs (vLLM --enable-expert-parallel)."))
+    nodes_per_replica: int = Field(default=1, ge=1, le=16, description=(
+        "Nodes one replica spans; above 1 the replica is a LeaderWorkerSet (sigs.k8s.io/lws) "
+        "of one pod per node running dataParallel / nodesPerReplica engines each."))
+    role: Role | None = Field(default=None, description=(
+        "Prefill/decode disaggregation: prefill runs each request's prompt and hands its KV "
+        "cache to a decode pool over vLLM's NixlConnector (--kv-transfer-config kv_producer); "
+        "decode (kv_consumer) generates the output. Unset: both phases on this pool."))
+    prefill_pool: str | None = Field(default=None, min_length=1, max_length=20,
+                                     pattern=_DNS_LABEL, description=(
+        "role: decode only: the name of the prefill pool of this spec that hands this pool "
+        "its KV cache (pools[].name, else the lower-cased gpuClass)."))
+    pin: PinSpec | None = Field(default=None, description=(
+        "A role's own pins, over spec.tuning.pin (pools with a role only). The pair's plans "
+        "must stay compatible for the NixlConnector handshake; one that cannot is refused."))
 
     @property
     def pool_name(self) -> str:
@@ -109,4 +172,24 @@ class PoolSpec(_Model):
             raise ValueError(f"pool name {self.pool_name!r} ends in -canary, the suffix of "
                              f"kvtune's canary Deployments; set pools[].name")
         check_labels(self.node_selector, "spec.pools[].nodeSelector", reserved=False)
+        _check_role_fields(self)
         return self
+
+
+def _check_role_fields(pool: PoolSpec) -> None:
+    """The pool-level role rules (``_ROLE_RULES``), for a spec that is not applied."""
+    if pool.prefill_pool is not None and pool.role != "decode":
+        raise ValueError(_ROLE_RULES[0][1])
+    if pool.role == "decode" and pool.prefill_pool is None:
+        raise ValueError(_ROLE_RULES[1][1])
+    if pool.pin is not None and pool.role is None:
+        raise ValueError(_ROLE_RULES[2][1])
+    if pool.role is not None and pool.tp_auto:
+        raise ValueError(_ROLE_RULES[3][1])
+    nodes, dp = pool.nodes_per_replica, pool.data_parallel
+    broken = [dp % nodes != 0, dp > 1 and pool.tp_auto,
+              pool.role is not None and (dp > 1 or nodes > 1)]
+    for rule, bad in zip(_LAYOUT_RULES, broken, strict=True):
+        if bad:
+            raise ValueError(f"spec.pools[] ({pool.pool_name}): dataParallel={dp}, "
+                             f"nodesPerReplica={nodes}: {rule[1]}")

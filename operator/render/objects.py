@@ -34,15 +34,19 @@ from kvtune.operator.api.names import (
 from kvtune.operator.api.names import FIELD_MANAGER as FIELD_MANAGER
 from kvtune.operator.api.names import LABEL_DEPLOYMENT as LABEL_DEPLOYMENT
 from kvtune.operator.api.names import LABEL_GPU_CLASS as LABEL_GPU_CLASS
+from kvtune.operator.api.names import LABEL_LLM_D_ROLE as LABEL_LLM_D_ROLE
 from kvtune.operator.api.names import LABEL_METRICS as LABEL_METRICS
 from kvtune.operator.api.names import LABEL_PLAN_REVISION as LABEL_PLAN_REVISION
 from kvtune.operator.api.names import LABEL_POOL as LABEL_POOL
+from kvtune.operator.api.names import LABEL_ROLE as LABEL_ROLE
 from kvtune.operator.api.names import VLLM_PORT as VLLM_PORT
 from kvtune.operator.api.names import object_name as object_name
 from kvtune.operator.prometheus import slo_buckets
+from kvtune.operator.render import leader_worker_set as lws
 from kvtune.operator.render import pod_policy, runtime_access, template_sandbox, tenant_reach
 from kvtune.operator.routing import endpoint_picker
 from kvtune.tuner.facts import host_resources
+from kvtune.tuner.kv_transfer import Role, kv_transfer_args
 from kvtune.tuner.plan import PoolPlan
 
 PLAN_ENV = "KVTUNE_PLAN"
@@ -85,19 +89,32 @@ class RenderInput:
     # exactly.
     ttft_slo_seconds: float | None = None
     tpot_slo_seconds: float | None = None
+    # spec.pools[].role: the pool's phase of a prefill/decode pair (its --kv-transfer-config
+    # and role labels); None: both phases.
+    role: Role | None = None
+    # spec.pools[].nodesPerReplica: above 1, the replicas are a LeaderWorkerSet's groups
+    # (operator/render/leader_worker_set.py), one pod per node.
+    nodes_per_replica: int = 1
 
 
 def model_server(objects: list[dict[str, Any]]) -> dict[str, Any]:
-    """The pool's vLLM Deployment among its rendered objects (with spec.routing the pool also
-    has its endpoint picker's Deployment)."""
-    return next(o for o in objects if o.get("kind") == "Deployment"
+    """The pool's vLLM Deployment (or LeaderWorkerSet) among its rendered objects (with
+    spec.routing the pool also has its endpoint picker's Deployment)."""
+    return next(o for o in objects if o.get("kind") in ("Deployment", lws.KIND)
                 and endpoint_picker.LABEL_PICKER not in (o["metadata"].get("labels") or {}))
 
 
-def plan_hash(pool_plan: PoolPlan, image: str) -> str:
-    """Identity of what the pods run: the knobs, TP, model, version and image. Reasons and
-    expected figures are left out on purpose: rewording a reason must not restart pods."""
-    payload = {
+def pod_gpus(pool_plan: PoolPlan, nodes_per_replica: int = 1) -> int:
+    """GPUs of one pod: the replica's (TP x DP of its layout) over the nodes it spans."""
+    gpus = pool_plan.layout.gpus if pool_plan.layout is not None else pool_plan.tensor_parallel
+    return gpus // nodes_per_replica
+
+
+def plan_hash(pool_plan: PoolPlan, image: str, role: Role | None = None) -> str:
+    """Identity of what the pods run: the knobs, TP, model, version and image (and the role
+    of a prefill/decode pool). Reasons and expected figures are left out on purpose:
+    rewording a reason must not restart pods."""
+    payload: dict[str, Any] = {
         "plan": pool_plan.plan.model_dump(mode="json"),
         "model": pool_plan.model_id,
         "tp": pool_plan.tensor_parallel,
@@ -105,6 +122,8 @@ def plan_hash(pool_plan: PoolPlan, image: str) -> str:
         "gpu": pool_plan.gpu_class,
         "image": image,
     }
+    if role is not None:  # left out without a role: the hashes of running pools stay
+        payload["role"] = role
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -126,19 +145,21 @@ def vllm_args(inp: RenderInput) -> list[str]:
         f"--served-model-name={inp.model_name}",
         *inp.pool_plan.vllm_args(),
         *slo_buckets.vllm_flag(inp.ttft_slo_seconds, inp.tpot_slo_seconds),
+        *(kv_transfer_args(inp.role) if inp.role is not None else []),
     ]
 
 
-def container_resources(pool_plan: PoolPlan) -> tuple[dict[str, Any], str]:
+def container_resources(pool_plan: PoolPlan, nodes_per_replica: int = 1
+                        ) -> tuple[dict[str, Any], str]:
     """(the vLLM container's ``resources``, the ``/dev/shm`` emptyDir's ``sizeLimit``) sized
     from the plan (``tuner/facts/host_resources.py``). The policy (docs/pod-resources.md):
     requests for the GPUs, the host memory and the CPU the engine's processes use; a memory
     limit equal to the request (a pod that outgrows its plan is OOM-killed in its own cgroup,
     never pushing the node into evicting its neighbours); no CPU limit (CFS throttling of the
     EngineCore's busy loop would stall every GPU step)."""
-    host = host_resources.host_resources(pool_plan.tensor_parallel,
-                                         pool_plan.plan.kv_offloading_size_gib)
-    gpus = str(pool_plan.tensor_parallel)
+    per_pod = pod_gpus(pool_plan, nodes_per_replica)
+    host = host_resources.host_resources(per_pod, pool_plan.plan.kv_offloading_size_gib)
+    gpus = str(per_pod)
     memory = host_resources.quantity_mib(host.memory_bytes)
     resources_ = {
         "requests": {"nvidia.com/gpu": gpus, "cpu": f"{host.cpu_millicores}m",
@@ -208,7 +229,7 @@ def render_pool(inp: RenderInput) -> list[dict[str, Any]]:
     """Deployment, Service and PodDisruptionBudget of one pool, in apply order."""
     kvtune_entrypoint = inp.entrypoint == "kvtune"
     name = object_name(inp.name, inp.pool)
-    hash_ = plan_hash(inp.pool_plan, inp.image)
+    hash_ = plan_hash(inp.pool_plan, inp.image, inp.role)
     selector = {LABEL_DEPLOYMENT: inp.name, LABEL_POOL: inp.pool}
     labels = {
         "app.kubernetes.io/name": "vllm",
@@ -217,6 +238,8 @@ def render_pool(inp: RenderInput) -> list[dict[str, Any]]:
         **selector,
         LABEL_GPU_CLASS: inp.pool_plan.gpu_class,
         LABEL_PLAN_REVISION: str(inp.revision),
+        # kvtune's and llm-d's role labels (llm-d's P/D scheduler selects pods by the latter).
+        **({LABEL_ROLE: inp.role, LABEL_LLM_D_ROLE: inp.role} if inp.role is not None else {}),
     }
     context = _pod_context(inp, name, hash_, labels, selector, kvtune_entrypoint)
     if inp.pod_template is not None:
@@ -239,10 +262,24 @@ def render_pool(inp: RenderInput) -> list[dict[str, Any]]:
         # namespace (operator/render/runtime_access.py): the operator creates no RBAC objects.
         runtime_access.use_runtime_access(pod)
     context["pod_template"] = pod
-    return [
-        _render_yaml(t, t, context)
-        for t in ("deployment.yaml.j2", "service.yaml.j2", "pdb.yaml.j2")
-    ]
+    objects = [_render_yaml(t, t, context)
+               for t in ("deployment.yaml.j2", "service.yaml.j2", "pdb.yaml.j2")]
+    return _spanning_nodes(inp, objects) if inp.nodes_per_replica > 1 else objects
+
+
+def _spanning_nodes(inp: RenderInput, objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A replica over nodes: the Deployment becomes a LeaderWorkerSet of its pod template
+    (render/leader_worker_set.py); the Service selects the leaders (workers serve no HTTP)."""
+    layout = inp.pool_plan.layout
+    data_parallel = layout.data_parallel if layout is not None else 1
+    if data_parallel % inp.nodes_per_replica:
+        raise RenderError(f"nodesPerReplica={inp.nodes_per_replica} does not divide the "
+                          f"layout's dataParallel={data_parallel}; set a multiple")
+    deployment, service, pdb = objects
+    service["spec"]["selector"] = {**service["spec"]["selector"], lws.LABEL_WORKER_INDEX: "0"}
+    group = lws.leader_worker_set(deployment, inp.nodes_per_replica,
+                                  data_parallel // inp.nodes_per_replica)
+    return [group, service, pdb]
 
 
 def _pod_context(inp: RenderInput, name: str, hash_: str, labels: dict[str, str],
@@ -256,7 +293,7 @@ def _pod_context(inp: RenderInput, name: str, hash_: str, labels: dict[str, str]
     # Every GPU pod tolerates the usual GPU taint; the pool's own tolerations come after.
     tolerations = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
                    *inp.tolerations]
-    resources_, shm_size_limit = container_resources(inp.pool_plan)
+    resources_, shm_size_limit = container_resources(inp.pool_plan, inp.nodes_per_replica)
     return {
         "name": name,
         "namespace": inp.namespace,
@@ -270,7 +307,7 @@ def _pod_context(inp: RenderInput, name: str, hash_: str, labels: dict[str, str]
         "plan_args": inp.pool_plan.plan.vllm_args(),
         "plan": inp.pool_plan.plan.model_dump(mode="json"),
         "tensor_parallel": inp.pool_plan.tensor_parallel,
-        "gpus": inp.pool_plan.tensor_parallel,
+        "gpus": pod_gpus(inp.pool_plan, inp.nodes_per_replica),
         # The container's requests/limits and the /dev/shm size, from the plan.
         "resources": resources_,
         "shm_size_limit": shm_size_limit,

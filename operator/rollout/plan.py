@@ -27,12 +27,13 @@ from kvtune.operator.api import (
     ProfileScope,
     ProfileStatus,
     RolloutSpec,
+    pair_of,
 )
 from kvtune.operator.api import conditions as cond
 from kvtune.operator.calibration import calibration_flow
 from kvtune.operator.kube import apply as kapply
 from kvtune.operator.render.objects import RenderInput, plan_hash, vllm_args
-from kvtune.operator.rollout import plan_checks, search_job_stage
+from kvtune.operator.rollout import plan_checks, role_plan, search_job_stage
 from kvtune.operator.rollout.outcome import Event, PoolContext, PoolOutcome
 from kvtune.operator.search import gpu_prices, search_budget
 from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan, UnknownName
@@ -127,6 +128,12 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
     from kvtune.tuner.simulator.goodput_search import plan_by_goodput
 
     request = plan_request(spec, pool, model, profile, policy, kv_quality_evidence)
+    pair = pair_of(spec.pools, pool)
+    if pair is not None:
+        # A prefill/decode pair: both planned together and checked (rollout/role_plan.py).
+        return role_plan.plan_pair(spec, pool, (
+            plan_request(spec, pair[0], model, profile, policy, kv_quality_evidence),
+            plan_request(spec, pair[1], model, profile, policy, kv_quality_evidence)))
     if pool.tp_auto:
         return _plan_auto(spec, pool, request, running, pool_field, scope)
     if searched(profile):
@@ -196,6 +203,7 @@ def plan_request(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         model=model, gpu=get_gpu_class(pool.gpu_declaration),
         # tensorParallel auto: each degree in turn (_plan_auto); 1 until then.
         tensor_parallel=pool.tensor_parallel if isinstance(pool.tensor_parallel, int) else 1,
+        data_parallel=pool.data_parallel, expert_parallel=pool.expert_parallel,
         weights_dtype=spec.model.weights_dtype, profile=profile, policy=policy,
         vllm_version=spec.runtime.vllm_version, kv_quality_evidence=kv_quality_evidence,
     )
@@ -235,6 +243,14 @@ def planning_inputs(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         "evidence": evidence.model_dump(mode="json", exclude_defaults=True)
         if evidence is not None else None,
     }
+    if pool.data_parallel != 1 or pool.expert_parallel:
+        # The layout beyond TP (left out at its default, so digests from before it stay).
+        payload["layout"] = [pool.data_parallel, pool.expert_parallel]
+    pair = role_plan.pair_inputs(spec, pool)
+    if pair is not None:
+        # A role's plan follows its peer's pool and pins (left out without a role, so
+        # digests from before roles stay).
+        payload["disaggregation"] = pair
     if replicas != 1:
         # The capacity search plans each replica on its share of the rate: more replicas,
         # another plan (left out at one, so digests from before replicas counted stay).
@@ -382,7 +398,7 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
     kept_warning = None
     if kept is not None and kept != pool_plan.plan:
         pool_plan, kept_warning = _keep(pool_plan, kept, base)
-    refused = plan_checks.check(ctx.spec, pool_plan, inp.profile)
+    refused = plan_checks.check(ctx.spec, pool_plan, inp.profile, pool.pin)
     if refused is not None:
         return ctx.failed(*refused)
     knobs, expected, reasons = plan_status(pool_plan)
@@ -394,7 +410,7 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
         reasons = list(base.reasons)
         warnings = [w for w in base.warnings if not w.startswith(KEPT_WARNING)] + [kept_warning]
         at_risk, cost = base.slo_at_risk, base.cost
-    hash_ = plan_hash(pool_plan, ctx.spec.runtime.image)
+    hash_ = plan_hash(pool_plan, ctx.spec.runtime.image, ctx.pool.role)
     revision = base.revision if base.plan_hash == hash_ else base.revision + 1
     render_input = _render_input(ctx, pool_plan, revision)
     status = base.model_copy(update={
@@ -448,6 +464,11 @@ def _make(ctx: PoolContext, inp: PlanInput) -> _Made | PoolOutcome:
     except SearchCancelled:
         LOG.info("%s: capacity search cancelled: the operator is stopping", ctx.field)
         raise
+    except role_plan.PairRefused as exc:
+        return ctx.failed(cond.KV_TRANSFER_INCOMPATIBLE,
+                          f"{ctx.field} ({pool.role} pool {pool.pool_name}, pair "
+                          f"{'/'.join(p.pool_name for p in pair_of(ctx.spec.pools, pool) or ())})"
+                          f": {exc}")
     except SearchBudgetSpent as exc:
         return ctx.failed(cond.SEARCH_BUDGET_SPENT, f"{ctx.field} ({pool.gpu_class}): {exc}")
     except NoFeasiblePlan as exc:
@@ -475,4 +496,5 @@ def _render_input(ctx: PoolContext, pool_plan: PoolPlan, revision: int) -> Rende
         node_selector=dict(pool.node_selector or {}),
         tolerations=[t.model_dump(by_alias=True, exclude_none=True)
                      for t in pool.tolerations or []],
+        role=pool.role, nodes_per_replica=pool.nodes_per_replica,
     )

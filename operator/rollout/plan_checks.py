@@ -22,15 +22,28 @@ from kvtune.tuner.plan import PoolPlan
 from kvtune.tuner.workload import WorkloadProfile
 
 
-def _pin_field(name: str) -> str:
+def _pin_field(name: str, where: str = "spec.tuning.pin") -> str:
     alias = PinSpec.model_fields[name].alias
-    return "spec.tuning.pin." + (alias or to_camel(name))
+    return f"{where}." + (alias or to_camel(name))
+
+
+def _pins(spec: InferenceDeploymentSpec, role_pin: PinSpec | None
+          ) -> tuple[PinSpec, set[str]]:
+    """The pins the pool's plan must honour: ``spec.tuning.pin`` with a role's own
+    ``pools[].pin`` over it (prefill/decode pools), and which of them are the role's."""
+    pin = spec.tuning.pin or PinSpec()
+    if role_pin is None:
+        return pin, set()
+    own = role_pin.model_dump(exclude_none=True)
+    return pin.model_copy(update=own), set(own)
 
 
 def check(spec: InferenceDeploymentSpec, pool_plan: PoolPlan,
-          profile: WorkloadProfile) -> tuple[str, str] | None:
+          profile: WorkloadProfile, role_pin: PinSpec | None = None
+          ) -> tuple[str, str] | None:
     """None when the plan may roll out; else (condition reason, message)."""
-    plan, pin = pool_plan.plan, spec.tuning.pin or PinSpec()
+    pin, own = _pins(spec, role_pin)
+    plan = pool_plan.plan
     for name in PinSpec.model_fields:
         wanted = getattr(pin, name)
         got = getattr(plan, name, None)
@@ -40,7 +53,8 @@ def check(spec: InferenceDeploymentSpec, pool_plan: PoolPlan,
             if isinstance(wanted, float) and got is not None else got == wanted
         if not same:
             return cond.INVALID_SPEC, (
-                f"{_pin_field(name)}={wanted}: the planner could not honour it (it planned "
+                f"{_pin_field(name, 'spec.pools[].pin' if name in own else 'spec.tuning.pin')}"
+                f"={wanted}: the planner could not honour it (it planned "
                 f"{got}); change or remove the pin")
     p99 = profile.context_tokens.p99
     if pin.max_model_len is not None and pin.max_model_len < p99:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from kvtune.operator.api import conditions as cond
 from kvtune.operator.calibration import calibration_flow
 from kvtune.operator.kube import apply as kapply
 from kvtune.operator.kube import pools as gpu_pools
+from kvtune.operator.render import leader_worker_set as lws
 from kvtune.operator.render.objects import model_server
 from kvtune.operator.rollout.apply_stage import apply, apply_access
 from kvtune.operator.rollout.canary_stage import canary
@@ -29,6 +31,14 @@ def rollout_pool(ctx: PoolContext, inp: PlanInput,
     rendered = render(ctx, planned, discovered)
     if isinstance(rendered, PoolOutcome):
         return rendered
+    if ctx.pool.nodes_per_replica > 1:
+        # Rendered (render/leader_worker_set.py) and checked, not yet rolled out: the canary,
+        # the rollout's progress and the chart's rights follow Deployments only.
+        return ctx.failed(cond.MULTI_NODE_NOT_ROLLED_OUT, (
+            f"{ctx.field}.nodesPerReplica={ctx.pool.nodes_per_replica}: the pool renders as a "
+            f"{lws.KIND} ({lws.API_VERSION}, lws {lws.LWS_VERSION}) that this kvtune does not "
+            f"roll out yet; its plan is in status; run it with tuning.mode: recommend, or set "
+            f"nodesPerReplica: 1 (docs/multi-node.md)"), status=planned.status)
     gate = inp.gate
     if gate is not None and not gate.hold:
         # A narrower KV dtype no measurement covers: measure it first (a Job on this pool's

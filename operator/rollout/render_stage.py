@@ -27,6 +27,7 @@ from kvtune.operator.render.objects import (
     RenderInput,
     model_server,
     object_name,
+    pod_gpus,
     render_pool,
 )
 from kvtune.operator.rollout.outcome import PoolContext, PoolOutcome
@@ -58,8 +59,11 @@ def _capacity_shortfall(ctx: PoolContext, planned: Planned,
     tensorParallel GPUs of one node, and the nodes it may use have fewer in all (issue 25
     item 5: 512 replicas on 32 GPUs was Degraded=False until the progress deadline). None
     when they fit, or when a node does not say how many GPUs it has."""
-    # The plan's TP: tensorParallel auto's chosen degree.
-    tp, replicas = planned.pool_plan.tensor_parallel, planned.render_input.replicas
+    # GPUs of one pod: the plan's TP (tensorParallel auto's chosen degree) x its DP engines
+    # on one node; a replica over nodes is that many pods.
+    nodes = planned.render_input.nodes_per_replica
+    tp = pod_gpus(planned.pool_plan, nodes)
+    replicas = planned.render_input.replicas * nodes
     if not placed or any(n.gpus <= 0 for n in placed):
         return None
     fit = sum(n.gpus // tp for n in placed)
@@ -67,10 +71,12 @@ def _capacity_shortfall(ctx: PoolContext, planned: Planned,
         return None
     total = sum(n.gpus for n in placed)
     gpu_class = planned.pool_plan.gpu_class
-    return (f"{ctx.field}.replicas={replicas}: {replicas} replicas x tensorParallel={tp} need "
+    shape = f"{replicas} replicas x tensorParallel={tp}" if nodes == 1 else \
+        f"{replicas} pods ({nodes} per replica) x {tp} GPUs"
+    return (f"{ctx.field}.replicas={planned.render_input.replicas}: {shape} need "
             f"{replicas * tp} {gpu_class} GPUs, but the {len(placed)} schedulable {gpu_class} "
-            f"node(s) it may use have {total} in all, room for {fit} replica(s); lower "
-            f"replicas to at most {fit} or add nodes")
+            f"node(s) it may use have {total} in all, room for {fit // nodes} replica(s); "
+            f"lower replicas to at most {fit // nodes} or add nodes")
 
 
 def render(ctx: PoolContext, planned: Planned,
@@ -154,7 +160,7 @@ def _place(ctx: PoolContext, planned: Planned,
                           f"the {gpu_class} nodes have {memory / GIB_BYTES:.0f} GiB of memory "
                           f"(the smallest); the CPU offload buffer must fit beside the server: "
                           f"lower it")
-    tp = planned.pool_plan.tensor_parallel
+    tp = pod_gpus(planned.pool_plan, planned.render_input.nodes_per_replica)
     if nodes.max_gpus_per_node and nodes.max_gpus_per_node < tp:
         chosen = f" (auto chose {tp})" if pool.tp_auto else ""
         return ctx.failed(cond.INVALID_SPEC, f"{ctx.field}.tensorParallel="

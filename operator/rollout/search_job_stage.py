@@ -57,6 +57,8 @@ def plan_by_job(ctx: PoolContext, model: Any, profile: WorkloadProfile, policy: 
     from kvtune.operator.rollout import plan as plan_stage
 
     pool = ctx.pool
+    if pool.role is not None:
+        return None  # a prefill/decode pair is planned by the rules (rollout/role_plan.py)
     scope = (profile_used.scope or "deployment") if profile_used is not None else "deployment"
     found = _document(ctx.spec, pool, model, profile, policy, evidence,
                       plan_stage.running_plan(ctx.base), scope)

@@ -34,6 +34,11 @@ BASE: Spec = {
     "tuning": {"mode": "auto"},
 }
 
+# A prefill/decode pair (issue 26): the decode pool names its prefill pool.
+_PREFILL: Spec = {"gpuClass": "H100", "name": "pre", "replicas": 1, "role": "prefill"}
+_DECODE: Spec = {"gpuClass": "H100", "name": "dec", "replicas": 1, "role": "decode",
+                 "prefillPool": "pre"}
+
 TEMPLATE_DIVIDES_BY_ZERO = "spec:\n  containers:\n    - name: vllm\n      image: {{1/0}}\n"
 TEMPLATE_NOT_A_POD = "- just\n- a list\n"
 _POD = ("metadata: {{labels: {{{{ pod_labels | tojson }}}}}}\nspec:\n  containers:\n"
@@ -335,6 +340,26 @@ CASES: list[BadSpec] = [
         "name": "bad-label"}}), "InvalidPodTemplate",
          "metadata.labels['team']='a b': not a label value", "fix the template",
          config_maps={"bad-label": {"pod.yaml.j2": TEMPLATE_BAD_LABEL}}),
+    # --- issue 26: prefill/decode pools ----------------------------------------------------
+    _adm("decode-without-its-prefill-pool", at("pools.0.role", "decode"),
+         "role: decode needs pools[].prefillPool"),
+    _adm("prefill-pool-on-a-colocated-pool", at("pools.0.prefillPool", "h100"),
+         "prefillPool is for a pool with role: decode"),
+    _adm("role-pin-without-a-role", at("pools.0.pin", {"blockSize": 32}),
+         "pools[].pin holds one role's own pins"),
+    _adm("role-with-tp-auto", at("pools", [_PREFILL | {"tensorParallel": "auto"}, _DECODE]),
+         "a pool with a role needs a pinned tensorParallel"),
+    _adm("decode-names-a-missing-pool", at("pools", [_PREFILL, _DECODE | {
+        "prefillPool": "nope"}]), "must name a pool of this spec with role: prefill"),
+    _adm("prefill-pool-with-no-decode", at("pools", [_PREFILL]),
+         "must be named by the prefillPool of exactly one decode pool"),
+    # The pool already running stays first (a spec without it would prune its Deployment).
+    _deg("pair-block-sizes-the-handshake-refuses", at("pools", [
+        *BASE["pools"], _PREFILL | {"pin": {"blockSize": 32}},
+        _DECODE | {"pin": {"blockSize": 16}}]),
+         "KVTransferIncompatible", "spec.pools[1] (prefill pool pre, pair pre/dec)",
+         "blockSize='prefill 32, decode 16'", "NixlConnector",
+         "pin pools[].pin.blockSize 32 on both roles"),
     # --- accepted at the edge of a bound, and applied as written ---------------------------
     BadSpec("replicas-exactly-the-nodes", at("pools.0.replicas", 32), "accepted", (),
             deployment={"replicas": 32}),

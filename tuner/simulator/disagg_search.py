@@ -126,9 +126,11 @@ def _merged(base: Pins, role: Pins | None) -> Pins:
 
 
 def plan_roles(request: PlanRequest, prefill_tp: int, decode_tp: int,
-               prefill_pins: Pins | None = None, decode_pins: Pins | None = None
-               ) -> tuple[PoolPlan, PoolPlan]:
-    """Both roles' KV plans, compatible (module doc), or ``InvalidInput`` naming the field."""
+               prefill_pins: Pins | None = None, decode_pins: Pins | None = None,
+               prefill_request: PlanRequest | None = None) -> tuple[PoolPlan, PoolPlan]:
+    """Both roles' KV plans, compatible (module doc), or ``InvalidInput`` naming the field.
+    ``prefill_request``: the prefill role's own request when it runs on another GPU class
+    (the operator's pools); else ``request`` serves both."""
     base = request.policy.pins
     p_pins, d_pins = _merged(base, prefill_pins), _merged(base, decode_pins)
     # Decode takes the prefill role's pins on the shared fields it leaves open, so a pin on
@@ -139,7 +141,7 @@ def plan_roles(request: PlanRequest, prefill_tp: int, decode_tp: int,
     decode = plan_pool(role_request(request, decode_tp, d_pins))
     p_pins = p_pins.model_copy(update={f: getattr(decode.plan, f) for f in _SHARED
                                        if getattr(p_pins, f) is None})
-    prefill = plan_pool(role_request(request, prefill_tp, p_pins))
+    prefill = plan_pool(role_request(prefill_request or request, prefill_tp, p_pins))
     check_pair(request.model, role_kv("prefill", prefill), role_kv("decode", decode))
     return prefill, decode
 

@@ -1,0 +1,131 @@
+"""Prefill/decode pools and multi-node replicas against the real API server (issue 26 items 2
+and 3): a pair rolls out as two Deployments, each with its role's ``--kv-transfer-config``;
+a replica over nodes is planned, held in status and not rolled out; its LeaderWorkerSet is
+accepted by the pinned lws release's CRD exactly as rendered. The reconcile seam is called
+directly (as in the bad-spec corpus)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+from bad_specs import _DECODE, _PREFILL, BASE
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from op_cluster_helpers import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    condition,
+    get_infd,
+    install_crd,
+    prepare_namespaces,
+)
+from test_op_leader_worker_set import TWO_NODES, rendered, spec_for
+
+from kvtune.e2e.leader_worker_set import crd_path
+from kvtune.operator import reconcile as rec
+from kvtune.operator.kube.apply import Kube
+from kvtune.operator.render import leader_worker_set as lws
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+NS = "pool-roles"
+LWS_GROUP, LWS_VERSION, LWS_PLURAL = "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"
+
+
+@pytest.fixture(scope="module")
+def cluster_api(local_cluster: Any) -> Any:
+    return prepare_namespaces(local_cluster, NS)
+
+
+def _create(api: Any, name: str, pools: list[dict[str, Any]],
+            model: str | None = None) -> dict[str, Any]:
+    spec = copy.deepcopy(BASE)
+    spec["pools"] = pools
+    if model is not None:
+        spec["model"] = {"name": model}
+    client.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceDeployment",
+        "metadata": {"name": name, "namespace": NS}, "spec": spec})
+    rec.reconcile(get_infd(api, NS, name), kube=Kube(api))
+    return get_infd(api, NS, name)
+
+
+def test_a_pair_rolls_out_each_role_with_its_transfer_config(cluster_api: Any) -> None:
+    stored = _create(cluster_api, "pd", [_PREFILL, _DECODE])
+    assert [p["phase"] for p in stored["status"]["pools"]] == ["Applied", "Applied"], stored
+    apps = client.AppsV1Api(cluster_api)
+    plans = []
+    for role, kv_role in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
+        name = f"pd-{'pre' if role == 'prefill' else 'dec'}"
+        held = apps.read_namespaced_deployment(name, NS, _preload_content=False)
+        deployment = json.loads(held.data)
+        pod = deployment["spec"]["template"]
+        args = pod["spec"]["containers"][0]["args"]
+        flag = next(a for a in args if a.startswith("--kv-transfer-config="))
+        assert json.loads(flag.split("=", 1)[1]) == {"kv_connector": "NixlConnector",
+                                                     "kv_role": kv_role}
+        assert pod["metadata"]["labels"]["llm-d.ai/role"] == role
+        plans.append({a.split("=")[0]: a for a in args if a.startswith("--block-size")
+                      or a.startswith("--kv-cache-dtype")})
+    # What the handshake compares is the same on both roles.
+    assert plans[0] == plans[1] and plans[0]
+
+
+def test_a_pair_the_handshake_refuses_rolls_out_neither_role(cluster_api: Any) -> None:
+    stored = _create(cluster_api, "pd-bad", [_PREFILL | {"pin": {"blockSize": 32}},
+                                             _DECODE | {"pin": {"blockSize": 16}}])
+    degraded = condition(stored, "Degraded")
+    assert degraded is not None and degraded["reason"] == "KVTransferIncompatible", degraded
+    assert "blockSize='prefill 32, decode 16'" in degraded["message"]
+    assert "\n" not in degraded["message"]
+    for pool in ("pre", "dec"):
+        with pytest.raises(ApiException):
+            client.AppsV1Api(cluster_api).read_namespaced_deployment(f"pd-bad-{pool}", NS)
+
+
+def test_a_multi_node_pool_is_planned_and_not_rolled_out(cluster_api: Any) -> None:
+    stored = _create(cluster_api, "dsv3", [TWO_NODES], model="deepseek-ai/DeepSeek-V3")
+    degraded = condition(stored, "Degraded")
+    assert degraded is not None and degraded["reason"] == "MultiNodeNotRolledOut", degraded
+    assert "spec.pools[0].nodesPerReplica=2" in degraded["message"]
+    pool = stored["status"]["pools"][0]
+    assert "--data-parallel-size=16" in pool["vllmArgs"] and pool["plan"], pool
+    with pytest.raises(ApiException):
+        client.AppsV1Api(cluster_api).read_namespaced_deployment("dsv3-h100", NS)
+
+
+def test_the_rendered_leader_worker_set_is_accepted_by_the_lws_crd(cluster_api: Any) -> None:
+    """Server-side applied as kvtune applies its objects: the release's structural schema
+    prunes nothing (what the server holds is what was rendered), and a group size the schema
+    refuses is refused."""
+    install_crd(cluster_api, crd_path())
+    group = rendered(spec_for(TWO_NODES))[0]
+    group["metadata"]["namespace"] = NS
+    custom = client.CustomObjectsApi(cluster_api)
+    kw = {"field_manager": "kvtune", "force": True,
+          "_content_type": "application/apply-patch+yaml"}
+    name = group["metadata"]["name"]
+    custom.patch_namespaced_custom_object(LWS_GROUP, LWS_VERSION, NS, LWS_PLURAL, name, group,
+                                          **kw)
+    held = custom.get_namespaced_custom_object(LWS_GROUP, LWS_VERSION, NS, LWS_PLURAL, name)
+    lwt, want = held["spec"]["leaderWorkerTemplate"], group["spec"]["leaderWorkerTemplate"]
+    assert lwt["size"] == 2 and held["spec"]["replicas"] == 2
+    for template in ("leaderTemplate", "workerTemplate"):
+        got_pod, want_pod = lwt[template]["spec"], want[template]["spec"]
+        assert got_pod["containers"][0]["args"] == want_pod["containers"][0]["args"]
+        assert got_pod["containers"][0]["command"] == want_pod["containers"][0]["command"]
+        assert got_pod["containers"][0]["resources"] == want_pod["containers"][0]["resources"]
+    # The schema's defaults added (partition 0), nothing rendered dropped.
+    strategy = held["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"]
+    assert group["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"].items() <= \
+        strategy.items()
+    broken = copy.deepcopy(group)
+    broken["spec"]["rolloutStrategy"]["type"] = "Recreate"
+    with pytest.raises(ApiException) as refused:
+        custom.patch_namespaced_custom_object(LWS_GROUP, LWS_VERSION, NS, LWS_PLURAL, name,
+                                              broken, **kw)
+    assert refused.value.status == 422
+    assert f"{LWS_GROUP}/{LWS_VERSION}" == lws.API_VERSION
