@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvtune.operator.prometheus import vllm_metrics as vm
+from kvtune.tuner.knobs import MAX_PIN_SEQUENCES, MAX_PIN_TOKENS
 from kvtune.tuner.simulator.blocks import BlockPool
 from kvtune.tuner.simulator.prefix import KeySpace, SegmentInterner
 from kvtune.tuner.simulator.sched_state import NO_BLOCKS
@@ -81,11 +82,11 @@ def _number(x: float) -> str:
 # Each number's range (lowest, lowest excluded, highest): vLLM's lower bounds, and upper
 # bounds beyond any real instance, so a typo fails at once instead of allocating a block
 # table for it (num_gpu_blocks=1e12) or stepping a clock that never moves
-# (step_seconds=nan). Tokens: 2**24, as kvtune's pins (tuner/planner/policy.py).
-_TOKENS = float(1 << 24)
+# (step_seconds=nan). Tokens and sequences: the bounds of kvtune's pins (the knob table).
+_TOKENS = float(MAX_PIN_TOKENS)
 _BOUNDS: dict[str, tuple[float, bool, float]] = {
     "block_size": (0, True, 4096), "num_gpu_blocks": (0, True, _TOKENS),
-    "max_model_len": (0, True, _TOKENS), "max_num_seqs": (0, True, 100_000),
+    "max_model_len": (0, True, _TOKENS), "max_num_seqs": (0, True, MAX_PIN_SEQUENCES),
     "max_num_batched_tokens": (0, True, _TOKENS), "gpu_memory_utilization": (0, True, 1.0),
     "kv_cache_memory_bytes": (0, False, float(1 << 50)),
     "prefill_tokens_per_second": (0, True, 1e9), "decode_step_base_seconds": (0, False, 60.0),

@@ -4,10 +4,10 @@ Each ``Knob`` says its name (the field of ``KVPlan`` and ``Pins``, snake_case), 
 unit, the ``vllm serve`` flag, whether a human may pin it, what change counts as material for a
 re-tune, and one doc line. From this table derive: the rendered flags (``plan_args``,
 ``serve_args``: one path for ``kvtune plan -o json|args``, the operator's Deployment and the
-runtime entrypoint), the CLI's pin options (``cli/options.py``), the CRD's pins and the status
-plan fields (``operator/api/tuning_spec.py`` and ``pool_status.py`` build them from
-``PINNABLE`` / ``KNOBS``), the retune's
-significance test (``material_changes``) and replay's flag parser (``FLAG_TO_NAME``).
+runtime entrypoint), the CLI's pin options (``cli/options.py``), the CRD's descriptions of the
+pins and status plan fields (``operator/api/schema_base.py``), a pin's field path in the
+operator's messages (``operator/api/tuning_spec.py: pin_path``), the retune's significance
+test (``material_changes``) and replay's flag parser (``FLAG_TO_NAME``).
 
 The five classes that carry the knobs as typed fields (``KVPlan``, ``Pins``, the CRD's
 ``PinSpec``, the status' ``PlanStatus`` and the runtime's ``RuntimeKnobs``) take their fields
