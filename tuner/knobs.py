@@ -81,8 +81,9 @@ class Knob:
     yields_to: str | None = None
     # What the CLI calls the option when it is not the flag (kept for compatibility).
     cli_option: str | None = None
-    # Whether every plan sets it; if not, an unset value is None (a switch's is False).
-    required: bool = True
+    # Whether every plan sets it (then every KVPlan(...) names it); if not, an unset value is
+    # None (a switch's is False), so a new knob is optional unless its row says otherwise.
+    required: bool = False
     # vLLM's own bounds on the value (``CacheConfig``, ``SchedulerConfig``): a plan's and
     # the runtime's copy check them.
     bounds: tuple[Bound, ...] = ()
@@ -119,44 +120,45 @@ _TOKENS_CRD: tuple[Bound, ...] = (("ge", 1), ("le", 10_000_000))
 # In the order the flags render (the weights flags first, then the KV cache's).
 KNOBS: tuple[Knob, ...] = (
     Knob("dtype", "dtype", str, "", "the dtype vLLM runs the model in, when not the "
-         "checkpoint's (from the weights dtype)", pinnable=False, required=False),
+         "checkpoint's (from the weights dtype)", pinnable=False),
     Knob("quantization", "quantization", str, "", "load-time quantization method (from the "
-         "weights dtype)", pinnable=False, required=False),
+         "weights dtype)", pinnable=False),
     Knob("allow_deprecated_quantization", "allow-deprecated-quantization", bool, "",
          "lets vLLM load a deprecated quantization method", pinnable=False,
-         bool_style="switch", required=False),
-    Knob("block_size", "block-size", int, "tokens", "tokens per KV-cache block",
+         bool_style="switch"),
+    Knob("block_size", "block-size", int, "tokens", "tokens per KV-cache block", required=True,
          bounds=_POSITIVE, pin_bounds=_TOKENS_PIN, crd_bounds=(("ge", 16), ("le", 1024))),
     Knob("kv_cache_dtype", "kv-cache-dtype", str, "", "KV-cache element dtype (vLLM's "
-         "--kv-cache-dtype values)", crd_type="KVCacheDtype"),
+         "--kv-cache-dtype values)", required=True, crd_type="KVCacheDtype"),
     Knob("kv_cache_memory_bytes", "kv-cache-memory-bytes", int, "bytes",
          "exact KV-cache bytes per GPU (vLLM then skips profiling and ignores "
-         "gpu-memory-utilization)", material="relative", margin=0.05, required=False,
+         "gpu-memory-utilization)", material="relative", margin=0.05,
          bounds=_POSITIVE, crd_bounds=(("ge", 1), ("le", 2**40))),  # 1 TiB a GPU
     Knob("gpu_memory_utilization", "gpu-memory-utilization", float, "fraction",
          "fraction of GPU memory vLLM may use", material="absolute", margin=0.02, fmt=_g4,
-         yields_to="kv_cache_memory_bytes", bounds=_FRACTION),
+         yields_to="kv_cache_memory_bytes", required=True, bounds=_FRACTION),
     Knob("max_model_len", "max-model-len", int, "tokens", "the longest sequence (prompt + "
-         "output) a request may have", material="relative", margin=0.10,
+         "output) a request may have", material="relative", margin=0.10, required=True,
          bounds=_POSITIVE, pin_bounds=_TOKENS_PIN, crd_bounds=_TOKENS_CRD),
     Knob("max_num_seqs", "max-num-seqs", int, "sequences", "sequences running at once",
-         material="relative", margin=0.20, bounds=_POSITIVE,
+         material="relative", margin=0.20, required=True, bounds=_POSITIVE,
          pin_bounds=(("gt", 0), ("le", MAX_PIN_SEQUENCES)),
          crd_bounds=(("ge", 1), ("le", MAX_PIN_SEQUENCES))),
     Knob("max_num_batched_tokens", "max-num-batched-tokens", int, "tokens",
          "tokens scheduled per engine step (prefill chunk + decodes)", material="relative",
-         margin=0.25, bounds=_POSITIVE, pin_bounds=_TOKENS_PIN, crd_bounds=_TOKENS_CRD),
+         margin=0.25, required=True, bounds=_POSITIVE, pin_bounds=_TOKENS_PIN,
+         crd_bounds=_TOKENS_CRD),
     Knob("enable_prefix_caching", "enable-prefix-caching", bool, "",
-         "reuse KV blocks of shared prompt prefixes"),
+         "reuse KV blocks of shared prompt prefixes", required=True),
     # A pin of 0 GiB turns offload off (a plan then leaves it unset).
     Knob("kv_offloading_size_gib", "kv-offloading-size", float, "GiB",
          "KV offload to CPU memory, GiB across TP ranks (0: off)", camel="kvOffloadingSizeGiB",
-         fmt=_g, required=False, bounds=(("gt", 0.0),),
+         fmt=_g, bounds=(("gt", 0.0),),
          pin_bounds=(("ge", 0.0), ("le", MAX_PIN_OFFLOAD_GIB))),
     Knob("kv_offloading_backend", "kv-offloading-backend", str, "", "the KV offload backend",
-         pinnable=False, requires="kv_offloading_size_gib", required=False),
+         pinnable=False, requires="kv_offloading_size_gib"),
     Knob("attention_backend", "attention-backend", str, "", "the attention backend (vLLM "
-         "picks one when unset)", required=False, crd_type="AttentionBackend"),
+         "picks one when unset)", crd_type="AttentionBackend"),
 )
 
 # The order of the fields of KVPlan and its copies, so of every plan's dump (the plan corpus,

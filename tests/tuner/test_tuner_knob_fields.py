@@ -87,9 +87,14 @@ def test_a_new_row_becomes_a_typed_field_of_every_class() -> None:
         if target.variant in ("pins", "crd"):
             assert not any("kv_cache_chunk_tokens" in f for f in fields), target.owner
         elif target.variant == "status":
-            assert fields[-1] == "kv_cache_chunk_tokens: int", target.owner
+            # Optional unless the row says every plan sets it: no KVPlan(...) call must change.
+            assert fields[-1] == "kv_cache_chunk_tokens: int | None = None", target.owner
         else:
-            assert fields[-1] == "kv_cache_chunk_tokens: int = Field(gt=0)", target.owner
+            assert fields[-1] == (
+                "kv_cache_chunk_tokens: int | None = Field(default=None, gt=0)"), target.owner
+    required = dataclasses.replace(new, required=True)
+    assert GEN.field_line(required, "plan") == "kv_cache_chunk_tokens: int = Field(gt=0)"
+    assert GEN.field_line(required, "status") == "kv_cache_chunk_tokens: int"
 
 
 def test_bounds_and_spellings_come_from_the_row() -> None:
