@@ -46,9 +46,8 @@ def check(spec: InferenceDeploymentSpec, pool_plan: PoolPlan,
         if pin.max_num_batched_tokens is not None and pin.max_num_batched_tokens < 16:
             return cond.INVALID_SPEC, (
                 f"{pin_path('max_num_batched_tokens')}={pin.max_num_batched_tokens}: vLLM "
-                f"needs "
-                f"max-num-batched-tokens >= max-num-seqs, so the pool would serve one sequence "
-                f"at a time; pin at least {max(256, p99 // 8)} or remove the pin")
+                f"needs max-num-batched-tokens >= max-num-seqs, so the pool would serve one "
+                f"sequence at a time; pin at least {max(256, p99 // 8)} or remove the pin")
         if spec.slo is not None:
             return cond.NO_FEASIBLE_PLAN, (
                 f"spec.slo (ttftP95={spec.slo.ttft_p95}, tpotP95={spec.slo.tpot_p95}): only "
