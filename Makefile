@@ -5,7 +5,7 @@
 # (KVTUNE_OPERATOR_BIN), the artifact the operator image ships, not the editable checkout.
 WHEEL_CHECK := $(CURDIR)/build/wheel-check
 WHEEL_ENV := KVTUNE_WHEEL_DIR=$(WHEEL_CHECK)/dist KVTUNE_OPERATOR_BIN=$(WHEEL_CHECK)/venv/bin/kvtune
-.PHONY: setup setup-python demo test test-fast lint bench crds images
+.PHONY: setup setup-python demo test test-fast lint bench crds knob-fields images
 
 setup:
 	scripts/setup.sh
@@ -36,6 +36,11 @@ bench:
 
 crds:
 	.venv/bin/kvtune crds --write && charts/kvtune/hack/sync_crds.sh
+
+# The knob fields of KVPlan, Pins, PinSpec, PlanStatus and RuntimeKnobs, from tuner/knobs.py
+# (after a knob row changes; then `make crds`). tests/tuner/test_tuner_knob_fields.py checks.
+knob-fields:
+	.venv/bin/python scripts/gen_knob_fields.py
 
 # The operator image and the runtime image's kvtune layer, built here (docs/images.md).
 images: setup-python

@@ -5,10 +5,13 @@ Pure: no clock, no I/O. The caller feeds requests (``submit``) and advances mode
 (``InstanceMetrics``), which the exporter (``replay_exporter.py``) serves under vLLM's names.
 
 What it models, and how coarsely:
-- A paged KV cache of ``num_gpu_blocks`` blocks of ``block_size`` tokens. Blocks are
-  ref-counted; full prompt blocks carry a prefix key, and when freed they stay cached in an
-  LRU list until a new allocation evicts them (vLLM's free queue). Usage is
-  ``1 - free/total`` with cached-but-free blocks counted as free, as ``BlockPool.get_usage``.
+- The paged KV cache is the simulator's (``tuner/simulator/blocks.py``: vLLM's block pool,
+  free queue and prefix-cache map, block 0 the null block), keyed as the simulator keys a
+  trace request's prefix (``simulator/workload.trace_segments``, ``prefix.KeySpace``):
+  one KV-cache model for the planner, the simulator and replay. A request's full prompt
+  blocks that other requests may share get their keys when it is admitted; freed blocks
+  stay cached in the free queue until an allocation evicts them. Usage is vLLM's
+  ``kv_cache_usage_perc`` (``BlockPool.get_usage``: cached-but-free blocks count as free).
 - FIFO admission, at most ``max_num_seqs`` running; a request is admitted when its prompt's
   blocks (minus prefix hits) fit. Prompts longer than ``max_model_len`` are rejected, as the
   API server does (they never reach the metrics).
@@ -25,10 +28,17 @@ import bisect
 import dataclasses
 import math
 import random
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from kvtune.operator.prometheus import vllm_metrics as vm
+from kvtune.tuner.knobs import MAX_PIN_SEQUENCES, MAX_PIN_TOKENS
+from kvtune.tuner.simulator.blocks import BlockPool
+from kvtune.tuner.simulator.prefix import KeySpace, SegmentInterner
+from kvtune.tuner.simulator.sched_state import NO_BLOCKS
+from kvtune.tuner.simulator.workload import trace_segments
 from kvtune.tuner.traces import TraceRequest
 
 
@@ -72,11 +82,11 @@ def _number(x: float) -> str:
 # Each number's range (lowest, lowest excluded, highest): vLLM's lower bounds, and upper
 # bounds beyond any real instance, so a typo fails at once instead of allocating a block
 # table for it (num_gpu_blocks=1e12) or stepping a clock that never moves
-# (step_seconds=nan). Tokens: 2**24, as kvtune's pins (tuner/planner/policy.py).
-_TOKENS = float(1 << 24)
+# (step_seconds=nan). Tokens and sequences: the bounds of kvtune's pins (the knob table).
+_TOKENS = float(MAX_PIN_TOKENS)
 _BOUNDS: dict[str, tuple[float, bool, float]] = {
     "block_size": (0, True, 4096), "num_gpu_blocks": (0, True, _TOKENS),
-    "max_model_len": (0, True, _TOKENS), "max_num_seqs": (0, True, 100_000),
+    "max_model_len": (0, True, _TOKENS), "max_num_seqs": (0, True, MAX_PIN_SEQUENCES),
     "max_num_batched_tokens": (0, True, _TOKENS), "gpu_memory_utilization": (0, True, 1.0),
     "kv_cache_memory_bytes": (0, False, float(1 << 50)),
     "prefill_tokens_per_second": (0, True, 1e9), "decode_step_base_seconds": (0, False, 60.0),
@@ -136,18 +146,23 @@ class InstanceMetrics:
         self.finished = dict.fromkeys(vm.FINISHED_REASONS, 0)
 
 
+def _no_blocks() -> np.ndarray:
+    return NO_BLOCKS
+
+
 @dataclass
 class _Request:
     req: TraceRequest
     arrival_seconds: float
-    prefix_keys: tuple[tuple[int, int], ...]
+    # Keys (the simulator's ``prefix.KeySpace``) of the full prompt blocks other requests may
+    # share: those its prefix ids cover.
+    hashes: np.ndarray
     scheduled_seconds: float | None = None
     first_token_seconds: float | None = None
     hit_tokens: int = 0
     prefilled_tokens: float = 0.0
     generated_tokens: float = 0.0
-    held_keys: list[tuple[int, int]] = field(default_factory=list)
-    held_plain_blocks: int = 0
+    blocks: np.ndarray = field(default_factory=_no_blocks)  # its block table
     preemptions: int = 0
     output_target: int = 0
     finish_reason: str = "stop"
@@ -164,22 +179,6 @@ class _Request:
         return self.req.prompt_tokens + int(self.generated_tokens)
 
 
-def prefix_keys(req: TraceRequest, block_size: int, serial: int) -> tuple[tuple[int, int], ...]:
-    """Keys of the prompt's full blocks. A block's key stands for its whole prefix (vLLM's
-    chained hash): Mooncake's ``hash_ids`` already identify prefixes per 512-token block, so
-    (id of the trace block holding the block's last token, block index) is enough. Without
-    prefix ids every block is unique to its request (``serial``)."""
-    full_blocks = req.prompt_tokens // block_size
-    if not req.prefix_block_ids:
-        return tuple((-serial - 1, j) for j in range(full_blocks))
-    keys: list[tuple[int, int]] = []
-    ids = req.prefix_block_ids
-    for j in range(full_blocks):
-        h = ((j + 1) * block_size - 1) // req.hash_block_tokens
-        keys.append((ids[min(h, len(ids) - 1)], j))
-    return tuple(keys)
-
-
 class Instance:
     """The modelled engine. ``advance_to(t)`` runs steps until model time ``t``."""
 
@@ -189,41 +188,30 @@ class Instance:
         self.now_seconds = 0.0
         self.waiting: deque[_Request] = deque()
         self.running: list[_Request] = []
-        self._refcount: dict[tuple[int, int], int] = {}
-        self._evictable: OrderedDict[tuple[int, int], None] = OrderedDict()
-        self._used_blocks = 0
-        self._serial = 0
+        self.pool = BlockPool(config.num_gpu_blocks, config.enable_prefix_caching)
+        self._interner = SegmentInterner()
+        self._keyspace = KeySpace(config.block_size)
         self.rejected_too_long = 0
 
-    # --- block pool -------------------------------------------------------------------
+    # --- the KV cache (the simulator's block pool) ----------------------------------------
     @property
     def free_blocks(self) -> int:
-        return self.config.num_gpu_blocks - self._used_blocks
+        return self.pool.get_num_free_blocks()
 
-    def _take_blocks(self, n: int) -> None:
-        assert n <= self.free_blocks, (n, self.free_blocks)
-        # Evict cached-but-free blocks, oldest first, when the uncached free ones run out.
-        uncached_free = self.free_blocks - len(self._evictable)
-        while uncached_free < n:
-            self._evictable.popitem(last=False)
-            uncached_free += 1
-        self._used_blocks += n
+    def used_blocks(self) -> int:
+        """Blocks held by requests (block 0, vLLM's null block, is never handed out)."""
+        return self.pool.num_gpu_blocks - 1 - self.free_blocks
 
     def _release(self, r: _Request) -> None:
-        for key in reversed(r.held_keys):  # tail first: the chain's tail is evicted first
-            left = self._refcount[key] - 1
-            if left == 0:
-                del self._refcount[key]
-                self._used_blocks -= 1
-                if self.config.enable_prefix_caching:
-                    self._evictable[key] = None
-            else:
-                self._refcount[key] = left
-        self._used_blocks -= r.held_plain_blocks
-        r.held_keys, r.held_plain_blocks = [], 0
+        # The simulator's free (vLLM's, tail first): full blocks stay cached, those holding
+        # keys findable by later requests; the partial last block goes to the queue's front.
+        bs = self.config.block_size
+        num_full = min(len(r.blocks), r.tokens() // bs)
+        self.pool.free_request_blocks(r.blocks, num_full, min(len(r.hashes), num_full))
+        r.blocks = NO_BLOCKS
 
     def usage(self) -> float:
-        return self._used_blocks / self.config.num_gpu_blocks
+        return self.pool.get_usage()
 
     # --- requests ---------------------------------------------------------------------
     def submit(self, req: TraceRequest, arrival_seconds: float) -> bool:
@@ -231,55 +219,40 @@ class Instance:
         if req.prompt_tokens + 1 > self.config.max_model_len or req.prompt_tokens <= 0:
             self.rejected_too_long += 1
             return False
-        self._serial += 1
-        r = _Request(req, arrival_seconds,
-                     prefix_keys(req, self.config.block_size, self._serial))
+        r = _Request(req, arrival_seconds, self._keys(req))
         r.output_target = max(1, min(req.output_tokens,
                                      self.config.max_model_len - req.prompt_tokens))
         r.finish_reason = "length" if r.output_target < req.output_tokens else "stop"
         self.waiting.append(r)
         return True
 
+    def _keys(self, req: TraceRequest) -> np.ndarray:
+        """The keys of the request's shareable full blocks, as the simulator makes them."""
+        segments, covered = trace_segments(req, self._interner)
+        if not self.config.enable_prefix_caching or covered < self.config.block_size:
+            return NO_BLOCKS
+        keys = self._keyspace.key_array(segments, covered)
+        self.pool.reserve_keys(self._keyspace.num_keys)
+        return keys
+
     def _try_admit(self, r: _Request) -> bool:
-        cfg = self.config
-        hits = 0
-        if cfg.enable_prefix_caching:
-            for key in r.prefix_keys:
-                if key in self._refcount or key in self._evictable:
-                    hits += 1
-                else:
-                    break
+        cfg, pool = self.config, self.pool
+        prompt = r.req.prompt_tokens
+        hits = NO_BLOCKS
+        if len(r.hashes):
             # vLLM always recomputes at least the last prompt token.
-            if hits * cfg.block_size >= r.req.prompt_tokens:
-                hits -= 1
-        needed_blocks = math.ceil(r.req.prompt_tokens / cfg.block_size)
-        new_blocks = needed_blocks - hits
-        revived = sum(1 for k in r.prefix_keys[:hits] if k in self._evictable)
-        if new_blocks + revived > self.free_blocks:
+            hits = pool.find_longest_cache_hit(r.hashes, (prompt - 1) // cfg.block_size)
+        new_blocks = -(-prompt // cfg.block_size) - len(hits)
+        # Hits sitting in the free queue leave it: they count against the free blocks too.
+        if new_blocks + pool.num_free_among(hits) > pool.get_num_free_blocks():
             return False
         m = self.metrics
-        m.counters[vm.PREFIX_CACHE_QUERIES] += r.req.prompt_tokens
-        m.counters[vm.PREFIX_CACHE_HITS] += hits * cfg.block_size
-        for key in r.prefix_keys[:hits]:
-            if key in self._evictable:
-                del self._evictable[key]
-                self._used_blocks += 1
-                self._refcount[key] = 1
-            else:
-                self._refcount[key] += 1
-        self._take_blocks(new_blocks)
-        for key in r.prefix_keys[hits:]:
-            # A key another running request registered meanwhile is shared, not duplicated.
-            if key in self._refcount:
-                self._refcount[key] += 1
-                self._used_blocks -= 1
-                new_blocks -= 1
-            else:
-                self._evictable.pop(key, None)
-                self._refcount[key] = 1
-        r.held_keys = list(r.prefix_keys)
-        r.held_plain_blocks = needed_blocks - len(r.prefix_keys)
-        r.hit_tokens = hits * cfg.block_size
+        m.counters[vm.PREFIX_CACHE_QUERIES] += prompt
+        m.counters[vm.PREFIX_CACHE_HITS] += len(hits) * cfg.block_size
+        pool.touch(hits)
+        r.blocks = np.concatenate([hits, pool.get_new_blocks(new_blocks)])
+        pool.cache_full_blocks(r.blocks, r.hashes, len(hits), prompt // cfg.block_size)
+        r.hit_tokens = len(hits) * cfg.block_size
         r.prefilled_tokens = 0.0
         r.generated_tokens = 0.0
         if r.scheduled_seconds is None:
@@ -359,8 +332,8 @@ class Instance:
                 # r itself is the newest: it waits for memory (preempted itself).
                 self._preempt_newest()
                 continue
-            self._take_blocks(extra_blocks)
-            r.held_plain_blocks += extra_blocks
+            if extra_blocks > 0:
+                r.blocks = np.concatenate([r.blocks, self.pool.get_new_blocks(extra_blocks)])
             r.generated_tokens += grow
             decoded += grow
             n_tokens = int(r.generated_tokens) - int(r.generated_tokens - grow)

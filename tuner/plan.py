@@ -5,38 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 from kvtune.tuner import knobs
 from kvtune.tuner.layout import ParallelLayout
+from kvtune.tuner.plan_fields import KVPlanFields
 from kvtune.tuner.plan_reuse import ReuseFigures
 
 
-class KVPlan(BaseModel):
-    """The vLLM KV-cache configuration of one pool. Field names follow vLLM's flags."""
+class KVPlan(KVPlanFields):
+    """The vLLM KV-cache configuration of one pool. Field names follow vLLM's flags; the fields
+    are the knob table's (``tuner/knobs.py``, generated into ``plan_fields.py``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-    block_size: int = Field(gt=0)
-    kv_cache_dtype: str
-    gpu_memory_utilization: float = Field(gt=0.0, le=1.0)
-    # When set, vLLM skips memory profiling and ignores gpu_memory_utilization for KV sizing.
-    kv_cache_memory_bytes: int | None = Field(default=None, gt=0)
-    max_model_len: int = Field(gt=0)
-    max_num_seqs: int = Field(gt=0)
-    max_num_batched_tokens: int = Field(gt=0)
-    enable_prefix_caching: bool
-    # KV offload to CPU memory: GiB across TP ranks (vLLM's --kv-offloading-size); None: off.
-    kv_offloading_size_gib: float | None = Field(default=None, gt=0.0)
-    kv_offloading_backend: str | None = None
-    # None: let vLLM pick the backend for the dtype/GPU.
-    attention_backend: str | None = None
-    # What the weights dtype needs (tuner.weights.weights_load): --dtype when it differs from
-    # auto's, --quantization for load-time quantization (fp8_per_tensor on a 16-bit
-    # checkpoint), --allow-deprecated-quantization for a deprecated checkpoint method.
-    dtype: str | None = None
-    quantization: str | None = None
-    allow_deprecated_quantization: bool = False
 
     def vllm_args(self) -> list[str]:
         """The exact ``vllm serve`` flags for this plan (no model argument, no TP flag),

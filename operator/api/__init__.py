@@ -85,9 +85,11 @@ from kvtune.operator.api.schema_base import WeightsDtype as WeightsDtype
 from kvtune.operator.api.schema_base import WorkloadPreset as WorkloadPreset
 from kvtune.operator.api.schema_base import _Model as _Model
 from kvtune.operator.api.schema_base import _Status as _Status
+from kvtune.operator.api.tuning_spec import PIN_PATH as PIN_PATH
 from kvtune.operator.api.tuning_spec import PinSpec as PinSpec
 from kvtune.operator.api.tuning_spec import PoolSelectorKind as PoolSelectorKind
 from kvtune.operator.api.tuning_spec import PrometheusSpec as PrometheusSpec
 from kvtune.operator.api.tuning_spec import RetuneSpec as RetuneSpec
 from kvtune.operator.api.tuning_spec import RolloutSpec as RolloutSpec
 from kvtune.operator.api.tuning_spec import TuningSpec as TuningSpec
+from kvtune.operator.api.tuning_spec import pin_path as pin_path

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict
 
+from kvtune.operator.api.plan_status_fields import PlanStatusFields
 from kvtune.operator.api.profile_status import ProfileStatus
 from kvtune.operator.api.schema_base import _knob_docs, _Status
 
@@ -23,26 +24,13 @@ class Condition(_Status):
     observed_generation: int | None = None
 
 
-class PlanStatus(_Status):
+class PlanStatus(PlanStatusFields):
     """The knobs of a pool's plan, named as vLLM's flags (camelCase)."""
 
-    model_config = ConfigDict(json_schema_extra=_knob_docs({}))
+    # (The docstring is the CRD's description.) The fields are the knob table's
+    # (kvtune.tuner.knobs), generated into plan_status_fields.py.
 
-    block_size: int
-    kv_cache_dtype: str
-    gpu_memory_utilization: float
-    kv_cache_memory_bytes: int | None = None
-    max_model_len: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    enable_prefix_caching: bool
-    kv_offloading_size_gib: float | None = Field(default=None, alias="kvOffloadingSizeGiB")
-    kv_offloading_backend: str | None = None
-    attention_backend: str | None = None
-    # What the weights dtype needs (--dtype, load-time --quantization, deprecated methods).
-    dtype: str | None = None
-    quantization: str | None = None
-    allow_deprecated_quantization: bool = False
+    model_config = ConfigDict(json_schema_extra=_knob_docs({}))
 
 
 class ExpectedStatus(_Status):

@@ -10,16 +10,15 @@ from typing import Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from kvtune.operator.api.durations import DURATION_PATTERN, parse_duration
+from kvtune.operator.api.pin_spec_fields import PinSpecFields
 from kvtune.operator.api.schema_base import (
-    AttentionBackend,
-    KVCacheDtype,
     Mode,
     _knob_docs,
     _Model,
     _rules,
 )
 from kvtune.operator.api.spec_bounds import check_durations, duration_rules
-from kvtune.tuner.knobs import PINNABLE
+from kvtune.tuner.knobs import BY_NAME, PINNABLE, camel_name
 from kvtune.tuner.planner.policy import Pins
 
 _LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
@@ -82,8 +81,21 @@ class RetuneSpec(_Model):
         return parse_duration(self.dwell, field="spec.tuning.retune.dwell")
 
 
-class PinSpec(_Model):
+PIN_PATH = "spec.tuning.pin"
+
+
+def pin_path(name: str, where: str = PIN_PATH) -> str:
+    """Where the user writes the pin of knob ``name`` (``kv_offloading_size_gib`` ->
+    ``spec.tuning.pin.kvOffloadingSizeGiB``): the one spelling, from the knob table.
+    ``where`` is the pin's object (a prefill/decode pool's own ``spec.pools[].pin``)."""
+    return f"{where}.{camel_name(BY_NAME[name])}"
+
+
+class PinSpec(PinSpecFields):
     """Knobs a human wants fixed (vLLM's flags, camelCase)."""
+
+    # (The docstring is the CRD's description.) The fields and their bounds are the knob
+    # table's (kvtune.tuner.knobs), generated into pin_spec_fields.py.
 
     model_config = ConfigDict(
         json_schema_extra=_knob_docs(_rules(
@@ -96,24 +108,11 @@ class PinSpec(_Model):
         ))
     )
 
-    block_size: int | None = Field(default=None, ge=16, le=1024)
-    kv_cache_dtype: KVCacheDtype | None = None
-    gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
-    kv_cache_memory_bytes: int | None = Field(default=None, ge=1, le=2**40)  # 1 TiB a GPU
-    max_model_len: int | None = Field(default=None, ge=1, le=10_000_000)
-    max_num_seqs: int | None = Field(default=None, ge=1, le=100_000)
-    max_num_batched_tokens: int | None = Field(default=None, ge=1, le=10_000_000)
-    enable_prefix_caching: bool | None = None
-    kv_offloading_size_gib: float | None = Field(
-        default=None, ge=0.0, le=65536.0, alias="kvOffloadingSizeGiB"
-    )
-    attention_backend: AttentionBackend | None = None
-
     @model_validator(mode="after")
     def _valid(self) -> PinSpec:
         if self.block_size is not None and self.block_size % 16:
             raise ValueError(
-                f"spec.tuning.pin.blockSize={self.block_size} is not a multiple of 16; "
+                f"{pin_path('block_size')}={self.block_size} is not a multiple of 16; "
                 f"use 16, 32, 64 or 128"
             )
         if self.gpu_memory_utilization is not None and self.kv_cache_memory_bytes is not None:

@@ -16,11 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic.alias_generators import to_camel
-
 from kvtune.operator.api import (
     ExpectedStatus,
     InferenceDeploymentSpec,
+    PinSpec,
     PlanStatus,
     PoolSpec,
     PoolStatus,
@@ -28,6 +27,7 @@ from kvtune.operator.api import (
     ProfileStatus,
     RolloutSpec,
     pair_of,
+    pin_path,
 )
 from kvtune.operator.api import conditions as cond
 from kvtune.operator.calibration import calibration_flow
@@ -345,10 +345,11 @@ _PIN_FIELD = re.compile(r"\bpins\.([a-z_]+)")
 def spec_field_names(exc: Exception) -> str:
     """The planner names pins as ``pins.kv_cache_dtype``; the user wrote
     ``spec.tuning.pin.kvCacheDtype``: say it the user's way."""
-    def camel(match: re.Match[str]) -> str:
-        return "spec.tuning.pin." + to_camel(match.group(1)).replace("Gib", "GiB")
+    def user_path(match: re.Match[str]) -> str:
+        name = match.group(1)
+        return pin_path(name) if name in PinSpec.model_fields else match.group(0)
 
-    return _PIN_FIELD.sub(camel, str(exc))
+    return _PIN_FIELD.sub(user_path, str(exc))
 
 
 def plan_status(pool_plan: PoolPlan) -> tuple[PlanStatus, ExpectedStatus, list[str]]:

@@ -14,17 +14,10 @@ from __future__ import annotations
 
 import math
 
-from pydantic.alias_generators import to_camel
-
-from kvtune.operator.api import InferenceDeploymentSpec, PinSpec
+from kvtune.operator.api import PIN_PATH, InferenceDeploymentSpec, PinSpec, pin_path
 from kvtune.operator.api import conditions as cond
 from kvtune.tuner.plan import PoolPlan
 from kvtune.tuner.workload import WorkloadProfile
-
-
-def _pin_field(name: str, where: str = "spec.tuning.pin") -> str:
-    alias = PinSpec.model_fields[name].alias
-    return f"{where}." + (alias or to_camel(name))
 
 
 def _pins(spec: InferenceDeploymentSpec, role_pin: PinSpec | None
@@ -53,22 +46,22 @@ def check(spec: InferenceDeploymentSpec, pool_plan: PoolPlan,
             if isinstance(wanted, float) and got is not None else got == wanted
         if not same:
             return cond.INVALID_SPEC, (
-                f"{_pin_field(name, 'spec.pools[].pin' if name in own else 'spec.tuning.pin')}"
+                f"{pin_path(name, 'spec.pools[].pin' if name in own else PIN_PATH)}"
                 f"={wanted}: the planner could not honour it (it planned "
                 f"{got}); change or remove the pin")
     p99 = profile.context_tokens.p99
     if pin.max_model_len is not None and pin.max_model_len < p99:
         return cond.INVALID_SPEC, (
-            f"spec.tuning.pin.maxModelLen={pin.max_model_len} is below the workload's p99 "
+            f"{pin_path('max_model_len')}={pin.max_model_len} is below the workload's p99 "
             f"context ({p99} tokens, {profile.source}): vLLM would refuse most requests; raise "
             f"it to at least {p99} or remove the pin")
     if plan.max_num_seqs == 1 and pin.max_num_seqs != 1:
         why = "; ".join(pool_plan.warnings) or "nothing else fits"
         if pin.max_num_batched_tokens is not None and pin.max_num_batched_tokens < 16:
             return cond.INVALID_SPEC, (
-                f"spec.tuning.pin.maxNumBatchedTokens={pin.max_num_batched_tokens}: vLLM needs "
-                f"max-num-batched-tokens >= max-num-seqs, so the pool would serve one sequence "
-                f"at a time; pin at least {max(256, p99 // 8)} or remove the pin")
+                f"{pin_path('max_num_batched_tokens')}={pin.max_num_batched_tokens}: vLLM "
+                f"needs max-num-batched-tokens >= max-num-seqs, so the pool would serve one "
+                f"sequence at a time; pin at least {max(256, p99 // 8)} or remove the pin")
         if spec.slo is not None:
             return cond.NO_FEASIBLE_PLAN, (
                 f"spec.slo (ttftP95={spec.slo.ttft_p95}, tpotP95={spec.slo.tpot_p95}): only "

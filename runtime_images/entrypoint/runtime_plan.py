@@ -4,7 +4,7 @@ The JSON is a ``kvtune.tuner.plan.PoolPlan`` dump (``model_id``, ``gpu_class``,
 ``tensor_parallel``, ``vllm_version``, ``plan``, ``expected``; ``reasons`` are ignored here).
 Keys may be snake_case (``model_dump()``) or camelCase (``model_dump(by_alias=…)`` / the CRD
 status style). The runtime keeps its own lenient copy of the types instead of importing the
-tuner, so the image needs only pydantic (a test checks the fields are the knob table's); the
+tuner, so the image needs only pydantic (its fields are generated from the knob table); the
 flags render from the knob table itself (``kvtune.tuner.knobs``, standard library only, in
 the same wheel), so they cannot differ from the operator's.
 """
@@ -14,34 +14,26 @@ from __future__ import annotations
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from kvtune.runtime.knob_fields import RuntimeKnobsFields
 from kvtune.tuner.knobs import plan_args
 
 PLAN_ENV = "KVTUNE_PLAN"
 
 
+# Unknown keys are ignored: a newer operator may send more than this runtime reads.
+_LENIENT = ConfigDict(frozen=True, extra="ignore", alias_generator=to_camel,
+                      populate_by_name=True)
+
+
 class _Lenient(BaseModel):
-    # Unknown keys are ignored: a newer operator may send more than this runtime reads.
-    model_config = ConfigDict(
-        frozen=True, extra="ignore", alias_generator=to_camel, populate_by_name=True
-    )
+    model_config = _LENIENT
 
 
-class RuntimeKnobs(_Lenient):
-    block_size: int = Field(gt=0)
-    kv_cache_dtype: str
-    gpu_memory_utilization: float = Field(gt=0.0, le=1.0)
-    kv_cache_memory_bytes: int | None = Field(default=None, gt=0)
-    max_model_len: int = Field(gt=0)
-    max_num_seqs: int = Field(gt=0)
-    max_num_batched_tokens: int = Field(gt=0)
-    enable_prefix_caching: bool
-    kv_offloading_size_gib: float | None = Field(default=None, gt=0.0)
-    kv_offloading_backend: str | None = None
-    attention_backend: str | None = None
-    # What the weights dtype needs (--dtype, load-time --quantization, deprecated methods).
-    dtype: str | None = None
-    quantization: str | None = None
-    allow_deprecated_quantization: bool = False
+class RuntimeKnobs(RuntimeKnobsFields):
+    """The plan's knobs; the fields and vLLM's bounds are the knob table's
+    (``kvtune.tuner.knobs``, generated into ``knob_fields.py``)."""
+
+    model_config = _LENIENT
 
     def vllm_args(self, gpu_memory_utilization: float | None = None,
                   kv_cache_memory_bytes: int | None = None) -> list[str]:

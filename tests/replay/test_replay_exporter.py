@@ -34,18 +34,20 @@ def test_shared_prefix_hits_and_block_accounting() -> None:
     inst.submit(a, 0.0)
     inst.step()
     assert inst.metrics.counters[vm.PREFIX_CACHE_HITS] == 0
-    assert inst._used_blocks == 64
+    assert inst.used_blocks() == 64
     inst.submit(b, 0.01)
     inst.step()
     # b reuses a's first 32 blocks (512 tokens), allocates 32 of its own.
     assert inst.metrics.counters[vm.PREFIX_CACHE_HITS] == 512
     assert inst.metrics.counters[vm.PREFIX_CACHE_QUERIES] == 2048
-    assert inst._used_blocks == 96
+    assert inst.used_blocks() == 96
     for _ in range(200):
         inst.step()
     assert sum(inst.metrics.finished.values()) == 2
-    # Freed blocks stay cached (evictable) and count as free.
-    assert inst.usage() == 0.0 and len(inst._evictable) == 96
+    # Freed full blocks stay cached (evictable) and count as free; the two partial last
+    # blocks (1028 tokens each) hold no hash.
+    assert inst.usage() == 0.0 and inst.pool.num_cached_free_blocks() == 96
+    inst.pool.check_invariants()
 
 
 def test_too_long_prompts_are_rejected_like_the_api_server() -> None:

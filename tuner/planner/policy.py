@@ -6,7 +6,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# The pins' upper bounds live in the knob table; re-exported for the CLI's other options.
+from kvtune.tuner.knobs import MAX_PIN_OFFLOAD_GIB as MAX_PIN_OFFLOAD_GIB
+from kvtune.tuner.knobs import MAX_PIN_SEQUENCES as MAX_PIN_SEQUENCES
+from kvtune.tuner.knobs import MAX_PIN_TOKENS as MAX_PIN_TOKENS
 from kvtune.tuner.kv_quality import KVQualityPolicy
+from kvtune.tuner.planner.pin_fields import PinsFields
 
 # KV precision floors, from widest to narrowest. A dtype's precision class is its bits per
 # element: 16 (bf16/fp16/auto on a 16-bit model), 8 (fp8*, int8_per_token_head), 4 (nvfp4,
@@ -21,34 +26,15 @@ class SLO(BaseModel):
     tpot_p95_seconds: float | None = Field(default=None, gt=0.0)
 
 
-# Upper bounds on pins: beyond any model, GPU or node kvtune plans for, so a typo (an extra
-# zero, a value in the wrong unit) fails at the boundary instead of sizing a plan, a
-# simulation or a pod's memory from it. Tokens: 2**24, above the longest context of any
-# catalog model (Llama 4 Scout's 10,485,760). Sequences: 100x vLLM's largest default.
-# Offload: 64 TiB across the TP ranks, the CRD's bound (operator/api/ PinSpec).
-MAX_PIN_TOKENS = 1 << 24
-MAX_PIN_SEQUENCES = 100_000
-MAX_PIN_OFFLOAD_GIB = 65536.0
-
-
-class Pins(BaseModel):
+class Pins(PinsFields):
     """Knobs a human wants fixed. ``None`` means "let kvtune choose". Names and units follow
     vLLM's flags (``kv_offloading_size_gib`` is GiB across TP ranks, as vLLM takes it).
     Lower bounds are vLLM 0.33's own (``CacheConfig``, ``SchedulerConfig``: ``gt=0``,
-    ``ge=1``); what vLLM refuses of a combination of pins is ``validation.py``'s."""
+    ``ge=1``); what vLLM refuses of a combination of pins is ``validation.py``'s. The fields
+    and their bounds are the knob table's (``tuner/knobs.py``, generated into
+    ``pin_fields.py``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-    block_size: int | None = Field(default=None, gt=0, le=MAX_PIN_TOKENS)
-    kv_cache_dtype: str | None = None
-    gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
-    kv_cache_memory_bytes: int | None = Field(default=None, gt=0)
-    max_model_len: int | None = Field(default=None, gt=0, le=MAX_PIN_TOKENS)
-    max_num_seqs: int | None = Field(default=None, gt=0, le=MAX_PIN_SEQUENCES)
-    max_num_batched_tokens: int | None = Field(default=None, gt=0, le=MAX_PIN_TOKENS)
-    enable_prefix_caching: bool | None = None
-    kv_offloading_size_gib: float | None = Field(default=None, ge=0.0, le=MAX_PIN_OFFLOAD_GIB)
-    attention_backend: str | None = None
 
 
 class PlanPolicy(BaseModel):
