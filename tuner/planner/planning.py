@@ -114,7 +114,8 @@ PIPELINE: tuple[Step, ...] = (
     decide_batched_tokens.tune,  # max-num-batched-tokens: grown for the TTFT SLO
     decide_prefix_offload.offload,  # kv-offloading-size: from reuse and the CPU budget
     assemble,  # the knobs as one KVPlan
-    # block-size (with a scorer, together with max-num-seqs): ``_block_size`` below
+    # then block-size (with a scorer, together with max-num-seqs): decide_block_size.decide,
+    # called from plan_pool, which holds the scorer
 )
 # After the block size: checked once more, then what the plan will run with.
 FINISH: tuple[Step, ...] = (
