@@ -156,7 +156,7 @@ def retune_once(
     PROFILE_STALE.labels(namespace, name).set(0)
     PROFILE_LAST_SUCCESS.labels(namespace, name).set(now)
     ticks = tick.decide_pools(inp, seen, now)
-    tick.replan(kube, body, inp, ticks, now)
+    ticks = tick.replan(kube, body, inp, ticks, now)
     wide = tick.as_declared(seen.result.profile if seen.result.trusted else None,
                             inp.declared)
     request = tick.reconcile_request(ticks, wide, prom.window)
@@ -166,9 +166,7 @@ def retune_once(
         carried += _reconcile_events(outcome)
         if outcome.permanent_error:
             event_type = "Warning"
-            for t in ticks:
-                if t.material:
-                    t.message = f"{t.message}; reconcile: {outcome.permanent_error}"
+        ticks = tick.with_reconcile_error(ticks, outcome.permanent_error)
         export_plan_gauges(namespace, name, api.InferenceDeploymentStatus.model_validate(
             outcome.status))
     return _report(kube, body, inp, seen, ticks, min_requests,

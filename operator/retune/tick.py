@@ -10,7 +10,7 @@ search Job) -> ``reconcile_request`` (pure: the one typed request the reconcile 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvtune.operator import api
@@ -60,9 +60,10 @@ class Observed:
     own: Mapping[str, ProfileResult]
 
 
-@dataclass
+@dataclass(frozen=True)
 class PoolTick:
-    """One pool's part of a tick: the profile chosen for it and the decision."""
+    """One pool's part of a tick: the profile chosen for it and the decision. Frozen: the
+    steps after ``decide_pools`` return new ticks (``replan``, ``with_reconcile_error``)."""
 
     name: str
     choice: PoolProfile
@@ -139,12 +140,12 @@ def decide_pools(inp: TickInputs, seen: Observed, now: float) -> list[PoolTick]:
 
 
 def replan(kube: kapply.Kube, body: Mapping[str, Any], inp: TickInputs,
-           ticks: list[PoolTick], now: float) -> None:
-    """The pools whose decision is replan, planned once each (in the operator, or by the
-    chart's search Job); each tick says whether its new plan matters."""
-    replanned = [t for t in ticks if t.decision.action == "replan" and t.observed is not None]
-    if not replanned:
-        return
+           ticks: list[PoolTick], now: float) -> list[PoolTick]:
+    """The ticks, with the pools whose decision is replan planned once each (in the
+    operator, or by the chart's search Job); each such tick says whether its new plan
+    matters."""
+    if not any(t.decision.action == "replan" and t.observed is not None for t in ticks):
+        return ticks
     spec = inp.spec
     model = plan_stage.resolve_model(spec, body["metadata"]["namespace"], kube)
     # Gated as the last reconcile was (issue 15): a dtype held back for its calibration
@@ -153,50 +154,66 @@ def replan(kube: kapply.Kube, body: Mapping[str, Any], inp: TickInputs,
     policy = plan_stage.policy_for(spec).model_copy(update={"kv_quality": kv_policy})
     by_name = {p.pool_name: p for p in spec.pools}
     index = {p.pool_name: i for i, p in enumerate(spec.pools)}
-    for t in replanned:
-        assert t.observed is not None
+    out: list[PoolTick] = []
+    for t in ticks:
+        if t.decision.action != "replan" or t.observed is None:
+            out.append(t)
+            continue
         # The chart's search.mode: the search as a Job (operator/search/search_jobs.py);
         # until it answers the pool is decided on a later tick (its drift still stands).
         by_job = search_job_stage.plan_for_retune(
             kube, body, spec, by_name[t.name], model, t.observed, policy, kv_evidence,
             running=inp.plans.get(t.name), scope=t.choice.scope)
         if isinstance(by_job, str):
-            t.reason, t.message = conditions.SEARCH_RUNNING, \
-                f"{t.decision.message}; {by_job}"
+            out.append(replace(t, reason=conditions.SEARCH_RUNNING,
+                               message=f"{t.decision.message}; {by_job}"))
             continue
-        t.new_plan = by_job if by_job is not None else plan_stage.plan_one_pool(
+        new_plan = by_job if by_job is not None else plan_stage.plan_one_pool(
             spec, by_name[t.name], model, t.observed, policy, kv_evidence,
             running=inp.plans.get(t.name), pool_field=f"spec.pools[{index[t.name]}]",
             scope=t.choice.scope)
-        _judge_new_plan(t, inp.plans.get(t.name), t.new_plan.plan, now)
+        out.append(judge_new_plan(replace(t, new_plan=new_plan), inp.plans.get(t.name),
+                                  new_plan.plan, now))
+    return out
 
 
-def _judge_new_plan(t: PoolTick, running: KVPlan | None, new: KVPlan, now: float) -> None:
-    """Whether the new plan matters (rolled out), is the running one (its profile adopted),
-    or differs only by noise (nothing happens; looked at again after a dwell time)."""
-    t.material, why = retune.plan_change_matters(running, new)
-    if t.material:
-        t.reason = retune.PLAN_CHANGED
-        t.message = f"{t.decision.message}; new plan: {', '.join(why)}"
-        t.state = RetuneState(drift_since_seconds=None, last_rollout_seconds=now)
-    elif running == new:
+def judge_new_plan(t: PoolTick, running: KVPlan | None, new: KVPlan, now: float) -> PoolTick:
+    """The tick with whether the new plan matters (rolled out), is the running one (its
+    profile adopted), or differs only by noise (nothing happens; looked at again after a
+    dwell time). Pure."""
+    material, why = retune.plan_change_matters(running, new)
+    if material:
+        return replace(
+            t, material=True, reason=retune.PLAN_CHANGED,
+            message=f"{t.decision.message}; new plan: {', '.join(why)}",
+            state=RetuneState(drift_since_seconds=None, last_rollout_seconds=now))
+    if running == new:
         # Without adopting the profile, drift from the old basis would stay above the
         # threshold and the pool would be re-planned every dwell time for ever.
-        t.adopted = True
-        t.reason = retune.PLAN_UNCHANGED
-        t.message = (f"{t.decision.message}; the plan for the observed traffic is the "
+        return replace(
+            t, adopted=True, reason=retune.PLAN_UNCHANGED,
+            message=(f"{t.decision.message}; the plan for the observed traffic is the "
                      f"running one: the observed profile is now the plan's basis; "
-                     f"nothing rolled out")
-        t.state = RetuneState(drift_since_seconds=None,
-                              last_rollout_seconds=t.state.last_rollout_seconds)
-    else:
-        t.reason = retune.PLAN_UNCHANGED
-        t.message = (f"{t.decision.message}; the new plan differs only by noise: "
-                     f"{', '.join(why)}; nothing rolled out")
-        # Look again after another dwell time rather than re-plan every tick. The
-        # basis stays: adopting it would re-plan to the noisy plan on a restart.
-        t.state = t.state.model_copy(update={"drift_since_seconds": now,
-                                             "stable_since_seconds": now})
+                     f"nothing rolled out"),
+            state=RetuneState(drift_since_seconds=None,
+                              last_rollout_seconds=t.state.last_rollout_seconds))
+    # Look again after another dwell time rather than re-plan every tick. The basis
+    # stays: adopting it would re-plan to the noisy plan on a restart.
+    return replace(
+        t, reason=retune.PLAN_UNCHANGED,
+        message=(f"{t.decision.message}; the new plan differs only by noise: "
+                 f"{', '.join(why)}; nothing rolled out"),
+        state=t.state.model_copy(update={"drift_since_seconds": now,
+                                         "stable_since_seconds": now}))
+
+
+def with_reconcile_error(ticks: list[PoolTick], error: str | None) -> list[PoolTick]:
+    """The ticks, each whose plan was to roll out saying the reconcile's permanent error
+    (None: unchanged). Pure."""
+    if not error:
+        return ticks
+    return [replace(t, message=f"{t.message}; reconcile: {error}") if t.material else t
+            for t in ticks]
 
 
 def reconcile_request(ticks: list[PoolTick], wide: WorkloadProfile | None,

@@ -52,6 +52,9 @@ class CanaryResult:
 
 def canary(ctx: PoolContext, planned: Planned, rendered: Rendered) -> CanaryResult | PoolOutcome:
     pool, revision, hash_ = ctx.pool, planned.revision, planned.plan_hash
+    # The replicas the pool runs: under tensorParallel auto those the plan chose
+    # (plan.rendered_replicas), which can be fewer than the spec's bound, pool.replicas.
+    replicas = planned.render_input.replicas
     rollout = ctx.spec.rollout or RolloutSpec()
     name = object_name(ctx.name, f"{pool.pool_name}-canary")
     prev_canary = ctx.base.canary
@@ -61,7 +64,7 @@ def canary(ctx: PoolContext, planned: Planned, rendered: Rendered) -> CanaryResu
 
     def decide(analysis: CanaryAnalysis | None) -> canary_policy.Decision:
         return canary_policy.decide(
-            canary_replicas=rollout.canary_replicas, replicas=pool.replicas,
+            canary_replicas=rollout.canary_replicas, replicas=replicas,
             running_hash=rendered.running_hash, new_hash=hash_,
             canary_hash=prev_canary.plan_hash if prev_canary else None,
             canary_started_at=prev_canary.started_at if prev_canary else None,
@@ -76,7 +79,7 @@ def canary(ctx: PoolContext, planned: Planned, rendered: Rendered) -> CanaryResu
         analysis = _analyse(ctx, series, rollout, analysis_seconds)
         analysis_status = _analysis_status(analysis, ctx.now)
         decision = decide(analysis)
-    old_plan = f"{pool.replicas} replica(s) keep the previous plan"
+    old_plan = f"{replicas} replica(s) keep the previous plan"
     if decision.action == "rejected":
         return ctx.failed(cond.CANARY_FAILED, f"pool {pool.pool_name}: plan revision "
                           f"{revision} failed its canary before; the pool keeps its previous "

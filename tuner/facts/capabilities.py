@@ -11,14 +11,13 @@ it cannot drift from the runtime.
 from __future__ import annotations
 
 import difflib
-import json
 from functools import cache, cached_property
-from importlib import resources
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvtune.tuner.errors import InvalidInput, UnknownName
+from kvtune.tuner.facts import data_files
 from kvtune.tuner.facts.vllm_memory import memory_data, supported_versions
 
 PINNED_VLLM_VERSION = "0.33.0"
@@ -189,11 +188,10 @@ class RuntimeCapabilities(BaseModel):
 
 
 def available_versions() -> list[str]:
-    folder = resources.files("kvtune.tuner.facts").joinpath("data")
     return sorted(
-        e.name[len("vllm-"):-len(".json")]
-        for e in folder.iterdir()
-        if e.name.startswith("vllm-") and e.name.endswith(".json")
+        name[len("vllm-"):-len(".json")]
+        for name in data_files.names("data")
+        if name.startswith("vllm-") and name.endswith(".json")
     )
 
 
@@ -205,8 +203,8 @@ def get_runtime(version: str = PINNED_VLLM_VERSION) -> RuntimeCapabilities:
     own default fraction. Raises ``UnknownName`` for any other version."""
     versions = available_versions()
     if version in versions:
-        path = resources.files("kvtune.tuner.facts").joinpath("data", f"vllm-{version}.json")
-        return RuntimeCapabilities.model_validate(json.loads(path.read_text("utf-8")))
+        return RuntimeCapabilities.model_validate(
+            data_files.read_json("data", f"vllm-{version}.json"))
     memory = memory_data().versions.get(version)
     if memory is None or memory.kv_cache_dtypes is None:
         raise UnknownName(

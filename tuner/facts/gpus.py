@@ -12,16 +12,15 @@ vLLM budgets ``gpu_memory_utilization`` from the CUDA runtime's total
 from __future__ import annotations
 
 import difflib
-import json
 import re
 from collections.abc import Mapping
 from functools import cache
-from importlib import resources
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvtune.tuner.errors import InvalidInput, UnknownName
+from kvtune.tuner.facts import data_files
 
 LowPrecision = Literal["fp8", "fp4"]
 
@@ -80,8 +79,8 @@ class GPUClass(BaseModel):
 
 @cache
 def _load() -> tuple[GPUClass, ...]:
-    text = resources.files("kvtune.tuner.facts").joinpath("data", "gpus.json").read_text("utf-8")
-    return tuple(GPUClass.model_validate(g) for g in json.loads(text)["gpu_classes"])
+    doc = data_files.read_json("data", "gpus.json")
+    return tuple(GPUClass.model_validate(g) for g in doc["gpu_classes"])
 
 
 def _key(name: str) -> str:

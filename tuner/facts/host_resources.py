@@ -21,12 +21,12 @@ without offload: 2 x 1.2 + 0.5 + 0.5 + 1.0 = 4.4 GiB + 256 MiB of /dev/shm = 4,7
 
 from __future__ import annotations
 
-import json
 import math
 from functools import cache
-from importlib import resources
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from kvtune.tuner.facts import data_files
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -77,8 +77,7 @@ class HostResources(BaseModel):
 
 @cache
 def host_facts() -> HostFacts:
-    path = resources.files("kvtune.tuner.facts").joinpath("data", "vllm_host.json")
-    return HostFacts.model_validate(json.loads(path.read_text("utf-8")))
+    return HostFacts.model_validate(data_files.read_json("data", "vllm_host.json"))
 
 
 def _mib_up(size_bytes: float) -> int:

@@ -6,15 +6,14 @@ not shown (never a guessed figure)."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping
 from functools import cache
-from importlib import resources
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvtune.tuner.errors import InvalidInput
+from kvtune.tuner.facts import data_files
 
 
 class GPUPrice(BaseModel):
@@ -28,9 +27,8 @@ class GPUPrice(BaseModel):
 @cache
 def default_prices() -> dict[str, GPUPrice]:
     """The shipped list prices by GPU class name."""
-    text = (resources.files("kvtune.tuner.facts").joinpath("data", "gpu_prices.json")
-            .read_text("utf-8"))
-    return {p["gpu_class"]: GPUPrice.model_validate(p) for p in json.loads(text)["prices"]}
+    doc = data_files.read_json("data", "gpu_prices.json")
+    return {p["gpu_class"]: GPUPrice.model_validate(p) for p in doc["prices"]}
 
 
 def parse_overrides(items: Iterable[str], field: str) -> dict[str, float]:

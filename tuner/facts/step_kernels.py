@@ -10,12 +10,12 @@ roofline fractions (``roofline_kernels`` in the simulator) and ``FALLBACK_ALL_RE
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from typing import Any
+
+from kvtune.tuner.facts import data_files
 
 # One all-reduce's time where the class has no measured table: about 8 us on NVLink (the
 # measured H100/H200 graphs take 4-9 us up to 1 MiB).
@@ -63,8 +63,7 @@ class GPUKernels:
 
 @cache
 def _table() -> dict[str, Any]:
-    text = resources.files("kvtune.tuner.facts").joinpath("data/step_kernels.json").read_text()
-    table: dict[str, Any] = json.loads(text)
+    table: dict[str, Any] = data_files.read_json("data", "step_kernels.json")
     return table
 
 

@@ -32,14 +32,13 @@ CUDA graphs.
 
 from __future__ import annotations
 
-import json
 from functools import cache
-from importlib import resources
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from kvtune.tuner.errors import InvalidInput
+from kvtune.tuner.facts import data_files
 
 GiB = 1 << 30
 
@@ -114,8 +113,7 @@ class MemoryData(BaseModel):
 
 @cache
 def memory_data() -> MemoryData:
-    path = resources.files("kvtune.tuner.facts").joinpath("data", "vllm_memory.json")
-    return MemoryData.model_validate(json.loads(path.read_text("utf-8")))
+    return MemoryData.model_validate(data_files.read_json("data", "vllm_memory.json"))
 
 
 def supported_versions() -> tuple[str, ...]:

@@ -9,25 +9,29 @@ passes. A pin wins both times.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kvtune.tuner.facts.weights import weight_bits
 from kvtune.tuner.plan import Reason
 from kvtune.tuner.planner import decode, prefill
+from kvtune.tuner.planner.draft import need
 
 if TYPE_CHECKING:
+    from kvtune.tuner.planner.draft import Draft
     from kvtune.tuner.planner.planrun import PlanRun
 
 
-def runtime_default(run: PlanRun) -> int:
-    """The step budget memory is figured with (the pin, else vLLM's default)."""
+def runtime_default(run: PlanRun, draft: Draft) -> Draft:
+    """The draft with the step budget memory is figured with (the pin, else vLLM's
+    default); its reason comes with ``tune`` unless pinned."""
     default_tokens, _ = run.runtime.defaults_for_memory(
         run.gpu.cuda_total_bytes, run.gpu.name
     )
-    if run.pins.max_num_batched_tokens is not None:
-        run.pinned("max-num-batched-tokens", str(run.pins.max_num_batched_tokens))
-        return run.pins.max_num_batched_tokens
-    return default_tokens
+    pin = run.pins.max_num_batched_tokens
+    if pin is not None:
+        return replace(draft.pinned("max-num-batched-tokens", str(pin)), batched_tokens=pin)
+    return replace(draft, batched_tokens=default_tokens)
 
 
 def chunked_step_seconds(
@@ -45,13 +49,17 @@ def chunked_step_seconds(
         run.model, run.gpu, run.tp, bits)
 
 
-def tune(
-    run: PlanRun, default: int, dtype: str, bs: int, num_seqs: int, utilization: float,
-    max_model_len: int,
-) -> int:
-    """``prefill.step_token_budget`` for this pool (pinned: left alone)."""
+def tune(run: PlanRun, draft: Draft) -> Draft:
+    """The draft with max-num-batched-tokens tuned: ``prefill.step_token_budget`` for this
+    pool (pinned: left alone)."""
     if run.pins.max_num_batched_tokens is not None:
-        return default
+        return draft
+    default = need(draft.batched_tokens, "max-num-batched-tokens")
+    dtype = need(draft.kv_cache_dtype, "kv-cache-dtype")
+    bs = need(draft.probe_block_size, "the probe block size")
+    num_seqs = need(draft.max_num_seqs, "max-num-seqs")
+    utilization = need(draft.gpu_memory_utilization, "gpu-memory-utilization")
+    max_model_len = need(draft.max_model_len, "max-model-len").tokens
     bits = weight_bits(run.model, run.req.weights_dtype)
 
     def fits(tokens: int) -> bool:
@@ -71,9 +79,8 @@ def tune(
         default_label=f"vLLM {run.runtime.vllm_version}'s default for a "
         f"{run.gib(run.gpu.cuda_total_bytes)} GPU",
     )
-    run.warnings.extend(result.warnings)
-    run.reasons.append(Reason(
+    draft = draft.warn(*result.warnings).reason(Reason(
         knob="max-num-batched-tokens", choice=str(result.tokens), code=result.code,
         message=result.message,
     ))
-    return result.tokens
+    return replace(draft, batched_tokens=result.tokens)

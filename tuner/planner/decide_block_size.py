@@ -11,11 +11,12 @@ the best that meets the SLOs. A pin wins.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.facts.kvmemory import hybrid_block_size
-from kvtune.tuner.plan import CandidateScore, CandidateVerdict, KVPlan, Reason
+from kvtune.tuner.plan import CandidateVerdict, KVPlan, Reason
 from kvtune.tuner.planner import scored as scoring
 from kvtune.tuner.planner.backend_choice import BLOCK_SIZE_CANDIDATES
 from kvtune.tuner.planner.checks import (
@@ -26,8 +27,10 @@ from kvtune.tuner.planner.checks import (
     SWITCHES_BACKEND,
     UNSUPPORTED_BY_BACKEND,
 )
+from kvtune.tuner.planner.draft import need
 
 if TYPE_CHECKING:
+    from kvtune.tuner.planner.draft import Draft
     from kvtune.tuner.planner.planrun import PlanRun
     from kvtune.tuner.planner.request import CandidateScorer
 
@@ -122,11 +125,25 @@ def closed_form(
     )
 
 
-def scored(
-    run: PlanRun, plan: KVPlan, scorer: CandidateScorer, fit_p50: int
-) -> tuple[KVPlan, Reason, CandidateScore]:
+def decide(run: PlanRun, draft: Draft, scorer: CandidateScorer | None) -> Draft:
+    """The draft's plan with its block size: scored together with max-num-seqs when there is
+    a scorer, else the closed form at the sequences of the p95 session that fit."""
+    plan = need(draft.plan, "the assembled plan")
+    if scorer is not None:
+        return scored(run, draft, plan, scorer)
+    mem = need(draft.probe_memory, "the probe memory")
+    sessions_p95 = run.sessions(
+        mem, plan.kv_cache_dtype, plan.block_size, run.p95_session,
+        need(draft.batched_tokens, "max-num-batched-tokens"), plan.max_model_len)
+    bs, reason = closed_form(run, plan.kv_cache_dtype, sessions_p95,
+                             plan.enable_prefix_caching)
+    return replace(draft.reason(reason), plan=plan.model_copy(update={"block_size": bs}))
+
+
+def scored(run: PlanRun, draft: Draft, plan: KVPlan, scorer: CandidateScorer) -> Draft:
     """Block size x max-num-seqs (0.5x to 1.5x the bandwidth model's) scored on the
     workload; a changed max-num-seqs gets its own reason."""
+    fit_p50 = need(draft.fit_p50_sessions, "the median sessions that fit")
     base = plan.max_num_seqs
     seq_options = sorted({
         max(1, s) for s in (base // 2, base * 3 // 4, base, base * 5 // 4, base * 3 // 2)
@@ -158,7 +175,7 @@ def scored(
     picked = scoring.pick_scored(scores, run.req.policy.slo)
     best, code, verdicts = picked.best, picked.code, picked.verdicts
     if picked.warning is not None:
-        run.warnings.append(picked.warning)
+        draft = draft.warn(picked.warning)
     chosen = best.plan
     reason = Reason(
         knob="block-size", choice=str(chosen.block_size), code=code,
@@ -170,9 +187,9 @@ def scored(
         candidates=verdicts,
     )
     if chosen.max_num_seqs != plan.max_num_seqs:
-        run.reasons.append(Reason(
+        draft = draft.reason(Reason(
             knob="max-num-seqs", choice=str(chosen.max_num_seqs), code=code,
             message=f"the scorer preferred {chosen.max_num_seqs} over the bandwidth "
             f"model's {plan.max_num_seqs}: {best.summary}",
         ))
-    return chosen, reason, best
+    return replace(draft.reason(reason), plan=chosen, score=best)

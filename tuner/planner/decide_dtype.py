@@ -12,6 +12,7 @@ may still shrink to fit it).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kvtune.tuner import kv_quality
@@ -30,6 +31,7 @@ from kvtune.tuner.planner.checks import (
     UNSUPPORTED_BY_BACKEND,
     WIDER_MEETS_TARGET,
 )
+from kvtune.tuner.planner.draft import need
 
 # The candidate dtypes live below the decision (``infeasible`` asks them too).
 from kvtune.tuner.planner.kv_dtype_options import (
@@ -42,6 +44,7 @@ from kvtune.tuner.planner.kv_dtype_options import (
 )
 
 if TYPE_CHECKING:
+    from kvtune.tuner.planner.draft import Draft
     from kvtune.tuner.planner.planrun import PlanRun
 
 
@@ -50,24 +53,23 @@ def quality_gate(run: PlanRun, name: str) -> kv_quality.DtypeGate:
                                kv_quality.checkpoint_scheme(run.model.quantization, name))
 
 
-def quality_note(run: PlanRun, name: str) -> str:
+def quality_note(run: PlanRun, draft: Draft, name: str) -> tuple[str, Draft]:
     """What the evidence says of a chosen dtype, for its reason ("" for 16-bit); an
-    unverified narrow dtype is also a warning."""
+    unverified narrow dtype is also a warning (in the draft returned)."""
     verdict = quality_gate(run, name)
     if verdict.code == kv_quality.REFERENCE:
-        return ""
+        return "", draft
     if verdict.code == kv_quality.UNVERIFIED:
-        run.warnings.append(f"kv-cache-dtype {name} is {verdict.detail}: run `kvtune quality` "
-                            "or let the operator's calibration Job measure it")
-    return f"; quality: {verdict.detail}"
+        draft = draft.warn(f"kv-cache-dtype {name} is {verdict.detail}: run `kvtune quality` "
+                           "or let the operator's calibration Job measure it")
+    return f"; quality: {verdict.detail}", draft
 
 
-def decide(
-    run: PlanRun, batched: int, utilization: float, max_model_len: int, len_code: str,
-    len_message: str, tpot: float, tpot_why: str,
-) -> tuple[str, tuple[int, str, str]]:
-    """The dtype, and max-model-len with its (code, message) after pre-flight."""
+def decide(run: PlanRun, draft: Draft) -> Draft:
+    """The draft with the dtype, and max-model-len lowered by pre-flight if need be."""
     seqs_for_memory = run.seqs_for_memory
+    batched = need(draft.batched_tokens, "max-num-batched-tokens")
+    max_model_len = need(draft.max_model_len, "max-model-len").tokens
     kv16 = sixteen_bit(run)
     base_dtype = kv16 if run.backends.dtype_unusable(run.runtime.dtype(kv16)) is None else (
         run.pins.kv_cache_dtype or kv16
@@ -77,83 +79,90 @@ def decide(
         target = run.req.policy.target_concurrent_sequences
         target_why = "the policy's target_concurrent_sequences"
     else:
+        tpot = need(draft.tpot, "the TPOT target")
         target = max(1, min(seqs_for_memory, decide_max_num_seqs.bandwidth_seqs(
-            run, base_dtype, bs_probe, batched, max_model_len, tpot)))
+            run, base_dtype, bs_probe, batched, max_model_len, tpot.seconds)))
         target_why = (
             f"the decode bandwidth model: {target} sequences of the median session "
-            f"({run.p50_session} tokens) at 16-bit KV keep a decode step within {tpot_why}"
+            f"({run.p50_session} tokens) at 16-bit KV keep a decode step within {tpot.why}"
         )
-
-    # Pre-flight may shrink an unpinned max-model-len to what the narrowest allowed
-    # dtype fits, but never below the policy's floor or the p95 session.
     if run.pins.kv_cache_dtype is not None:
-        dtype = run.pins.kv_cache_dtype
-        bs0 = run.pins.block_size or run.backends.smallest_block(dtype)
-        mem = run.memory(dtype, bs0, seqs_for_memory, batched, utilization)
-        if not run.preflight_ok(mem, dtype, bs0, batched, max_model_len):
-            max_model_len, len_code, len_message = decide_max_model_len.shrink(
-                run, mem, dtype, bs0, batched, max_model_len, len_code, len_message,
-                utilization)
-        sessions = run.sessions(mem, dtype, bs0, run.p95_session, batched, max_model_len)
-        run.reasons.append(Reason(
-            knob="kv-cache-dtype", choice=dtype, code=PINNED,
-            message=f"pinned by the policy; {sessions} sequences of {run.p95_session} "
-            f"tokens (p95) fit{quality_note(run, dtype)}",
-        ))
-        return dtype, (max_model_len, len_code, len_message)
-    return _choose_with_preflight(
-        run, bs_probe, batched, seqs_for_memory, utilization, max_model_len, target,
-        target_why, len_code, len_message)
+        return _pinned(run, draft, run.pins.kv_cache_dtype)
+    return _choose_with_preflight(run, draft, bs_probe, seqs_for_memory, target, target_why)
+
+
+def _pinned(run: PlanRun, draft: Draft, dtype: str) -> Draft:
+    """The pinned dtype; pre-flight may shrink an unpinned max-model-len to what it fits,
+    but never below the policy's floor or the p95 session."""
+    batched = need(draft.batched_tokens, "max-num-batched-tokens")
+    bs0 = run.pins.block_size or run.backends.smallest_block(dtype)
+    mem = run.memory(dtype, bs0, run.seqs_for_memory, batched,
+                     need(draft.gpu_memory_utilization, "gpu-memory-utilization"))
+    if not run.preflight_ok(mem, dtype, bs0, batched,
+                            need(draft.max_model_len, "max-model-len").tokens):
+        draft = decide_max_model_len.shrink(run, draft, mem, dtype, bs0)
+    max_model_len = need(draft.max_model_len, "max-model-len").tokens
+    sessions = run.sessions(mem, dtype, bs0, run.p95_session, batched, max_model_len)
+    note, draft = quality_note(run, draft, dtype)
+    return replace(draft.reason(Reason(
+        knob="kv-cache-dtype", choice=dtype, code=PINNED,
+        message=f"pinned by the policy; {sessions} sequences of {run.p95_session} "
+        f"tokens (p95) fit{note}",
+    )), kv_cache_dtype=dtype)
 
 
 def _choose_with_preflight(
-    run: PlanRun, bs: int, batched: int, seqs: int, utilization: float, max_model_len: int,
-    target: int, target_why: str, len_code: str, len_message: str,
-) -> tuple[str, tuple[int, str, str]]:
-    """The dtype, and max-model-len with its (code, message), lowered to what fits when
-    no allowed dtype passes pre-flight at the target length (and it is not pinned)."""
+    run: PlanRun, draft: Draft, bs: int, seqs: int, target: int, target_why: str,
+) -> Draft:
+    """The draft with the dtype, and max-model-len lowered to what fits when no allowed
+    dtype passes pre-flight at the target length (and it is not pinned)."""
     try:
-        dtype = choose(run, bs, batched, seqs, utilization, max_model_len, target, target_why)
-        return dtype, (max_model_len, len_code, len_message)
+        return choose(run, draft, bs, seqs, target, target_why)
     except NoFeasiblePlan:
         if run.pins.max_model_len is not None:
             raise
     # Shrink for the allowed dtype with the fewest bytes per token, then choose again.
+    batched = need(draft.batched_tokens, "max-num-batched-tokens")
+    utilization = need(draft.gpu_memory_utilization, "gpu-memory-utilization")
     names = allowed(run)
     if not names:
-        raise infeasible.no_fit(run, max_model_len, batched, utilization, ())
+        raise infeasible.no_fit(
+            run, need(draft.max_model_len, "max-model-len").tokens, batched, utilization, ())
     thinnest = narrowest(run, names)
     nbs = run.backends.smallest_block(thinnest)
     mem = run.memory(thinnest, nbs, seqs, batched, utilization)
-    length = decide_max_model_len.shrink(
-        run, mem, thinnest, nbs, batched, max_model_len, len_code, len_message, utilization)
-    dtype = choose(run, bs, batched, seqs, utilization, length[0], target, target_why)
-    return dtype, length
+    draft = decide_max_model_len.shrink(run, draft, mem, thinnest, nbs)
+    return choose(run, draft, bs, seqs, target, target_why)
 
 
 def choose(
-    run: PlanRun, block_size: int, batched_tokens: int, seqs_for_memory: int,
-    utilization: float, max_model_len: int, target: int, target_why: str,
-) -> str:
-    """The widest dtype meeting ``target`` at the p95 session (``NoFeasiblePlan``: none
-    passes pre-flight at ``max_model_len``)."""
+    run: PlanRun, draft: Draft, block_size: int, seqs_for_memory: int, target: int,
+    target_why: str,
+) -> Draft:
+    """The draft with the widest dtype meeting ``target`` at the p95 session
+    (``NoFeasiblePlan``: none passes pre-flight at the draft's max-model-len)."""
+    batched_tokens = need(draft.batched_tokens, "max-num-batched-tokens")
+    utilization = need(draft.gpu_memory_utilization, "gpu-memory-utilization")
+    max_model_len = need(draft.max_model_len, "max-model-len").tokens
     verdicts, feasible = _judge_dtypes(run, block_size, batched_tokens, seqs_for_memory,
                                        utilization, max_model_len, target)
     if not feasible:
         raise infeasible.no_fit(run, max_model_len, batched_tokens, utilization, verdicts)
-    chosen, code, message = _pick(run, feasible, target, target_why)
+    chosen, code, message, warning = _pick(run, feasible, target, target_why)
+    if warning is not None:
+        draft = draft.warn(warning)
     verdicts = [
         v.model_copy(update={"check": CHOSEN}) if v.value == chosen.name
         else v.model_copy(update={"check": WIDER_MEETS_TARGET})
         if v.ok and _narrower(run, v.value, chosen) else v
         for v in verdicts
     ]
-    run.reasons.append(Reason(
+    note, draft = quality_note(run, draft, chosen.name)
+    return replace(draft.reason(Reason(
         knob="kv-cache-dtype", choice=chosen.name, code=code,
-        message=message + quality_note(run, chosen.name) + gated_out(verdicts),
+        message=message + note + gated_out(verdicts),
         candidates=tuple(verdicts),
-    ))
-    return chosen.name
+    )), kv_cache_dtype=chosen.name)
 
 
 def _judge_dtypes(
@@ -214,10 +223,11 @@ def _judge_dtypes(
 
 
 def _pick(run: PlanRun, feasible: list[tuple[KVCacheDType, int]], target: int,
-          target_why: str) -> tuple[KVCacheDType, str, str]:
+          target_why: str) -> tuple[KVCacheDType, str, str, str | None]:
     """The widest feasible dtype that holds ``target`` sequences, else the one that holds
-    the most (with a warning): the dtype, the reason's code and its message."""
+    the most (with a warning): the dtype, the reason's code, its message and the warning."""
     floor_name = run.req.policy.lowest_kv_precision
+    warning: str | None = None
     meeting = [(d, s) for d, s in feasible if s >= target]
     if meeting:
         chosen, sessions = meeting[0]  # the widest (preference order)
@@ -235,12 +245,12 @@ def _pick(run: PlanRun, feasible: list[tuple[KVCacheDType, int]], target: int,
             f"tokens; {chosen.name} holds the most ({sessions}) without going below "
             f"{floor_name}"
         )
-        run.warnings.append(
+        warning = (
             f"KV capacity limits concurrency: {sessions} sequences at the p95 session, "
             f"below the target {target}; a larger tensor parallel, a lower quality floor "
             "or a larger GPU would hold more"
         )
-    return chosen, code, message
+    return chosen, code, message, warning
 
 
 def gated_out(verdicts: list[CandidateVerdict]) -> str:

@@ -12,14 +12,17 @@ session; ``regrow`` gives back what the final, smaller max-num-seqs frees. A pin
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kvtune.tuner.plan import Reason
 from kvtune.tuner.planner import infeasible
 from kvtune.tuner.planner.checks import PINNED
+from kvtune.tuner.planner.draft import Length, need
 from kvtune.tuner.planner.request import session_tokens
 
 if TYPE_CHECKING:
+    from kvtune.tuner.planner.draft import Draft
     from kvtune.tuner.planner.planrun import Memory, PlanRun
 
 # max-model-len headroom over the observed high quantile of prompt + output.
@@ -27,12 +30,15 @@ MAX_MODEL_LEN_HEADROOM = 1.1
 MAX_MODEL_LEN_ROUNDING_TOKENS = 1024
 
 
-def target(run: PlanRun) -> tuple[int, str, str]:
-    """(tokens, code, message) before the pre-flight check."""
+def target(run: PlanRun, draft: Draft) -> Draft:
+    """The draft with max-model-len's target before the pre-flight check (its reason comes
+    with ``settle``, once pre-flight and max-num-seqs have had their say)."""
     profile, model = run.req.profile, run.model
     floor = run.req.policy.min_max_model_len_tokens or 1
     if run.pins.max_model_len is not None:
-        return run.pins.max_model_len, PINNED, "pinned by the policy"
+        pinned = run.pins.max_model_len
+        return replace(draft, max_model_len=Length(pinned, PINNED, "pinned by the policy"),
+                       max_model_len_target_tokens=pinned)
     high = session_tokens(profile, "p99")
     top = session_tokens(profile, "max")
     # Take the observed maximum when it is close to p99 (fixed or bounded lengths);
@@ -57,64 +63,74 @@ def target(run: PlanRun) -> tuple[int, str, str]:
         code = "PolicyMinimum"
         message += f", raised to the policy's guaranteed {floor}"
     if top > tokens:
-        run.warnings.append(
+        draft = draft.warn(
             f"max-model-len {tokens} is below the longest observed session ({top} "
             "tokens): vLLM rejects such requests; pin max_model_len or set "
             "min_max_model_len_tokens to serve them"
         )
-    return tokens, code, message
+    return replace(draft, max_model_len=Length(tokens, code, message),
+                   max_model_len_target_tokens=tokens)
 
 
-def shrink(
-    run: PlanRun, mem: Memory, dtype: str, bs: int, batched: int, max_model_len: int,
-    len_code: str, len_message: str, utilization: float,
-) -> tuple[int, str, str]:
-    """The longest max-model-len one request of which fits at ``dtype`` (pre-flight), with
-    its (code, message); ``NoFeasiblePlan`` when pinned or below the floor."""
+def shrink(run: PlanRun, draft: Draft, mem: Memory, dtype: str, bs: int) -> Draft:
+    """The draft with the longest max-model-len one request of which fits at ``dtype``
+    (pre-flight); ``NoFeasiblePlan`` when pinned or below the floor."""
+    batched = need(draft.batched_tokens, "max-num-batched-tokens")
+    utilization = need(draft.gpu_memory_utilization, "gpu-memory-utilization")
+    length = need(draft.max_model_len, "max-model-len")
     if run.pins.max_model_len is not None:
-        raise infeasible.no_fit(run, max_model_len, batched, utilization, ())
-    longest = run.largest_fitting_len(mem, dtype, bs, batched, max_model_len)
+        raise infeasible.no_fit(run, length.tokens, batched, utilization, ())
+    longest = run.largest_fitting_len(mem, dtype, bs, batched, length.tokens)
     longest = longest // bs * bs
     floor = max(run.req.policy.min_max_model_len_tokens or 1, run.p95_session)
     if longest < floor:
         raise infeasible.no_fit(run, max(floor, 1), batched, utilization, ())
-    run.unshrunk_len = (max_model_len, len_code, len_message)
-    run.warnings.append(
-        f"max-model-len lowered from {max_model_len} to {longest}: one longer request "
+    draft = draft.warn(
+        f"max-model-len lowered from {length.tokens} to {longest}: one longer request "
         f"would not fit in the KV cache ({dtype}), and vLLM would refuse to start"
     )
-    return longest, "LargestThatFits", (
-        f"{len_message}; lowered to {longest}, the longest request the KV cache holds "
-        "(pre-flight)"
-    )
+    return replace(draft, max_model_len_unshrunk=length, max_model_len=Length(
+        longest, "LargestThatFits",
+        f"{length.message}; lowered to {longest}, the longest request the KV cache holds "
+        "(pre-flight)"))
 
 
-def regrow(
-    run: PlanRun, dtype: str, bs: int, max_num_seqs: int, batched: int, utilization: float,
-    max_model_len: int, len_code: str, len_message: str,
-) -> tuple[int, str, str]:
-    """After ``shrink``: (max-model-len, code, message) at the final max-num-seqs."""
-    if len_code != "LargestThatFits":
-        return max_model_len, len_code, len_message
+def settle(run: PlanRun, draft: Draft) -> Draft:
+    """The draft with max-model-len final at the final max-num-seqs (``regrow``), and its
+    reason."""
+    draft = regrow(run, draft)
+    length = need(draft.max_model_len, "max-model-len")
+    return draft.reason(Reason(
+        knob="max-model-len", choice=str(length.tokens), code=length.code,
+        message=length.message,
+    ))
+
+
+def regrow(run: PlanRun, draft: Draft) -> Draft:
+    """After ``shrink``: the draft with max-model-len grown into what the final max-num-seqs
+    frees."""
+    length = need(draft.max_model_len, "max-model-len")
+    if length.code != "LargestThatFits":
+        return draft
+    dtype = need(draft.kv_cache_dtype, "kv-cache-dtype")
+    bs = need(draft.probe_block_size, "the probe block size")
+    batched = need(draft.batched_tokens, "max-num-batched-tokens")
     # The length was shrunk with memory for the default max-num-seqs; the sampler
     # needs less for fewer sequences, which leaves room for a longer request.
-    final = run.memory(dtype, bs, max_num_seqs, batched, utilization)
-    longer = run.largest_fitting_len(final, dtype, bs, batched, run.len_target) // bs * bs
-    lowered = f"max-model-len lowered from {run.unshrunk_len[0]} to {max_model_len}:" \
-        if run.unshrunk_len else None
-    if run.unshrunk_len is not None and longer >= run.unshrunk_len[0]:
+    final = run.memory(dtype, bs, need(draft.max_num_seqs, "max-num-seqs"), batched,
+                       need(draft.gpu_memory_utilization, "gpu-memory-utilization"))
+    longer = run.largest_fitting_len(
+        final, dtype, bs, batched,
+        need(draft.max_model_len_target_tokens, "max-model-len's target")) // bs * bs
+    unshrunk = draft.max_model_len_unshrunk
+    if unshrunk is not None and longer >= unshrunk.tokens:
         # All of the length fits after all: nothing was lowered, and no warning says so.
-        run.warnings = [w for w in run.warnings if not (lowered and w.startswith(lowered))]
-        return run.unshrunk_len
-    if longer > max_model_len:
-        len_message = len_message.replace(str(max_model_len), str(longer))
-        run.warnings = [w.replace(f"to {max_model_len}:", f"to {longer}:")
-                        for w in run.warnings]
-        max_model_len = longer
-    return max_model_len, len_code, len_message
-
-
-def record(run: PlanRun, max_model_len: int, len_code: str, len_message: str) -> None:
-    run.reasons.append(Reason(
-        knob="max-model-len", choice=str(max_model_len), code=len_code, message=len_message,
-    ))
+        lowered = f"max-model-len lowered from {unshrunk.tokens} to {length.tokens}:"
+        return replace(draft, max_model_len=unshrunk, warnings=tuple(
+            w for w in draft.warnings if not w.startswith(lowered)))
+    if longer > length.tokens:
+        return replace(draft, max_model_len=Length(
+            longer, length.code, length.message.replace(str(length.tokens), str(longer))),
+            warnings=tuple(w.replace(f"to {length.tokens}:", f"to {longer}:")
+                           for w in draft.warnings))
+    return draft

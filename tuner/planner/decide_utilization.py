@@ -12,17 +12,21 @@ beside them.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.plan import Reason
 from kvtune.tuner.planner import budget, infeasible, kv_dtype_options
+from kvtune.tuner.planner.draft import need
 
 if TYPE_CHECKING:
+    from kvtune.tuner.planner.draft import Draft
     from kvtune.tuner.planner.planrun import PlanRun
 
 
-def decide(run: PlanRun) -> float:
+def decide(run: PlanRun, draft: Draft) -> Draft:
+    """The draft with gpu-memory-utilization decided."""
     gib, gpu = run.gib, run.gpu
     pinned = run.pins.gpu_memory_utilization
     if pinned is not None:
@@ -37,11 +41,11 @@ def decide(run: PlanRun) -> float:
                 f"takes about {gib(budget.CUDA_CONTEXT_BYTES)}: vLLM would refuse to start; "
                 f"use at most {math.floor(most * 100) / 100:g}",
             )
-        run.pinned("gpu-memory-utilization", f"{pinned:g}")
-        return pinned
+        return replace(draft.pinned("gpu-memory-utilization", f"{pinned:g}"),
+                       gpu_memory_utilization=pinned)
     util = budget.default_gpu_memory_utilization(gpu)
     outside = gpu.cuda_total_bytes - budget.requested_bytes(gpu, util)
-    run.reasons.append(Reason(
+    return replace(draft.reason(Reason(
         knob="gpu-memory-utilization", choice=f"{util:g}", code="LargestSafeFraction",
         message=(
             f"{util:g} of the CUDA total {gib(gpu.cuda_total_bytes)} "
@@ -49,13 +53,16 @@ def decide(run: PlanRun) -> float:
             f"{gib(outside)} outside vLLM for the CUDA context, allocator "
             "fragmentation and sidecars"
         ),
-    ))
-    return util
+    )), gpu_memory_utilization=util)
 
 
-def check_room(run: PlanRun, batched: int, utilization: float, max_model_len: int) -> None:
-    """Weights and fixed overheads alone must fit before any KV question makes sense."""
+def check_room(run: PlanRun, draft: Draft) -> Draft:
+    """Weights and fixed overheads alone must fit before any KV question makes sense: the
+    draft unchanged, or ``NoFeasiblePlan`` / ``InvalidInput``."""
     gib, gpu = run.gib, run.gpu
+    batched = need(draft.batched_tokens, "max-num-batched-tokens")
+    utilization = need(draft.gpu_memory_utilization, "gpu-memory-utilization")
+    max_model_len = need(draft.max_model_len, "max-model-len").tokens
     probe = run.memory(kv_dtype_options.sixteen_bit(run), 16, run.seqs_for_memory, batched,
                        utilization)
     if probe.kv_budget_bytes <= 0:
@@ -72,3 +79,4 @@ def check_room(run: PlanRun, batched: int, utilization: float, max_model_len: in
                 f"of weights and buffers on {gpu.name} ({gib(gpu.cuda_total_bytes)} "
                 f"total); at most {max(0, room)} bytes ({gib(max(0, room))})",
             )
+    return draft

@@ -26,13 +26,13 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from kvtune.tuner.errors import KVTuneError
+from kvtune.tuner.facts import data_files
 from kvtune.tuner.facts.catalog import get_model
 from kvtune.tuner.facts.gpus import find_gpu_class
 from kvtune.tuner.facts.kvmemory import block_bytes, request_blocks
@@ -134,8 +134,7 @@ def _quantized_catalog_model(catalog_id: str, hf_id: str, quantization_json: str
     """A quantized checkpoint of a catalog model: the catalog's config.json and parameter count
     with the checkpoint's quantization_config, as kvtune reads the checkpoint's own config."""
     name = catalog_id.replace("/", "--") + ".json"
-    path = resources.files("kvtune.tuner.facts").joinpath("data", "models", name)
-    doc = json.loads(path.read_text("utf-8"))
+    doc = data_files.read_json("data", "models", name)
     config = {**doc["config"], "quantization_config": json.loads(quantization_json)}
     return ModelArchitecture.from_hf_config(
         config, hf_id, parameter_count=doc.get("parameter_count"))
@@ -148,8 +147,7 @@ def _shape_model(hf_id: str, config_json: str) -> ModelArchitecture:
 
 @cache
 def startup_logs() -> tuple[StartupLog, ...]:
-    path = resources.files("kvtune.tuner.facts").joinpath("data", "vllm_startup_logs.json")
-    doc = json.loads(path.read_text("utf-8"))
+    doc = data_files.read_json("data", "vllm_startup_logs.json")
     return tuple(StartupLog.model_validate(r) for r in doc["rows"])
 
 

@@ -1,31 +1,21 @@
 """The offline planner: one pool's vLLM KV-cache configuration, with a reason for every
 choice and the figures it expects.
 
-``plan_pool`` below makes the decisions in this order (each reads the ones before it); each
-lives in its own module, and docs/planner.md has the table:
-
-1. ``max-num-batched-tokens``: vLLM's default for the GPU (``decide_batched_tokens``).
-2. ``gpu-memory-utilization``: the largest safe fraction (``decide_utilization``).
-3. ``enable-prefix-caching``: from the profile's sharing (``decide_prefix_offload``).
-4. ``max-model-len``: a high quantile of prompt + output (``decide_max_model_len``).
-5. ``kv-cache-dtype``: the widest that holds the target concurrency and passes pre-flight
-   (``decide_dtype``); may shrink max-model-len.
-6. ``max-num-seqs``: the decode bandwidth model, capped by what fits (``decide_max_num_seqs``).
-7. ``max-num-batched-tokens`` again, for the TTFT SLO (``decide_batched_tokens.tune``).
-8. ``kv-offloading-size`` (``decide_prefix_offload``).
-9. ``block-size`` (``decide_block_size``), with a ``CandidateScorer`` together with
-   max-num-seqs; then the attention backend vLLM will pick (``decide_attention_backend``).
-
-Every knob can be pinned (``PlanPolicy.pins``); a pin that can never work raises
-``InvalidInput`` (``validation``) naming the pin, the value and the allowed values. When
-nothing fits, ``NoFeasiblePlan`` (``infeasible``) quotes the bytes needed and available and
-the smallest changes that fit. Shared state and memory arithmetic: ``planrun.PlanRun``.
+``PIPELINE`` below is the order of the decisions, in one place: each step takes the run's
+facts (``planrun.PlanRun``, read-only) and the ``draft.Draft`` so far and returns a new
+draft with its knob, reason and warnings added. Each knob is decided in its own
+``decide_<knob>.py``; docs/planner.md has the table. A knob is pinned by
+``PlanPolicy.pins``; a pin that can never work raises ``InvalidInput`` (``validation``)
+naming the pin, the value and the allowed values. When nothing fits, ``NoFeasiblePlan``
+(``infeasible``) quotes the bytes needed and available and the smallest changes that fit.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kvtune.tuner.layout import ParallelLayout
-from kvtune.tuner.plan import CandidateScore, KVPlan, PoolPlan, Reason, offload_backend
+from kvtune.tuner.plan import KVPlan, PoolPlan, Reason, offload_backend
 from kvtune.tuner.planner import (
     budget,
     decide_attention_backend,
@@ -41,6 +31,7 @@ from kvtune.tuner.planner import (
     kv_dtype_options,
 )
 from kvtune.tuner.planner.checks import WEIGHTS_AS_PLANNED
+from kvtune.tuner.planner.draft import Draft, Step, need
 from kvtune.tuner.planner.planrun import MAX_NUM_SEQS_CEILING, Memory, PlanRun
 from kvtune.tuner.planner.policy import PlanPolicy
 
@@ -48,6 +39,7 @@ from kvtune.tuner.planner.policy import PlanPolicy
 from kvtune.tuner.planner.request import CandidateScorer, PlanRequest, session_tokens
 
 __all__ = [
+    "PIPELINE",
     "CandidateScorer",
     "PlanRequest",
     "kv_capacity_by_dtype",
@@ -57,97 +49,103 @@ __all__ = [
 ]
 
 
-def plan_pool(request: PlanRequest, scorer: CandidateScorer | None = None) -> PoolPlan:
-    """Plan one pool. Pure: no I/O. Raises ``NoFeasiblePlan`` when nothing fits and
-    ``InvalidInput`` for a pin or input that can never work."""
-    run = PlanRun(request)  # validates the request and the pins
+def assemble(run: PlanRun, draft: Draft) -> Draft:
+    """The decided knobs as one ``KVPlan``, at the probe block size (decided next)."""
     pins = run.pins
-
-    batched = decide_batched_tokens.runtime_default(run)
-    utilization = decide_utilization.decide(run)
-    prefix_caching = decide_prefix_offload.prefix_caching(run)
-    max_model_len, len_code, len_message = decide_max_model_len.target(run)
-    run.len_target = max_model_len
-    decide_utilization.check_room(run, batched, utilization, max_model_len)
-
-    tpot, tpot_why = decide_max_num_seqs.tpot_target(run)
-    dtype, (max_model_len, len_code, len_message) = decide_dtype.decide(
-        run, batched, utilization, max_model_len, len_code, len_message, tpot, tpot_why)
-
-    # max-num-seqs: bandwidth model at the chosen dtype, capped by what fits; memory is
-    # figured at the probe block size (the block size is decided last).
-    bs = pins.block_size or run.backends.smallest_block(dtype)
-    mem = run.memory(dtype, bs, run.seqs_for_memory, batched, utilization)
-    fit_p50 = run.sessions(mem, dtype, bs, run.p50_session, batched, max_model_len)
-    max_num_seqs = decide_max_num_seqs.decide(
-        run, dtype, bs, batched, max_model_len, tpot, tpot_why, fit_p50)
-    max_model_len, len_code, len_message = decide_max_model_len.regrow(
-        run, dtype, bs, max_num_seqs, batched, utilization, max_model_len, len_code,
-        len_message)
-    decide_max_model_len.record(run, max_model_len, len_code, len_message)
-
-    batched = decide_batched_tokens.tune(
-        run, batched, dtype, bs, max_num_seqs, utilization, max_model_len)
-    offload = decide_prefix_offload.offload(run)
-
-    plan = KVPlan(
-        block_size=bs,
-        kv_cache_dtype=dtype,
-        gpu_memory_utilization=utilization,
+    seqs = need(draft.max_num_seqs, "max-num-seqs")
+    offload = draft.kv_offloading_size_gib
+    return replace(draft, plan=KVPlan(
+        block_size=need(draft.probe_block_size, "the probe block size"),
+        kv_cache_dtype=need(draft.kv_cache_dtype, "kv-cache-dtype"),
+        gpu_memory_utilization=need(draft.gpu_memory_utilization, "gpu-memory-utilization"),
         kv_cache_memory_bytes=pins.kv_cache_memory_bytes,
-        max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max(batched, max_num_seqs),
-        enable_prefix_caching=prefix_caching,
+        max_model_len=need(draft.max_model_len, "max-model-len").tokens,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=max(need(draft.batched_tokens, "max-num-batched-tokens"), seqs),
+        enable_prefix_caching=need(draft.enable_prefix_caching, "enable-prefix-caching"),
         kv_offloading_size_gib=offload,
         kv_offloading_backend=offload_backend(offload),
         attention_backend=pins.attention_backend,
         dtype=run.weights.dtype_flag,
         quantization=run.weights.quantization_flag,
         allow_deprecated_quantization=run.weights.allow_deprecated_quantization,
-    )
-    block_reason: Reason
-    chosen_score: CandidateScore | None = None
-    if scorer is not None:
-        plan, block_reason, chosen_score = decide_block_size.scored(run, plan, scorer, fit_p50)
-    else:
-        sessions_p95 = run.sessions(mem, dtype, bs, run.p95_session, batched, max_model_len)
-        bs, block_reason = decide_block_size.closed_form(
-            run, dtype, sessions_p95, prefix_caching)
-        plan = plan.model_copy(update={"block_size": bs})
-    run.reasons.append(block_reason)
-    return _final_pool_plan(run, plan, batched, utilization, chosen_score)
+    ))
 
 
-def _final_pool_plan(run: PlanRun, plan: KVPlan, batched: int, utilization: float,
-                     chosen_score: CandidateScore | None) -> PoolPlan:
-    """The decided ``plan`` checked once more against vLLM's pre-flight, with the attention
-    backend's and the weights' reasons, as the pool's plan."""
-    # The final plan must still pass vLLM's pre-flight at its own block size and batch.
-    if not run.preflight_ok(
-        run.memory(plan.kv_cache_dtype, plan.block_size, plan.max_num_seqs, batched,
-                   utilization),
-        plan.kv_cache_dtype, plan.block_size, batched, plan.max_model_len,
-    ):
-        raise infeasible.no_fit(run, plan.max_model_len, batched, utilization, ())
-    decide_attention_backend.report(run, plan)
+def final_preflight(run: PlanRun, draft: Draft) -> Draft:
+    """The draft unchanged if its plan still passes vLLM's pre-flight at its own block size
+    (at the step budget memory was figured with), else ``NoFeasiblePlan``."""
+    plan = need(draft.plan, "the assembled plan")
+    batched = need(draft.batched_tokens, "max-num-batched-tokens")
+    mem = run.memory(plan.kv_cache_dtype, plan.block_size, plan.max_num_seqs, batched,
+                     plan.gpu_memory_utilization)
+    if not run.preflight_ok(mem, plan.kv_cache_dtype, plan.block_size, batched,
+                            plan.max_model_len):
+        raise infeasible.no_fit(run, plan.max_model_len, batched,
+                                plan.gpu_memory_utilization, ())
+    return draft
+
+
+def weights_reason(run: PlanRun, draft: Draft) -> Draft:
+    """The draft with how the weights load (flags, quantization), when there is any news."""
     weights = run.weights
-    if weights.vllm_args() or weights.method or run.model.torch_dtype == "float32":
-        run.reasons.append(Reason(
-            knob="quantization", choice=weights.quantization_flag or weights.method or "none",
-            code=WEIGHTS_AS_PLANNED,
-            message=weights.note + (
-                f": {' '.join(weights.vllm_args())}" if weights.vllm_args() else ""),
-        ))
+    if not (weights.vllm_args() or weights.method or run.model.torch_dtype == "float32"):
+        return draft
+    return draft.reason(Reason(
+        knob="quantization", choice=weights.quantization_flag or weights.method or "none",
+        code=WEIGHTS_AS_PLANNED,
+        message=weights.note + (
+            f": {' '.join(weights.vllm_args())}" if weights.vllm_args() else ""),
+    ))
+
+
+# The decisions in order; each reads the knobs the steps before it decided.
+PIPELINE: tuple[Step, ...] = (
+    decide_batched_tokens.runtime_default,  # vLLM's default: every memory figure needs it
+    decide_utilization.decide,  # gpu-memory-utilization: the largest safe fraction
+    decide_prefix_offload.prefix_caching,  # enable-prefix-caching: from the sharing
+    decide_max_model_len.target,  # max-model-len: a high quantile of prompt + output
+    decide_utilization.check_room,  # weights and buffers leave room for any KV
+    decide_max_num_seqs.tpot_target,  # the TPOT target the batch is sized for
+    decide_dtype.decide,  # kv-cache-dtype: the widest that holds the target (may shrink
+    #                       max-model-len to pass pre-flight)
+    decide_max_num_seqs.decide,  # max-num-seqs: decode bandwidth, capped by what fits
+    decide_max_model_len.settle,  # max-model-len: grown back into what max-num-seqs frees
+    decide_batched_tokens.tune,  # max-num-batched-tokens: grown for the TTFT SLO
+    decide_prefix_offload.offload,  # kv-offloading-size: from reuse and the CPU budget
+    assemble,  # the knobs as one KVPlan
+    # then block-size (with a scorer, together with max-num-seqs): decide_block_size.decide,
+    # called from plan_pool, which holds the scorer
+)
+# After the block size: checked once more, then what the plan will run with.
+FINISH: tuple[Step, ...] = (
+    final_preflight,
+    decide_attention_backend.report,  # attention-backend: left to vLLM, reported
+    weights_reason,  # quantization / dtype flags the weights need
+)
+
+
+def plan_pool(request: PlanRequest, scorer: CandidateScorer | None = None) -> PoolPlan:
+    """Plan one pool. Pure: no I/O. Raises ``NoFeasiblePlan`` when nothing fits and
+    ``InvalidInput`` for a pin or input that can never work."""
+    run = PlanRun(request)  # validates the request and the pins
+
+    def block_size(run: PlanRun, draft: Draft) -> Draft:
+        return decide_block_size.decide(run, draft, scorer)
+
+    draft = Draft(warnings=run.validation_warnings)
+    for step in (*PIPELINE, block_size, *FINISH):
+        draft = step(run, draft)
+    plan = need(draft.plan, "the assembled plan")
     return PoolPlan(
         model_id=run.model.hf_id,
         gpu_class=run.gpu.name,
         tensor_parallel=run.tp,
         vllm_version=run.runtime.vllm_version,
         plan=plan,
-        expected=expected.figures(run, plan, chosen_score),
-        reasons=tuple(run.reasons),
-        warnings=tuple(run.warnings),
+        expected=expected.figures(run, plan, draft.score),
+        reasons=draft.reasons,
+        warnings=draft.warnings,
         # TP alone keeps the plan's shape of before layouts (no layout key).
         layout=None if run.layout == ParallelLayout(tensor_parallel=run.tp) else run.layout,
     )
@@ -182,7 +180,7 @@ def kv_capacity_by_dtype(request: PlanRequest) -> dict[str, int]:
     batched, _ = run.runtime.defaults_for_memory(request.gpu.cuda_total_bytes,
                                                  request.gpu.name)
     util = budget.default_gpu_memory_utilization(request.gpu)
-    mml, _, _ = decide_max_model_len.target(run)
+    mml = need(decide_max_model_len.target(run, Draft()).max_model_len, "max-model-len").tokens
     skip = kv_dtype_options.aliases(run)
     for d in kv_dtype_options.options(run):
         if d.name in skip or run.backends.dtype_unusable(d) is not None:

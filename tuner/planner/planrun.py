@@ -1,10 +1,9 @@
-"""One planning run's shared state: the request's derived facts, the reasons and warnings
-the decisions append, and the memory arithmetic every decision asks (bytes per choice,
-sessions that fit, vLLM's pre-flight).
+"""One planning run's facts: the request's derived facts and the memory arithmetic every
+decision asks (bytes per choice, sessions that fit, vLLM's pre-flight).
 
-A ``PlanRun`` is built once per ``plan_pool`` call and passed to the ``decide_*`` modules;
-building it validates the request (``validation``), so an impossible pin fails before any
-decision is made.
+A ``PlanRun`` is built once per ``plan_pool`` call and passed, read-only, to the decision
+steps (what they decide travels in ``draft.Draft``); building it validates the request
+(``validation``), so an impossible pin fails before any decision is made.
 """
 
 from __future__ import annotations
@@ -14,10 +13,8 @@ from dataclasses import dataclass
 from kvtune.tuner.facts.capabilities import AttentionFamily, RuntimeCapabilities, get_runtime
 from kvtune.tuner.facts.kvmemory import block_bytes, request_kv_bytes
 from kvtune.tuner.facts.weights import WeightsLoad, weights_bytes_per_gpu, weights_load
-from kvtune.tuner.plan import Reason
 from kvtune.tuner.planner import budget, validation
 from kvtune.tuner.planner.backend_choice import BackendChooser
-from kvtune.tuner.planner.checks import PINNED
 from kvtune.tuner.planner.request import PlanRequest, session_tokens
 from kvtune.tuner.units import GiB
 
@@ -56,16 +53,12 @@ class PlanRun:
         self.weights: WeightsLoad = weights_load(self.model, request.weights_dtype)
         # The dtype vLLM serves at (float32 checkpoints at bfloat16): KV "auto" is this.
         self.model_dtype = self.weights.served_dtype
-        self.reasons: list[Reason] = []
-        self.warnings: list[str] = []
-        # max-model-len's (tokens, code, message) before pre-flight shrank it, so that a
-        # later regrow to the full length can say nothing was lowered.
-        self.unshrunk_len: tuple[int, str, str] | None = None
         self.backends = BackendChooser(
             self.runtime, self.attention, self.cc, self.pins.attention_backend,
             self.gpu.name, self.model_dtype, sinks=self.model.attention_sinks)
-        self.warnings += validation.validate(
-            request, self.runtime, self.backends, self.attention, self.weights)
+        # What validation warns of: the first warnings of the plan.
+        self.validation_warnings: tuple[str, ...] = tuple(validation.validate(
+            request, self.runtime, self.backends, self.attention, self.weights))
         self.layout = request.layout
         self.weights_bytes = weights_bytes_per_gpu(
             self.model, request.weights_dtype, self.tp, data_parallel=self.layout.data_parallel
@@ -77,18 +70,11 @@ class PlanRun:
             self.gpu.cuda_total_bytes, self.gpu.name)
         self.seqs_for_memory = self.pins.max_num_seqs or min(default_seqs, MAX_NUM_SEQS_CEILING)
         self.p50_session = session_tokens(request.profile, "p50")
-        # The max-model-len target before pre-flight (set by planning once decided).
-        self.len_target = 0
 
     @staticmethod
     def gib(n: float) -> str:
         """Bytes as the messages quote them."""
         return f"{n / GiB:.2f} GiB"
-
-    def pinned(self, knob: str, value: str) -> None:
-        self.reasons.append(Reason(
-            knob=knob, choice=value, code=PINNED, message=f"pinned by the policy to {value}"
-        ))
 
     # --- memory -----------------------------------------------------------------------------
 

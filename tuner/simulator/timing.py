@@ -39,13 +39,12 @@ weights) and the LM head (0.27 ms), attention's fixed 32 x 11.2 us = 0.36 ms and
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from functools import cache
-from importlib import resources
 from typing import Any
 
+from kvtune.tuner.facts import data_files
 from kvtune.tuner.facts.step_kernels import MESSAGE_FIRST_EXPONENT, interp_pow2
 
 
@@ -58,8 +57,8 @@ class Efficiency:
 
 @cache
 def _efficiency_table() -> dict[str, Any]:
-    text = resources.files("kvtune.tuner.simulator").joinpath("efficiency.json").read_text()
-    table: dict[str, Any] = json.loads(text)
+    table: dict[str, Any] = data_files.read_json("efficiency.json",
+                                                  package=data_files.SIMULATOR)
     return table
 
 
