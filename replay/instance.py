@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import math
 import random
 from collections import OrderedDict, deque
@@ -119,10 +120,14 @@ class InstanceMetrics:
     finished: dict[str, int] = field(default_factory=dict)  # by finished_reason
     gauges: dict[str, float] = field(default_factory=dict)
     histograms: dict[str, HistogramState] = field(default_factory=dict)
+    # The labelled counters by their ``source`` label (vm.SOURCE_LABELS).
+    by_source: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for spec in vm.METRICS:
-            if spec.kind == "counter" and spec.name != vm.REQUEST_SUCCESS:
+            if spec.name in vm.SOURCE_LABELS:
+                self.by_source[spec.name] = dict.fromkeys(vm.SOURCE_LABELS[spec.name], 0.0)
+            elif spec.kind == "counter" and spec.name != vm.REQUEST_SUCCESS:
                 self.counters[spec.name] = 0.0
             elif spec.kind == "gauge":
                 self.gauges[spec.name] = 0.0
@@ -194,6 +199,9 @@ class Instance:
         self._used_blocks = 0
         self._serial = 0
         self.rejected_too_long = 0
+        # ``--kv-cache-metrics`` per cached block (vLLM's BlockMetricsState, every block
+        # sampled): allocation time, last access, the last 4 prefix-cache hits' times.
+        self._residency: dict[tuple[int, int], tuple[float, float, deque[float]]] = {}
 
     # --- block pool -------------------------------------------------------------------
     @property
@@ -205,9 +213,30 @@ class Instance:
         # Evict cached-but-free blocks, oldest first, when the uncached free ones run out.
         uncached_free = self.free_blocks - len(self._evictable)
         while uncached_free < n:
-            self._evictable.popitem(last=False)
+            key, _ = self._evictable.popitem(last=False)
+            self._observe_eviction(key)
             uncached_free += 1
         self._used_blocks += n
+
+    def _observe_eviction(self, key: tuple[int, int]) -> None:
+        """vLLM's ``KVCacheMetricsCollector.on_block_evicted``: lifetime, idle time and the
+        gaps between the block's recorded hits (vllm/v1/core/kv_cache_metrics.py)."""
+        born = self._residency.pop(key, None)
+        if born is None:
+            return
+        birth, last, hits = born
+        h = self.metrics.histograms
+        h[vm.KV_BLOCK_LIFETIME].observe(self.now_seconds - birth)
+        h[vm.KV_BLOCK_IDLE_BEFORE_EVICT].observe(self.now_seconds - last)
+        for a, b in itertools.pairwise(hits):
+            h[vm.KV_BLOCK_REUSE_GAP].observe(b - a)
+
+    def _touch(self, key: tuple[int, int]) -> None:
+        """A prefix-cache hit on ``key`` (``on_block_accessed``)."""
+        state = self._residency.get(key)
+        if state is not None:
+            state[2].append(self.now_seconds)
+            self._residency[key] = (state[0], self.now_seconds, state[2])
 
     def _release(self, r: _Request) -> None:
         for key in reversed(r.held_keys):  # tail first: the chain's tail is evicted first
@@ -260,7 +289,9 @@ class Instance:
         m = self.metrics
         m.counters[vm.PREFIX_CACHE_QUERIES] += r.req.prompt_tokens
         m.counters[vm.PREFIX_CACHE_HITS] += hits * cfg.block_size
+        self._count_sources(r.req.prompt_tokens, hits * cfg.block_size)
         for key in r.prefix_keys[:hits]:
+            self._touch(key)
             if key in self._evictable:
                 del self._evictable[key]
                 self._used_blocks += 1
@@ -277,6 +308,7 @@ class Instance:
             else:
                 self._evictable.pop(key, None)
                 self._refcount[key] = 1
+                self._residency[key] = (self.now_seconds, self.now_seconds, deque(maxlen=4))
         r.held_keys = list(r.prefix_keys)
         r.held_plain_blocks = needed_blocks - len(r.prefix_keys)
         r.hit_tokens = hits * cfg.block_size
@@ -285,6 +317,17 @@ class Instance:
         if r.scheduled_seconds is None:
             r.scheduled_seconds = self.now_seconds
         return True
+
+    def _count_sources(self, prompt_tokens: int, hit_tokens: int) -> None:
+        """``vllm:prompt_tokens_by_source`` and ``..._cached_by_source``: this engine has no
+        tier beyond the GPU, so every hit is a local (device) one."""
+        m = self.metrics
+        m.counters[vm.PROMPT_TOKENS_CACHED] += hit_tokens
+        by, cached = m.by_source[vm.PROMPT_TOKENS_BY_SOURCE], \
+            m.by_source[vm.PROMPT_TOKENS_CACHED_BY_SOURCE]
+        by["local_compute"] += prompt_tokens - hit_tokens
+        by["local_cache_hit"] += hit_tokens
+        cached["device"] += hit_tokens
 
     def _preempt_newest(self) -> None:
         victim = self.running.pop()
