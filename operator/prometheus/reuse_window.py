@@ -38,6 +38,17 @@ from kvtune.tuner.workload import SecondsQuantiles
 
 Buckets = list[tuple[float, float]]
 
+# vLLM's own default (``ObservabilityConfig.kv_cache_metrics_sample``): 1 % of the GPU pool's
+# blocks are followed, enough for quantiles over a profiling window (a pool evicting 100
+# blocks a second gives ~3,600 samples an hour) at a cost the vLLM authors chose as default.
+KV_CACHE_METRICS_SAMPLE = 0.01
+
+
+def vllm_flags() -> list[str]:
+    """The ``vllm serve`` flags that turn the residency histograms on (every pool the
+    operator renders: its profiling reads them)."""
+    return ["--kv-cache-metrics", f"--kv-cache-metrics-sample={KV_CACHE_METRICS_SAMPLE:g}"]
+
 
 class TierHitRates(BaseModel):
     """Observed: the share of prompt tokens whose KV each tier supplied (None: no prompt
@@ -127,5 +138,5 @@ def notes(gap: SecondsQuantiles | None, idle: SecondsQuantiles | None) -> tuple[
     return tuple(out)
 
 
-__all__ = ["TierHitRates", "by_source", "notes", "queries", "seconds_quantiles",
-           "tier_hit_rates"]
+__all__ = ["KV_CACHE_METRICS_SAMPLE", "TierHitRates", "by_source", "notes", "queries",
+           "seconds_quantiles", "tier_hit_rates", "vllm_flags"]
