@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from kvtune.operator.api.reuse_status import TierHitRatesStatus
 from kvtune.operator.api.schema_base import _Status
 
 
@@ -82,6 +83,8 @@ class ObservedStatus(_Status):
     num_gpu_blocks: list[int] = []
     context_tokens: list[QuantileEstimateStatus] = []
     output_tokens: list[QuantileEstimateStatus] = []
+    # The share of prompt tokens each KV tier supplied (vLLM's prompt tokens by source).
+    tier_hit_rates: TierHitRatesStatus | None = None
 
 
 class CandidateProfileStatus(_Status):

@@ -20,6 +20,7 @@ from kvtune.operator.api import (
 )
 from kvtune.operator.prometheus.histograms import QuantileEstimate
 from kvtune.operator.prometheus.profiling import ObservedFigures
+from kvtune.operator.retune import reuse_observed
 from kvtune.operator.retune.decide import RetuneState
 from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
 
@@ -51,6 +52,7 @@ def observed_status(obs: ObservedFigures) -> ObservedStatus:
         num_gpu_blocks=list(obs.num_gpu_blocks),
         context_tokens=_quantiles(obs.context_quantiles),
         output_tokens=_quantiles(obs.output_quantiles),
+        tier_hit_rates=reuse_observed.rates_status(obs.tier_hit_rates),
     )
 
 
