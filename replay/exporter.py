@@ -67,8 +67,8 @@ class _InstanceCollector(Collector):
                         for reason, n in m.finished.items():
                             c.add_metric([*labels, reason], n)
                     elif spec.name in m.by_source:
-                        for source, n in m.by_source[spec.name].items():
-                            c.add_metric([*labels, source], n)
+                        for source, tokens in m.by_source[spec.name].items():
+                            c.add_metric([*labels, source], tokens)
                     else:
                         c.add_metric(labels, m.counters[spec.name])
                     yield c
