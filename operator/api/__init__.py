@@ -60,6 +60,7 @@ from kvtune.operator.api.profile_status import QuantileEstimateStatus as Quantil
 from kvtune.operator.api.profile_status import RetunePoolStatus as RetunePoolStatus
 from kvtune.operator.api.profile_status import RetuneStateStatus as RetuneStateStatus
 from kvtune.operator.api.profile_status import RetuneStatus as RetuneStatus
+from kvtune.operator.api.profile_status import SecondsQuantilesStatus as SecondsQuantilesStatus
 from kvtune.operator.api.profile_status import TokenQuantilesStatus as TokenQuantilesStatus
 from kvtune.operator.api.profile_status import UnverifiedCause as UnverifiedCause
 from kvtune.operator.api.reuse_status import ObservedReuseStatus as ObservedReuseStatus

@@ -19,6 +19,16 @@ class TokenQuantilesStatus(_Status):
     max: int
 
 
+class SecondsQuantilesStatus(_Status):
+    """Quantiles of a time distribution (reuse gaps, idle time before eviction), seconds."""
+
+    p50: float
+    p90: float
+    p99: float
+    max: float
+    count: int = 0
+
+
 ProfileScope = Literal["pool", "deployment"]
 
 
@@ -45,6 +55,11 @@ class ProfileStatus(_Status):
     arrival_cv: float | None = None
     window_seconds: float | None = None
     notes: list[str] | None = None
+    # Reuse (vLLM's --kv-cache-metrics, or a trace's): kept whole for the same reason.
+    prefix_reuse_gap_seconds: SecondsQuantilesStatus | None = None
+    prefix_reuse_distance_tokens: TokenQuantilesStatus | None = None
+    session_gap_seconds: SecondsQuantilesStatus | None = None
+    kv_block_idle_before_evict_seconds: SecondsQuantilesStatus | None = None
 
 
 class DeploymentProfileStatus(ProfileStatus):
@@ -100,6 +115,11 @@ class CandidateProfileStatus(_Status):
     arrival_cv: float | None = None
     window_seconds: float | None = None
     notes: list[str] | None = None
+    # Reuse (vLLM's --kv-cache-metrics, or a trace's): kept whole for the same reason.
+    prefix_reuse_gap_seconds: SecondsQuantilesStatus | None = None
+    prefix_reuse_distance_tokens: TokenQuantilesStatus | None = None
+    session_gap_seconds: SecondsQuantilesStatus | None = None
+    kv_block_idle_before_evict_seconds: SecondsQuantilesStatus | None = None
 
 
 class RetuneStateStatus(_Status):

@@ -18,6 +18,7 @@ from kvtune.operator.api import (
     RetuneStateStatus,
     TokenQuantilesStatus,
 )
+from kvtune.operator.api.workloads import reuse_from_status, reuse_status_fields
 from kvtune.operator.prometheus.histograms import QuantileEstimate
 from kvtune.operator.prometheus.profiling import ObservedFigures
 from kvtune.operator.retune import reuse_observed
@@ -73,7 +74,7 @@ def state_status(state: RetuneState) -> RetuneStateStatus:
             shared_prefix_tokens=cand.shared_prefix_tokens,
             request_rate_per_second=cand.request_rate_per_second, requests=cand.requests,
             arrival_cv=cand.arrival_cv, window_seconds=cand.window_seconds,
-            notes=list(cand.notes)),
+            notes=list(cand.notes), **reuse_status_fields(cand)),
     )
 
 
@@ -100,5 +101,6 @@ def state_from_status(status: InferenceDeploymentStatus, pool: str,
             if cand.shared_prefix_tokens is not None else declared.shared_prefix_tokens,
             "request_rate_per_second": cand.request_rate_per_second,
             "requests": cand.requests, "arrival_cv": cand.arrival_cv,
-            "window_seconds": cand.window_seconds, "notes": tuple(cand.notes or ())}),
+            "window_seconds": cand.window_seconds, "notes": tuple(cand.notes or ()),
+            **reuse_from_status(cand)}),
     )
