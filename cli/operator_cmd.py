@@ -83,6 +83,10 @@ def render_limits(in_flight: int, cpu_seconds: float, window_seconds: float,
               help="Price of one GPU of a class per hour for the cost figures in status "
               "(repeatable; the chart's gpuPrices). A pool's gpuPriceUsdPerHour overrides it; "
               "without either, kvtune's list prices (tuner/facts/data/gpu_prices.json).")
+@click.option("--host-memory-price", type=finite(0, 1e3, min_open=True), metavar="USD",
+              default=None, help="USD per GiB-hour of host memory, for the CPU KV tier's cost "
+              "in status (the chart's hostMemoryPriceUsdPerGiBHour; as `kvtune plan "
+              "--host-memory-price`). Without it the tier is not priced.")
 @click.option("--template-renders-in-flight", type=click.IntRange(1, 64),
               default=render_fairness.IN_FLIGHT_PER_TENANT, show_default=True,
               help="Renders of one namespace's pod templates that may run at once (the "
@@ -105,7 +109,7 @@ def operator(kubeconfig: str | None, namespaces: tuple[str, ...], metrics_port: 
              liveness_endpoint: str | None, priority: int | None, pod_security: str,
              service_accounts: tuple[str, ...], secrets: tuple[str, ...],
              images: tuple[str, ...], secrets_admission: bool,
-             gpu_prices: tuple[str, ...],
+             gpu_prices: tuple[str, ...], host_memory_price: float | None,
              template_renders_in_flight: int, template_cpu_seconds: float,
              template_cpu_window_seconds: float, template_retry_spread_seconds: float,
              search_cpu_seconds: float, search_memory_mib: int, verbose: bool) -> None:
@@ -116,7 +120,7 @@ def operator(kubeconfig: str | None, namespaces: tuple[str, ...], metrics_port: 
     from kvtune.operator.monitoring import metrics
     from kvtune.operator.render import pod_policy, template_sandbox, tenant_reach
     from kvtune.operator.search import gpu_prices as prices
-    from kvtune.operator.search import search_budget, search_jobs
+    from kvtune.operator.search import reuse_summary, search_budget, search_jobs
     from kvtune.tuner.errors import KVTuneError
     from kvtune.tuner.facts.prices import parse_overrides
 
@@ -124,6 +128,7 @@ def operator(kubeconfig: str | None, namespaces: tuple[str, ...], metrics_port: 
         prices.CONFIG.overrides = parse_overrides(gpu_prices, "--gpu-price")
     except KVTuneError as exc:
         raise click.BadParameter(str(exc), param_hint="--gpu-price") from None
+    reuse_summary.CONFIG.usd_per_gib_hour = host_memory_price
     # The operator's settings are taken before anything connects.
     template_sandbox.BUDGET.configure(render_limits(
         template_renders_in_flight, template_cpu_seconds, template_cpu_window_seconds,

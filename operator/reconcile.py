@@ -549,6 +549,7 @@ def base_status(spec: InferenceDeploymentSpec, pool: PoolSpec, prev: PoolStatus 
         plan_inputs=prev.plan_inputs if prev else None,
         warnings=list(prev.warnings) if prev else [],
         slo_at_risk=prev.slo_at_risk if prev else None, cost=prev.cost if prev else None,
+        reuse=prev.reuse if prev else None, observed_reuse=prev.observed_reuse if prev else None,
         rejected_plan_hash=prev.rejected_plan_hash if prev else None,
         # What the runtime reported is refreshed by the runtime-reports timer only.
         runtime=prev.runtime if prev and spec.runtime.entrypoint == "kvtune" else None,

@@ -66,6 +66,9 @@ class _InstanceCollector(Collector):
                     if spec.name == vm.REQUEST_SUCCESS:
                         for reason, n in m.finished.items():
                             c.add_metric([*labels, reason], n)
+                    elif spec.name in m.by_source:
+                        for source, tokens in m.by_source[spec.name].items():
+                            c.add_metric([*labels, source], tokens)
                     else:
                         c.add_metric(labels, m.counters[spec.name])
                     yield c

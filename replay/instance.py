@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import math
 import random
 from collections import deque
@@ -129,10 +130,14 @@ class InstanceMetrics:
     finished: dict[str, int] = field(default_factory=dict)  # by finished_reason
     gauges: dict[str, float] = field(default_factory=dict)
     histograms: dict[str, HistogramState] = field(default_factory=dict)
+    # The labelled counters by their ``source`` label (vm.SOURCE_LABELS).
+    by_source: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for spec in vm.METRICS:
-            if spec.kind == "counter" and spec.name != vm.REQUEST_SUCCESS:
+            if spec.name in vm.SOURCE_LABELS:
+                self.by_source[spec.name] = dict.fromkeys(vm.SOURCE_LABELS[spec.name], 0.0)
+            elif spec.kind == "counter" and spec.name != vm.REQUEST_SUCCESS:
                 self.counters[spec.name] = 0.0
             elif spec.kind == "gauge":
                 self.gauges[spec.name] = 0.0
@@ -192,6 +197,9 @@ class Instance:
         self._interner = SegmentInterner()
         self._keyspace = KeySpace(config.block_size)
         self.rejected_too_long = 0
+        # ``--kv-cache-metrics`` per cached block id (vLLM's BlockMetricsState, every block
+        # sampled): allocation time, last access, the last 4 prefix-cache hits' times.
+        self._residency: dict[int, tuple[float, float, deque[float]]] = {}
 
     # --- the KV cache (the simulator's block pool) ----------------------------------------
     @property
@@ -201,6 +209,35 @@ class Instance:
     def used_blocks(self) -> int:
         """Blocks held by requests (block 0, vLLM's null block, is never handed out)."""
         return self.pool.num_gpu_blocks - 1 - self.free_blocks
+
+    def _new_blocks(self, n: int) -> np.ndarray:
+        """``n`` blocks from the pool's free queue; a handed-out block that still held cached
+        content has that content evicted (vLLM's ``_maybe_evict_cached_block``)."""
+        blocks = self.pool.get_new_blocks(n)
+        for b in blocks.tolist():
+            self._observe_eviction(b)
+        return blocks
+
+    def _observe_eviction(self, block: int) -> None:
+        """vLLM's ``KVCacheMetricsCollector.on_block_evicted``: lifetime, idle time and the
+        gaps between the block's recorded hits (vllm/v1/core/kv_cache_metrics.py)."""
+        born = self._residency.pop(block, None)
+        if born is None:
+            return
+        birth, last, hits = born
+        h = self.metrics.histograms
+        h[vm.KV_BLOCK_LIFETIME].observe(self.now_seconds - birth)
+        h[vm.KV_BLOCK_IDLE_BEFORE_EVICT].observe(self.now_seconds - last)
+        for a, b in itertools.pairwise(hits):
+            h[vm.KV_BLOCK_REUSE_GAP].observe(b - a)
+
+    def _touch(self, blocks: np.ndarray) -> None:
+        """Prefix-cache hits on ``blocks`` (``on_block_accessed``)."""
+        for b in blocks.tolist():
+            state = self._residency.get(b)
+            if state is not None:
+                state[2].append(self.now_seconds)
+                self._residency[b] = (state[0], self.now_seconds, state[2])
 
     def _release(self, r: _Request) -> None:
         # The simulator's free (vLLM's, tail first): full blocks stay cached, those holding
@@ -249,15 +286,31 @@ class Instance:
         m = self.metrics
         m.counters[vm.PREFIX_CACHE_QUERIES] += prompt
         m.counters[vm.PREFIX_CACHE_HITS] += len(hits) * cfg.block_size
+        self._count_sources(prompt, len(hits) * cfg.block_size)
+        self._touch(hits)
         pool.touch(hits)
-        r.blocks = np.concatenate([hits, pool.get_new_blocks(new_blocks)])
+        r.blocks = np.concatenate([hits, self._new_blocks(new_blocks)])
         pool.cache_full_blocks(r.blocks, r.hashes, len(hits), prompt // cfg.block_size)
+        for b in r.blocks[len(hits):min(len(r.hashes), prompt // cfg.block_size)].tolist():
+            if pool.hash_of(b) is not None:  # cached now, so followed until it is evicted
+                self._residency[b] = (self.now_seconds, self.now_seconds, deque(maxlen=4))
         r.hit_tokens = len(hits) * cfg.block_size
         r.prefilled_tokens = 0.0
         r.generated_tokens = 0.0
         if r.scheduled_seconds is None:
             r.scheduled_seconds = self.now_seconds
         return True
+
+    def _count_sources(self, prompt_tokens: int, hit_tokens: int) -> None:
+        """``vllm:prompt_tokens_by_source`` and ``..._cached_by_source``: this engine has no
+        tier beyond the GPU, so every hit is a local (device) one."""
+        m = self.metrics
+        m.counters[vm.PROMPT_TOKENS_CACHED] += hit_tokens
+        by, cached = m.by_source[vm.PROMPT_TOKENS_BY_SOURCE], \
+            m.by_source[vm.PROMPT_TOKENS_CACHED_BY_SOURCE]
+        by["local_compute"] += prompt_tokens - hit_tokens
+        by["local_cache_hit"] += hit_tokens
+        cached["device"] += hit_tokens
 
     def _preempt_newest(self) -> None:
         victim = self.running.pop()
@@ -333,7 +386,7 @@ class Instance:
                 self._preempt_newest()
                 continue
             if extra_blocks > 0:
-                r.blocks = np.concatenate([r.blocks, self.pool.get_new_blocks(extra_blocks)])
+                r.blocks = np.concatenate([r.blocks, self._new_blocks(extra_blocks)])
             r.generated_tokens += grow
             decoded += grow
             n_tokens = int(r.generated_tokens) - int(r.generated_tokens - grow)

@@ -181,6 +181,12 @@ class SimInstance:
         c[vm.PREFIX_CACHE_QUERIES] = float(st.prefix_query_tokens)
         c[vm.PREFIX_CACHE_HITS] = float(st.prefix_hit_tokens)
         c[vm.PROMPT_TOKENS_CACHED] = float(st.prefix_hit_tokens)
+        # Every hit here is the GPU's own (the simulator's CPU tier is not replayed), so the
+        # by-source counters split the prompt into computed and device-cached tokens.
+        m.by_source[vm.PROMPT_TOKENS_BY_SOURCE].update(
+            local_compute=float(st.prefix_query_tokens - st.prefix_hit_tokens),
+            local_cache_hit=float(st.prefix_hit_tokens))
+        m.by_source[vm.PROMPT_TOKENS_CACHED_BY_SOURCE]["device"] = float(st.prefix_hit_tokens)
         c[vm.NUM_PREEMPTIONS] = float(st.preemptions)
         c[vm.PROMPT_TOKENS] = float(st.prompt_tokens)
         c[vm.GENERATION_TOKENS] = float(st.generation_tokens)

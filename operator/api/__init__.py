@@ -62,8 +62,13 @@ from kvtune.operator.api.profile_status import QuantileEstimateStatus as Quantil
 from kvtune.operator.api.profile_status import RetunePoolStatus as RetunePoolStatus
 from kvtune.operator.api.profile_status import RetuneStateStatus as RetuneStateStatus
 from kvtune.operator.api.profile_status import RetuneStatus as RetuneStatus
+from kvtune.operator.api.profile_status import SecondsQuantilesStatus as SecondsQuantilesStatus
 from kvtune.operator.api.profile_status import TokenQuantilesStatus as TokenQuantilesStatus
 from kvtune.operator.api.profile_status import UnverifiedCause as UnverifiedCause
+from kvtune.operator.api.reuse_status import ObservedReuseStatus as ObservedReuseStatus
+from kvtune.operator.api.reuse_status import ReuseStatus as ReuseStatus
+from kvtune.operator.api.reuse_status import TierHitRatesStatus as TierHitRatesStatus
+from kvtune.operator.api.reuse_status import TierSizeStatus as TierSizeStatus
 from kvtune.operator.api.routing_spec import HEADER_NAME_PATTERN as HEADER_NAME_PATTERN
 from kvtune.operator.api.routing_spec import GatewayRef as GatewayRef
 from kvtune.operator.api.routing_spec import RoutingSpec as RoutingSpec

@@ -12,6 +12,7 @@ from pydantic import ConfigDict
 
 from kvtune.operator.api.plan_status_fields import PlanStatusFields
 from kvtune.operator.api.profile_status import ProfileStatus
+from kvtune.operator.api.reuse_status import ObservedReuseStatus, ReuseStatus
 from kvtune.operator.api.schema_base import _knob_docs, _Status
 
 
@@ -202,5 +203,9 @@ class PoolStatus(_Status):
     # rate: the attainment, the rate one replica sustains and the replicas needed.
     slo_at_risk: str | None = None
     cost: CostStatus | None = None  # the chosen configuration's, when the class has a price
+    # Prefix reuse the capacity search predicts (hit rate per tier, the CPU tier chosen and
+    # why, what the reuse saves); the observed shares beside it are the retune timer's.
+    reuse: ReuseStatus | None = None
     observed_slo: ObservedSLOStatus | None = None  # written by the retune timer
+    observed_reuse: ObservedReuseStatus | None = None  # written by the retune timer
     routing: PoolRoutingStatus | None = None  # spec.routing.enabled, once applied

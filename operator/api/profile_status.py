@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from kvtune.operator.api.reuse_status import TierHitRatesStatus
 from kvtune.operator.api.schema_base import _Status
 
 
@@ -16,6 +17,16 @@ class TokenQuantilesStatus(_Status):
     p95: int
     p99: int
     max: int
+
+
+class SecondsQuantilesStatus(_Status):
+    """Quantiles of a time distribution (reuse gaps, idle time before eviction), seconds."""
+
+    p50: float
+    p90: float
+    p99: float
+    max: float
+    count: int = 0
 
 
 ProfileScope = Literal["pool", "deployment"]
@@ -44,6 +55,11 @@ class ProfileStatus(_Status):
     arrival_cv: float | None = None
     window_seconds: float | None = None
     notes: list[str] | None = None
+    # Reuse (vLLM's --kv-cache-metrics, or a trace's): kept whole for the same reason.
+    prefix_reuse_gap_seconds: SecondsQuantilesStatus | None = None
+    prefix_reuse_distance_tokens: TokenQuantilesStatus | None = None
+    session_gap_seconds: SecondsQuantilesStatus | None = None
+    kv_block_idle_before_evict_seconds: SecondsQuantilesStatus | None = None
 
 
 class DeploymentProfileStatus(ProfileStatus):
@@ -82,6 +98,8 @@ class ObservedStatus(_Status):
     num_gpu_blocks: list[int] = []
     context_tokens: list[QuantileEstimateStatus] = []
     output_tokens: list[QuantileEstimateStatus] = []
+    # The share of prompt tokens each KV tier supplied (vLLM's prompt tokens by source).
+    tier_hit_rates: TierHitRatesStatus | None = None
 
 
 class CandidateProfileStatus(_Status):
@@ -97,6 +115,11 @@ class CandidateProfileStatus(_Status):
     arrival_cv: float | None = None
     window_seconds: float | None = None
     notes: list[str] | None = None
+    # Reuse (vLLM's --kv-cache-metrics, or a trace's): kept whole for the same reason.
+    prefix_reuse_gap_seconds: SecondsQuantilesStatus | None = None
+    prefix_reuse_distance_tokens: TokenQuantilesStatus | None = None
+    session_gap_seconds: SecondsQuantilesStatus | None = None
+    kv_block_idle_before_evict_seconds: SecondsQuantilesStatus | None = None
 
 
 class RetuneStateStatus(_Status):

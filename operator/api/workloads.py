@@ -9,13 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from kvtune.operator.api import (
+    CandidateProfileStatus,
     DeclaredTokens,
     ProfileScope,
     ProfileStatus,
     TokenQuantilesStatus,
     WorkloadSpec,
 )
-from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
+from kvtune.tuner.workload import SecondsQuantiles, TokenQuantiles, WorkloadProfile
 
 _ORDER = ("p50", "p90", "p95", "p99", "max")
 
@@ -88,7 +89,36 @@ def profile_status(profile: WorkloadProfile, *, window: str | None = None,
         arrival_cv=profile.arrival_cv,
         window_seconds=profile.window_seconds,
         notes=list(profile.notes),
+        **reuse_status_fields(profile),
     )
+
+
+_REUSE_FIELDS = ("prefix_reuse_gap_seconds", "prefix_reuse_distance_tokens",
+                 "session_gap_seconds", "kv_block_idle_before_evict_seconds")
+
+
+def reuse_status_fields(profile: WorkloadProfile) -> dict[str, Any]:
+    """The profile's reuse quantiles as status fields (absent when not observed)."""
+    out: dict[str, Any] = {}
+    for name in _REUSE_FIELDS:
+        value = getattr(profile, name)
+        if value is not None:
+            out[name] = value.model_dump()
+    return out
+
+
+def reuse_from_status(status: ProfileStatus | CandidateProfileStatus) -> dict[str, Any]:
+    """The reuse quantiles kept in status, as ``WorkloadProfile`` fields."""
+    out: dict[str, Any] = {}
+    for name in _REUSE_FIELDS:
+        value = getattr(status, name)
+        if value is None:
+            out[name] = None
+        elif name == "prefix_reuse_distance_tokens":
+            out[name] = TokenQuantiles.model_validate(value.model_dump())
+        else:
+            out[name] = SecondsQuantiles.model_validate(value.model_dump())
+    return out
 
 
 def profile_from_status(status: ProfileStatus | None, base: WorkloadProfile) -> WorkloadProfile:
@@ -113,4 +143,5 @@ def profile_from_status(status: ProfileStatus | None, base: WorkloadProfile) -> 
         request_rate_per_second=status.request_rate_per_second,
         arrival_cv=status.arrival_cv, requests=status.requests,
         window_seconds=status.window_seconds, notes=tuple(status.notes or ()),
+        **reuse_from_status(status),
     )

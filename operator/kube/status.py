@@ -31,6 +31,7 @@ from pydantic import ValidationError
 from kvtune.operator.api import (
     DeploymentProfileStatus,
     InferenceDeploymentStatus,
+    ObservedReuseStatus,
     ObservedSLOStatus,
     ObservedStatus,
     ProfileStatus,
@@ -57,6 +58,8 @@ class ProfileReport:
     # SLOBelowPrediction condition (status, reason, message) when it is to be set.
     observed_slo: Mapping[str, ObservedSLOStatus] | None = None
     slo_condition: tuple[str, str, str] | None = None
+    # Per pool: the share of prompt tokens each KV tier supplied beside the prediction.
+    observed_reuse: Mapping[str, ObservedReuseStatus] | None = None
 
     def fields(self) -> dict[str, Any]:
         return {"observed": self.observed, "trusted": self.trusted,
@@ -196,6 +199,9 @@ def write_profile_report(kube: kapply.Kube, namespace: str, name: str, *,
             seen = report.observed_slo or {}
             pools = [p.model_copy(update={"observed_slo": seen[p.name]})
                      if p.name in seen else p for p in pools]
+            reuse = report.observed_reuse or {}
+            pools = [p.model_copy(update={"observed_reuse": reuse[p.name]})
+                     if p.name in reuse else p for p in pools]
             if report.slo_condition is not None:
                 conds = conditions.set_condition(conds, conditions.SLO_BELOW_PREDICTION,
                                                  *report.slo_condition, generation=generation)

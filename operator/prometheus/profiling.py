@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvtune.operator.prometheus import histograms, prom_http
+from kvtune.operator.prometheus import histograms, prom_http, reuse_window
 from kvtune.operator.prometheus import prom_replies as replies
 from kvtune.operator.prometheus import vllm_metrics as vm
 from kvtune.operator.prometheus.histograms import QuantileEstimate
@@ -76,6 +76,12 @@ class RawWindow(BaseModel):
     waiting_mean: float | None
     num_gpu_blocks: tuple[int, ...] = ()
     block_size: int | None = None
+    # ``--kv-cache-metrics`` and prompt tokens by source (``reuse_window``): [] / {} when the
+    # pods export none.
+    reuse_gap_buckets: Buckets = []
+    idle_before_evict_buckets: Buckets = []
+    prompt_tokens_by_source: dict[str, float] = {}
+    prompt_tokens_cached_by_source: dict[str, float] = {}
 
 
 class LatencyQuantiles(BaseModel):
@@ -110,6 +116,8 @@ class ObservedFigures(BaseModel):
     # (operator/retune/slo_observed.py).
     ttft_buckets: Buckets = []
     tpot_buckets: Buckets = []
+    # The share of prompt tokens each KV tier supplied (None: no by-source counts).
+    tier_hit_rates: reuse_window.TierHitRates | None = None
 
 
 class ProfileResult(BaseModel):
@@ -175,6 +183,8 @@ def build_profile(raw: RawWindow, settings: ProfilingSettings) -> ProfileResult:
         tpot=_latency(raw.tpot_buckets), num_gpu_blocks=raw.num_gpu_blocks,
         block_size=raw.block_size, context_quantiles=ctx, output_quantiles=out,
         ttft_buckets=raw.ttft_buckets, tpot_buckets=raw.tpot_buckets,
+        tier_hit_rates=reuse_window.tier_hit_rates(raw.prompt_tokens_by_source,
+                                                   raw.prompt_tokens_cached_by_source),
     )
     window = f"{raw.window_seconds:.0f}s"
     if not have_lengths:
@@ -189,11 +199,14 @@ def build_profile(raw: RawWindow, settings: ProfilingSettings) -> ProfileResult:
             message=f"{requests} requests in the last {window}, fewer than "
                     f"min_requests={settings.min_requests}; the declared workload stays",
         )
+    gap = reuse_window.seconds_quantiles(raw.reuse_gap_buckets)
+    idle = reuse_window.seconds_quantiles(raw.idle_before_evict_buckets)
     notes = (
         _describe("context tokens", ctx),
         _describe("output tokens", out),
         "quantiles interpolated log-linearly inside vLLM's 1-2-5 buckets; the true value "
         "lies in the bracket",
+        *reuse_window.notes(gap, idle),
     )
     mean_cached = raw.prefix_cache_hits / requests if requests else 0.0
     profile = WorkloadProfile(
@@ -208,6 +221,8 @@ def build_profile(raw: RawWindow, settings: ProfilingSettings) -> ProfileResult:
         prefix_hit_rate=observed.prefix_hit_rate,
         request_rate_per_second=observed.request_rate_per_second,
         requests=requests, window_seconds=raw.window_seconds, notes=notes,
+        # Reuse gaps the GPU caught and its retention; no distance (reuse_window's doc).
+        prefix_reuse_gap_seconds=gap, kv_block_idle_before_evict_seconds=idle,
     )
     return ProfileResult(
         trusted=True, reason="Observed", profile=profile, observed=observed,
@@ -287,6 +302,7 @@ def queries(selector: Mapping[str, str] | SeriesSelector,
         "waiting_mean": f"avg(avg_over_time({vm.NUM_REQUESTS_WAITING}{s}[{w}]))",
         "cache_config": f"max by (num_gpu_blocks, block_size) "
                         f"(last_over_time({vm.CACHE_CONFIG_INFO}{info_s}[{w}]))",
+        **reuse_window.queries(s, w),
     }
 
 
@@ -331,10 +347,25 @@ def query_window(url: str, settings: ProfilingSettings,
             preemptions=replies.scalar(samples["preemptions"], "preemptions") or 0.0,
             waiting_mean=replies.scalar(samples["waiting_mean"], "waiting_mean"),
             num_gpu_blocks=tuple(sorted(blocks)), block_size=block_size,
+            reuse_gap_buckets=_residency(samples, "reuse_gap_buckets"),
+            idle_before_evict_buckets=_residency(samples, "idle_before_evict_buckets"),
+            prompt_tokens_by_source=reuse_window.by_source(
+                samples["prompt_tokens_by_source"], "prompt_tokens_by_source"),
+            prompt_tokens_cached_by_source=reuse_window.by_source(
+                samples["prompt_tokens_cached_by_source"], "prompt_tokens_cached_by_source"),
         )
     except replies.PrometheusDataInvalid as exc:
         raise replies.PrometheusDataInvalid(f"prometheus {prom_http.shown_url(url)}: {exc}"
                                             ) from exc
+
+
+def _residency(samples: dict[str, list[replies.Sample]], name: str) -> Buckets:
+    """A ``--kv-cache-metrics`` histogram's buckets; [] when the pods export none or it
+    counted nothing (an engine that evicted no sampled block yet)."""
+    if not samples[name]:
+        return []
+    got = replies.buckets(samples[name], name)
+    return got if histograms.total_count(got) > 0 else []
 
 
 def access_from_env() -> PrometheusAccess:

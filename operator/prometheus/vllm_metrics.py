@@ -35,16 +35,23 @@ INTER_TOKEN_LATENCY_BUCKETS: tuple[float, ...] = (
     10.0, 20.0, 40.0, 80.0,
 )
 REQUEST_NUM_PREEMPTIONS_BUCKETS: tuple[float, ...] = (1, 2, 3, 4, 5, 10, 20)
+# The ``--kv-cache-metrics`` residency histograms (block lifetime, idle before eviction,
+# reuse gap), seconds.
+KV_CACHE_RESIDENCY_BUCKETS: tuple[float, ...] = (
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300,
+    600, 1200, 1800,
+)
 
 BucketFamily = Literal[
     "request_latency", "time_to_first_token", "inter_token_latency", "request_tokens",
-    "request_num_preemptions",
+    "request_num_preemptions", "kv_cache_residency",
 ]
 _STATIC_BUCKETS: dict[str, tuple[float, ...]] = {
     "request_latency": REQUEST_LATENCY_BUCKETS,
     "time_to_first_token": TIME_TO_FIRST_TOKEN_BUCKETS,
     "inter_token_latency": INTER_TOKEN_LATENCY_BUCKETS,
     "request_num_preemptions": REQUEST_NUM_PREEMPTIONS_BUCKETS,
+    "kv_cache_residency": KV_CACHE_RESIDENCY_BUCKETS,
 }
 
 
@@ -105,6 +112,23 @@ REQUEST_INFERENCE_TIME = "vllm:request_inference_time_seconds"
 REQUEST_PREFILL_TIME = "vllm:request_prefill_time_seconds"
 REQUEST_DECODE_TIME = "vllm:request_decode_time_seconds"
 REQUEST_NUM_PREEMPTIONS = "vllm:request_num_preemptions"
+# Prompt tokens by where their KV came from (``source`` label): PromptTokenStats.ALL_SOURCES.
+PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source"
+# Cached prompt tokens by the tier that supplied them (``source``: CacheHitSource's values).
+PROMPT_TOKENS_CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source"
+# ``--kv-cache-metrics`` only (sampled blocks of the GPU's block pool, observed at eviction).
+KV_BLOCK_LIFETIME = "vllm:kv_block_lifetime_seconds"
+KV_BLOCK_IDLE_BEFORE_EVICT = "vllm:kv_block_idle_before_evict_seconds"
+KV_BLOCK_REUSE_GAP = "vllm:kv_block_reuse_gap_seconds"
+RESIDENCY_METRICS: tuple[str, ...] = (KV_BLOCK_LIFETIME, KV_BLOCK_IDLE_BEFORE_EVICT,
+                                      KV_BLOCK_REUSE_GAP)
+
+# vllm/v1/metrics/stats.py ``PromptTokenStats.ALL_SOURCES``.
+PROMPT_TOKEN_SOURCES: tuple[str, ...] = ("local_compute", "local_cache_hit",
+                                         "external_kv_transfer")
+# vllm/v1/metrics/cache_hit_source.py ``CacheHitSource``: device (the GPU's prefix cache),
+# host (the CPU tier), p2p, disk, external_unspecified (a connector that does not say).
+CACHE_HIT_SOURCES: tuple[str, ...] = ("device", "host", "p2p", "disk", "external_unspecified")
 
 METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(NUM_REQUESTS_RUNNING, "gauge", "Number of requests in model execution batches."),
@@ -151,7 +175,26 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(REQUEST_NUM_PREEMPTIONS, "histogram",
                "Number of preemptions per finished request.",
                bucket_family="request_num_preemptions"),
+    MetricSpec(PROMPT_TOKENS_BY_SOURCE, "counter", "Number of prompt tokens by source.",
+               extra_labels=("source",)),
+    MetricSpec(PROMPT_TOKENS_CACHED_BY_SOURCE, "counter",
+               "Prefix-cache hit tokens by the cache tier that supplied them.",
+               extra_labels=("source",)),
+    MetricSpec(KV_BLOCK_LIFETIME, "histogram",
+               "Histogram of KV cache block lifetime from allocation to eviction.",
+               bucket_family="kv_cache_residency"),
+    MetricSpec(KV_BLOCK_IDLE_BEFORE_EVICT, "histogram",
+               "Histogram of idle time before KV cache block eviction.",
+               bucket_family="kv_cache_residency"),
+    MetricSpec(KV_BLOCK_REUSE_GAP, "histogram",
+               "Histogram of time gaps between consecutive KV cache block accesses.",
+               bucket_family="kv_cache_residency"),
 )
+# The label values of each labelled counter (besides request_success's finished_reason).
+SOURCE_LABELS: dict[str, tuple[str, ...]] = {
+    PROMPT_TOKENS_BY_SOURCE: PROMPT_TOKEN_SOURCES,
+    PROMPT_TOKENS_CACHED_BY_SOURCE: CACHE_HIT_SOURCES,
+}
 METRICS_BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
 
 # vllm:cache_config_info is a gauge fixed at 1 whose labels are CacheConfig's fields

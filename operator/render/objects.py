@@ -41,7 +41,7 @@ from kvtune.operator.api.names import LABEL_POOL as LABEL_POOL
 from kvtune.operator.api.names import LABEL_ROLE as LABEL_ROLE
 from kvtune.operator.api.names import VLLM_PORT as VLLM_PORT
 from kvtune.operator.api.names import object_name as object_name
-from kvtune.operator.prometheus import slo_buckets
+from kvtune.operator.prometheus import reuse_window, slo_buckets
 from kvtune.operator.render import leader_worker_set as lws
 from kvtune.operator.render import pod_policy, runtime_access, template_sandbox, tenant_reach
 from kvtune.operator.routing import endpoint_picker
@@ -146,6 +146,8 @@ def vllm_args(inp: RenderInput) -> list[str]:
         *inp.pool_plan.vllm_args(),
         *slo_buckets.vllm_flag(inp.ttft_slo_seconds, inp.tpot_slo_seconds),
         *(kv_transfer_args(inp.role) if inp.role is not None else []),
+        # The block residency histograms the profiling reads (reuse gaps, idle before evict).
+        *reuse_window.vllm_flags(),
     ]
 
 

@@ -43,7 +43,7 @@ from kvtune.operator.prometheus.profiling import (
 )
 from kvtune.operator.prometheus.prom_http import PrometheusUnavailable
 from kvtune.operator.prometheus.selectors import SeriesSelector
-from kvtune.operator.retune import retune_state, slo_observed, tick
+from kvtune.operator.retune import retune_state, reuse_observed, slo_observed, tick
 from kvtune.operator.retune.decide import RetuneSettings
 from kvtune.operator.retune.retune_state import finite
 from kvtune.operator.rollout import plan as plan_stage
@@ -279,7 +279,10 @@ def _report(kube: kapply.Kube, body: Mapping[str, Any], inp: tick.TickInputs,
         report=status_writer.ProfileReport(
             observed=retune_state.observed_status(result.observed), trusted=result.trusted,
             profile_message=result.message, retune=retune_status,
-            observed_slo=seen_slo, slo_condition=slo_condition))
+            observed_slo=seen_slo, slo_condition=slo_condition,
+            observed_reuse=reuse_observed.observed_reuse(
+                [p.pool_name for p in inp.spec.pools], inp.previous.pools, seen.own, result,
+                conditions.now_rfc3339())))
     return RetuneOutcome(reason, message, rolled_out=rolled_out, profile=result,
                          pool_profiles={t.name: t.choice for t in ticks}, events=events)
 

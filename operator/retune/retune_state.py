@@ -18,8 +18,10 @@ from kvtune.operator.api import (
     RetuneStateStatus,
     TokenQuantilesStatus,
 )
+from kvtune.operator.api.workloads import reuse_from_status, reuse_status_fields
 from kvtune.operator.prometheus.histograms import QuantileEstimate
 from kvtune.operator.prometheus.profiling import ObservedFigures
+from kvtune.operator.retune import reuse_observed
 from kvtune.operator.retune.decide import RetuneState
 from kvtune.tuner.workload import TokenQuantiles, WorkloadProfile
 
@@ -51,6 +53,7 @@ def observed_status(obs: ObservedFigures) -> ObservedStatus:
         num_gpu_blocks=list(obs.num_gpu_blocks),
         context_tokens=_quantiles(obs.context_quantiles),
         output_tokens=_quantiles(obs.output_quantiles),
+        tier_hit_rates=reuse_observed.rates_status(obs.tier_hit_rates),
     )
 
 
@@ -71,7 +74,7 @@ def state_status(state: RetuneState) -> RetuneStateStatus:
             shared_prefix_tokens=cand.shared_prefix_tokens,
             request_rate_per_second=cand.request_rate_per_second, requests=cand.requests,
             arrival_cv=cand.arrival_cv, window_seconds=cand.window_seconds,
-            notes=list(cand.notes)),
+            notes=list(cand.notes), **reuse_status_fields(cand)),
     )
 
 
@@ -98,5 +101,6 @@ def state_from_status(status: InferenceDeploymentStatus, pool: str,
             if cand.shared_prefix_tokens is not None else declared.shared_prefix_tokens,
             "request_rate_per_second": cand.request_rate_per_second,
             "requests": cand.requests, "arrival_cv": cand.arrival_cv,
-            "window_seconds": cand.window_seconds, "notes": tuple(cand.notes or ())}),
+            "window_seconds": cand.window_seconds, "notes": tuple(cand.notes or ()),
+            **reuse_from_status(cand)}),
     )

@@ -35,7 +35,7 @@ from kvtune.operator.kube import apply as kapply
 from kvtune.operator.render.objects import RenderInput, plan_hash, vllm_args
 from kvtune.operator.rollout import plan_checks, role_plan, search_job_stage
 from kvtune.operator.rollout.outcome import Event, PoolContext, PoolOutcome
-from kvtune.operator.search import gpu_prices, search_budget
+from kvtune.operator.search import gpu_prices, reuse_summary, search_budget
 from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan, UnknownName
 from kvtune.tuner.kv_quality import KVQualityEvidence, KVQualityPolicy
 from kvtune.tuner.plan import KVPlan, PoolPlan
@@ -390,6 +390,7 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
     if isinstance(made, PoolOutcome):
         return made
     pool_plan, policy, evidence = made.pool_plan, made.policy, made.evidence
+    pool_plan = reuse_summary.with_host_price(pool_plan)  # the chart's host-memory price
     scope: ProfileScope = (inp.profile_used.scope or "deployment") \
         if inp.profile_used is not None else "deployment"
     inputs = planning_inputs(ctx.spec, pool, inp.model, inp.profile, policy, evidence,
@@ -405,12 +406,13 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
     knobs, expected, reasons = plan_status(pool_plan)
     warnings = list(pool_plan.warnings)
     at_risk, cost = slo_at_risk(pool_plan), gpu_prices.cost_status(pool_plan)
+    reuse = reuse_summary.reuse_status(pool_plan)
     if kept_warning is not None:
         # The reasons, warnings, SLO verdict and cost the plan in force was made with stay
         # beside it (the new search's are about a plan that does not run).
         reasons = list(base.reasons)
         warnings = [w for w in base.warnings if not w.startswith(KEPT_WARNING)] + [kept_warning]
-        at_risk, cost = base.slo_at_risk, base.cost
+        at_risk, cost, reuse = base.slo_at_risk, base.cost, base.reuse
     hash_ = plan_hash(pool_plan, ctx.spec.runtime.image, ctx.pool.role)
     revision = base.revision if base.plan_hash == hash_ else base.revision + 1
     render_input = _render_input(ctx, pool_plan, revision)
@@ -419,7 +421,7 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
         # tensorParallel auto: the degree and replicas chosen.
         "tensor_parallel": pool_plan.tensor_parallel, "replicas": render_input.replicas,
         "reasons": reasons, "warnings": warnings, "plan_inputs": inputs,
-        "slo_at_risk": at_risk, "cost": cost,
+        "slo_at_risk": at_risk, "cost": cost, "reuse": reuse,
         "vllm_args": vllm_args(render_input),
         "plan_hash": hash_, "revision": revision, "message": "", "profile": inp.profile_used,
     })

@@ -126,6 +126,25 @@ def test_gpu_prices_reach_the_operator(helm: Path) -> None:
         "--gpu-price=A100-80GB=1.1", "--gpu-price=H100=2.49"]
 
 
+def test_the_host_memory_price_reaches_the_operator(helm: Path) -> None:
+    """issue 27: the chart's host-memory price becomes the operator's --host-memory-price,
+    which its own parser reads back; unset, no flag (the CPU tier is not priced)."""
+    from click.testing import CliRunner
+
+    from kvtune.cli.operator_cmd import operator
+
+    def flags(*values: str) -> list[str]:
+        (deploy,) = by_kind(render(helm, *values), "Deployment")
+        args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+        return [a for a in args if a.startswith("--host-memory-price")]
+
+    assert flags() == []
+    assert flags("--set-json", "hostMemoryPriceUsdPerGiBHour=0.004") == [
+        "--host-memory-price=0.004"]
+    bad = CliRunner().invoke(operator, ["--host-memory-price=0"])
+    assert bad.exit_code != 0 and "--host-memory-price" in bad.output
+
+
 def test_the_template_render_budget_reaches_the_operator(helm: Path) -> None:
     """The chart's `templates` values become the operator's --template-* options, which the
     operator's own parser reads back as the budget every sandboxed render asks."""
@@ -207,6 +226,7 @@ def test_names_are_cut_to_63_characters(helm: Path) -> None:
     (["--set", "operator.watchNamespaces={Bad_NS}"], "/operator/watchNamespaces/0"),
     (["--set", "gpuPrices.H100=-1"], "/gpuPrices/H100"),
     (["--set-string", "gpuPrices.H100=cheap"], "/gpuPrices/H100"),
+    (["--set-json", "hostMemoryPriceUsdPerGiBHour=-1"], "/hostMemoryPriceUsdPerGiBHour"),
 ])
 def test_schema_rejects_unknown_keys_and_bad_types(
     helm: Path, args: list[str], complaint: str

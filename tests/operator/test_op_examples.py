@@ -47,3 +47,6 @@ def test_example_parses_and_plans_every_pool(path: Path) -> None:
         assert pool_plan.expected.concurrent_sequences >= 1
         if spec.tuning.pin and spec.tuning.pin.block_size:
             assert pool_plan.plan.block_size == spec.tuning.pin.block_size
+        if path.name == "agentic.yaml":
+            # issue 27: it says it keeps session KV in a CPU tier, so it must.
+            assert pool_plan.plan.kv_offloading_size_gib, pool.gpu_class

@@ -280,3 +280,11 @@ def test_slo_targets_are_rendered_as_histogram_bounds(pool_plan: PoolPlan) -> No
     # Without an SLO nothing is added.
     plain = _container(_by_kind(render_pool(_input(pool_plan)))["Deployment"])["args"]
     assert not any(a.startswith(slo_buckets.FLAG) for a in plain)
+
+
+def test_every_pool_turns_on_vllms_kv_cache_metrics(pool_plan: PoolPlan) -> None:
+    """issue 27: the residency histograms the profiling reads (reuse gaps, idle before evict)
+    are on in every rendered pool, at vLLM's own 1 % sample, after the plan's flags."""
+    args = _container(_by_kind(render_pool(_input(pool_plan)))["Deployment"])["args"]
+    assert args[-2:] == ["--kv-cache-metrics", "--kv-cache-metrics-sample=0.01"]
+    assert not any(a.startswith("--disable-log-stats") for a in args)  # vLLM needs log stats

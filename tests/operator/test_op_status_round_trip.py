@@ -98,10 +98,16 @@ def _observed_window() -> WorkloadProfile:
                     output_buckets=[*out, (math.inf, 1200.0)], ttft_buckets=[],
                     tpot_buckets=[], prefix_cache_queries=1.0e6, prefix_cache_hits=3.0e5,
                     kv_cache_usage_mean=0.5, kv_cache_usage_max=0.9, preemptions=0.0,
-                    waiting_mean=0.0)
+                    waiting_mean=0.0,
+                    # vLLM's --kv-cache-metrics (issue 27): lost in status, the plan in
+                    # force was not recognised after a restart.
+                    reuse_gap_buckets=[(1.0, 5.0), (10.0, 40.0), (math.inf, 50.0)],
+                    idle_before_evict_buckets=[(10.0, 3.0), (60.0, 30.0), (math.inf, 30.0)])
     made = build_profile(raw, ProfilingSettings(window_seconds=60.0, min_requests=100))
     assert made.trusted and made.profile is not None, made.message
     assert made.profile.notes and made.profile.window_seconds == 60.0
+    assert made.profile.prefix_reuse_gap_seconds is not None
+    assert made.profile.kv_block_idle_before_evict_seconds is not None
     return made.profile.model_copy(update={"kind": DECLARED.kind,
                                            "multi_turn": DECLARED.multi_turn})
 

@@ -196,8 +196,10 @@ def test_plan_json_args_deployment_and_runtime_render_the_same_flags(case: list[
         image="img", replicas=1, revision=1))
     dep: dict[str, Any] = next(o for o in objs if o["kind"] == "Deployment")
     container_args: list[str] = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    # The server's flags and the observability ones every pool gets (not the plan's).
     server = [a for a in container_args[1:] if a.split("=", 1)[0] in
-              ("--host", "--port", "--served-model-name")]
+              ("--host", "--port", "--served-model-name", "--kv-cache-metrics",
+               "--kv-cache-metrics-sample")]
     from_deployment = [a for a in container_args[1:] if a not in server]
     runtime_plan = parse_plan(plan_env_json(pool_plan, plan_hash_="h", revision=1))
     decision = Decision.__new__(Decision)  # the node keeps the plan's memory knob
@@ -251,3 +253,39 @@ def test_rendered_slo_buckets_parse_in_vllms_parser_and_validator() -> None:
                            ("inter_token_latency", "vllm:request_time_per_output_token_seconds")):
         at = loggers.index(f'name="{metric}"')
         assert f"buckets={family}_buckets" in loggers[at:at + 400], (family, metric)
+
+
+# --- issue 27: --kv-cache-metrics parses in vLLM's own argument parser -----------------------
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_rendered_kv_cache_metrics_flags_parse_in_vllms_parser() -> None:
+    """The residency flags every pool renders are EngineArgs' ``kv_cache_metrics`` and
+    ``kv_cache_metrics_sample``: vLLM 0.33's own parser turns them into an
+    ``ObservabilityConfig`` with the metrics on at the rendered sample rate."""
+    from vllm.config.observability import ObservabilityConfig
+    from vllm.engine.arg_utils import get_kwargs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from kvtune.operator.prometheus import reuse_window
+
+    flags = reuse_window.vllm_flags()
+    known = _parser_flags()
+    assert all(f.split("=", 1)[0] in known for f in flags)
+    source = (_root() / "engine" / "arg_utils.py").read_text()
+    for name in ("kv_cache_metrics", "kv_cache_metrics_sample"):
+        flag = "--" + name.replace("_", "-")
+        assert re.search(rf'add_argument\(\s*"{flag}",\s*'
+                         rf'\*\*observability_kwargs\["{name}"\]', source), name
+    kwargs = get_kwargs(ObservabilityConfig)
+    parser = FlexibleArgumentParser()
+    parser.add_argument("--kv-cache-metrics", **kwargs["kv_cache_metrics"])
+    parser.add_argument("--kv-cache-metrics-sample", **kwargs["kv_cache_metrics_sample"])
+    ns = parser.parse_args(flags)
+    assert ns.kv_cache_metrics is True
+    assert ns.kv_cache_metrics_sample == reuse_window.KV_CACHE_METRICS_SAMPLE
+    config = ObservabilityConfig(kv_cache_metrics=ns.kv_cache_metrics,
+                                 kv_cache_metrics_sample=ns.kv_cache_metrics_sample)
+    assert config.kv_cache_metrics and config.kv_cache_metrics_sample == 0.01
+    # Without the flag the metrics are off (vLLM's default): the render is what turns them on.
+    assert parser.parse_args([]).kv_cache_metrics is False

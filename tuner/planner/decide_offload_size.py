@@ -120,6 +120,13 @@ def _label(basis: str) -> str:
 def _reuse_quote(run: PlanRun, plan: KVPlan) -> str:
     p = run.req.profile
     gap, dist = p.prefix_reuse_gap_seconds, p.prefix_reuse_distance_tokens
+    if gap is not None and dist is None:
+        # A profile from Prometheus: vLLM's reuse gaps end at a block's eviction, so they are
+        # the reuses the GPU caught, not the ones a tier would (operator/prometheus/
+        # reuse_window.py); no distance is made of them.
+        return (f"vLLM's reuse gaps (p50 {gap.p50:g} s, p90 {gap.p90:g} s) count only reuses "
+                "the GPU cache caught, so no reuse distance is known: only the budget is "
+                "tried (a trace with prefix ids gives the distances)")
     if gap is None or dist is None or dist.p90 is None:
         return "no reuse figures in the profile (a trace with prefix ids gives them): only " \
             "the budget is tried"

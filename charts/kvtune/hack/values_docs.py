@@ -127,7 +127,8 @@ def _leaves(value: Any, path: str, docs: dict[str, KeyDoc]) -> list[tuple[str, A
 def build_readme(values: dict[str, Any], docs: dict[str, KeyDoc], chart: dict[str, Any]) -> str:
     rows = []
     for path, value in _leaves(values, "", docs):
-        default = json.dumps(value, separators=(", ", ": ")) if value not in ("", None) else '""'
+        default = (json.dumps(value, separators=(", ", ": ")) if value not in ("", None)
+                   else "null" if value is None else '""')
         description = docs[path].doc if path in docs else ""
         if not description:
             raise SystemExit(f"values.yaml: key {path!r} has no '# --' comment; document it")

@@ -135,3 +135,18 @@ def test_finished_reasons_and_cache_config_labels_exist() -> None:
         if label == "engine":
             continue  # added by log_metrics_info
         assert f"\n    {label}: " in cache_src, f"CacheConfig has no field {label}"
+
+
+def test_source_label_values_are_vllms() -> None:
+    """``vllm:prompt_tokens_by_source``'s sources are PromptTokenStats.ALL_SOURCES and
+    ``vllm:prompt_tokens_cached_by_source``'s are CacheHitSource's values."""
+    stats = (_vllm_root() / "v1" / "metrics" / "stats.py").read_text()
+    sources = ", ".join(f'"{s}"' for s in vm.PROMPT_TOKEN_SOURCES)
+    assert " ".join(stats.split()).count(f"ALL_SOURCES: tuple[str, ...] = ( {sources}, )") == 1
+    tree = ast.parse((_vllm_root() / "v1" / "metrics" / "cache_hit_source.py").read_text())
+    enum = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "CacheHitSource")
+    values = tuple(ast.literal_eval(n.value) for n in enum.body
+                   if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant))
+    assert values == vm.CACHE_HIT_SOURCES
+    assert vm.SOURCE_LABELS == {vm.PROMPT_TOKENS_BY_SOURCE: vm.PROMPT_TOKEN_SOURCES,
+                                vm.PROMPT_TOKENS_CACHED_BY_SOURCE: vm.CACHE_HIT_SOURCES}

@@ -180,3 +180,17 @@ def test_pricing_fills_dollars_and_the_host_memory_is_priced_only_when_given() -
     assert hosted.reuse.cpu_tier_usd_per_day == pytest.approx(48 * 2 * 24 * 0.005)
     assert hosted.reuse.cpu_tier_price_source is not None
     assert "2 replica(s)" in hosted.reuse.cpu_tier_price_source
+
+
+def test_gaps_from_vllms_metrics_without_a_distance_say_why_only_the_budget_is_tried() -> None:
+    """A profile from Prometheus carries vLLM's reuse gaps but no distance (the gaps end at a
+    block's eviction): the budget is the one size, and the reason says why."""
+    request = _request(None)
+    request = request.model_copy(update={"profile": request.profile.model_copy(update={
+        "prefix_reuse_gap_seconds": SecondsQuantiles(p50=4.0, p90=30.0, p99=100.0, max=120.0)})})
+    run = PlanRun(request)
+    plan = plan_pool(request).plan
+    opts = decide_offload_size.options(run, plan, 256.0)
+    assert [o.size_gib for o in opts] == [256.0]
+    quote = decide_offload_size._reuse_quote(run, plan)
+    assert "p50 4 s, p90 30 s" in quote and "only reuses the GPU cache caught" in quote
