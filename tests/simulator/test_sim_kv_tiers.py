@@ -48,7 +48,7 @@ def test_an_lmcache_tier_holds_its_size_in_blocks() -> None:
     sim = engine.simulated_plan(request, plan, "disk", tier=tier)
     bare = engine.simulated_plan(request, plan.with_offload(None), "off")
     page = sim.cost.kv_bytes_per_token * plan.block_size  # one block of one rank (TP 1)
-    assert sim.engine.cpu_offload_blocks == int(100 * 2**30) // page
+    assert sim.engine.cpu_offload_blocks == (100 * 2**30) // page
     assert bare.engine.cpu_offload_blocks == 0
     assert sim.engine.offload_load_seconds_per_block > 5 * page / 64e9
 
