@@ -42,6 +42,8 @@ from kvtune.cli.plan_layout import (
     wants_layout,
 )
 from kvtune.cli.plan_reuse import print_reuse
+from kvtune.cli.plan_tiers import check as check_tiers
+from kvtune.cli.plan_tiers import tier_document, tier_options, with_tiers
 from kvtune.cli.plan_tp import (
     check_auto_options,
     max_replicas_option,
@@ -207,6 +209,8 @@ def plan_document(pool: PoolPlan, request: PlanRequest) -> dict[str, Any]:
         "concurrent_sequences_context_tokens": pool.expected.concurrent_sequences_context_tokens,
         "plan": pool.plan.model_dump(mode="json"),
         "vllm_args": pool.vllm_args(),
+        # An LMCache tier: its sizes and the LMCACHE_* variables the pod runs with.
+        **({"kv_tier": tier_document(pool)} if pool.kv_tier is not None else {}),
         "expected": pool.expected.model_dump(mode="json"),
         "reasons": [r.model_dump(mode="json") for r in pool.reasons],
         "warnings": list(pool.warnings),
@@ -472,6 +476,7 @@ def _priced(pool: PoolPlan, request: PlanRequest, prices: dict[str, float],
               help="max-model-len never goes below this.")
 @click.option("--cpu-offload-gib", type=finite(0, MAX_PIN_OFFLOAD_GIB),
               help="CPU memory per GPU that may hold offloaded KV blocks.")
+@tier_options
 @click.option("--vllm-version", default=PINNED_VLLM_VERSION, show_default=True)
 @click.option("--gpu-price", "gpu_price", multiple=True, metavar="CLASS=USD",
               help="Price of one GPU of a class per hour, for the cost figures of the capacity "
@@ -517,6 +522,7 @@ def plan(**opts: Any) -> None:
                                     ("table", "json", "yaml")):
             raise click.UsageError("--compare-gpu compares the capacity search's cost: it needs "
                                    "--trace or --request-rate and -o table, json or yaml")
+        check_tiers(opts, searching)
         others: list[tuple[str, PoolPlan | str]] = []
         ctx = click.get_current_context()
         tp_given, replicas_given = (ctx.get_parameter_source(name)
@@ -548,6 +554,7 @@ def plan(**opts: Any) -> None:
                         budget=budget)
 
                 pool = _priced(laid_out(request, by_goodput), request, prices, opts)
+                pool = with_tiers(pool, request, trace, opts)  # --kv-tier-*: LMCache tiers
                 for name in opts["compare_gpu"]:
                     other = request.model_copy(update={"gpu": gpus.get_gpu_class(name)})
                     try:

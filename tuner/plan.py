@@ -11,6 +11,7 @@ from kvtune.tuner import knobs
 from kvtune.tuner.layout import ParallelLayout
 from kvtune.tuner.plan_fields import KVPlanFields
 from kvtune.tuner.plan_reuse import ReuseFigures
+from kvtune.tuner.plan_tier import KVTier, transfer_config_flag
 
 
 class KVPlan(KVPlanFields):
@@ -307,6 +308,8 @@ class PoolPlan(BaseModel):
     # ``tensorParallel: auto``: the degrees weighed and the replicas chosen
     # (``planner/tp_choice.py``); dropped from the dump when None, like ``layout``.
     tp_choice: TPChoice | None = None
+    # An LMCache tier (``tuner/plan_tier.py``); dropped from the dump when None, like ``layout``.
+    kv_tier: KVTier | None = None
 
     @model_serializer(mode="wrap")
     def _drop_unset_layout(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -317,6 +320,8 @@ class PoolPlan(BaseModel):
             data.pop("layouts_considered", None)
         if self.tp_choice is None:
             data.pop("tp_choice", None)
+        if self.kv_tier is None:
+            data.pop("kv_tier", None)
         return data
 
     def vllm_args(self) -> list[str]:
@@ -324,8 +329,11 @@ class PoolPlan(BaseModel):
         then DP and EP when set), then the plan's. The one rendering path of ``kvtune plan -o
         json|args`` and the operator's Deployment (``tuner/knobs.py``)."""
         if self.layout is None:
-            return knobs.serve_args(self.tensor_parallel, self.plan.model_dump())
-        return [*self.layout.vllm_args(), *knobs.plan_args(self.plan.model_dump())]
+            args = knobs.serve_args(self.tensor_parallel, self.plan.model_dump())
+        else:
+            args = [*self.layout.vllm_args(), *knobs.plan_args(self.plan.model_dump())]
+        # LMCache's connector is not a knob: its sizes live in its config file, not a flag.
+        return args if self.kv_tier is None else [*args, transfer_config_flag()]
 
 
 class CandidateScore(BaseModel):

@@ -45,7 +45,8 @@ from kvtune.operator.prometheus import reuse_window, slo_buckets
 from kvtune.operator.render import leader_worker_set as lws
 from kvtune.operator.render import pod_policy, runtime_access, template_sandbox, tenant_reach
 from kvtune.operator.routing import endpoint_picker
-from kvtune.tuner.facts import host_resources
+from kvtune.tuner import plan_tier
+from kvtune.tuner.facts import host_resources, kv_tiers
 from kvtune.tuner.kv_transfer import Role, kv_transfer_args
 from kvtune.tuner.plan import PoolPlan
 
@@ -160,15 +161,40 @@ def container_resources(pool_plan: PoolPlan, nodes_per_replica: int = 1
     never pushing the node into evicting its neighbours); no CPU limit (CFS throttling of the
     EngineCore's busy loop would stall every GPU step)."""
     per_pod = pod_gpus(pool_plan, nodes_per_replica)
-    host = host_resources.host_resources(per_pod, pool_plan.plan.kv_offloading_size_gib)
+    tier = pool_plan.kv_tier
+    # LMCache pins its memory per rank: a pod of a replica that spans nodes holds its share.
+    pinned_gib = (tier.cpu_gib() * per_pod / pod_gpus(pool_plan)) if tier is not None else 0.0
+    host = host_resources.host_resources(per_pod, pool_plan.plan.kv_offloading_size_gib,
+                                         pinned_gib)
     gpus = str(per_pod)
     memory = host_resources.quantity_mib(host.memory_bytes)
-    resources_ = {
+    resources_: dict[str, Any] = {
         "requests": {"nvidia.com/gpu": gpus, "cpu": f"{host.cpu_millicores}m",
                      "memory": memory},
         "limits": {"nvidia.com/gpu": gpus, "memory": memory},
     }
+    disk = lmcache_disk_size_limit(pool_plan)
+    if disk is not None:
+        # The disk tier's emptyDir is node-local storage: the scheduler places the pod only
+        # where that much is free, and the kubelet evicts a pod that writes past it.
+        resources_["requests"]["ephemeral-storage"] = disk
+        resources_["limits"]["ephemeral-storage"] = disk
     return resources_, host_resources.quantity_mib(host.shm_bytes)
+
+
+def lmcache_disk_size_limit(pool_plan: PoolPlan) -> str | None:
+    """The LMCache disk tier's emptyDir ``sizeLimit`` (its GiB across ranks, whole MiB up);
+    None without a disk tier."""
+    tier = pool_plan.kv_tier
+    if tier is None or tier.disk_gib() <= 0:
+        return None
+    return host_resources.quantity_mib(-(-int(tier.disk_gib() * 2**30) // 2**20) * 2**20)
+
+
+def lmcache_env(pool_plan: PoolPlan) -> list[dict[str, str]]:
+    """The ``LMCACHE_*`` variables of the pool's LMCache tier (none without one)."""
+    tier = pool_plan.kv_tier
+    return [] if tier is None else plan_tier.lmcache_env(tier, pool_plan.tensor_parallel)
 
 
 def _environment() -> SandboxedEnvironment:
@@ -313,6 +339,10 @@ def _pod_context(inp: RenderInput, name: str, hash_: str, labels: dict[str, str]
         # The container's requests/limits and the /dev/shm size, from the plan.
         "resources": resources_,
         "shm_size_limit": shm_size_limit,
+        # The LMCache tier (tuner/plan_tier.py): its variables, and its disk's emptyDir size.
+        "lmcache_env": lmcache_env(inp.pool_plan),
+        "lmcache_disk_size_limit": lmcache_disk_size_limit(inp.pool_plan),
+        "lmcache_disk_path": kv_tiers.LMCACHE_DISK_PATH,
         "port": VLLM_PORT,
         "plan_json": plan_env_json(inp.pool_plan, plan_hash_=hash_, revision=inp.revision),
         "plan_hash": hash_,

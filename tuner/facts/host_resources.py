@@ -73,6 +73,8 @@ class HostResources(BaseModel):
     cpu_millicores: int  # the container's CPU request (no limit)
     shm_bytes: int  # the /dev/shm emptyDir's sizeLimit, within memory_bytes
     offload_bytes: int  # the CPU KV tier, within shm_bytes
+    # LMCache's CPU tier or buffer (pinned host memory, not /dev/shm), within memory_bytes.
+    pinned_bytes: int = 0
 
 
 @cache
@@ -98,9 +100,11 @@ def shm_bytes(tensor_parallel: int, offload_gib: float | None) -> int:
     return _mib_up(offload + queues_mib * MiB)
 
 
-def host_resources(tensor_parallel: int, offload_gib: float | None) -> HostResources:
+def host_resources(tensor_parallel: int, offload_gib: float | None,
+                   pinned_gib: float = 0.0) -> HostResources:
     """The memory and CPU requests and the ``/dev/shm`` size of one pod with
-    ``tensor_parallel`` GPUs and ``offload_gib`` of CPU KV offload (None: off)."""
+    ``tensor_parallel`` GPUs, ``offload_gib`` of vLLM's native CPU KV offload (None: off) and
+    ``pinned_gib`` of LMCache's pinned host memory (``tuner/plan_tier.py``)."""
     if tensor_parallel < 1:
         raise ValueError(f"tensor_parallel={tensor_parallel}: a vLLM pod has at least 1 GPU")
     facts = host_facts()
@@ -112,9 +116,10 @@ def host_resources(tensor_parallel: int, offload_gib: float | None) -> HostResou
     shm = shm_bytes(tensor_parallel, offload_gib)
     cores = (facts.cpu_cores_api_server + facts.cpu_cores_engine_core
              + workers * facts.cpu_cores_per_gpu_worker)
-    return HostResources(memory_bytes=_mib_up(process_gib * GiB) + shm,
+    pinned = _mib_up(pinned_gib * GiB)
+    return HostResources(memory_bytes=_mib_up(process_gib * GiB) + shm + pinned,
                          cpu_millicores=1000 * cores, shm_bytes=shm,
-                         offload_bytes=_mib_up((offload_gib or 0.0) * GiB))
+                         offload_bytes=_mib_up((offload_gib or 0.0) * GiB), pinned_bytes=pinned)
 
 
 def quantity_mib(size_bytes: int) -> str:

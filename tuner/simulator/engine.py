@@ -18,10 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvtune.tuner.errors import InvalidInput
+from kvtune.tuner.facts import kv_tiers
 from kvtune.tuner.facts.capabilities import get_runtime
 from kvtune.tuner.facts.kvmemory import kv_bytes_per_token, kv_cache_tokens, page_size_bytes
 from kvtune.tuner.facts.weights import weight_bits, weights_bytes_per_gpu, weights_load
 from kvtune.tuner.plan import KVPlan
+from kvtune.tuner.plan_tier import KVTier
 from kvtune.tuner.planner import planning
 from kvtune.tuner.simulator.kernel_costs import kernel_times
 from kvtune.tuner.simulator.scheduler import Allocation, EngineConfig
@@ -78,8 +80,10 @@ def step_cost_for(request: planning.PlanRequest, kv_cache_dtype: str) -> StepCos
 
 def simulated_plan(
     request: planning.PlanRequest, plan: KVPlan, name: str, allocation: Allocation = "paged",
+    tier: KVTier | None = None,
 ) -> SimulatedPlan:
-    """The engine numbers of ``plan`` on the request's model and GPU."""
+    """The engine numbers of ``plan`` on the request's model and GPU, with ``tier`` (an
+    LMCache tier, ``tuner/plan_tier.py``) in place of the native CPU tier when given."""
     ok, need_bytes, available_bytes = planning.preflight(request, plan)
     served = weights_load(request.model, request.weights_dtype).served_dtype
     page = page_size_bytes(request.model, plan.kv_cache_dtype, request.tensor_parallel,
@@ -106,7 +110,8 @@ def simulated_plan(
             f"contiguous allocation needs one {plan.max_model_len}-token reservation but the "
             f"KV cache holds {kv_tokens} tokens",
         )
-    cpu_blocks, seconds_per_block = offload_tier(request, plan, page)
+    cpu_blocks, seconds_per_block = (offload_tier(request, plan, page) if tier is None
+                                     else lmcache_tier(request, tier, page))
     # Under decode context parallel the scheduler's block holds block_size tokens per DCP rank.
     engine = EngineConfig(
         num_gpu_blocks=num_gpu_blocks,
@@ -141,6 +146,26 @@ def offload_tier(request: planning.PlanRequest, plan: KVPlan, page_bytes: int
     copies = 1 if request.model.is_mla and tp > 1 else tp
     chunk = -(-page_bytes * copies // _HOST_PAGE_BYTES) * _HOST_PAGE_BYTES
     return int(size * 2**30) // chunk, page_bytes / link
+
+
+def lmcache_tier(request: planning.PlanRequest, tier: KVTier, page_bytes: int
+                 ) -> tuple[int, float]:
+    """An LMCache tier as the simulator's one tier beyond the GPU: how many blocks its medium
+    holds (``size_gib`` across ranks; one copy for MLA under TP, as the native tier) and the
+    seconds one block takes to load over its link (``facts/kv_tiers.py``: PCIe for CPU, the
+    drive then PCIe for disk, the node's NIC share then PCIe for remote); (0, 0.0) on a GPU
+    class with no host-link fact. Simplified: the disk and remote tiers' CPU buffer is not a
+    faster level (every hit loads at the slower medium's rate, so their gain is a floor), and
+    LMCache's 256-token chunks are treated as the engine's blocks."""
+    tp = request.tensor_parallel
+    link = kv_tiers.tier_link(kv_tiers.check_kind(tier.kind),
+                              request.gpu.host_link_bytes_per_second,
+                              request.gpu.host_link_source, tp)
+    if link is None:
+        return 0, 0.0
+    copies = 1 if request.model.is_mla and tp > 1 else tp
+    return (int(tier.size_gib * 2**30) // (page_bytes * copies),
+            link.seconds_per_block(page_bytes, copies))
 
 
 def vllm_default_plan(request: planning.PlanRequest) -> KVPlan:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.plan import KVPlan, PoolPlan
+from kvtune.tuner.plan_tier import KVTier
 from kvtune.tuner.planner.decide_max_num_seqs import DEFAULT_TPOT_SECONDS
 from kvtune.tuner.planner.planning import PlanRequest, plan_pool
 from kvtune.tuner.planner.search import (
@@ -68,6 +69,8 @@ class TrafficScorer:
     requests: tuple[SimRequest, ...]
     # Told every few finished requests of a replay: the budget's meter (it raises to stop).
     on_progress: ProgressHook | None = None
+    # An LMCache tier replayed in place of the plan's native CPU tier (``engine.lmcache_tier``).
+    tier: KVTier | None = None
 
     @property
     def rate_per_second(self) -> float:
@@ -80,7 +83,7 @@ class TrafficScorer:
 
     def score(self, request: PlanRequest, plan: KVPlan, num_requests: int,
               rate_scale: float = 1.0) -> GoodputScore:
-        sim = simulated_plan(request, plan, "candidate")
+        sim = simulated_plan(request, plan, "candidate", tier=self.tier)
         if not sim.starts:
             return GoodputScore(0.0, False, 0.0, math.inf, math.inf, 0, starts=False)
         reqs: Sequence[SimRequest] = self.requests[:num_requests]

@@ -1,0 +1,135 @@
+"""Which KV tier beyond the GPU pays, and how many GiB (issue 27 item 1): the searched plan's
+capacity at SLO with no tier, vLLM's native CPU tier, and LMCache's CPU, local-disk and remote
+tiers, each replayed over its own link (``engine.lmcache_tier``, ``facts/kv_tiers.py``).
+
+The capacity search (``planner/search.py``) sizes the native CPU tier among its finalists;
+this stage then weighs the other kinds on the plan it chose, each on its own capacity ladder
+over the same stream. The best capacity wins; within the capacity tie the cheaper tier wins,
+cheaper meaning less pinned host memory first (a node's DRAM is its scarcest part beside the
+GPUs), then less disk, with a remote store's GiB counted as host memory of another node.
+The reason says which tier and how many GiB pay, with each option's capacity and hit rates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvtune.tuner.plan import ExpectedFigures, KVPlan, PoolPlan, Reason
+from kvtune.tuner.plan_tier import KVTier
+from kvtune.tuner.planner.capacity import GoodputScore, climb
+from kvtune.tuner.planner.planning import PlanRequest
+from kvtune.tuner.planner.search_settings import SLO_ATTAINMENT
+from kvtune.tuner.simulator.goodput_search import TrafficScorer
+from kvtune.tuner.simulator.workload import SimRequest
+
+
+@dataclass(frozen=True, slots=True)
+class TierOption:
+    """One tier to weigh: vLLM's native CPU tier (``native_gib``), an LMCache ``tier``, or
+    neither (no tier)."""
+
+    native_gib: float | None = None
+    tier: KVTier | None = None
+
+    @property
+    def label(self) -> str:
+        if self.tier is not None:
+            return f"{self.tier.kind} {self.tier.size_gib:g} GiB"
+        return f"native-cpu {self.native_gib:g} GiB" if self.native_gib else "no tier"
+
+    @property
+    def host_gib(self) -> float:
+        """Pinned host memory, this node's or (remote) another's: the cost ranked first."""
+        if self.tier is None:
+            return self.native_gib or 0.0
+        if self.tier.kind == "lmcache-remote":
+            return self.tier.buffer_gib + self.tier.size_gib
+        return self.tier.cpu_gib()
+
+    @property
+    def disk_gib(self) -> float:
+        return self.tier.disk_gib() if self.tier is not None else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TierResult:
+    option: TierOption
+    capacity_requests_per_second: float
+    at_observed: GoodputScore
+
+
+def _measure(request: PlanRequest, plan: KVPlan, option: TierOption,
+             stream: tuple[SimRequest, ...], tolerance: float) -> TierResult:
+    scorer = TrafficScorer(stream, tier=option.tier)
+    seen: dict[float, GoodputScore] = {}
+    candidate = plan.with_offload(option.native_gib)
+
+    def score(p: KVPlan, m: int, scale: float) -> GoodputScore:
+        if scale not in seen:
+            seen[scale] = scorer.score(request, p, m, scale)
+        return seen[scale]
+
+    bracket = climb(score, [candidate], scorer.max_requests, SLO_ATTAINMENT, tolerance)
+    return TierResult(option, scorer.rate_per_second * bracket.lower,
+                      score(candidate, scorer.max_requests, 1.0))
+
+
+def weigh(request: PlanRequest, plan: KVPlan, options: Sequence[TierOption],
+          stream: tuple[SimRequest, ...], tolerance: float = 0.01) -> list[TierResult]:
+    """Each option's capacity at SLO on ``stream`` (no tier first) and its figures at the
+    stream's own rate."""
+    every = [TierOption(), *(o for o in options if o != TierOption())]
+    return [_measure(request, plan, o, stream, tolerance) for o in every]
+
+
+def chosen(results: Sequence[TierResult], tie: float) -> TierResult:
+    """The best capacity, or within ``tie`` of it the cheapest (module doc)."""
+    best = max(r.capacity_requests_per_second for r in results)
+    within = [r for r in results if r.capacity_requests_per_second >= best * (1.0 - tie)]
+    return min(within, key=lambda r: (r.option.host_gib, r.option.disk_gib))
+
+
+def explain(results: Sequence[TierResult], pick: TierResult, tie: float) -> Reason:
+    """Which tier and how many GiB pay, and why, with every option's figures."""
+    off = results[0]
+    table = "; ".join(
+        f"{r.option.label}: {r.capacity_requests_per_second:.3g} req/s, hits GPU "
+        f"{r.at_observed.prefix_hit_rate:.1%} / tier {r.at_observed.cpu_hit_rate:.1%}"
+        for r in results)
+    if pick is off:
+        head = (f"no tier beyond the GPU pays: {off.capacity_requests_per_second:.3g} req/s "
+                f"per replica without one, no tier beats it by more than the {tie:.0%} tie")
+    else:
+        gain = (pick.capacity_requests_per_second / off.capacity_requests_per_second - 1.0
+                if off.capacity_requests_per_second > 0 else float("inf"))
+        head = (f"{pick.option.label} pays: capacity at SLO "
+                f"{pick.capacity_requests_per_second:.3g} req/s per replica against "
+                f"{off.capacity_requests_per_second:.3g} without ({gain:+.0%}), the tier "
+                f"serving {pick.at_observed.cpu_hit_rate:.1%} of prompt tokens beside the "
+                f"GPU's {pick.at_observed.prefix_hit_rate:.1%}; the cheapest within the "
+                f"{tie:.0%} tie of the best")
+    return Reason(knob="kv-tier", choice=pick.option.label, code="BestCapacity",
+                  message=f"{head}. Tiers weighed, each over its own link: {table}")
+
+
+def with_tier(pool: PoolPlan, pick: TierResult, reason: Reason) -> PoolPlan:
+    """``pool`` with the chosen tier (native: the offload knobs; LMCache: ``kv_tier``) and
+    the reason beside its others."""
+    plan = pool.plan.with_offload(pick.option.native_gib)
+    reasons = (*(r for r in pool.reasons if r.knob != reason.knob), reason)
+    expected = replace_expected(pool, pick)
+    return pool.model_copy(update={"plan": plan, "kv_tier": pick.option.tier,
+                                   "reasons": reasons, "expected": expected})
+
+
+def replace_expected(pool: PoolPlan, pick: TierResult) -> ExpectedFigures:
+    """The plan's predicted hit rates at the chosen tier: the GPU's, and the tier's own in
+    ``cpu_prefix_hit_rate`` (whatever its medium; the reason names the tier)."""
+    return pool.expected.model_copy(update={
+        "prefix_hit_rate": round(pick.at_observed.prefix_hit_rate, 4),
+        "cpu_prefix_hit_rate": round(pick.at_observed.cpu_hit_rate, 4)})
+
+
+__all__ = ["TierOption", "TierResult", "chosen", "explain", "replace_expected", "weigh",
+           "with_tier"]
