@@ -79,6 +79,10 @@ class PlanRun:
         self.p50_session = session_tokens(request.profile, "p50")
         # The max-model-len target before pre-flight (set by planning once decided).
         self.len_target = 0
+        # The closed loop's correction terms (1.0 without a calibration).
+        cal = request.calibration
+        self.decode_time_scale = 1.0 if cal is None else cal.decode_time_scale
+        self.prefill_time_scale = 1.0 if cal is None else cal.prefill_time_scale
 
     @staticmethod
     def gib(n: float) -> str:
@@ -108,6 +112,10 @@ class PlanRun:
         page = block_bytes(
             self.model, dtype, self.tp, block_size, model_dtype=self.model_dtype
         )
+        if self.req.calibration is not None and self.pins.kv_cache_memory_bytes is None:
+            # What vLLM really had for the KV cache, as the loop observed it (a pinned size
+            # is exact: vLLM allocates that many bytes).
+            kv_budget = int(kv_budget * self.req.calibration.kv_tokens_scale)
         blocks = max(0, kv_budget) // page
         return Memory(non_kv, kv_budget, page, blocks)
 
