@@ -15,13 +15,8 @@ import yaml
 from pydantic import ValidationError
 
 from kvtune.tuner import model_calibration as mc
+from kvtune.tuner.planner.calibration_predict import calibration_key
 from kvtune.tuner.planner.planning import PlanRequest
-
-
-def calibration_key(request: PlanRequest) -> mc.CalibrationKey:
-    """The key the operator files ``request``'s pool under."""
-    return mc.CalibrationKey(model=request.model.hf_id, gpu_class=request.gpu.name,
-                             vllm_version=request.vllm_version, layout=request.layout.label)
 
 
 def model_calibration_for(request: PlanRequest, path: Path | None

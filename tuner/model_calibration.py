@@ -141,10 +141,13 @@ def _ratio(predicted: float | None, observed: float | None, enough: bool) -> flo
 
 
 def fit(previous: ModelCalibration, obs: CalibrationObservation,
-        now: str | None = None) -> ModelCalibration:
-    """``previous`` updated by one window (module doc). A figure without enough evidence
-    leaves its factor alone; an observation with none returns ``previous`` unchanged."""
-    kv, prefill, decode = (_ratio(p, o, e) for _, p, o, e in _pairs(obs))
+        now: str | None = None, dead_band: float = 0.0) -> ModelCalibration:
+    """``previous`` updated by one window (module doc). A figure without enough evidence,
+    or within ``dead_band`` of its prediction (the operator: half the drift margin, so noise
+    never re-plans), leaves its factor alone; with none to move, ``previous`` is returned."""
+    kv, prefill, decode = (
+        r if r is not None and abs(r - 1.0) > dead_band else None
+        for r in (_ratio(p, o, e) for _, p, o, e in _pairs(obs)))
     if kv is None and prefill is None and decode is None:
         return previous
     update: dict[str, object] = {"updates": previous.updates + 1, "updated_at": now}
@@ -160,6 +163,11 @@ def fit(previous: ModelCalibration, obs: CalibrationObservation,
         update["decode_efficiency"] = _bounded(previous.decode_efficiency / decode)
         update["decode_tokens"] = previous.decode_tokens + obs.decode_tokens
     return previous.model_copy(update=update)
+
+
+def ratios(obs: CalibrationObservation) -> dict[str, float]:
+    """Observed over predicted of each figure known on both sides with enough evidence."""
+    return {figure: r for figure, p, o, e in _pairs(obs) if (r := _ratio(p, o, e)) is not None}
 
 
 def drift(obs: CalibrationObservation, margin: float = DEFAULT_DRIFT_MARGIN
