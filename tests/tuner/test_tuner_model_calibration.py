@@ -82,7 +82,7 @@ def test_drift_names_the_figures_past_the_margin() -> None:
     found = mc.drift(_obs(observed_kv_blocks=950), margin=0.1)
     assert [f.figure for f in found] == ["prefill_seconds", "decode_seconds"]
     assert found[1].ratio == pytest.approx(1.3)
-    assert "decode_seconds: observed 0.026, predicted 0.02 (1.30x)" == found[1].message
+    assert found[1].message == "decode_seconds: observed 0.026, predicted 0.02 (1.30x)"
     assert mc.drift(_obs(decode_tokens=0, prefill_requests=0, observed_kv_blocks=950)) == []
 
 
@@ -132,3 +132,11 @@ def test_the_plan_converges_on_the_true_engine_within_three_ticks() -> None:
     assert cal.kv_tokens_scale == pytest.approx(TRUE_KV, rel=0.02)
     # The calibrated plan runs fewer sequences: each step is slower under the same TPOT SLO.
     assert plan_pool(_request(cal)).plan.max_num_seqs < plan_pool(_request(None)).plan.max_num_seqs
+
+
+def test_a_dead_band_leaves_a_figure_near_its_prediction_alone() -> None:
+    start = mc.ModelCalibration(key=KEY)
+    near = _obs(observed_kv_blocks=1040, observed_prefill_seconds=0.104,
+                observed_decode_seconds=0.0208)
+    assert mc.fit(start, near, dead_band=0.05) is start
+    assert mc.fit(start, near).kv_tokens_scale == pytest.approx(1.04)
