@@ -158,11 +158,17 @@ def _fitted(pools: tuple[PoolLoop, ...], now: str
         for p in pools:
             before = mc.find(entries, p.key) or mc.ModelCalibration(key=p.key)
             after = mc.fit(before, p.observation, now=now, dead_band=dead_band)
-            if after is not before:
+            # Only a factor that moved is written (one held at its bound is not): a write
+            # re-plans, and evidence alone must not.
+            if _factors(after) != _factors(before):
                 entries = mc.replace(entries, after)
         new = mc.CalibrationSet(calibrations=tuple(entries))
         return None if new == current else new
     return mutate
+
+
+def _factors(cal: mc.ModelCalibration) -> tuple[float, float, float]:
+    return cal.kv_tokens_scale, cal.prefill_efficiency, cal.decode_efficiency
 
 
 def run(kube: kapply.Kube, body: Mapping[str, Any], spec: api.InferenceDeploymentSpec,

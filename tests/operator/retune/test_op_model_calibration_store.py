@@ -109,3 +109,14 @@ def test_the_condition_says_drift_hold_or_awaiting() -> None:
     none = mc.CalibrationObservation(predicted_decode_seconds=0.02,
                                      observed_decode_seconds=0.03, decode_tokens=10)
     assert loop.condition((_pool(none),))[:2] == ("Unknown", loop.AWAITING_EVIDENCE)
+
+
+def test_a_factor_held_at_its_bound_is_not_written_again() -> None:
+    """Evidence alone never writes (a write re-plans): a pool whose KV figure is 3x off moves
+    the factor to its bound once, then the same window writes nothing."""
+    obs = mc.CalibrationObservation(predicted_kv_blocks=1000, observed_kv_blocks=3000,
+                                    kv_reports=1)
+    mutate = loop._fitted((_pool(obs),), now="t")
+    first = mutate(mc.CalibrationSet())
+    assert first is not None and first.calibrations[0].kv_tokens_scale == mc.FACTOR_MAX
+    assert mutate(first) is None
