@@ -133,10 +133,12 @@ def observe(kube: kapply.Kube, body: Mapping[str, Any], spec: api.InferenceDeplo
     policy = plan_stage.policy_for(spec)
     profile = declared_profile(spec.workload)  # the predictions read the plan, not this
     margin = drift_margin()
+    # Only a pool whose rollout is done: during a canary the series mix two plans' pods.
+    applied = {p.name for p in status_writer.read(body).pools if p.phase == "Applied"}
     out = []
     for pool in spec.pools:
         plan, series = plans.get(pool.pool_name), pool_series.get(pool.pool_name)
-        if plan is None or series is None or pool.tp_auto:
+        if plan is None or series is None or pool.tp_auto or pool.pool_name not in applied:
             continue
         request = cp.with_calibration(
             plan_stage.plan_request(spec, pool, model, profile, policy), stored)
