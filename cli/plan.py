@@ -25,6 +25,7 @@ from kvtune.cli.options import (
     weights_dtype_option,
 )
 from kvtune.cli.params import POSITIVE, finite
+from kvtune.cli.plan_calibration import model_calibration_for
 from kvtune.cli.plan_compare import with_comparison
 from kvtune.cli.plan_disagg import (
     check_disagg_options,
@@ -127,7 +128,7 @@ def build_request(opts: dict[str, Any]) -> PlanRequest:
             max_kv_quantization_kl=opts["max_kv_quantization_kl"],
             require_measurement=opts["require_kv_measurement"]),
     )
-    return PlanRequest(
+    request = PlanRequest(
         model=catalog.get_model(opts["model"]),
         gpu=gpus.get_gpu_class(opts["gpu"]),
         # --tp auto: each degree is planned in turn (cli/plan_tp.py); 1 until then.
@@ -138,6 +139,9 @@ def build_request(opts: dict[str, Any]) -> PlanRequest:
         vllm_version=opts["vllm_version"],
         kv_quality_evidence=kv_quality_evidence(opts["kv_quality_report"]),
     )
+    calibration = model_calibration_for(request, opts.get("calibration"))
+    return request if calibration is None else request.model_copy(
+        update={"calibration": calibration})
 
 
 def kv_quality_evidence(path: Path | None) -> KVQualityEvidence | None:
@@ -461,6 +465,10 @@ def _priced(pool: PoolPlan, request: PlanRequest, prices: dict[str, float],
 @click.option("--kv-quality-report", type=click.Path(exists=True, dir_okay=False,
                                                       path_type=Path),
               help="A `kvtune quality -o` report: narrower KV dtypes are gated on it.")
+@click.option("--calibration", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The operator's model calibration (its ConfigMap kvtune-model-calibration "
+              "as YAML, or its calibrations.json): plan with the correction terms of this "
+              "model, GPU class, vLLM version and layout, as the operator does.")
 @click.option("--max-kv-quantization-kl", type=POSITIVE,
               default=DEFAULT_MAX_KV_QUANTIZATION_KL, show_default=True,
               help="Exclude KV dtypes whose measured mean next-token KL exceeds this (nats).")

@@ -46,6 +46,7 @@ from kvtune.operator.api.names import LABEL_DEPLOYMENT, object_name
 from kvtune.operator.api.workloads import declared_profile, profile_from_status, profile_status
 from kvtune.operator.calibration import calibration_flow
 from kvtune.operator.kube import apply as kapply
+from kvtune.operator.kube import model_calibrations
 from kvtune.operator.kube import pools as gpu_pools
 from kvtune.operator.kube import status as status_writer
 from kvtune.operator.kube.locks import object_lock
@@ -432,6 +433,8 @@ def _roll_out_pools(kube: kapply.Kube, body: Mapping[str, Any], accepted: _Accep
     spec = accepted.spec
     # The KV-quality evidence of the served model revision, and its calibration Job.
     gate = calibration_flow.prepare(kube, body, spec)
+    # The closed loop's model calibrations (operator/kube/model_calibrations.py): one read.
+    calibrations = model_calibrations.read_or_none(kube)
     discovered = request.discovered
     if discovered is None:
         discovered = gpu_pools.discover_pools(request.nodes if request.nodes is not None
@@ -452,7 +455,7 @@ def _roll_out_pools(kube: kapply.Kube, body: Mapping[str, Any], accepted: _Accep
             profile_used=pool_profile_status,
             given=request.plans.get(pool.pool_name) if pool.pool_name in request.profiles
             else None,
-            gate=gate,
+            gate=gate, calibrations=calibrations,
         ), discovered))
     return _PoolsDone(outcomes=outcomes, failures=[o.failure for o in outcomes if o.failure],
                       gate=gate)

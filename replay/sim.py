@@ -55,6 +55,11 @@ class Hardware:
     tensor_parallel: int = 1
     # True: num_gpu_blocks from the planner's KV math; False: the configured number.
     size_kv_cache: bool = True
+    # A deliberately different "true" engine (the closed loop's test, docs/calibration-loop.md):
+    # every step takes this many times the simulator's time, and vLLM finds this share of the
+    # KV blocks the planner's math gives. 1.0: the planner's own model.
+    step_time_scale: float = 1.0
+    kv_blocks_scale: float = 1.0
 
 
 def _plan_request(hw: Hardware) -> PlanRequest:
@@ -80,7 +85,7 @@ def engine_for(config: InstanceConfig, hw: Hardware, num_gpu_blocks_override: in
 def _engine_for(config: InstanceConfig, hw: Hardware, num_gpu_blocks_override: int | None
                 ) -> tuple[InstanceConfig, EngineConfig, StepCostModel]:
     request = _plan_request(hw)
-    cost = step_cost_for(request, config.cache_dtype)
+    cost = slowed(step_cost_for(request, config.cache_dtype), hw.step_time_scale)
     if num_gpu_blocks_override is not None:
         config = dataclasses.replace(config, num_gpu_blocks=num_gpu_blocks_override)
     elif hw.size_kv_cache:
@@ -95,7 +100,8 @@ def _engine_for(config: InstanceConfig, hw: Hardware, num_gpu_blocks_override: i
         sim = simulated_plan(request, plan, "replay")
         if not sim.starts:
             raise ValueError(sim.start_error)
-        config = dataclasses.replace(config, num_gpu_blocks=sim.engine.num_gpu_blocks)
+        config = dataclasses.replace(
+            config, num_gpu_blocks=int(sim.engine.num_gpu_blocks * hw.kv_blocks_scale))
     engine = EngineConfig(
         num_gpu_blocks=config.num_gpu_blocks, block_size=config.block_size,
         max_num_seqs=config.max_num_seqs,
@@ -104,6 +110,29 @@ def _engine_for(config: InstanceConfig, hw: Hardware, num_gpu_blocks_override: i
         enable_prefix_caching=config.enable_prefix_caching,
     )
     return config, engine, cost
+
+
+def slowed(cost: StepCostModel, factor: float) -> StepCostModel:
+    """``cost`` with every step ``factor`` times as long: each kernel's seconds times it,
+    each rate over it, the overhead times it (so ``max(overhead, GPU)`` scales too)."""
+    if factor == 1.0:
+        return cost
+    eff = dataclasses.replace(
+        cost.efficiency,
+        bandwidth_efficiency=cost.efficiency.bandwidth_efficiency / factor,
+        compute_efficiency=cost.efficiency.compute_efficiency / factor,
+        step_overhead_seconds=cost.efficiency.step_overhead_seconds * factor)
+    k = cost.kernels
+    kernels = None if k is None else dataclasses.replace(
+        k, body_seconds=tuple(x * factor for x in k.body_seconds),
+        head_seconds=tuple(x * factor for x in k.head_seconds),
+        weight_read_seconds=k.weight_read_seconds * factor,
+        attention_fixed_seconds=k.attention_fixed_seconds * factor,
+        attention_seconds_per_seq=k.attention_seconds_per_seq * factor,
+        kv_bytes_per_second=k.kv_bytes_per_second / factor,
+        prefill_flops_per_second=tuple(x / factor for x in k.prefill_flops_per_second),
+        all_reduce_seconds=tuple(x * factor for x in k.all_reduce_seconds))
+    return dataclasses.replace(cost, efficiency=eff, kernels=kernels)
 
 
 class SimInstance:

@@ -43,7 +43,13 @@ from kvtune.operator.prometheus.profiling import (
 )
 from kvtune.operator.prometheus.prom_http import PrometheusUnavailable
 from kvtune.operator.prometheus.selectors import SeriesSelector
-from kvtune.operator.retune import retune_state, reuse_observed, slo_observed, tick
+from kvtune.operator.retune import (
+    calibration_loop,
+    retune_state,
+    reuse_observed,
+    slo_observed,
+    tick,
+)
 from kvtune.operator.retune.decide import RetuneSettings
 from kvtune.operator.retune.retune_state import finite
 from kvtune.operator.rollout import plan as plan_stage
@@ -155,6 +161,10 @@ def retune_once(
         return seen
     PROFILE_STALE.labels(namespace, name).set(0)
     PROFILE_LAST_SUCCESS.labels(namespace, name).set(now)
+    # The closed loop (docs/calibration-loop.md): observed against predicted, fitted into the
+    # cluster's model calibration; the CalibrationDrift condition.
+    loop = calibration_loop.run(kube, body, spec, inp.plans, inp.pool_series,
+                                inp.window_seconds, conditions.now_rfc3339())
     ticks = tick.decide_pools(inp, seen, now)
     ticks = tick.replan(kube, body, inp, ticks, now)
     wide = tick.as_declared(seen.result.profile if seen.result.trusted else None,
@@ -169,6 +179,11 @@ def retune_once(
         ticks = tick.with_reconcile_error(ticks, outcome.permanent_error)
         export_plan_gauges(namespace, name, api.InferenceDeploymentStatus.model_validate(
             outcome.status))
+    elif loop is not None and loop.written is not None:
+        # A factor moved: plan again with it (the plan's inputs hold the factors; a changed
+        # knob rolls out as any plan change does).
+        fresh = kapply.read_inference_deployment(kube, namespace, name) or body
+        carried += _reconcile_events(rec.reconcile(fresh, kube=kube))
     return _report(kube, body, inp, seen, ticks, min_requests,
                    [*carried], event_type, rolled_out=request is not None
                    and any(t.material for t in ticks))

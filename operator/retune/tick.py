@@ -19,6 +19,7 @@ from kvtune.operator.api import ProfileScope, conditions
 from kvtune.operator.api.workloads import profile_from_status
 from kvtune.operator.calibration import calibration_flow
 from kvtune.operator.kube import apply as kapply
+from kvtune.operator.kube import model_calibrations
 from kvtune.operator.prometheus.profiling import PoolProfile, ProfileResult, choose_for_pool
 from kvtune.operator.prometheus.selectors import SeriesSelector
 from kvtune.operator.retune import decide as retune
@@ -171,7 +172,7 @@ def replan(kube: kapply.Kube, body: Mapping[str, Any], inp: TickInputs,
         new_plan = by_job if by_job is not None else plan_stage.plan_one_pool(
             spec, by_name[t.name], model, t.observed, policy, kv_evidence,
             running=inp.plans.get(t.name), pool_field=f"spec.pools[{index[t.name]}]",
-            scope=t.choice.scope)
+            scope=t.choice.scope, calibrations=model_calibrations.read_or_none(kube))
         out.append(judge_new_plan(replace(t, new_plan=new_plan), inp.plans.get(t.name),
                                   new_plan.plan, now))
     return out

@@ -38,7 +38,9 @@ from kvtune.operator.rollout.outcome import Event, PoolContext, PoolOutcome
 from kvtune.operator.search import gpu_prices, reuse_summary, search_budget
 from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan, UnknownName
 from kvtune.tuner.kv_quality import KVQualityEvidence, KVQualityPolicy
+from kvtune.tuner.model_calibration import CalibrationSet, ModelCalibration
 from kvtune.tuner.plan import KVPlan, PoolPlan
+from kvtune.tuner.planner.calibration_predict import with_calibration
 from kvtune.tuner.planner.policy import SLO, Pins, PlanPolicy
 from kvtune.tuner.planner.request import PlanRequest
 from kvtune.tuner.planner.search_budget import SearchBudgetSpent, SearchCancelled
@@ -120,11 +122,14 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
                   profile: WorkloadProfile, policy: PlanPolicy,
                   kv_quality_evidence: KVQualityEvidence | None = None,
                   running: KVPlan | None = None, pool_field: str = "spec.pools[]",
-                  scope: ProfileScope = "deployment") -> PoolPlan:
+                  scope: ProfileScope = "deployment",
+                  calibrations: CalibrationSet | None = None) -> PoolPlan:
     """The pool's plan: by the capacity search on traffic made from the observed profile
     when Prometheus gave one with an arrival rate (the same function as ``kvtune plan``),
     else by the planner's rules. ``running``: the plan the pool runs now (ties go to the
-    fewer changed knobs)."""
+    fewer changed knobs). ``calibrations``: the cluster's model calibrations (the closed
+    loop, docs/calibration-loop.md); the pool's key's entry corrects the planner's models
+    (not under tensorParallel auto: each degree would need its own)."""
     from kvtune.tuner.simulator.goodput_search import plan_by_goodput
 
     request = plan_request(spec, pool, model, profile, policy, kv_quality_evidence)
@@ -136,6 +141,7 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
             plan_request(spec, pair[1], model, profile, policy, kv_quality_evidence)))
     if pool.tp_auto:
         return _plan_auto(spec, pool, request, running, pool_field, scope)
+    request = with_calibration(request, calibrations)
     if searched(profile):
         from kvtune.tuner.planner.cost import priced
 
@@ -224,7 +230,8 @@ def _plan_by_rules(request: PlanRequest) -> PoolPlan:
 
 def planning_inputs(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
                     profile: WorkloadProfile, policy: PlanPolicy,
-                    evidence: KVQualityEvidence | None, replicas: int = 1) -> str:
+                    evidence: KVQualityEvidence | None, replicas: int = 1,
+                    calibration: ModelCalibration | None = None) -> str:
     """Digest of what a pool's plan is made from: the spec's planning inputs (model, weights,
     GPU class, TP, vLLM version, policy: SLO, pins, quality), the profile it is planned for
     and the KV-quality evidence. A catalog model counts by its id (an upgrade that corrects
@@ -251,6 +258,10 @@ def planning_inputs(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         # A role's plan follows its peer's pool and pins (left out without a role, so
         # digests from before roles stay).
         payload["disaggregation"] = pair
+    if calibration is not None:
+        # The loop's correction terms (left out without one: digests of before stay).
+        payload["calibration"] = [calibration.kv_tokens_scale, calibration.prefill_efficiency,
+                                  calibration.decode_efficiency]
     if replicas != 1:
         # The capacity search plans each replica on its share of the rate: more replicas,
         # another plan (left out at one, so digests from before replicas counted stay).
@@ -370,6 +381,8 @@ class PlanInput:
     given: PoolPlan | None = None
     # The KV-quality evidence of the served model revision, and its calibration Job.
     gate: calibration_flow.Gate | None = None
+    # The cluster's model calibrations (the closed loop; not the KV-quality calibration).
+    calibrations: CalibrationSet | None = None
 
 
 @dataclass(frozen=True)
@@ -393,9 +406,11 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
     pool_plan = reuse_summary.with_host_price(pool_plan)  # the chart's host-memory price
     scope: ProfileScope = (inp.profile_used.scope or "deployment") \
         if inp.profile_used is not None else "deployment"
+    calibration = None if pool.tp_auto else with_calibration(plan_request(
+        ctx.spec, pool, inp.model, inp.profile, policy, evidence), inp.calibrations).calibration
     inputs = planning_inputs(ctx.spec, pool, inp.model, inp.profile, policy, evidence,
                              sharing_replicas(ctx.spec, pool, scope) if searched(inp.profile)
-                             else 1)
+                             else 1, calibration)
     kept = plan_in_force(ctx, inputs)
     kept_warning = None
     if kept is not None and kept != pool_plan.plan:
@@ -461,7 +476,7 @@ def _make(ctx: PoolContext, inp: PlanInput) -> _Made | PoolOutcome:
                 ctx.spec, pool, inp.model, inp.profile, policy, evidence,
                 running=running_plan(ctx.base), pool_field=ctx.field,
                 scope=(inp.profile_used.scope or "deployment") if inp.profile_used is not None
-                else "deployment")
+                else "deployment", calibrations=inp.calibrations)
     except UnknownName as exc:
         return ctx.failed(cond.INVALID_SPEC, f"{ctx.field}.gpuClass: {exc}")
     except SearchCancelled:

@@ -94,7 +94,14 @@ def test_default_render(helm: Path) -> None:
     assert {"kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"} <= crd_names
     (peering,) = by_kind(docs, "ClusterKopfPeering")
     assert peering["metadata"]["name"] == "kvtune"
-    assert by_kind(docs, "Role") == []
+    # The one Role of cluster mode: the closed loop's model calibration, in the release's
+    # namespace, get/update on its one ConfigMap only (docs/calibration-loop.md).
+    (role,) = by_kind(docs, "Role")
+    assert role["metadata"] == {**role["metadata"], "name": "kvtune-model-calibration",
+                                "namespace": "kvtune-system"}
+    assert [r for r in role["rules"] if r.get("resourceNames")] == [{
+        "apiGroups": [""], "resources": ["configmaps"],
+        "resourceNames": ["kvtune-model-calibration"], "verbs": ["get", "update"]}]
     # The status subresource is a rule of its own; no wildcard anywhere.
     rules = rules_of(docs, "ClusterRole")
     status_rules = [r for r in rules if "inferencedeployments/status" in r["resources"]
@@ -182,7 +189,10 @@ def test_namespaced_mode_uses_roles(helm: Path) -> None:
     args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=llm" in args and "--namespace=batch" in args
     roles = by_kind(docs, "Role")
-    assert {r["metadata"]["namespace"] for r in roles} == {"llm", "batch"}
+    # The watched namespaces', and the model calibration's in the release namespace.
+    assert {r["metadata"]["namespace"] for r in roles} == {"llm", "batch", "kvtune-system"}
+    assert [r["metadata"]["name"] for r in roles
+            if r["metadata"]["namespace"] == "kvtune-system"] == ["kvtune-model-calibration"]
     for binding in by_kind(docs, "RoleBinding"):
         if binding["metadata"]["name"] == "kvtune-runtime-reporter":
             continue  # the runtime's (test_runtime_access_objects_are_the_operators_own)
@@ -251,8 +261,8 @@ def test_optional_monitoring_objects(helm: Path, tmp_path: Path) -> None:
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
     # One source of KV-cache rules: the operator's per-deployment PrometheusRule. The chart
     # keeps only what no deployment can say (the operator is down, its reconciles fail),
-    # nothing over vLLM's series.
-    assert alerts == {"KVTuneOperatorDown", "KVTuneReconcileErrors"}
+    # nothing over vLLM's series; and the closed loop's drift over the operator's own gauge.
+    assert alerts == {"KVTuneOperatorDown", "KVTuneReconcileErrors", "KVTuneCalibrationDrift"}
     assert not any("vllm:" in r["expr"] for g in rule["spec"]["groups"] for r in g["rules"])
     promtool = shutil.which("promtool")
     if promtool:  # Debian's prometheus package (scripts/setup.sh installs it)
@@ -387,7 +397,9 @@ def test_calibration_is_granted_per_runtime_namespace_never_cluster_wide(
     assert [r for r in rules_of(docs, "ClusterRole") if writes_jobs_or_configmaps(r)] == []
     granted = {d["metadata"]["namespace"] for d in by_kind(docs, "Role")
                if d["metadata"]["name"] not in ("kvtune-runtime-reporter",
-                                                "kvtune-endpoint-picker")
+                                                "kvtune-endpoint-picker",
+                                                # the loop's one ConfigMap, release namespace
+                                                "kvtune-model-calibration")
                and any(writes_jobs_or_configmaps(r) for r in d["rules"])}
     assert granted == namespaces
     routed = rules_of(render(helm, *args, "--set", "routing.enabled=true"),

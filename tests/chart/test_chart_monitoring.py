@@ -97,7 +97,7 @@ def test_the_operators_own_alerts_are_in_the_chart_once(
     docs = render(helm, *ENABLED)
     (rule,) = by_kind(docs, "PrometheusRule")
     alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]]
-    assert alerts == ["KVTuneOperatorDown", "KVTuneReconcileErrors"]
+    assert alerts == ["KVTuneOperatorDown", "KVTuneReconcileErrors", "KVTuneCalibrationDrift"]
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool (Debian's prometheus package) is not installed")
@@ -123,3 +123,42 @@ def test_the_operators_own_alerts_are_in_the_chart_once(
     proc = subprocess.run([promtool, "test", "rules", str(spec)], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_calibration_drift_fires_past_the_margin_and_clears_within_it(
+    helm: Path, tmp_path: Path
+) -> None:
+    """KVTuneCalibrationDrift (docs/calibration-loop.md) over the operator's
+    kvtune_calibration_ratio gauge, at the chart's margin: 1.3x fires after 30m, 1.05x (the
+    loop converged) and a drift shorter than 30m do not; a margin of 0.4 lets 1.3x pass."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool (Debian's prometheus package) is not installed")
+    series = ('kvtune_calibration_ratio{namespace="llm",name="bot",pool="h100",'
+              'figure="decode_seconds"}')
+    labels = {"severity": "warning", "namespace": "llm", "name": "bot", "pool": "h100",
+              "figure": "decode_seconds"}
+    cases = [([], "1.3x60", [{"exp_labels": labels}]),
+             ([], "1.05x60", []),
+             ([], "1x40 1.3x20", []),  # drifting for 20m only
+             (["--set-json", "operator.calibrationDriftMargin=0.4"], "1.3x60", [])]
+    for extra, values, expected in cases:
+        (rule,) = by_kind(render(helm, *ENABLED, *extra), "PrometheusRule")
+        groups = copy.deepcopy(rule["spec"])
+        for group in groups["groups"]:
+            group["rules"] = [r for r in group["rules"] if r["alert"] == "KVTuneCalibrationDrift"]
+            for r in group["rules"]:
+                r.pop("annotations")
+        rules = tmp_path / "rules.yaml"
+        rules.write_text(yaml.safe_dump(groups))
+        spec = tmp_path / "test.yaml"
+        spec.write_text(yaml.safe_dump({"rule_files": [str(rules)], "evaluation_interval": "1m",
+                                        "tests": [{"interval": "1m", "input_series": [
+                                            {"series": series, "values": values}],
+                                            "alert_rule_test": [{
+                                                "eval_time": "59m",
+                                                "alertname": "KVTuneCalibrationDrift",
+                                                "exp_alerts": expected}]}]}))
+        proc = subprocess.run([promtool, "test", "rules", str(spec)], capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0, (extra, values, proc.stdout + proc.stderr)

@@ -45,8 +45,10 @@ def bandwidth_seqs(
         dtype, block_size, min(run.p50_session, max_model_len), batched_tokens,
         max_model_len,
     )
+    # A calibrated step k times slower meets ``tpot`` where the model's meets ``tpot / k``.
     return decode.max_seqs_within(
-        run.model, run.gpu, run.tp, run.weights_bytes, per_seq, tpot, run.layout
+        run.model, run.gpu, run.tp, run.weights_bytes, per_seq, tpot / run.decode_time_scale,
+        run.layout,
     )
 
 

@@ -30,7 +30,7 @@ def figures(run: PlanRun, plan: KVPlan, score: CandidateScore | None) -> Expecte
     )
     step = decode.decode_step_seconds(
         run.model, run.gpu, run.tp, run.weights_bytes, plan.max_num_seqs, per_seq, run.layout
-    )
+    ) * run.decode_time_scale
     return ExpectedFigures(
         kv_bytes_per_token=kv_bytes_per_token(
             run.model, plan.kv_cache_dtype, run.tp, model_dtype=run.model_dtype),

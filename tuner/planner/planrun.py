@@ -70,6 +70,10 @@ class PlanRun:
             self.gpu.cuda_total_bytes, self.gpu.name)
         self.seqs_for_memory = self.pins.max_num_seqs or min(default_seqs, MAX_NUM_SEQS_CEILING)
         self.p50_session = session_tokens(request.profile, "p50")
+        # The closed loop's correction terms (1.0 without a calibration).
+        cal = request.calibration
+        self.decode_time_scale = 1.0 if cal is None else cal.decode_time_scale
+        self.prefill_time_scale = 1.0 if cal is None else cal.prefill_time_scale
 
     @staticmethod
     def gib(n: float) -> str:
@@ -94,6 +98,10 @@ class PlanRun:
         page = block_bytes(
             self.model, dtype, self.tp, block_size, model_dtype=self.model_dtype
         )
+        if self.req.calibration is not None and self.pins.kv_cache_memory_bytes is None:
+            # What vLLM really had for the KV cache, as the loop observed it (a pinned size
+            # is exact: vLLM allocates that many bytes).
+            kv_budget = int(kv_budget * self.req.calibration.kv_tokens_scale)
         blocks = max(0, kv_budget) // page
         return Memory(non_kv, kv_budget, page, blocks)
 

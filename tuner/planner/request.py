@@ -14,6 +14,7 @@ from kvtune.tuner.facts.gpus import GPUClass
 from kvtune.tuner.facts.models import ModelArchitecture
 from kvtune.tuner.kv_quality import KVQualityEvidence
 from kvtune.tuner.layout import ParallelLayout
+from kvtune.tuner.model_calibration import ModelCalibration
 from kvtune.tuner.plan import CandidateScore, KVPlan
 from kvtune.tuner.planner.policy import PlanPolicy
 from kvtune.tuner.workload import WorkloadProfile
@@ -41,6 +42,10 @@ class PlanRequest(BaseModel):
     # None: none exists, narrower dtypes are "unverified".
     kv_quality_evidence: KVQualityEvidence | None = None
     vllm_version: str = PINNED_VLLM_VERSION
+    # The closed loop's correction terms for this model on this GPU class, vLLM version and
+    # layout (the operator's ConfigMap, or ``kvtune plan --calibration FILE``); None: the
+    # models as they are (docs/calibration-loop.md).
+    calibration: ModelCalibration | None = None
 
     @property
     def layout(self) -> ParallelLayout:
