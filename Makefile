@@ -16,9 +16,10 @@ demo: setup
 
 # The tests run in TEST_WORKERS processes (pytest-xdist; 2: the CI machine's cores): the cluster
 # tests mostly wait on a control plane (each worker starts its own), the planner tests on CPU.
-# worksteal: a worker that runs out takes half of the other's queue (docs/testing.md).
+# loadfile: a test file runs whole in one worker, in order, with its module fixtures set up
+# once; the next file goes to whichever worker is free (docs/testing.md).
 TEST_WORKERS ?= 2
-PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist worksteal
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
 # The wheel check also imports every module and runs every command's --help from the install.
 test: setup
