@@ -14,15 +14,22 @@ demo: setup
 	.venv/bin/python scripts/wheel_check.py --out $(WHEEL_CHECK) --install-only
 	$(WHEEL_ENV) .venv/bin/kvtune demo
 
+# The tests run in TEST_WORKERS processes (pytest-xdist; 2: the CI machine's cores): the cluster
+# tests mostly wait on a control plane (each worker starts its own), the planner tests on CPU.
+# loadfile: a test file runs whole in one worker, in order, with its module fixtures set up
+# once; the next file goes to whichever worker is free (docs/testing.md).
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
+
 # The wheel check also imports every module and runs every command's --help from the install.
 test: setup
 	.venv/bin/python scripts/wheel_check.py --out $(WHEEL_CHECK)
-	$(WHEEL_ENV) .venv/bin/python -m pytest
+	$(WHEEL_ENV) .venv/bin/python -m pytest $(PYTEST_PARALLEL)
 
 # The fast loop while editing: no control plane, Prometheus, vLLM engine or image build, and
 # no test marked slow (tests/conftest.py marks the first four by what they need). Python only.
 test-fast: setup-python
-	.venv/bin/python -m pytest -m "not slow"
+	.venv/bin/python -m pytest -m "not slow" $(PYTEST_PARALLEL)
 
 lint: setup-python
 	.venv/bin/ruff check .

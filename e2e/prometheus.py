@@ -10,6 +10,7 @@ after Prometheus.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -27,6 +28,19 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+# scripts/setup.sh stops the Prometheus daemons its own apt-get install started: those that
+# appeared while it ran. Its test (tests/scripts/test_setup_script.py) holds this lock
+# exclusively while setup.sh runs, and each start here holds it shared, so a Prometheus another
+# test process (pytest -n) starts meanwhile waits a second instead of being taken for one.
+START_LOCK = Path(tempfile.gettempdir()) / "kvtune-prometheus-start.lock"
+
+
+@contextlib.contextmanager
+def start_lock(*, exclusive: bool = False) -> Iterator[None]:
+    with START_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
 
 
 class PrometheusNotAvailable(RuntimeError):
@@ -175,7 +189,7 @@ def start_prometheus(
     for _ in range(3):  # a free port can be taken between choosing and binding it
         port = free_port()
         log_path = data_dir / f"prometheus-{port}.log"
-        with log_path.open("wb") as log:
+        with log_path.open("wb") as log, start_lock():
             proc = subprocess.Popen(
                 [exe, f"--config.file={config_path}",
                  f"--storage.tsdb.path={data_dir / 'tsdb'}",

@@ -9,6 +9,7 @@ when it exists, else 0.33.0). Idempotent: a complete unpack is never redone.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -30,6 +31,17 @@ def fetch(version: str) -> Path:
     out = source_dir(version)
     if (out / ".complete").exists():
         return out
+    # Two test processes (pytest -n 2) may ask at once: one downloads and unpacks, the other
+    # waits and finds the unpack complete (both would extract into the same .tmp otherwise).
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with (out.parent / f".vllm-src-{version}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (out / ".complete").exists():
+            return out
+        return _download_and_unpack(version, out)
+
+
+def _download_and_unpack(version: str, out: Path) -> Path:
     wheels = cache_root() / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     matches = sorted(wheels.glob(f"vllm-{version}-*.whl"))

@@ -10,6 +10,7 @@ the editable-install hook. The tree is made from that table, so it cannot drift 
 
 from __future__ import annotations
 
+import os
 import sys
 import tomllib
 from pathlib import Path
@@ -29,12 +30,16 @@ def build(repo: Path = REPO) -> Path:
             link, target = root / "__init__.py", repo / folder / "__init__.py"
         else:
             link, target = root.joinpath(*parts[1:]), repo / folder
-        if link.is_symlink() or link.exists():
-            if link.is_symlink() and link.resolve() == target.resolve():
-                continue
-            link.unlink()
+        if link.is_symlink() and link.resolve() == target.resolve():
+            continue
         link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(target)
+        # Made under a name of this process's own, then renamed over the link: two test
+        # processes (pytest -n) building the tree at once both end with the right link,
+        # instead of one failing on a link the other just made.
+        fresh = link.with_name(f".{link.name}.{os.getpid()}.tmp")
+        fresh.unlink(missing_ok=True)
+        fresh.symlink_to(target)
+        os.replace(fresh, link)
     return shim
 
 

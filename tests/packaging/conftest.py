@@ -1,8 +1,10 @@
 """The built sdist and wheel, once per session: the ones `make test` built just before pytest
-(scripts/wheel_check.py, passed in KVTUNE_WHEEL_DIR), else built here into a temporary folder."""
+(scripts/wheel_check.py, passed in KVTUNE_WHEEL_DIR), else built here into a temporary folder
+(one for all workers under pytest -n)."""
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import sys
@@ -40,5 +42,17 @@ def built_dists(
         (sdist,) = dist.glob("kvtune-*.tar.gz")
         (wheel,) = dist.glob("kvtune-*.whl")
         return sdist, wheel
-    sdist, wheel = wheel_check.build_dists(tmp_path_factory.mktemp("wheel") / "dist")
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        sdist, wheel = wheel_check.build_dists(tmp_path_factory.mktemp("wheel") / "dist")
+        return sdist, wheel
+    # Under pytest -n, one build for all workers, in their common temporary folder: two
+    # builds at once would both write the checkout's kvtune.egg-info.
+    shared = tmp_path_factory.getbasetemp().parent / "packaging-dists"
+    with (shared.parent / "packaging-dists.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (shared / ".complete").exists():
+            wheel_check.build_dists(shared)
+            (shared / ".complete").touch()
+    (sdist,) = shared.glob("kvtune-*.tar.gz")
+    (wheel,) = shared.glob("kvtune-*.whl")
     return sdist, wheel

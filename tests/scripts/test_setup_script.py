@@ -12,6 +12,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from kvtune.e2e.prometheus import start_lock
+
 REPO = Path(__file__).resolve().parents[2]
 SLEEP = shutil.which("sleep") or "/bin/sleep"
 
@@ -70,9 +72,12 @@ def test_setup_stops_only_the_daemons_its_install_started(tmp_path: Path) -> Non
     (fake / "apt-get").chmod(0o755)
     env = {**os.environ, "PATH": f"{fake}:{_system_path(tmp_path)}"}
     try:
-        result = subprocess.run(["bash", str(REPO / "scripts" / "setup.sh"), "packages"],
-                                env=env, capture_output=True, text=True, timeout=120,
-                                check=False)
+        # setup.sh stops every new process named like a daemon: no test process may start
+        # a real Prometheus while it runs (kvtune.e2e.prometheus.start_lock).
+        with start_lock(exclusive=True):
+            result = subprocess.run(["bash", str(REPO / "scripts" / "setup.sh"), "packages"],
+                                    env=env, capture_output=True, text=True, timeout=120,
+                                    check=False)
         assert result.returncode == 0, result.stderr
         assert "apt-get install" in result.stderr
         ours = [int(p) for p in started.read_text().split()]
