@@ -96,6 +96,10 @@ class RenderInput:
     # spec.pools[].nodesPerReplica: above 1, the replicas are a LeaderWorkerSet's groups
     # (operator/render/leader_worker_set.py), one pod per node.
     nodes_per_replica: int = 1
+    # The running pods' KVTUNE_PLAN when their plan hash is this one's (render_stage): a new
+    # prediction for the same knobs (a re-search, the closed loop's calibration) is status,
+    # not a reason to restart every pod.
+    running_plan_json: str | None = None
 
 
 def model_server(objects: list[dict[str, Any]]) -> dict[str, Any]:
@@ -344,7 +348,8 @@ def _pod_context(inp: RenderInput, name: str, hash_: str, labels: dict[str, str]
         "lmcache_disk_size_limit": lmcache_disk_size_limit(inp.pool_plan),
         "lmcache_disk_path": kv_tiers.LMCACHE_DISK_PATH,
         "port": VLLM_PORT,
-        "plan_json": plan_env_json(inp.pool_plan, plan_hash_=hash_, revision=inp.revision),
+        "plan_json": inp.running_plan_json or plan_env_json(inp.pool_plan, plan_hash_=hash_,
+                                                             revision=inp.revision),
         "plan_hash": hash_,
         "revision": inp.revision,
         "replicas": inp.replicas,

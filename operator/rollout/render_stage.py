@@ -22,6 +22,7 @@ from kvtune.operator.kube import pools as gpu_pools
 from kvtune.operator.render import template_sandbox, tenant_reach
 from kvtune.operator.render.objects import (
     ANNOTATION_PLAN_HASH,
+    PLAN_ENV,
     ReachError,
     RenderError,
     RenderInput,
@@ -95,6 +96,8 @@ def render(ctx: PoolContext, planned: Planned,
                                      object_name(ctx.name, pool.pool_name))
     running_hash = ((running or {}).get("metadata", {}).get("annotations") or {}).get(
         ANNOTATION_PLAN_HASH)
+    if running_hash is not None and running_hash == planned.plan_hash:
+        inp = dataclasses.replace(inp, running_plan_json=_running_plan_json(running))
     objects = _render_objects(ctx, inp)
     if isinstance(objects, PoolOutcome):
         return objects
@@ -116,6 +119,17 @@ def render(ctx: PoolContext, planned: Planned,
         access=[o for o in objects if o["kind"] in RUNTIME_ACCESS_KINDS],
         running_hash=running_hash, deployment_absent=running is None,
     )
+
+
+def _running_plan_json(running: Mapping[str, Any] | None) -> str | None:
+    """The running Deployment's KVTUNE_PLAN (None: not found)."""
+    containers = (((running or {}).get("spec") or {}).get("template") or {}).get(
+        "spec", {}).get("containers") or []
+    for container in containers:
+        for env in container.get("env") or []:
+            if env.get("name") == PLAN_ENV and isinstance(env.get("value"), str):
+                return str(env["value"])
+    return None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -241,6 +241,13 @@ def test_two_replicas_as_the_chart_service_account_reconcile_an_example(
     assert args[0] == "operator" and f"--namespace={WATCHED_NS}" in args
     argv = [str(operator_executable()), *args, "--metrics-port", "0",
             "--kubeconfig", str(kubeconfig)]
+    # The pod's own namespace, as the chart's Deployment hands it down (the model
+    # calibration ConfigMap lives there: operator/kube/model_calibrations.py).
+    fields = {e.name: e.value_from.field_ref.field_path
+              for e in deploy.spec.template.spec.containers[0].env or []
+              if e.value_from is not None and e.value_from.field_ref is not None}
+    assert fields.get("POD_NAMESPACE") == "metadata.namespace"
+    pod_env = {"POD_NAMESPACE": RELEASE_NS}
     custom = client.CustomObjectsApi(admin)
 
     def peers() -> dict[str, Any]:
@@ -252,10 +259,10 @@ def test_two_replicas_as_the_chart_service_account_reconcile_an_example(
     example = yaml.safe_load((REPO / "examples/support-bot.yaml").read_text())
     name = example["metadata"]["name"]
     try:
-        replicas.append(Replica(argv, tmp_path / "operator-a.log"))
+        replicas.append(Replica(argv, tmp_path / "operator-a.log", pod_env))
         wait_for(lambda: len(peers()) == 1, "replica a in the KopfPeering", 60, replicas[0].log)
         wait_for(replicas[0].active, "replica a, alone, to become active", 60, replicas[0].log)
-        replicas.append(Replica(argv, tmp_path / "operator-b.log"))
+        replicas.append(Replica(argv, tmp_path / "operator-b.log", pod_env))
         wait_for(lambda: len(peers()) == 2, "replica b in the KopfPeering", 60, replicas[1].log)
         # `kvtune operator` derives each replica's priority from $POD_NAME, here (no pod)
         # from host and pid: they must differ, or kopf pauses both.

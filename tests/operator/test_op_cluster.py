@@ -350,7 +350,8 @@ def test_examples_pass_the_api_servers_validation(cluster_api: Any, path: Path) 
     created = client.CustomObjectsApi(cluster_api).create_namespaced_custom_object(
         GROUP, VERSION, "op-invalid", PLURAL, doc, dry_run="All")
     assert created["spec"]["pools"] == [
-        {"replicas": 1, "tensorParallel": 1, **p} for p in doc["spec"]["pools"]]
+        {"replicas": 1, "tensorParallel": 1, "dataParallel": 1, "expertParallel": False,
+         "nodesPerReplica": 1, **p} for p in doc["spec"]["pools"]]
 
 
 def test_operator_metrics_count_reconciles(operator: OperatorProcess) -> None:

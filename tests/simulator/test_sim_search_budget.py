@@ -168,7 +168,7 @@ def test_with_no_grace_left_a_short_streams_capacity_is_labelled_as_such(
 @pytest.mark.slow
 def test_the_default_budget_finishes_the_chat_search_at_5_requests_per_second() -> None:
     """The standard spec (`kvtune plan -m meta-llama/Llama-3.1-8B-Instruct -g H100
-    --workload chat --request-rate 5`) searches to its last stage within the default 30 s;
+    --workload chat --request-rate 5`) searches to its last stage within the default 60 s;
     before the knockout it took ~96 s and stopped at its 100-request rung."""
     pool = plan_by_goodput(_request(5.0, ttft=None, tpot=None), budget=SearchBudget())
     s = pool.search

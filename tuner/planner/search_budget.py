@@ -37,10 +37,13 @@ from kvtune.tuner.errors import KVTuneError
 MiB = 2**20
 # Seconds of one thread's CPU a search may use. The capacity search (a knockout per rung,
 # ``search.py``) of the default 24-48 candidates takes 3-28 s of CPU on the shared 2-core
-# machine under load (bench/oracle.py's settings: 3.0-11.9 s, offload 27.9 s; a chat profile
-# at 5 req/s on an H100: ~25 s of its `kvtune plan`'s 28.9 s), so it finishes within this; a
-# search it stops still reports its plan's capacity on the full stream (``search.py``, 5).
-DEFAULT_CPU_SECONDS = 30.0
+# machine under load (bench/oracle.py's settings: 3.0-11.9 s, offload 27.9-30.0 s; a chat
+# profile at 5 req/s on an H100: ~28 s of its `kvtune plan`'s 33 s, 2026-12-02). 30 s was too
+# thin: beside a second busy process the chat search was stopped at 30.0 s. Twice the largest
+# keeps a default search whole on a busy machine and still stops a runaway (the memory cap
+# below is what stops the 1e5 req/s case); a search it stops still reports its plan's
+# capacity on the full stream (``search.py``, 5).
+DEFAULT_CPU_SECONDS = 60.0
 # How much one search may grow the process's resident set: the chart's operator runs under a
 # 512 MiB limit and needs ~170 MiB for 200 objects (issue 25); a bounded search grows it by
 # ~50-80 MiB (the stream cap), so 256 MiB stops only a runaway (the unbounded 1e5 req/s case
