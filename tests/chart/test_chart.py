@@ -86,7 +86,7 @@ def test_default_render(helm: Path) -> None:
         "--template-renders-in-flight=1", "--template-cpu-seconds=6",
         "--template-cpu-window-seconds=60", "--template-retry-spread-seconds=2",
         # The goodput search's budget, under the 512Mi limit (operator/search/search_budget.py).
-        "--search-cpu-seconds=30", "--search-memory-mib=256"]
+        "--search-cpu-seconds=60", "--search-memory-mib=256"]
     assert pod["serviceAccountName"] == "kvtune"
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     # Peering: kopf's CRDs (crds/ folder) and this release's cluster-wide peering object.
