@@ -44,9 +44,10 @@ def test_two_pools_get_two_profiles_from_their_own_series(
             prometheus.wait_for(
                 f'sum(increase(vllm:request_success_total{{pod=~"{NAME}-{pool}-.*"}}'
                 f'[{WINDOW_SECONDS}s]))', min_value=250, timeout_seconds=120)
-        # A few scrapes back: every query below must read the same samples, and on a busy
-        # machine a scrape that began before "now" can land between two of them.
-        at = time.time() - 5.0
+        # Every query below must read the same samples: on a busy machine a scrape that began
+        # before ``at`` can land between two of them, so let those land first (1 s scrapes).
+        at = time.time()
+        time.sleep(3.0)
 
         def profile(series: selectors.SeriesSelector) -> ProfilingSettings:
             return ProfilingSettings.for_series(series, window_seconds=WINDOW_SECONDS,
