@@ -12,39 +12,21 @@ trace's own rate.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 
-from kvtune.e2e.traces import MOONCAKE_TRACE
+from offload_size import capacity, mooncake_slice
+
 from kvtune.tuner.facts.catalog import get_model
 from kvtune.tuner.facts.gpus import get_gpu_class
-from kvtune.tuner.plan import KVPlan
 from kvtune.tuner.plan_tier import KVTier
-from kvtune.tuner.planner.capacity import GoodputScore, climb
 from kvtune.tuner.planner.planning import PlanRequest
 from kvtune.tuner.planner.policy import SLO, PlanPolicy
 from kvtune.tuner.planner.presets import profile_from_trace
-from kvtune.tuner.planner.search import SLO_ATTAINMENT
 from kvtune.tuner.planner.search_budget import UNBOUNDED
 from kvtune.tuner.simulator.goodput_search import TrafficScorer, plan_by_goodput
 from kvtune.tuner.simulator.workload import requests_from_trace
-from kvtune.tuner.traces import load_trace
 
-TOLERANCE = 0.005
 REMOTE = "lm://lmcache-server:65432"
-
-
-def _capacity(scorer: TrafficScorer, request: PlanRequest, plan: KVPlan
-              ) -> tuple[float, GoodputScore]:
-    seen: dict[float, GoodputScore] = {}
-
-    def score(p: KVPlan, m: int, scale: float) -> GoodputScore:
-        if scale not in seen:
-            seen[scale] = scorer.score(request, p, m, scale)
-        return seen[scale]
-
-    bracket = climb(score, [plan], scorer.max_requests, SLO_ATTAINMENT, TOLERANCE)
-    return scorer.rate_per_second * bracket.lower, score(plan, scorer.max_requests, 1.0)
 
 
 def _rows(native_gib: float) -> list[tuple[str, float | None, KVTier | None]]:
@@ -71,10 +53,7 @@ def main() -> None:
     ap.add_argument("--model", default="meta-llama/Llama-3.1-8B-Instruct")
     ap.add_argument("--gpu", default="H100")
     args = ap.parse_args()
-    full = load_trace(MOONCAKE_TRACE)
-    reqs = tuple(dataclasses.replace(r, arrival_seconds=r.arrival_seconds / args.speed)
-                 for r in full.requests[:args.requests])
-    trace = dataclasses.replace(full, requests=reqs)
+    trace = mooncake_slice(args.speed, args.requests)
     request = PlanRequest(
         model=get_model(args.model), gpu=get_gpu_class(args.gpu),
         profile=profile_from_trace(trace),
@@ -86,7 +65,7 @@ def main() -> None:
     for label, native, tier in _rows(args.cpu_gib):
         cpu0 = time.process_time()
         scorer = TrafficScorer(stream, tier=tier)
-        cap, at = _capacity(scorer, request, base.with_offload(native))
+        cap, at = capacity(scorer, request, base.with_offload(native))
         print(f"{label:26s} capacity at SLO {cap:6.3f} req/s; at the trace's rate: GPU hits "
               f"{at.prefix_hit_rate:5.1%}, tier hits {at.cpu_hit_rate:5.1%}, TTFT p95 "
               f"{at.ttft_p95_seconds:.2f} s ({time.process_time() - cpu0:.0f} CPU s)",

@@ -30,12 +30,16 @@ from kvtune.tuner.planner.search_budget import UNBOUNDED
 from kvtune.tuner.simulator import search_job
 from kvtune.tuner.simulator.goodput_search import TrafficScorer, plan_by_goodput
 from kvtune.tuner.simulator.workload import requests_from_trace
-from kvtune.tuner.traces import load_trace
+from kvtune.tuner.traces import Trace, load_trace
 
 TOLERANCE = 0.005
 
 
-def _capacity(scorer: TrafficScorer, request: PlanRequest, plan: KVPlan) -> float:
+def capacity(scorer: TrafficScorer, request: PlanRequest, plan: KVPlan
+             ) -> tuple[float, GoodputScore]:
+    """The plan's capacity at SLO (req/s per replica, to TOLERANCE) and its score at the
+    trace's own rate (remembered from the climb, not replayed again). bench/kv_tiers.py
+    uses it too."""
     seen: dict[float, GoodputScore] = {}
 
     def score(p: KVPlan, m: int, scale: float) -> GoodputScore:
@@ -44,7 +48,16 @@ def _capacity(scorer: TrafficScorer, request: PlanRequest, plan: KVPlan) -> floa
         return seen[scale]
 
     bracket = climb(score, [plan], scorer.max_requests, SLO_ATTAINMENT, TOLERANCE)
-    return scorer.rate_per_second * bracket.lower
+    return scorer.rate_per_second * bracket.lower, score(plan, scorer.max_requests, 1.0)
+
+
+def mooncake_slice(speed: float, requests: int) -> Trace:
+    """The shipped Mooncake trace's first ``requests`` requests, arriving at ``speed`` x its
+    recorded rate."""
+    full = load_trace(MOONCAKE_TRACE)
+    reqs = tuple(dataclasses.replace(r, arrival_seconds=r.arrival_seconds / speed)
+                 for r in full.requests[:requests])
+    return dataclasses.replace(full, requests=reqs)
 
 
 def main() -> None:
@@ -56,10 +69,7 @@ def main() -> None:
     ap.add_argument("--gpu", default="H100")
     ap.add_argument("--save", help="write the searched plan's JSON here")
     args = ap.parse_args()
-    full = load_trace(MOONCAKE_TRACE)
-    reqs = tuple(dataclasses.replace(r, arrival_seconds=r.arrival_seconds / args.speed)
-                 for r in full.requests[:args.requests])
-    trace = dataclasses.replace(full, requests=reqs)
+    trace = mooncake_slice(args.speed, args.requests)
     gpu = get_gpu_class(args.gpu)
     request = PlanRequest(
         model=get_model(args.model), gpu=gpu, profile=profile_from_trace(trace),
@@ -90,7 +100,7 @@ def main() -> None:
     scorer = TrafficScorer(tuple(requests_from_trace(trace)))
     budget = float(args.cpu_gib)
     for label, size in (("chosen", chosen), ("budget", budget), ("off", None)):
-        cap = _capacity(scorer, request, pool.plan.with_offload(size))
+        cap, _ = capacity(scorer, request, pool.plan.with_offload(size))
         print(f"{label}: {size or 0:g} GiB, capacity at SLO {cap:.3f} req/s per replica")
     if reuse is not None:
         print(f"hit rates: GPU {reuse.gpu_prefix_hit_rate:.1%}, CPU {reuse.cpu_prefix_hit_rate:.1%}"
