@@ -24,7 +24,64 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
 
     cluster = LocalCluster(tmp_path_factory.mktemp("local-cluster"))
     with cluster:
-        yield cluster
+        _CLUSTERS.append(cluster)
+        try:
+            yield cluster
+        finally:
+            _CLUSTERS.remove(cluster)
+
+
+# --- one module's cluster objects do not outlive it ----------------------------------------
+# The session's control plane has 80 fake GPUs. Each module's InferenceDeployments hold some
+# of them until deleted, so without this a module late in a long run (the images', or any
+# module on a busy xdist worker) found every GPU taken and waited for pods that could never
+# be scheduled. Namespaces the module created are deleted at its end (their Deployments and
+# pods with them), and pods and Deployments left in `default`.
+_CLUSTERS: list[LocalCluster] = []
+SYSTEM_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
+
+
+@pytest.fixture(autouse=True, scope="module")
+def module_namespaces_deleted() -> Iterator[None]:
+    before = _namespace_names(_CLUSTERS[0]) if _CLUSTERS else set(SYSTEM_NAMESPACES)
+    yield
+    if _CLUSTERS:
+        _delete_namespaces_since(_CLUSTERS[0], before | SYSTEM_NAMESPACES)
+
+
+def _namespace_names(cluster: LocalCluster) -> set[str]:
+    from kubernetes import client
+
+    with cluster.api_client() as api:
+        return {ns.metadata.name for ns in client.CoreV1Api(api).list_namespace().items}
+
+
+def _delete_namespaces_since(cluster: LocalCluster, keep: set[str],
+                             timeout_seconds: float = 90.0) -> None:
+    """Delete the namespaces not in ``keep`` and wait (bounded) until they are gone, so a
+    later module that reuses a name does not meet a Terminating namespace."""
+    import time
+
+    from kubernetes import client
+
+    with cluster.api_client() as api:
+        core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+        for dep in apps.list_namespaced_deployment("default").items:
+            apps.delete_namespaced_deployment(dep.metadata.name, "default")
+        for pod in core.list_namespaced_pod("default").items:
+            core.delete_namespaced_pod(pod.metadata.name, "default", grace_period_seconds=0)
+        doomed = _namespace_names(cluster) - keep
+        for name in doomed:
+            core.delete_namespace(name)
+        deadline = time.monotonic() + timeout_seconds
+        while doomed and time.monotonic() < deadline:
+            time.sleep(0.5)
+            doomed &= _namespace_names(cluster)
+        if doomed:
+            # Not a failure of the module that ran: the next module that needs one of these
+            # names fails on its own with the namespace's state in its error.
+            print(f"\nnamespaces still terminating after {timeout_seconds:.0f}s: "
+                  f"{sorted(doomed)}")
 
 
 # --- Prometheus (issue 5): a real server per test, stopped even when the test fails ---------
