@@ -84,3 +84,33 @@ def test_no_two_operator_modules_share_a_name() -> None:
     clashes = {name: paths for name, paths in names.items() if len(paths) > 1}
     assert len(names) > 40, "too few modules found: the walk is wrong"
     assert not clashes, clashes
+
+
+# Issue 24's shape limits: someone new reads a module in one sitting and a function on one
+# screen. bench/ (scripts that print figures) and tests/ are outside them.
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 600, 80
+
+
+def _shipped_python_files() -> list[Path]:
+    listed = _run("git", "ls-files", "*.py").stdout.split()
+    return [REPO / f for f in listed if not f.startswith(("bench/", "tests/"))]
+
+
+def test_no_module_or_function_outgrows_its_limit() -> None:
+    import ast
+
+    files = _shipped_python_files()
+    assert len(files) > 200, "git ls-files found too few modules: is this a checkout?"
+    too_long = []
+    for path in files:
+        source = path.read_text()
+        lines = source.count("\n")
+        if lines > MAX_MODULE_LINES:
+            too_long.append(f"{path.relative_to(REPO)}: {lines} lines (limit {MAX_MODULE_LINES})")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    too_long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: "
+                                    f"{length} lines (limit {MAX_FUNCTION_LINES})")
+    assert not too_long, "split these into named steps:\n" + "\n".join(too_long)
