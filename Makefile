@@ -22,7 +22,7 @@ demo: setup
 # control plane, so two workers are opt-in for it; the fast loop (no control plane) uses two.
 TEST_WORKERS ?= 0
 FAST_WORKERS ?= 2
-PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The wheel check also imports every module and runs every command's --help from the install.
 test: setup
@@ -32,7 +32,7 @@ test: setup
 # The fast loop while editing: no control plane, Prometheus, vLLM engine or image build, and
 # no test marked slow (tests/conftest.py marks the first four by what they need). Python only.
 test-fast: setup-python
-	.venv/bin/python -m pytest -m "not slow" -n $(FAST_WORKERS) --dist loadfile
+	.venv/bin/python -m pytest -m "not slow" -n $(FAST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: setup-python
 	.venv/bin/ruff check .

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import statistics
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -121,3 +124,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if any(item.get_closest_marker(name) for name in SLOW_BY_NEED):
             item.add_marker(pytest.mark.slow)
+    items[:] = slowest_files_first(items)
+
+
+# --- the slowest files first ---------------------------------------------------------------
+# `make test` hands whole files to two workers (xdist's loadfile, --no-loadscope-reorder, which
+# keeps this order). Longest first, a worker that finishes early takes the short files left,
+# and both end together; in alphabetical order the last long file ran alone at the end.
+# tests/file_seconds.json is measured (scripts/file_seconds.py); a file not in it counts as
+# the median file.
+FILE_SECONDS = Path(__file__).resolve().parent / "file_seconds.json"
+
+
+def slowest_files_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    measured: dict[str, float] = json.loads(FILE_SECONDS.read_text()) \
+        if FILE_SECONDS.is_file() else {}
+    typical = statistics.median(measured.values()) if measured else 0.0
+    first_seen: dict[str, int] = {}
+    for index, item in enumerate(items):
+        first_seen.setdefault(_file_of(item), index)
+    # Stable: within a file, and between files of equal weight, collection order is kept.
+    return sorted(items, key=lambda item: (-measured.get(_file_of(item), typical),
+                                           first_seen[_file_of(item)]))
+
+
+def _file_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
