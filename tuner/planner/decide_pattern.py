@@ -31,9 +31,10 @@ if TYPE_CHECKING:
 
 ROUTING_NEAREST = (
     "the Inference Extension v1.5.0 offers no consistent hashing on a session and no bounded "
-    "load (no such plugin in its registry); kvtune renders the nearest: the "
-    "prefix-cache-affinity-filter (a conversation's history is its prefix, so its turns stay "
-    "on the pods holding at least 80 % of it) before the queue and KV-usage scorers. Overflow "
+    "load (no such plugin in its registry); with spec.routing.enabled kvtune renders the "
+    "nearest: the prefix-cache-affinity-filter (a conversation's history is its prefix, so "
+    "its turns stay on the pods holding at least 80 % of it) before the queue and KV-usage "
+    "scorers. Overflow "
     "is not bounded by load: a session leaves its pod only by the filter's 1 % exploration, "
     "when no pod holds 80 % of its prefix, or by the filter's TTFT gate, which needs latency "
     "predictions kvtune does not render")
