@@ -33,11 +33,10 @@ from dataclasses import dataclass
 
 RECOMPUTE_RATIO = 0.15
 BLEND_UNSUPPORTED = (
-    "CacheBlend (LMCache non-prefix reuse) is not turned on: with lmcache 0.5.6 under vLLM "
-    "0.33.0 enable_blending fails at start (LMCBlenderBuilder asks VLLMModelTracker for the "
-    "model, and neither package registers it: 'vllm model for vllm-instance not found'); it "
-    "also supports only Llama, Qwen2 and Qwen3 and needs chunks separated by "
-    "blend_special_str. Chunks are reused only where they repeat as a prefix")
+    "CacheBlend (LMCache's non-prefix reuse) stays off: on vLLM 0.33.0 with lmcache 0.5.6 "
+    "enable_blending fails at start (nothing registers the model its blender needs: "
+    "'vllm model for vllm-instance not found'); chunks are reused only as a prefix "
+    "(docs/reuse-patterns.md)")
 
 
 @dataclass(frozen=True, slots=True)

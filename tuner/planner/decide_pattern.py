@@ -30,14 +30,10 @@ if TYPE_CHECKING:
     from kvtune.tuner.planner.planrun import PlanRun
 
 ROUTING_NEAREST = (
-    "the Inference Extension v1.5.0 offers no consistent hashing on a session and no bounded "
-    "load (no such plugin in its registry); with spec.routing.enabled kvtune renders the "
-    "nearest: the prefix-cache-affinity-filter (a conversation's history is its prefix, so "
-    "its turns stay on the pods holding at least 80 % of it) before the queue and KV-usage "
-    "scorers. Overflow "
-    "is not bounded by load: a session leaves its pod only by the filter's 1 % exploration, "
-    "when no pod holds 80 % of its prefix, or by the filter's TTFT gate, which needs latency "
-    "predictions kvtune does not render")
+    "the Inference Extension v1.5.0 has no consistent hashing on a session and no bounded "
+    "load; with spec.routing.enabled kvtune renders the nearest, its "
+    "prefix-cache-affinity-filter (a conversation's history is its prefix), then the load "
+    "scorers. Overflow is not bounded by load (docs/reuse-patterns.md)")
 
 
 def _tenant(run: PlanRun, draft: Draft) -> Reason:
@@ -48,14 +44,11 @@ def _tenant(run: PlanRun, draft: Draft) -> Reason:
     return Reason(
         knob="cache-salt", choice="per tenant (request field)", code="IsolationNotRetention",
         message=(
-            f"the shared {shared:,}-token system prompt stays resident by use, not by a pin "
-            f"({share} of the GPU's {tokens:,} KV tokens, kept while requests use it more "
-            "often than the cache turns over). vLLM 0.33 offers cache_salt per request (chat "
-            "and completions APIs), mixed into the first block's hash: tenants with different "
-            "salts share no KV, so give a salt per tenant only where prompts must not leak "
-            "across tenants (each salt then caches its own copy of the prompt). It cannot "
-            "pin a prefix or give it retention priority: freed blocks are evicted least "
-            "recently used (BlockPool.free_blocks)"))
+            f"the shared {shared:,}-token prefix stays resident by use ({share} of the GPU's "
+            f"{tokens:,} KV tokens): vLLM 0.33 cannot pin it or give it retention priority "
+            "(freed blocks are evicted least recently used). Its per-request cache_salt "
+            "isolates tenants (different salts share no KV), at one copy of the prompt per "
+            "salt"))
 
 
 def _agent(run: PlanRun, draft: Draft) -> Reason:
@@ -65,16 +58,12 @@ def _agent(run: PlanRun, draft: Draft) -> Reason:
         return Reason(knob="session-kv", choice="GPU only", code="NoCPUBudget", message=(
             "session KV is kept across tool calls only while the GPU's prefix cache holds it: "
             "the policy gives no CPU budget for a tier (tuning.cpuOffloadGiB)"))
-    basis = (f"the capacity search tries the size the session gaps ask for (p90 {gaps.p90:g} "
-             "s: rate x TTL x prompt tokens, what the traffic touches while a session waits) "
-             "beside the budget" if gaps is not None else
-             "without session gaps (a trace with prefix ids gives them) it stays at the "
-             "policy's budget")
+    basis = (f"the search tries the size the session gaps ask for (rate x p90 gap "
+             f"{gaps.p90:g} s x prompt tokens)" if gaps is not None else
+             "without session gaps (a trace gives them) it stays at the policy's budget")
     return Reason(knob="session-kv", choice="CPU tier", code="SessionTier", message=(
-        "session KV is kept across tool calls in the CPU tier (kv-offloading-size says how "
-        f"many GiB pay); {basis}. Neither vLLM 0.33's native tier nor LMCache 0.5.6's "
-        "in-process one expires blocks by time (both evict least recently used), so the "
-        "TTL is the tier's size"))
+        f"session KV is kept across tool calls in the CPU tier; {basis}. No tier vLLM 0.33 "
+        "runs expires blocks by time (LRU), so the TTL is the tier's size"))
 
 
 def report(run: PlanRun, draft: Draft) -> Draft:

@@ -100,7 +100,7 @@ def test_rag_plan_says_cacheblend_is_off_on_the_pins() -> None:
     pool = plan_pool(PlanRequest(model=get_model(L8), gpu=get_gpu_class("H100"),
                                  profile=preset_profile("rag")))
     reason = _reason(pool, "cache-blend")
-    assert reason.choice == "off" and "register" in reason.message
+    assert reason.choice == "off" and "registers the model" in reason.message
     assert pool.kv_tier is None and "kv-transfer-config" not in " ".join(pool.vllm_args())
 
 
