@@ -1,6 +1,6 @@
 """Write the synthetic agentic trace ``examples/traces/agentic_trace.jsonl`` (issue 27).
 
-No public trace in ../shared/data is agentic (the Azure conversation trace has no prefix or
+No public trace at hand is agentic (the Azure conversation trace has no prefix or
 session information; Mooncake's synthetic trace has prefix ids but no tool-call sessions), so
 this one is generated, seeded and reproducible, in the Mooncake JSONL format (``timestamp``
 ms, ``input_length``, ``output_length``, ``hash_ids`` of 512-token blocks) that
