@@ -23,6 +23,9 @@ F = Callable[..., Any]
 
 def tier_options(f: F) -> F:
     """The tier options, on ``kvtune plan``."""
+    f = click.option("--disk-price", type=POSITIVE, metavar="USD",
+                     help="USD per GiB-hour of local disk: with --host-memory-price, the tier "
+                     "tie-break weighs dollars of memory and disk, not GiB.")(f)
     f = click.option("--kv-tier-remote-gib", type=POSITIVE, default=1024.0, show_default=True,
                      help="With --kv-tier-remote-url: GiB of the remote store one replica "
                      "may fill.")(f)
@@ -86,8 +89,11 @@ def with_tiers(pool: PoolPlan, request: PlanRequest, trace: Trace | None,
     stream = traffic(request, trace=trace)
     results = tier_choice.weigh(request, pool.plan.with_offload(None),
                                 _options(pool, opts, cpu_gib), stream)
-    pick = tier_choice.chosen(results, CAPACITY_TIE)
-    return tier_choice.with_tier(pool, pick, tier_choice.explain(results, pick, CAPACITY_TIE))
+    prices = tier_choice.TierPrices(host_usd_per_gib_hour=opts.get("host_memory_price"),
+                                    disk_usd_per_gib_hour=opts.get("disk_price"))
+    pick = tier_choice.chosen(results, CAPACITY_TIE, prices)
+    return tier_choice.with_tier(pool, pick,
+                                 tier_choice.explain(results, pick, CAPACITY_TIE, prices))
 
 
 def tier_document(pool: PoolPlan) -> dict[str, Any]:

@@ -75,6 +75,23 @@ def test_within_the_tie_less_host_memory_wins_then_less_disk() -> None:
     assert "+52%" in reason.message and "lmcache-remote 500 GiB: 1.53 req/s" in reason.message
 
 
+def test_with_prices_the_tie_break_weighs_dollars_of_memory_and_disk() -> None:
+    native = _result("native", 1.50, native_gib=64.0)
+    disk = _result("disk", 1.52, tier=KVTier(kind="lmcache-disk", size_gib=500.0,
+                                             buffer_gib=5.0))
+    cheap_disk = tier_choice.TierPrices(host_usd_per_gib_hour=0.004, disk_usd_per_gib_hour=2e-4)
+    dear_disk = tier_choice.TierPrices(host_usd_per_gib_hour=0.004, disk_usd_per_gib_hour=1e-3)
+    # 64 GiB of host memory: $0.256/h; 5 GiB of buffer + 500 GiB of disk: $0.12/h or $0.52/h.
+    assert tier_choice.chosen([native, disk], 0.02, cheap_disk) is disk
+    assert tier_choice.chosen([native, disk], 0.02, dear_disk) is native
+    # Without a host price the GiB order holds (less host memory wins), disk price or not.
+    assert tier_choice.chosen([native, disk], 0.02,
+                              tier_choice.TierPrices(disk_usd_per_gib_hour=1e-3)) is disk
+    reason = tier_choice.explain([_result("off", 1.0), native, disk], native, 0.02, dear_disk)
+    assert "$0.256/h of memory and disk" in reason.message
+    assert "disk $0.001/GiB-h" in reason.message
+
+
 @pytest.mark.slow
 def test_a_slower_link_never_serves_more_and_a_tier_pays_on_reuse_beyond_the_gpu() -> None:
     """64 sessions whose histories come back after more than an L40S's KV cache: a tier of

@@ -11,6 +11,16 @@ tenths and nearly all of the reuses. A quantile the GPU's own prefix cache alrea
 budget (the most the policy gives). Without reuse figures (a profile from Prometheus or a
 declaration) the budget is the one size, as before.
 
+For agents (a profile of kind ``agent`` with session gaps, the article's pattern 2) one more
+size is tried, sized from the **session gaps**: the tier keeps a session's KV across a tool
+call when it holds every token touched while the session waits. Neither tier vLLM 0.33 runs
+expires blocks by time (the native ``OffloadingConnector`` and LMCache's in-process CPU tier
+evict least recently used; lmcache 0.5.6's ``CacheInterface.ttl`` is read only by its
+separate multiprocess server), so the TTL is realised by the size: an LRU tier of C tokens
+keeps a block for as long as the traffic takes to touch C other tokens, at most the request
+rate x the prompt tokens per request per second. With the TTL at the p90 session gap, C =
+rate x p90 gap x p50 prompt tokens keeps nine sessions in ten across their tool call.
+
 The search tries every size on its leader (the budget alone on the runner-up) and ranks them
 by capacity at SLO; within the capacity tie a smaller tier wins (``search._order``: host
 memory costs money and a smaller tier pins less of the node), so the plan keeps the smallest
@@ -30,6 +40,7 @@ from kvtune.tuner.plan import KVPlan, Reason
 from kvtune.tuner.plan_reuse import TierSize
 from kvtune.tuner.planner.capacity import Standing
 from kvtune.tuner.units import GiB
+from kvtune.tuner.workload import WorkloadProfile
 
 if TYPE_CHECKING:
     from kvtune.tuner.planner.planrun import PlanRun
@@ -67,23 +78,50 @@ def gpu_kv_tokens(run: PlanRun, plan: KVPlan) -> int:
     return max(0, mem.num_gpu_blocks - 1) * plan.block_size
 
 
-def options(run: PlanRun, plan: KVPlan, budget_gib: float) -> tuple[SizeOption, ...]:
-    """The sizes to try for ``plan``, smallest first, the budget last (module doc)."""
+def session_gap_size(profile: WorkloadProfile, bytes_per_token: float
+                     ) -> SizeOption | None:
+    """The tier that keeps an agent's session across its p90 tool-call gap (module doc), or
+    None without session gaps and a request rate, or for a profile that is not an agent's."""
+    gap, rate = profile.session_gap_seconds, profile.request_rate_per_second
+    if profile.kind != "agent" or gap is None or not rate:
+        return None
+    tokens = rate * gap.p90 * profile.context_tokens.p50
+    gib = float(math.ceil(tokens * bytes_per_token / GiB))
+    return SizeOption(gib, f"session gaps: TTL p90 {gap.p90:g} s x {rate:.3g} req/s x "
+                           f"{profile.context_tokens.p50:,} prompt tokens = {tokens:,.0f} tokens")
+
+
+def _distance_options(run: PlanRun, plan: KVPlan, budget_gib: float) -> list[SizeOption]:
+    """The reuse-distance quantile sizes below the budget, smallest first, near ones merged."""
     dist = run.req.profile.prefix_reuse_distance_tokens
     out: list[SizeOption] = []
-    if dist is not None:
-        per_token = tier_bytes_per_token(run, plan)
-        gpu_tokens = gpu_kv_tokens(run, plan)
-        for q in QUANTILES:
-            tokens = int(getattr(dist, q))
-            if tokens <= gpu_tokens:
-                continue  # the GPU's prefix cache already keeps reuses that close
-            gib = float(math.ceil(tokens * per_token / GiB))
-            if not 1 <= gib < budget_gib:
-                continue
-            if out and gib <= out[-1].size_gib * (1.0 + MERGE_WITHIN):
-                out.pop()  # nearly the same memory: the larger catches more reuses
-            out.append(SizeOption(gib, f"{q} reuse distance {tokens:,} tokens"))
+    if dist is None:
+        return out
+    per_token = tier_bytes_per_token(run, plan)
+    gpu_tokens = gpu_kv_tokens(run, plan)
+    for q in QUANTILES:
+        tokens = int(getattr(dist, q))
+        if tokens <= gpu_tokens:
+            continue  # the GPU's prefix cache already keeps reuses that close
+        gib = float(math.ceil(tokens * per_token / GiB))
+        if not 1 <= gib < budget_gib:
+            continue
+        if out and gib <= out[-1].size_gib * (1.0 + MERGE_WITHIN):
+            out.pop()  # nearly the same memory: the larger catches more reuses
+        out.append(SizeOption(gib, f"{q} reuse distance {tokens:,} tokens"))
+    return out
+
+
+def options(run: PlanRun, plan: KVPlan, budget_gib: float) -> tuple[SizeOption, ...]:
+    """The sizes to try for ``plan``, smallest first, the budget last (module doc)."""
+    out = _distance_options(run, plan, budget_gib)
+    session = session_gap_size(run.req.profile, tier_bytes_per_token(run, plan))
+    if session is not None and 1 <= session.size_gib < budget_gib:
+        # A distance size within the merge band of it is the same memory: the session size
+        # stays, named for its TTL.
+        out = [o for o in out if abs(o.size_gib - session.size_gib)
+               > session.size_gib * MERGE_WITHIN]
+        out = sorted([*out, session], key=lambda o: o.size_gib)
     if out and budget_gib <= out[-1].size_gib * (1.0 + MERGE_WITHIN):
         out.pop()  # the budget is tried anyway
     out.append(SizeOption(float(budget_gib), BUDGET_BASIS))
@@ -114,6 +152,8 @@ def capacity_text(row: TierSize) -> str:
 def _label(basis: str) -> str:
     """A size's basis in a reason: its quantile, or "budget" (the full text is in
     ``search.reuse.tier_sizes``)."""
+    if basis.startswith("session"):
+        return "session gaps"
     return "budget" if basis == BUDGET_BASIS else basis.split()[0]
 
 
@@ -199,4 +239,4 @@ def explain(run: PlanRun, plan: KVPlan, rows: Sequence[TierSize], tie: float,
 
 
 __all__ = ["SizeOption", "capacity_text", "explain", "gpu_kv_tokens", "options",
-           "tier_bytes_per_token", "tier_sizes", "tried"]
+           "session_gap_size", "tier_bytes_per_token", "tier_sizes", "tried"]

@@ -24,6 +24,7 @@ from kvtune.tuner.planner import (
     decide_dtype,
     decide_max_model_len,
     decide_max_num_seqs,
+    decide_pattern,
     decide_prefix_offload,
     decide_utilization,
     expected,
@@ -122,6 +123,7 @@ FINISH: tuple[Step, ...] = (
     final_preflight,
     decide_attention_backend.report,  # attention-backend: left to vLLM, reported
     weights_reason,  # quantization / dtype flags the weights need
+    decide_pattern.report,  # the article's reuse pattern: what the pins offer for it
 )
 
 

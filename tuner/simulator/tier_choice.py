@@ -4,9 +4,11 @@ tiers, each replayed over its own link (``engine.lmcache_tier``, ``facts/kv_tier
 
 The capacity search (``planner/search.py``) sizes the native CPU tier among its finalists;
 this stage then weighs the other kinds on the plan it chose, each on its own capacity ladder
-over the same stream. The best capacity wins; within the capacity tie the cheaper tier wins,
-cheaper meaning less pinned host memory first (a node's DRAM is its scarcest part beside the
-GPUs), then less disk, with a remote store's GiB counted as host memory of another node.
+over the same stream. The best capacity wins; within the capacity tie the cheaper tier wins.
+With a host-memory price (``kvtune plan --host-memory-price``, and ``--disk-price`` for the
+disk tier's GiB) cheaper means fewer dollars per hour of the tier's memory and disk; without
+one it means less pinned host memory first (a node's DRAM is its scarcest part beside the
+GPUs), then less disk. A remote store's GiB count as host memory of another node.
 The reason says which tier and how many GiB pay, with each option's capacity and hit rates.
 """
 
@@ -53,6 +55,27 @@ class TierOption:
 
 
 @dataclass(frozen=True, slots=True)
+class TierPrices:
+    """USD per GiB-hour of pinned host memory and of local disk (None: not priced)."""
+
+    host_usd_per_gib_hour: float | None = None
+    disk_usd_per_gib_hour: float | None = None
+
+    def usd_per_hour(self, option: TierOption) -> float | None:
+        """The option's memory and disk per hour, or None without a host price (disk alone
+        cannot rank a disk tier against a CPU one)."""
+        if self.host_usd_per_gib_hour is None:
+            return None
+        return (option.host_gib * self.host_usd_per_gib_hour
+                + option.disk_gib * (self.disk_usd_per_gib_hour or 0.0))
+
+    def describe(self) -> str:
+        disk = ("" if self.disk_usd_per_gib_hour is None
+                else f", disk ${self.disk_usd_per_gib_hour:g}/GiB-h")
+        return f"host memory ${self.host_usd_per_gib_hour:g}/GiB-h{disk}"
+
+
+@dataclass(frozen=True, slots=True)
 class TierResult:
     option: TierOption
     capacity_requests_per_second: float
@@ -83,14 +106,21 @@ def weigh(request: PlanRequest, plan: KVPlan, options: Sequence[TierOption],
     return [_measure(request, plan, o, stream, tolerance) for o in every]
 
 
-def chosen(results: Sequence[TierResult], tie: float) -> TierResult:
+def chosen(results: Sequence[TierResult], tie: float, prices: TierPrices = TierPrices()
+           ) -> TierResult:
     """The best capacity, or within ``tie`` of it the cheapest (module doc)."""
     best = max(r.capacity_requests_per_second for r in results)
     within = [r for r in results if r.capacity_requests_per_second >= best * (1.0 - tie)]
-    return min(within, key=lambda r: (r.option.host_gib, r.option.disk_gib))
+
+    def cost(r: TierResult) -> tuple[float, float, float]:
+        usd = prices.usd_per_hour(r.option)
+        return (usd if usd is not None else 0.0, r.option.host_gib, r.option.disk_gib)
+
+    return min(within, key=cost)
 
 
-def explain(results: Sequence[TierResult], pick: TierResult, tie: float) -> Reason:
+def explain(results: Sequence[TierResult], pick: TierResult, tie: float,
+            prices: TierPrices = TierPrices()) -> Reason:
     """Which tier and how many GiB pay, and why, with every option's figures."""
     off = results[0]
     table = "; ".join(
@@ -109,6 +139,9 @@ def explain(results: Sequence[TierResult], pick: TierResult, tie: float) -> Reas
                 f"serving {pick.at_observed.cpu_hit_rate:.1%} of prompt tokens beside the "
                 f"GPU's {pick.at_observed.prefix_hit_rate:.1%}; the cheapest within the "
                 f"{tie:.0%} tie of the best")
+        usd = prices.usd_per_hour(pick.option)
+        if usd is not None:
+            head += f" (${usd:.3f}/h of memory and disk at {prices.describe()})"
     return Reason(knob="kv-tier", choice=pick.option.label, code="BestCapacity",
                   message=f"{head}. Tiers weighed, each over its own link: {table}")
 
@@ -131,5 +164,5 @@ def replace_expected(pool: PoolPlan, pick: TierResult) -> ExpectedFigures:
         "cpu_prefix_hit_rate": round(pick.at_observed.cpu_hit_rate, 4)})
 
 
-__all__ = ["TierOption", "TierResult", "chosen", "explain", "replace_expected", "weigh",
-           "with_tier"]
+__all__ = ["TierOption", "TierPrices", "TierResult", "chosen", "explain", "replace_expected",
+           "weigh", "with_tier"]
