@@ -63,11 +63,11 @@ def _stuck(kube: kapply.Kube, deployment: Mapping[str, Any]) -> str | None:
     """The Deployment controller's verdict, or, before its deadline, the pods' own (a
     LeaderWorkerSet has no deadline: its pods' only)."""
     if deployment.get("kind") == leader_worker_sets.KIND:
-        selector = leader_worker_sets.pod_selector(deployment)
-        if selector is None:
+        pods_of = leader_worker_sets.pod_selector(deployment)
+        if pods_of is None:
             return None
         namespace = (deployment.get("metadata") or {}).get("namespace", "")
-        return pod_problem(kapply.list_pods(kube, namespace, selector))
+        return pod_problem(kapply.list_pods(kube, namespace, pods_of))
     reason = kapply.rollout_stuck(deployment)
     if reason is not None:
         return reason

@@ -42,10 +42,12 @@ LAYOUT = "layout"
 
 def candidate_layouts(
     model: ModelArchitecture, gpus: int, *, tp: int | None = None, dp: int | None = None,
-    ep: bool | None = None, dcp: int = 1,
+    ep: bool | None = None, dcp: int = 1, nodes: int = 1,
 ) -> list[ParallelLayout]:
     """The layouts of ``gpus`` GPUs the pins allow, TP largest first. Decode context parallel
-    is never chosen, only pinned (``dcp``): each layout whose TP it divides gets it."""
+    is never chosen, only pinned (``dcp``): each layout whose TP it divides gets it. A replica
+    over ``nodes`` nodes spans them by its data-parallel engines (vLLM's multi-node data
+    parallel, the same number on each node), so its DP must be a multiple of ``nodes``."""
     if not 1 <= gpus <= MAX_GPUS_PER_REPLICA:
         raise InvalidInput("gpus_per_replica", gpus, f"must be 1 to {MAX_GPUS_PER_REPLICA}")
     for name, value in (("tensor_parallel", tp), ("data_parallel", dp)):
@@ -62,7 +64,7 @@ def candidate_layouts(
     out: list[ParallelLayout] = []
     for t in sorted((d for d in range(1, gpus + 1) if gpus % d == 0), reverse=True):
         d = gpus // t
-        if (tp is not None and t != tp) or (dp is not None and d != dp):
+        if (tp is not None and t != tp) or (dp is not None and d != dp) or d % nodes:
             continue
         if not tensor_parallel_ok(model, t) or t % dcp:
             continue
@@ -80,6 +82,7 @@ def candidate_layouts(
             "tensor_parallel", tp,
             f"no layout of {gpus} GPUs has a TP {model.hf_id} can be split by"
             + (f" with DP {dp}" if dp is not None else "")
+            + (f" and DP a multiple of its {nodes} nodes" if nodes > 1 else "")
             + "; pin another --tp or change --gpus-per-replica")
     return out
 
@@ -121,11 +124,13 @@ def _with_layout(request: PlanRequest, layout: ParallelLayout) -> PlanRequest:
 
 def choose_layout(
     request: PlanRequest, gpus: int, plan_fn: PlanFn, *, tp: int | None = None,
-    dp: int | None = None, ep: bool | None = None, dcp: int = 1,
+    dp: int | None = None, ep: bool | None = None, dcp: int = 1, nodes: int = 1,
 ) -> PoolPlan:
-    """Plan every candidate layout of ``gpus`` GPUs and return the best one's plan, with the
-    layout, a reason and every layout considered (``PoolPlan.layouts_considered``)."""
-    layouts = candidate_layouts(request.model, gpus, tp=tp, dp=dp, ep=ep, dcp=dcp)
+    """Plan every candidate layout of ``gpus`` GPUs (over ``nodes`` nodes) and return the
+    best one's plan, with the layout, a reason and every layout considered
+    (``PoolPlan.layouts_considered``)."""
+    layouts = candidate_layouts(request.model, gpus, tp=tp, dp=dp, ep=ep, dcp=dcp,
+                                nodes=nodes)
     planned: list[tuple[ParallelLayout, PoolPlan | None, str | None, float]] = []
     for layout in layouts:
         try:
