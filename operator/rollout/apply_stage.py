@@ -50,7 +50,9 @@ def apply(ctx: PoolContext, planned: Planned, rendered: Rendered,
             (kind, name)] if rendered.deployment_absent else [])
     except kapply.ApplyError as exc:
         return ctx.apply_failed(exc, f"pool {pool.pool_name}: {exc}; nothing was changed")
-    if rendered.deployment_absent:
+    if rendered.deployment_absent and ctx.base.plan_hash is not None:
+        # The pool ran before (it has a plan hash) but not as this kind: it may have moved
+        # onto or off several nodes. A new pool has nothing to retire and reads nothing here.
         switched = _retire_other_kind(ctx, kind, name)
         if switched is not None:
             return switched
@@ -73,7 +75,7 @@ def apply(ctx: PoolContext, planned: Planned, rendered: Rendered,
 def _retire_other_kind(ctx: PoolContext, kind: str, name: str) -> PoolOutcome | None:
     """A pool whose replicas moved onto or off several nodes (spec.pools[].nodesPerReplica):
     the object of the other kind that ran them is kvtune's to delete now that the new one is
-    applied (read only when the new kind's object was absent: a new pool, or such a move)."""
+    applied (read only when the new kind's object was absent from a pool that ran before)."""
     try:
         if kind == leader_worker_sets.KIND:
             gone = kapply.delete_deployment(ctx.kube, ctx.namespace, name, ctx.body)

@@ -166,13 +166,33 @@ def test_a_multi_node_pool_rolls_out_as_a_leader_worker_set(cluster_api: Any) ->
         "spec"]["containers"][0]["args"]
     assert "--max-num-seqs=64" in args
 
-    # The pool renamed: the old pool's LWS is pruned, the new one's applied.
-    stored = _patch_spec(cluster_api, "dsv3", {"pools": [{**TWO_NODES, "name": "big"}]})
+    # The pool renamed, its layout chosen over 16 GPUs (gpusPerReplica, accepted by the CRD's
+    # CEL beside the defaulted layout fields): the old pool's LWS is pruned, the new one's
+    # applied with the layout the planner chose (DP16+EP, as kvtune plan chooses).
+    stored = _patch_spec(cluster_api, "dsv3", {"pools": [{
+        "gpuClass": "H100", "name": "big", "replicas": 2, "gpusPerReplica": 16,
+        "nodesPerReplica": 2}]})
     assert stored["status"]["pools"][0]["phase"] == "Applied", stored["status"]
+    assert stored["status"]["pools"][0]["reasons"][0].startswith("layout"), stored["status"]
     with pytest.raises(ApiException) as gone:
         _lws(cluster_api, "dsv3-h100")
     assert gone.value.status == 404
-    assert _lws(cluster_api, "dsv3-big")["spec"]["replicas"] == 2
+    big = _lws(cluster_api, "dsv3-big")
+    assert big["spec"]["replicas"] == 2
+    args = big["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0][
+        "args"]
+    assert "--data-parallel-size=16" in args and "--enable-expert-parallel" in args
+
+    # The pool back on one node per replica (a model one node holds): its Deployment applied,
+    # its LeaderWorkerSet deleted.
+    stored = _patch_spec(cluster_api, "dsv3", {
+        "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+        "pools": [{"gpuClass": "H100", "name": "big", "replicas": 1}]})
+    assert stored["status"]["pools"][0]["phase"] == "Applied", stored["status"]
+    client.AppsV1Api(cluster_api).read_namespaced_deployment("dsv3-big", NS)
+    with pytest.raises(ApiException) as gone:
+        _lws(cluster_api, "dsv3-big")
+    assert gone.value.status == 404
 
 
 def test_the_rendered_leader_worker_set_is_accepted_by_the_lws_crd(cluster_api: Any) -> None:
