@@ -124,6 +124,21 @@ _CHOSEN_LAYOUT_RULES = (
 )
 
 
+# pipelineParallel: each engine's layers in stages (vLLM --pipeline-parallel-size), pinned only
+# (as `kvtune plan --pp`), at a pinned layout on one node and without a role.
+_PIPELINE_RULES = (
+    ("(!has(self.pipelineParallel) || self.pipelineParallel == 1) || "
+     "!has(self.tensorParallel) || type(self.tensorParallel) != string",
+     "pools[].pipelineParallel needs a pinned tensorParallel (1, 2, 4 or 8); set it"),
+    ("(!has(self.pipelineParallel) || self.pipelineParallel == 1) || "
+     "((!has(self.nodesPerReplica) || self.nodesPerReplica == 1) && "
+     "!has(self.gpusPerReplica) && !has(self.role))",
+     "pools[].pipelineParallel runs a replica's stages on one node at a pinned layout, "
+     "without a role; drop nodesPerReplica, gpusPerReplica and role from the pool, or drop "
+     "pipelineParallel"),
+)
+
+
 class PoolSpec(_Model):
     model_config = ConfigDict(json_schema_extra=_rules(
         (f"!{_POOL_KEY.format(v='self')}.endsWith('-canary')",
@@ -133,6 +148,7 @@ class PoolSpec(_Model):
         *_ROLE_RULES,
         *_LAYOUT_RULES,
         *_CHOSEN_LAYOUT_RULES,
+        *_PIPELINE_RULES,
     ))
 
     gpu_class: str = Field(
@@ -159,6 +175,12 @@ class PoolSpec(_Model):
         "dataParallel GPUs."))
     expert_parallel: bool = Field(default=False, description=(
         "Split a MoE model's experts over the replica's GPUs (vLLM --enable-expert-parallel)."))
+    pipeline_parallel: int = Field(default=1, ge=1, le=16, description=(
+        "Pipeline-parallel stages per engine (vLLM --pipeline-parallel-size): each stage "
+        "holds its own layers' weights and KV cache, a replica has tensorParallel x "
+        "dataParallel x pipelineParallel GPUs on one node. Pinned only; planned by the rules "
+        "(a profile with a request rate is refused: the capacity search does not model "
+        "stages)."))
     nodes_per_replica: int = Field(default=1, ge=1, le=16, description=(
         "Nodes one replica spans; above 1 the replica is a LeaderWorkerSet (sigs.k8s.io/lws) "
         "of one pod per node running dataParallel / nodesPerReplica engines each."))
@@ -215,6 +237,7 @@ def _check_role_fields(pool: PoolSpec) -> None:
     if pool.role is not None and pool.tp_auto:
         raise ValueError(_ROLE_RULES[3][1])
     _check_chosen_layout(pool)
+    _check_pipeline(pool)
     nodes, dp = pool.nodes_per_replica, pool.data_parallel
     # With gpusPerReplica the DP is chosen, a multiple of the nodes (layout_choice).
     broken = [dp % nodes != 0 and pool.gpus_per_replica is None, dp > 1 and pool.tp_auto,
@@ -223,6 +246,19 @@ def _check_role_fields(pool: PoolSpec) -> None:
         if bad:
             raise ValueError(f"spec.pools[] ({pool.pool_name}): dataParallel={dp}, "
                              f"nodesPerReplica={nodes}: {rule[1]}")
+
+
+def _check_pipeline(pool: PoolSpec) -> None:
+    """``_PIPELINE_RULES``, for a spec that is not applied."""
+    pp = pool.pipeline_parallel
+    if pp == 1:
+        return
+    broken = [pool.tp_auto, pool.nodes_per_replica != 1 or pool.gpus_per_replica is not None
+              or pool.role is not None]
+    for rule, bad in zip(_PIPELINE_RULES, broken, strict=True):
+        if bad:
+            raise ValueError(f"spec.pools[] ({pool.pool_name}): pipelineParallel={pp}: "
+                             f"{rule[1]}")
 
 
 def _check_chosen_layout(pool: PoolSpec) -> None:

@@ -240,6 +240,7 @@ def plan_request(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         # tensorParallel auto: each degree in turn (_plan_auto); 1 until then.
         tensor_parallel=pool.tensor_parallel if isinstance(pool.tensor_parallel, int) else 1,
         data_parallel=pool.data_parallel, expert_parallel=pool.expert_parallel,
+        pipeline_parallel=pool.pipeline_parallel,
         weights_dtype=spec.model.weights_dtype, profile=profile, policy=policy,
         vllm_version=spec.runtime.vllm_version, kv_quality_evidence=kv_quality_evidence,
     )
@@ -283,6 +284,9 @@ def planning_inputs(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
     if pool.data_parallel != 1 or pool.expert_parallel:
         # The layout beyond TP (left out at its default, so digests from before it stay).
         payload["layout"] = [pool.data_parallel, pool.expert_parallel]
+    if pool.pipeline_parallel != 1:
+        # Pipeline stages (left out at 1, so digests from before it stay).
+        payload["pipeline_parallel"] = pool.pipeline_parallel
     if pool.gpus_per_replica is not None:
         # A chosen layout: over how many GPUs and nodes (left out when unset, as above).
         payload["gpus_per_replica"] = [pool.gpus_per_replica, pool.nodes_per_replica]

@@ -364,6 +364,15 @@ CASES: list[BadSpec] = [
     _adm("gpus-per-replica-on-a-role", at("pools", [_PREFILL | {"gpusPerReplica": 2},
                                                     _DECODE]),
          "drop gpusPerReplica from it"),
+    # --- issue 26: pinned pipeline stages --------------------------------------------------
+    _adm("pipeline-parallel-over-nodes", at("pools", [{
+        "gpuClass": "H100", "name": "h100", "tensorParallel": 8, "pipelineParallel": 2,
+        "dataParallel": 2, "nodesPerReplica": 2}]),
+         "pools[].pipelineParallel runs a replica's stages on one node",
+         "drop nodesPerReplica, gpusPerReplica and role"),
+    _adm("pipeline-parallel-at-tp-auto", at("pools", [{
+        "gpuClass": "H100", "name": "h100", "tensorParallel": "auto", "pipelineParallel": 2}]),
+         "pools[].pipelineParallel needs a pinned tensorParallel"),
     # The pool already running stays first (a spec without it would prune its Deployment).
     _deg("pair-block-sizes-the-handshake-refuses", at("pools", [
         *BASE["pools"], _PREFILL | {"pin": {"blockSize": 32}},
