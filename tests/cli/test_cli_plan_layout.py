@@ -91,6 +91,8 @@ def test_tp_dp_ep_pin_the_layout() -> None:
     (["-m", "deepseek-ai/DeepSeek-V3", "--gpus-per-replica", "8", "--dp", "3"], "--dp=3"),
     (["-m", "meta-llama/Llama-3.3-70B-Instruct", "--tp", "8", "--dcp", "2"], "--dcp=2"),
     (["-m", "deepseek-ai/DeepSeek-V3", "--gpus-per-replica", "8", "--pp", "3"], "--pp=3"),
+    (["-m", "deepseek-ai/DeepSeek-V3", "--gpus-per-replica", "8", "--pp", "2", "--tp", "8"],
+     "--tp=8"),
     (["-m", "google/gemma-3-27b-it", "--tp", "2", "--pp", "2"], "--pp=2"),
 ])
 def test_impossible_layout_pins_fail_in_one_line_naming_the_option(
@@ -99,6 +101,8 @@ def test_impossible_layout_pins_fail_in_one_line_naming_the_option(
     assert code == 1
     line = err.strip().removeprefix("Error: ")
     assert "\n" not in line and line.startswith(expect), err
+    if "--pp" in args and expect == "--tp=8":
+        assert "under PP 2 a stage has 4 of the 8 GPUs" in line
 
 
 def test_without_layout_options_the_plan_is_tp_alone_as_before() -> None:

@@ -56,8 +56,13 @@ def candidate_layouts(
                            "(TP x DP x PP = GPUs per replica)")
     if pp > 1:
         # The stages take their share first; the rest is laid out as without PP.
-        layouts = candidate_layouts(model, gpus // pp, tp=tp, dp=dp, ep=ep, dcp=dcp,
-                                    nodes=nodes)
+        try:
+            layouts = candidate_layouts(model, gpus // pp, tp=tp, dp=dp, ep=ep, dcp=dcp,
+                                        nodes=nodes)
+        except InvalidInput as exc:
+            why = str(exc).split(": ", 1)[-1]
+            raise InvalidInput(exc.field, exc.value, f"{why} (under PP {pp} a stage has "
+                               f"{gpus // pp} of the {gpus} GPUs)") from None
         return [x.model_copy(update={"pipeline_parallel": pp}) for x in layouts]
     for name, value in (("tensor_parallel", tp), ("data_parallel", dp)):
         if value is not None and gpus % value:
