@@ -8,7 +8,9 @@ DP rank, each with its own scheduler, KV cache and sequences), each over ``tenso
 GPUs. The MoE layers of all ranks together are split over all ``tp * dp`` GPUs: by experts
 with ``--enable-expert-parallel`` (EP size = tp * dp, vllm/config/parallel.py), else by tensor
 slices of every expert (vLLM flattens TP across DP for MoE). Attention and dense weights are
-split by TP and copied on every DP rank.
+split by TP and copied on every DP rank. With pipeline parallel each engine is ``pp``
+stages in sequence, each stage ``tensor_parallel`` GPUs holding its own layers (a replica of
+``tp * dp * pp`` GPUs; the MoE split above is per stage).
 
 Plain data and flags only (the vocabulary); the KV and weight arithmetic per layout is in
 ``facts/layouts.py``, the choice among layouts in ``planner/layout_choice.py``.
