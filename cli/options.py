@@ -71,6 +71,7 @@ PLAN_FIELD_OPTIONS: dict[str, str] = {
     "data_parallel": "--dp",
     "expert_parallel": "--ep",
     "decode_context_parallel": "--dcp",
+    "pipeline_parallel": "--pp",
     "gpus_per_replica": "--gpus-per-replica",
     "policy.min_max_model_len_tokens": "--min-max-model-len",
 }

@@ -34,7 +34,7 @@ from kvtune.tuner.simulator.disagg_search import (
 F = TypeVar("F", bound=Callable[..., Any])
 _ROLE_KNOBS = ("block_size", "kv_cache_dtype", "attention_backend")
 # Options --plan --disaggregate does not combine with (the layout search, --tp auto, compare).
-_EXCLUSIVE = ("dp", "ep", "dcp", "compare_gpu")
+_EXCLUSIVE = ("dp", "ep", "dcp", "pp", "compare_gpu")
 
 
 def disagg_options(command: F) -> F:

@@ -1,10 +1,10 @@
-"""`kvtune plan --gpus-per-replica N`: the parallel layout (TP x DP, +EP, +DCP) as a planned
+"""`kvtune plan --gpus-per-replica N`: the parallel layout (TP x DP x PP, +EP, +DCP) as a planned
 decision (``kvtune.tuner.planner.layout_choice``), its options and how the plan shows it.
 
 ``--gpus-per-replica`` alone: every layout of N GPUs is planned and the best kept; ``--tp``,
-``--dp``, ``--ep/--no-ep`` and ``--dcp`` pin parts of it. ``--dp``, ``--ep`` or ``--dcp`` without
-``--gpus-per-replica`` pins the whole layout (TP x DP GPUs). Without any of them, the plan is
-TP alone, as before.
+``--dp``, ``--ep/--no-ep``, ``--dcp`` and ``--pp`` pin parts of it (PP and DCP are pinned only,
+never chosen). ``--dp``, ``--ep``, ``--dcp`` or ``--pp`` without ``--gpus-per-replica`` pins the
+whole layout (TP x DP x PP GPUs). Without any of them, the plan is TP alone, as before.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def layout_options(command: F) -> F:
-    """``--gpus-per-replica``, ``--dp``, ``--ep/--no-ep``."""
+    """``--gpus-per-replica``, ``--dp``, ``--ep/--no-ep``, ``--dcp``, ``--pp``."""
     for option in reversed((
         click.option("--gpus-per-replica", type=click.IntRange(1, MAX_GPUS_PER_REPLICA),
                      help="GPUs of one replica: kvtune chooses the layout (TP x data-parallel "
@@ -38,6 +38,10 @@ def layout_options(command: F) -> F:
                      help="Decode context parallel (MLA models; vLLM "
                      "--decode-context-parallel-size): each sequence's tokens split among this "
                      "many TP ranks. Pinned only, never chosen."),
+        click.option("--pp", "--pipeline-parallel", "pp", type=click.IntRange(min=1),
+                     help="Pipeline-parallel stages per engine (vLLM "
+                     "--pipeline-parallel-size): each stage holds its own layers' weights and "
+                     "KV; latency adds every stage. Pinned only, never chosen."),
     )):
         command = option(command)
     return command
@@ -45,16 +49,17 @@ def layout_options(command: F) -> F:
 
 def wants_layout(opts: dict[str, Any]) -> bool:
     return (opts["gpus_per_replica"] is not None or opts["dp"] is not None
-            or opts["ep"] is not None or opts["dcp"] is not None)
+            or opts["ep"] is not None or opts["dcp"] is not None or opts["pp"] is not None)
 
 
 def plan_with_layout(request: PlanRequest, opts: dict[str, Any], plan_fn: PlanFn,
                      tp_given: bool) -> PoolPlan:
     """The layout chosen (or pinned) for the request, planned with ``plan_fn``."""
     tp = opts["tp"] if tp_given or opts["gpus_per_replica"] is None else None
-    gpus = opts["gpus_per_replica"] or opts["tp"] * (opts["dp"] or 1)
+    pp = opts["pp"] or 1
+    gpus = opts["gpus_per_replica"] or opts["tp"] * (opts["dp"] or 1) * pp
     return choose_layout(request, gpus, plan_fn, tp=tp, dp=opts["dp"], ep=opts["ep"],
-                         dcp=opts["dcp"] or 1)
+                         dcp=opts["dcp"] or 1, pp=pp)
 
 
 def request_for(pool: PoolPlan, request: PlanRequest) -> PlanRequest:
@@ -67,7 +72,8 @@ def request_for(pool: PoolPlan, request: PlanRequest) -> PlanRequest:
         "tensor_parallel": pool.layout.tensor_parallel,
         "data_parallel": pool.layout.data_parallel,
         "expert_parallel": pool.layout.expert_parallel,
-        "decode_context_parallel": pool.layout.decode_context_parallel})
+        "decode_context_parallel": pool.layout.decode_context_parallel,
+        "pipeline_parallel": pool.layout.pipeline_parallel})
 
 
 def layout_rows(pool: PoolPlan) -> list[dict[str, Any]]:

@@ -45,7 +45,7 @@ def check_auto_options(opts: dict[str, Any], replicas_given: bool) -> None:
             raise click.UsageError("--max-replicas bounds the replicas --tp auto chooses; "
                                    "pass --tp auto, or drop --max-replicas")
         return
-    for name in ("gpus_per_replica", "dp", "ep", "dcp"):
+    for name in ("gpus_per_replica", "dp", "ep", "dcp", "pp"):
         if opts[name] is not None:
             flag = "--" + name.replace("_", "-")
             raise click.UsageError(f"--tp auto chooses TP alone (one engine per replica); "

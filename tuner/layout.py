@@ -1,13 +1,16 @@
-"""The parallel layout of one replica: tensor parallel (TP) x data-parallel attention (DP),
-with or without expert parallelism (EP) for MoE models, and decode context parallel (DCP:
-each sequence's tokens split among the TP ranks), as vLLM 0.33 runs it.
+"""The parallel layout of one replica: tensor parallel (TP) x data-parallel attention (DP)
+x pipeline parallel (PP: each engine's layers in stages), with or without expert parallelism
+(EP) for MoE models, and decode context parallel (DCP: each sequence's tokens split among the
+TP ranks), as vLLM 0.33 runs it.
 
 A replica of ``tensor_parallel * data_parallel`` GPUs runs ``data_parallel`` engines (one per
 DP rank, each with its own scheduler, KV cache and sequences), each over ``tensor_parallel``
 GPUs. The MoE layers of all ranks together are split over all ``tp * dp`` GPUs: by experts
 with ``--enable-expert-parallel`` (EP size = tp * dp, vllm/config/parallel.py), else by tensor
 slices of every expert (vLLM flattens TP across DP for MoE). Attention and dense weights are
-split by TP and copied on every DP rank.
+split by TP and copied on every DP rank. With pipeline parallel each engine is ``pp``
+stages in sequence, each stage ``tensor_parallel`` GPUs holding its own layers (a replica of
+``tp * dp * pp`` GPUs; the MoE split above is per stage).
 
 Plain data and flags only (the vocabulary); the KV and weight arithmetic per layout is in
 ``facts/layouts.py``, the choice among layouts in ``planner/layout_choice.py``.
@@ -23,10 +26,11 @@ from kvtune.tuner.knobs import TENSOR_PARALLEL_FLAG
 DATA_PARALLEL_FLAG = "--data-parallel-size"
 EXPERT_PARALLEL_FLAG = "--enable-expert-parallel"
 DECODE_CONTEXT_PARALLEL_FLAG = "--decode-context-parallel-size"
+PIPELINE_PARALLEL_FLAG = "--pipeline-parallel-size"
 
 
 class ParallelLayout(BaseModel):
-    """TP x DP (x EP) of one replica."""
+    """TP x DP x PP (+EP, +DCP) of one replica."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -36,16 +40,25 @@ class ParallelLayout(BaseModel):
     # Decode context parallel: the TP ranks split each sequence's tokens among DCP groups
     # (vLLM: tp % dcp == 0, DCP reuses the TP ranks); 1: off.
     decode_context_parallel: int = Field(default=1, gt=0)
+    # Pipeline parallel: each engine's layers split into this many stages in sequence, each
+    # stage on its own TP group (vLLM --pipeline-parallel-size); 1: off.
+    pipeline_parallel: int = Field(default=1, gt=0)
 
     @property
     def gpus(self) -> int:
         """GPUs of one replica."""
+        return self.tensor_parallel * self.data_parallel * self.pipeline_parallel
+
+    @property
+    def stage_gpus(self) -> int:
+        """GPUs of one pipeline stage over all DP ranks (tp * dp): the ranks the MoE layers'
+        collectives span (vLLM's EP group is per PP stage)."""
         return self.tensor_parallel * self.data_parallel
 
     @property
     def expert_parallel_size(self) -> int:
         """Ranks the experts are divided among (vLLM: tp * dp with EP on; 1 without)."""
-        return self.gpus if self.expert_parallel else 1
+        return self.stage_gpus if self.expert_parallel else 1
 
     @property
     def label(self) -> str:
@@ -56,7 +69,8 @@ class ParallelLayout(BaseModel):
         if self.data_parallel > 1:
             parts.append(f"DP{self.data_parallel}")
         dcp = f"+DCP{self.decode_context_parallel}" if self.decode_context_parallel > 1 else ""
-        return "x".join(parts) + ("+EP" if self.expert_parallel else "") + dcp
+        pp = f"+PP{self.pipeline_parallel}" if self.pipeline_parallel > 1 else ""
+        return "x".join(parts) + ("+EP" if self.expert_parallel else "") + dcp + pp
 
     def vllm_args(self) -> list[str]:
         """The layout's ``vllm serve`` flags: TP always (kvtune's lines always carry it), DP and
@@ -68,4 +82,6 @@ class ParallelLayout(BaseModel):
             args.append(EXPERT_PARALLEL_FLAG)
         if self.decode_context_parallel > 1:
             args.append(f"{DECODE_CONTEXT_PARALLEL_FLAG}={self.decode_context_parallel}")
+        if self.pipeline_parallel > 1:
+            args.append(f"{PIPELINE_PARALLEL_FLAG}={self.pipeline_parallel}")
         return args

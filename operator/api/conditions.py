@@ -60,9 +60,10 @@ NO_FEASIBLE_PLAN = "NoFeasiblePlan"  # the model does not fit a pool
 # A prefill/decode pair whose plans vLLM's NixlConnector handshake would refuse (field, the two
 # values, the fix; operator/rollout/role_plan.py): neither pool rolls out.
 KV_TRANSFER_INCOMPATIBLE = "KVTransferIncompatible"
-# A pool whose replicas span nodes (spec.pools[].nodesPerReplica > 1): its LeaderWorkerSet is
-# rendered and its plan is in status, but this kvtune rolls out Deployments only.
-MULTI_NODE_NOT_ROLLED_OUT = "MultiNodeNotRolledOut"
+# A new plan for a pool whose replicas span nodes (spec.pools[].nodesPerReplica > 1) with
+# spec.rollout.canaryReplicas set: kvtune runs no canary LeaderWorkerSet, so the plan is held
+# (field and fix named) rather than rolled out with no canary.
+MULTI_NODE_CANARY_UNSUPPORTED = "MultiNodeCanaryUnsupported"
 UNKNOWN_MODEL = "UnknownModel"
 INVALID_POD_TEMPLATE = "InvalidPodTemplate"  # the user's template renders no valid object
 # The namespace's templates are rendering or used their CPU budget (render_fairness): retried.

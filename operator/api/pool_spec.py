@@ -13,6 +13,7 @@ from pydantic import ConfigDict, Field, WithJsonSchema, model_validator
 from kvtune.operator.api.schema_base import _CEL, _DNS_LABEL, _Model, _rules
 from kvtune.operator.api.spec_bounds import LabelValue, check_labels, label_rules
 from kvtune.operator.api.tuning_spec import PinSpec
+from kvtune.tuner.planner.layout_choice import MAX_GPUS_PER_REPLICA
 
 _POOL_KEY = "(has({v}.name) ? {v}.name : {v}.gpuClass.lowerAscii())"
 
@@ -88,7 +89,7 @@ _ROLE_RULES = (
 # nodesPerReplica nodes renders a LeaderWorkerSet (one pod per node, dataParallel /
 # nodesPerReplica engines each, vLLM's multi-node data parallel).
 _LAYOUT_RULES = (
-    ("!has(self.nodesPerReplica) || !has(self.dataParallel) || "
+    ("!has(self.nodesPerReplica) || !has(self.dataParallel) || has(self.gpusPerReplica) || "
      "self.dataParallel % self.nodesPerReplica == 0",
      "pools[].dataParallel must be a multiple of nodesPerReplica: a replica spans nodes by "
      "its data-parallel engines, the same number on each node; raise dataParallel or lower "
@@ -102,6 +103,41 @@ _LAYOUT_RULES = (
      "nodesPerReplica from it"),
 )
 
+# gpusPerReplica: the layout of that many GPUs is chosen by the planner (as `kvtune plan
+# --gpus-per-replica N`), so no part of it is pinned beside it. (The API server defaults the
+# layout fields, so a pin is told apart from the default by its value.)
+_CHOSEN_LAYOUT_RULES = (
+    ("!has(self.gpusPerReplica) || ((!has(self.tensorParallel) || "
+     "(type(self.tensorParallel) != string && self.tensorParallel == 1)) && "
+     "(!has(self.dataParallel) || self.dataParallel == 1) && "
+     "(!has(self.expertParallel) || !self.expertParallel))",
+     "pools[].gpusPerReplica has kvtune choose the whole layout (tensorParallel x "
+     "dataParallel, expertParallel); drop tensorParallel, dataParallel and expertParallel "
+     "from the pool, or drop gpusPerReplica to pin them"),
+    ("!has(self.gpusPerReplica) || !has(self.nodesPerReplica) || "
+     "self.gpusPerReplica % self.nodesPerReplica == 0",
+     "pools[].gpusPerReplica must be a multiple of nodesPerReplica (the same GPUs on each "
+     "node of a replica); raise gpusPerReplica or lower nodesPerReplica"),
+    ("!has(self.gpusPerReplica) || !has(self.role)",
+     "a pool with a role is planned with its pair at a pinned tensorParallel; drop "
+     "gpusPerReplica from it"),
+)
+
+
+# pipelineParallel: each engine's layers in stages (vLLM --pipeline-parallel-size), pinned only
+# (as `kvtune plan --pp`), at a pinned layout on one node and without a role.
+_PIPELINE_RULES = (
+    ("(!has(self.pipelineParallel) || self.pipelineParallel == 1) || "
+     "!has(self.tensorParallel) || type(self.tensorParallel) != string",
+     "pools[].pipelineParallel needs a pinned tensorParallel (1, 2, 4 or 8); set it"),
+    ("(!has(self.pipelineParallel) || self.pipelineParallel == 1) || "
+     "((!has(self.nodesPerReplica) || self.nodesPerReplica == 1) && "
+     "!has(self.gpusPerReplica) && !has(self.role))",
+     "pools[].pipelineParallel runs a replica's stages on one node at a pinned layout, "
+     "without a role; drop nodesPerReplica, gpusPerReplica and role from the pool, or drop "
+     "pipelineParallel"),
+)
+
 
 class PoolSpec(_Model):
     model_config = ConfigDict(json_schema_extra=_rules(
@@ -111,6 +147,8 @@ class PoolSpec(_Model):
         *label_rules("spec.pools[]", "nodeSelector", reserved=False),
         *_ROLE_RULES,
         *_LAYOUT_RULES,
+        *_CHOSEN_LAYOUT_RULES,
+        *_PIPELINE_RULES,
     ))
 
     gpu_class: str = Field(
@@ -137,9 +175,21 @@ class PoolSpec(_Model):
         "dataParallel GPUs."))
     expert_parallel: bool = Field(default=False, description=(
         "Split a MoE model's experts over the replica's GPUs (vLLM --enable-expert-parallel)."))
+    pipeline_parallel: int = Field(default=1, ge=1, le=16, description=(
+        "Pipeline-parallel stages per engine (vLLM --pipeline-parallel-size): each stage "
+        "holds its own layers' weights and KV cache, a replica has tensorParallel x "
+        "dataParallel x pipelineParallel GPUs on one node. Pinned only; planned by the rules "
+        "(a profile with a request rate is refused: the capacity search does not model "
+        "stages)."))
     nodes_per_replica: int = Field(default=1, ge=1, le=16, description=(
         "Nodes one replica spans; above 1 the replica is a LeaderWorkerSet (sigs.k8s.io/lws) "
         "of one pod per node running dataParallel / nodesPerReplica engines each."))
+    gpus_per_replica: int | None = Field(default=None, ge=1, le=MAX_GPUS_PER_REPLICA,
+                                         description=(
+        "GPUs of one replica: kvtune chooses its layout (tensorParallel x dataParallel "
+        "attention, expertParallel for MoE) by the plan's objective, as `kvtune plan "
+        "--gpus-per-replica` does; over nodesPerReplica nodes, dataParallel a multiple of "
+        "them. Unset: the layout is the pinned tensorParallel x dataParallel."))
     role: Role | None = Field(default=None, description=(
         "Prefill/decode disaggregation: prefill runs each request's prompt and hands its KV "
         "cache to a decode pool over vLLM's NixlConnector (--kv-transfer-config kv_producer); "
@@ -186,10 +236,39 @@ def _check_role_fields(pool: PoolSpec) -> None:
         raise ValueError(_ROLE_RULES[2][1])
     if pool.role is not None and pool.tp_auto:
         raise ValueError(_ROLE_RULES[3][1])
+    _check_chosen_layout(pool)
+    _check_pipeline(pool)
     nodes, dp = pool.nodes_per_replica, pool.data_parallel
-    broken = [dp % nodes != 0, dp > 1 and pool.tp_auto,
+    # With gpusPerReplica the DP is chosen, a multiple of the nodes (layout_choice).
+    broken = [dp % nodes != 0 and pool.gpus_per_replica is None, dp > 1 and pool.tp_auto,
               pool.role is not None and (dp > 1 or nodes > 1)]
     for rule, bad in zip(_LAYOUT_RULES, broken, strict=True):
         if bad:
             raise ValueError(f"spec.pools[] ({pool.pool_name}): dataParallel={dp}, "
                              f"nodesPerReplica={nodes}: {rule[1]}")
+
+
+def _check_pipeline(pool: PoolSpec) -> None:
+    """``_PIPELINE_RULES``, for a spec that is not applied."""
+    pp = pool.pipeline_parallel
+    if pp == 1:
+        return
+    broken = [pool.tp_auto, pool.nodes_per_replica != 1 or pool.gpus_per_replica is not None
+              or pool.role is not None]
+    for rule, bad in zip(_PIPELINE_RULES, broken, strict=True):
+        if bad:
+            raise ValueError(f"spec.pools[] ({pool.pool_name}): pipelineParallel={pp}: "
+                             f"{rule[1]}")
+
+
+def _check_chosen_layout(pool: PoolSpec) -> None:
+    """``_CHOSEN_LAYOUT_RULES``, for a spec that is not applied."""
+    gpus = pool.gpus_per_replica
+    if gpus is None:
+        return
+    broken = [pool.tensor_parallel != 1 or pool.data_parallel != 1 or pool.expert_parallel,
+              gpus % pool.nodes_per_replica != 0, pool.role is not None]
+    for rule, bad in zip(_CHOSEN_LAYOUT_RULES, broken, strict=True):
+        if bad:
+            raise ValueError(f"spec.pools[] ({pool.pool_name}): gpusPerReplica={gpus}: "
+                             f"{rule[1]}")

@@ -34,6 +34,7 @@ from kvtune.operator import api
 from kvtune.operator.api.names import FIELD_MANAGER, LABEL_DEPLOYMENT, LABEL_POOL
 from kvtune.operator.kube import events
 from kvtune.operator.prometheus import monitors
+from kvtune.operator.render import leader_worker_set as lws
 from kvtune.operator.routing import endpoint_picker
 
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
@@ -62,6 +63,8 @@ class NameCollision(ApplyError):
 # source of the paths the operator calls (docs/rbac.md lists the verbs).
 RESOURCES: dict[str, tuple[str, str]] = {
     "Deployment": ("/apis/apps/v1", "deployments"),
+    # spec.pools[].nodesPerReplica > 1 (operator/render/leader_worker_set.py)
+    lws.KIND: (f"/apis/{lws.API_VERSION}", "leaderworkersets"),
     "Service": ("/api/v1", "services"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
     # spec.runtime.entrypoint: kvtune (operator/render/runtime_access.py)
@@ -88,8 +91,8 @@ RESOURCES: dict[str, tuple[str, str]] = {
     api.KIND: (f"/apis/{api.GROUP}/{api.VERSION}", api.PLURAL),
 }
 # The kinds kvtune applies as a pool's (or an InferenceDeployment's) children.
-APPLIED_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "ServiceAccount", "Role",
-                 "RoleBinding", "ConfigMap", "Job", "InferencePool", "HTTPRoute")
+APPLIED_KINDS = ("Deployment", lws.KIND, "Service", "PodDisruptionBudget", "ServiceAccount",
+                 "Role", "RoleBinding", "ConfigMap", "Job", "InferencePool", "HTTPRoute")
 
 
 def path(kind: str, namespace: str | None = None, name: str | None = None,
@@ -313,6 +316,12 @@ def apply_object(kube: Kube, obj: dict[str, Any], *, dry_run: bool = False,
         return kube.request("PATCH", _kind_path(obj["kind"], meta["namespace"], meta["name"]),
                             query=query, body=obj, content_type=APPLY_CONTENT_TYPE)
     except ApiException as exc:
+        if exc.status == 404 and obj["kind"] == lws.KIND:  # no LWS CRD on this cluster
+            raise ApplyError(f"{lws.KIND} {meta['namespace']}/{meta['name']}: the API server "
+                             f"does not serve {lws.API_VERSION} {lws.KIND}s; install "
+                             f"LeaderWorkerSet {lws.LWS_VERSION} ({lws.LWS_MODULE}: its CRD "
+                             f"and controller), or set spec.pools[].nodesPerReplica: 1"
+                             ) from exc
         if exc.status == 409 and not force:
             raise NameCollision(
                 f"{obj['kind']} {meta['namespace']}/{meta['name']} appeared meanwhile with "
@@ -466,8 +475,14 @@ def prune_pools(kube: Kube, owner: Mapping[str, Any], keep: set[str]) -> list[st
     namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
     selector = f"{LABEL_DEPLOYMENT}={name}"
     deleted: list[str] = []
-    for kind in ("Deployment", "Service", "PodDisruptionBudget"):
-        items = kube.request("GET", path(kind, namespace), query={"labelSelector": selector})
+    for kind in ("Deployment", lws.KIND, "Service", "PodDisruptionBudget"):
+        try:
+            items = kube.request("GET", path(kind, namespace),
+                                 query={"labelSelector": selector})
+        except ApiException as exc:
+            if exc.status == 404 and kind == lws.KIND:  # no LWS CRD: no LWS to prune
+                continue
+            raise
         deleted += _delete_ours(kube, owner, [
             item for item in items.get("items", [])
             if (item["metadata"].get("labels") or {}).get(LABEL_POOL) not in keep], kind)

@@ -74,6 +74,13 @@ def canary(ctx: PoolContext, planned: Planned, rendered: Rendered) -> CanaryResu
             analysis=analysis, on_inconclusive=rollout.on_inconclusive)
 
     decision = decide(None)
+    if pool.nodes_per_replica > 1 and decision.action != "plain":
+        return ctx.failed(cond.MULTI_NODE_CANARY_UNSUPPORTED, (
+            f"spec.rollout.canaryReplicas={rollout.canary_replicas}: pool {pool.pool_name} "
+            f"spans nodes ({ctx.field}.nodesPerReplica={pool.nodes_per_replica}) and kvtune "
+            f"runs no canary of a LeaderWorkerSet; plan revision {revision} is not rolled "
+            f"out and the pool keeps its previous plan; set spec.rollout.canaryReplicas: 0 "
+            f"to roll it out one group at a time (docs/multi-node.md)"))
     analysis_status: CanaryAnalysisStatus | None = None
     if decision.action == "analyse" and series is not None:
         analysis = _analyse(ctx, series, rollout, analysis_seconds)

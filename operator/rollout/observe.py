@@ -1,4 +1,5 @@
-"""Stage 5, observe: how far the applied Deployment got, as the pool's outcome.
+"""Stage 5, observe: how far the applied Deployment (or LeaderWorkerSet) got, as the pool's
+outcome.
 
 ``observe`` ends a reconcile's pool; ``refresh`` follows the rollouts afterwards (the
 rollout timer, when a child Deployment moves): it plans and applies nothing, it only
@@ -13,6 +14,7 @@ from typing import Any
 from kvtune.operator.api import InferenceDeploymentStatus
 from kvtune.operator.api import conditions as cond
 from kvtune.operator.kube import apply as kapply
+from kvtune.operator.kube import leader_worker_sets
 from kvtune.operator.rollout.apply_stage import Applied
 from kvtune.operator.rollout.outcome import PoolContext, PoolOutcome
 from kvtune.operator.rollout.plan import Planned
@@ -20,7 +22,8 @@ from kvtune.operator.rollout.plan import Planned
 
 def stuck_message(pool: str, deployment: Mapping[str, Any], reason: str, revision: int) -> str:
     name = deployment.get("metadata", {}).get("name", "?")
-    return (f"pool {pool}: Deployment {name} is stuck at plan revision {revision} ({reason}); "
+    kind = deployment.get("kind") or "Deployment"
+    return (f"pool {pool}: {kind} {name} is stuck at plan revision {revision} ({reason}); "
             f"see `kubectl describe pod -l kvtune.io/pool={pool}` and the container's "
             f"termination message (kvtune's runtime refuses a plan that does not fit the GPU); "
             f"fix the cause, or pin a smaller gpuMemoryUtilization/maxNumSeqs")
@@ -48,8 +51,23 @@ def pod_problem(pods: list[dict[str, Any]]) -> str | None:
     return None
 
 
+def rollout_done(server: Mapping[str, Any]) -> tuple[bool, str]:
+    """Whether the pool's Deployment or LeaderWorkerSet runs its template everywhere, and
+    what is left."""
+    if server.get("kind") == leader_worker_sets.KIND:
+        return leader_worker_sets.rollout_done(server)
+    return kapply.rollout_done(server)
+
+
 def _stuck(kube: kapply.Kube, deployment: Mapping[str, Any]) -> str | None:
-    """The Deployment controller's verdict, or, before its deadline, the pods' own."""
+    """The Deployment controller's verdict, or, before its deadline, the pods' own (a
+    LeaderWorkerSet has no deadline: its pods' only)."""
+    if deployment.get("kind") == leader_worker_sets.KIND:
+        pods_of = leader_worker_sets.pod_selector(deployment)
+        if pods_of is None:
+            return None
+        namespace = (deployment.get("metadata") or {}).get("namespace", "")
+        return pod_problem(kapply.list_pods(kube, namespace, pods_of))
     reason = kapply.rollout_stuck(deployment)
     if reason is not None:
         return reason
@@ -73,7 +91,7 @@ def _new_pods_exist(meta: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
 
 def observe(ctx: PoolContext, planned: Planned, applied: Applied) -> PoolOutcome:
     deployment = applied.deployment
-    done, progress = kapply.rollout_done(deployment)
+    done, progress = rollout_done(deployment)
     stuck = None if done else _stuck(ctx.kube, deployment)
     status = applied.status.model_copy(update={"phase": "Applied", "message": progress})
     if stuck is not None:
@@ -102,10 +120,13 @@ def refresh(previous: InferenceDeploymentStatus, namespace: str, kube: kapply.Ku
     pools, rolling, stuck = [], [], []
     for pool in previous.pools:
         if pool.phase == "Applied" and pool.deployment:
-            deployment = kapply.read_deployment(kube, namespace, pool.deployment)
+            # A pool's replicas run as a Deployment or, over nodes, a LeaderWorkerSet of the
+            # same name (the status does not say which; the second read is only for those).
+            deployment = kapply.read_deployment(kube, namespace, pool.deployment) or \
+                leader_worker_sets.read(kube, namespace, pool.deployment)
             if deployment is None:
                 return None  # the next reconcile re-creates it
-            done, progress = kapply.rollout_done(deployment)
+            done, progress = rollout_done(deployment)
             pool = pool.model_copy(update={"message": progress})
             reason = None if done else _stuck(kube, deployment)
             if reason is not None:

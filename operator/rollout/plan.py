@@ -141,6 +141,8 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
             plan_request(spec, pair[1], model, profile, policy, kv_quality_evidence)))
     if pool.tp_auto:
         return _plan_auto(spec, pool, request, running, pool_field, scope)
+    if pool.gpus_per_replica is not None:
+        return _plan_layout(spec, pool, request, running, pool_field, scope)
     request = with_calibration(request, calibrations)
     if searched(profile):
         from kvtune.tuner.planner.cost import priced
@@ -188,6 +190,34 @@ def _plan_auto(spec: InferenceDeploymentSpec, pool: PoolSpec, request: PlanReque
                                   max_replicas=max(1, pool.replicas))
 
 
+def _plan_layout(spec: InferenceDeploymentSpec, pool: PoolSpec, request: PlanRequest,
+                 running: KVPlan | None, pool_field: str, scope: ProfileScope) -> PoolPlan:
+    """``gpusPerReplica``: every layout of that many GPUs (DP a multiple of the nodes a
+    replica spans) planned, the best kept, as ``kvtune plan --gpus-per-replica`` chooses
+    (``tuner/planner/layout_choice.py``): by the capacity search when the pool has a rate,
+    else by the rules. The closed loop's calibration is keyed by layout, so it is not applied
+    before the layout is chosen (as under tensorParallel auto)."""
+    from kvtune.tuner.planner.cost import priced
+    from kvtune.tuner.planner.layout_choice import choose_layout
+    from kvtune.tuner.simulator.goodput_search import plan_by_goodput
+
+    gpus = pool.gpus_per_replica
+    assert gpus is not None
+    if not searched(request.profile):
+        return choose_layout(request, gpus, _plan_by_rules, nodes=pool.nodes_per_replica)
+    LOG.info("%s (%s): the layout of %d GPUs, capacity search per layout at %.4g req/s",
+             pool_field, pool.gpu_class, gpus, request.profile.request_rate_per_second)
+    replicas = sharing_replicas(spec, pool, scope)
+
+    def by_goodput(req: PlanRequest) -> PoolPlan:
+        # Each DP rank is an engine serving its share, as a replica would (as the CLI's).
+        return plan_by_goodput(req, running=running, replicas=replicas * req.data_parallel,
+                               budget=search_budget.budget())
+
+    return priced(choose_layout(request, gpus, by_goodput, nodes=pool.nodes_per_replica),
+                  gpu_prices.price_of(pool, pool_field))
+
+
 def rendered_replicas(spec: InferenceDeploymentSpec, pool: PoolSpec, pool_plan: PoolPlan
                       ) -> int:
     """The replicas the pool's Deployment runs: the spec's; under ``tensorParallel: auto`` the
@@ -210,6 +240,7 @@ def plan_request(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         # tensorParallel auto: each degree in turn (_plan_auto); 1 until then.
         tensor_parallel=pool.tensor_parallel if isinstance(pool.tensor_parallel, int) else 1,
         data_parallel=pool.data_parallel, expert_parallel=pool.expert_parallel,
+        pipeline_parallel=pool.pipeline_parallel,
         weights_dtype=spec.model.weights_dtype, profile=profile, policy=policy,
         vllm_version=spec.runtime.vllm_version, kv_quality_evidence=kv_quality_evidence,
     )
@@ -253,6 +284,12 @@ def planning_inputs(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
     if pool.data_parallel != 1 or pool.expert_parallel:
         # The layout beyond TP (left out at its default, so digests from before it stay).
         payload["layout"] = [pool.data_parallel, pool.expert_parallel]
+    if pool.pipeline_parallel != 1:
+        # Pipeline stages (left out at 1, so digests from before it stay).
+        payload["pipeline_parallel"] = pool.pipeline_parallel
+    if pool.gpus_per_replica is not None:
+        # A chosen layout: over how many GPUs and nodes (left out when unset, as above).
+        payload["gpus_per_replica"] = [pool.gpus_per_replica, pool.nodes_per_replica]
     pair = role_plan.pair_inputs(spec, pool)
     if pair is not None:
         # A role's plan follows its peer's pool and pins (left out without a role, so

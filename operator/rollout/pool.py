@@ -7,8 +7,8 @@ calibration Job for a narrower KV dtype and plan the pool again with the wider o
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
-from kvtune.operator.api import conditions as cond
 from kvtune.operator.calibration import calibration_flow
 from kvtune.operator.kube import apply as kapply
 from kvtune.operator.kube import pools as gpu_pools
@@ -31,19 +31,11 @@ def rollout_pool(ctx: PoolContext, inp: PlanInput,
     rendered = render(ctx, planned, discovered)
     if isinstance(rendered, PoolOutcome):
         return rendered
-    if ctx.pool.nodes_per_replica > 1:
-        # Rendered (render/leader_worker_set.py) and checked, not yet rolled out: the canary,
-        # the rollout's progress and the chart's rights follow Deployments only.
-        return ctx.failed(cond.MULTI_NODE_NOT_ROLLED_OUT, (
-            f"{ctx.field}.nodesPerReplica={ctx.pool.nodes_per_replica}: the pool renders as a "
-            f"{lws.KIND} ({lws.API_VERSION}, lws {lws.LWS_VERSION}) that this kvtune does not "
-            f"roll out yet; its plan is in status; run it with tuning.mode: recommend, or set "
-            f"nodesPerReplica: 1 (docs/multi-node.md)"), status=planned.status)
     gate = inp.gate
     if gate is not None and not gate.hold:
         # A narrower KV dtype no measurement covers: measure it first (a Job on this pool's
         # nodes, as this pool's pod), and plan the pool again with the wider dtype held.
-        deployment = model_server(rendered.objects)
+        deployment = _calibration_view(model_server(rendered.objects))
         jobs_before = len(gate.started_jobs)
         try:
             started = calibration_flow.maybe_start(ctx.kube, ctx.body, ctx.spec, gate,
@@ -82,3 +74,13 @@ def rollout_pool(ctx: PoolContext, inp: PlanInput,
         return applied
     return observe(ctx, planned, applied)
 
+
+
+def _calibration_view(server: dict[str, Any]) -> dict[str, Any]:
+    """What the calibration Job is made from: the Deployment, or a LeaderWorkerSet's leader
+    pod in a Deployment's shape (the Job runs one pod: it measures a model that one node of
+    the pool holds; docs/multi-node.md)."""
+    if server.get("kind") != lws.KIND:
+        return server
+    leader = server["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+    return {"metadata": server["metadata"], "spec": {"replicas": 1, "template": leader}}

@@ -18,6 +18,7 @@ from typing import Any
 from kvtune.operator.api import PoolStatus
 from kvtune.operator.api import conditions as cond
 from kvtune.operator.kube import apply as kapply
+from kvtune.operator.kube import leader_worker_sets
 from kvtune.operator.kube import pools as gpu_pools
 from kvtune.operator.render import template_sandbox, tenant_reach
 from kvtune.operator.render.objects import (
@@ -50,8 +51,11 @@ class Rendered:
     objects: list[dict[str, Any]]
     access: list[dict[str, Any]]  # the runtime's access objects, applied first
     running_hash: str | None  # the plan hash of the Deployment running now
-    # The pool's Deployment did not exist when it was read here (apply reads it no more)
+    # The pool's Deployment (or LeaderWorkerSet) did not exist when it was read here (apply
+    # reads it no more)
     deployment_absent: bool = False
+    # What runs the pool's replicas: a Deployment, or a LeaderWorkerSet when they span nodes
+    model_server_kind: str = "Deployment"
 
 
 def _capacity_shortfall(ctx: PoolContext, planned: Planned,
@@ -91,9 +95,11 @@ def render(ctx: PoolContext, planned: Planned,
     if isinstance(template, PoolOutcome):
         return template
     inp = dataclasses.replace(planned.render_input, affinity=affinity, pod_template=template)
-    # What the Deployment runs now (the plan in status may be one only recommended).
-    running = kapply.read_deployment(ctx.kube, ctx.namespace,
-                                     object_name(ctx.name, pool.pool_name))
+    # What the Deployment (or LeaderWorkerSet) runs now (the plan in status may be one only
+    # recommended).
+    kind = leader_worker_sets.KIND if pool.nodes_per_replica > 1 else "Deployment"
+    read = leader_worker_sets.read if pool.nodes_per_replica > 1 else kapply.read_deployment
+    running = read(ctx.kube, ctx.namespace, object_name(ctx.name, pool.pool_name))
     running_hash = ((running or {}).get("metadata", {}).get("annotations") or {}).get(
         ANNOTATION_PLAN_HASH)
     if running_hash is not None and running_hash == planned.plan_hash:
@@ -117,14 +123,17 @@ def render(ctx: PoolContext, planned: Planned,
         render_input=inp, status=status,
         objects=[o for o in objects if o["kind"] not in RUNTIME_ACCESS_KINDS],
         access=[o for o in objects if o["kind"] in RUNTIME_ACCESS_KINDS],
-        running_hash=running_hash, deployment_absent=running is None,
+        running_hash=running_hash, deployment_absent=running is None, model_server_kind=kind,
     )
 
 
 def _running_plan_json(running: Mapping[str, Any] | None) -> str | None:
-    """The running Deployment's KVTUNE_PLAN (None: not found)."""
-    containers = (((running or {}).get("spec") or {}).get("template") or {}).get(
-        "spec", {}).get("containers") or []
+    """The running Deployment's (or LeaderWorkerSet leader's) KVTUNE_PLAN (None: not
+    found)."""
+    spec = (running or {}).get("spec") or {}
+    template = spec.get("template") or (spec.get("leaderWorkerTemplate") or {}).get(
+        "leaderTemplate") or {}
+    containers = (template.get("spec") or {}).get("containers") or []
     for container in containers:
         for env in container.get("env") or []:
             if env.get("name") == PLAN_ENV and isinstance(env.get("value"), str):

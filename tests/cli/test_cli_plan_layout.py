@@ -30,7 +30,8 @@ def plan_json(*args: str) -> dict[str, Any]:
 def test_deepseek_v3_on_8_h200_chooses_dp8_ep_and_lists_the_layouts() -> None:
     doc = plan_json(*DSV3, "-g", "H200", "--gpus-per-replica", "8")
     assert doc["layout"] == {"tensor_parallel": 1, "data_parallel": 8, "expert_parallel": True,
-                             "decode_context_parallel": 1, "label": "DP8+EP"}
+                             "decode_context_parallel": 1, "pipeline_parallel": 1,
+                             "label": "DP8+EP"}
     assert doc["vllm_args"][:3] == [
         "--tensor-parallel-size=1", "--data-parallel-size=8", "--enable-expert-parallel"]
     rows = {r["label"]: r for r in doc["layouts_considered"]}
@@ -71,6 +72,14 @@ def test_tp_dp_ep_pin_the_layout() -> None:
     doc = plan_json(*DSV3, "-g", "H200", "--tp", "4", "--dp", "2", "--no-ep")
     assert doc["layout"]["label"] == "TP4xDP2"
     assert "--enable-expert-parallel" not in doc["vllm_args"]
+    # --pp pins pipeline stages: TP x PP GPUs; with --gpus-per-replica the rest is chosen.
+    doc = plan_json(*DSV3, "-g", "H200", "--tp", "4", "--pp", "2")
+    assert doc["layout"]["label"] == "TP4+PP2"
+    assert doc["vllm_args"][:2] == ["--tensor-parallel-size=4", "--pipeline-parallel-size=2"]
+    doc = plan_json(*DSV3, "-g", "H200", "--gpus-per-replica", "8", "--pp", "2")
+    assert all(o["layout"]["pipeline_parallel"] == 2 for o in doc["layouts_considered"])
+    assert {o["label"] for o in doc["layouts_considered"]} == {
+        "TP4+PP2", "TP2xDP2+EP+PP2", "DP4+EP+PP2"}
     args_out = run(*DSV3, "-g", "H200", "--dp", "8", "--tp", "1", "-o", "args")[1]
     assert args_out.replace("\\\n", " ").split()[3:6] == [
         "--tensor-parallel-size=1", "--data-parallel-size=8", "--enable-expert-parallel"]
@@ -81,6 +90,10 @@ def test_tp_dp_ep_pin_the_layout() -> None:
     (["-m", "deepseek-ai/DeepSeek-V3", "--gpus-per-replica", "8", "--tp", "3"], "--tp=3"),
     (["-m", "deepseek-ai/DeepSeek-V3", "--gpus-per-replica", "8", "--dp", "3"], "--dp=3"),
     (["-m", "meta-llama/Llama-3.3-70B-Instruct", "--tp", "8", "--dcp", "2"], "--dcp=2"),
+    (["-m", "deepseek-ai/DeepSeek-V3", "--gpus-per-replica", "8", "--pp", "3"], "--pp=3"),
+    (["-m", "deepseek-ai/DeepSeek-V3", "--gpus-per-replica", "8", "--pp", "2", "--tp", "8"],
+     "--tp=8"),
+    (["-m", "google/gemma-3-27b-it", "--tp", "2", "--pp", "2"], "--pp=2"),
 ])
 def test_impossible_layout_pins_fail_in_one_line_naming_the_option(
         args: list[str], expect: str) -> None:
@@ -88,6 +101,8 @@ def test_impossible_layout_pins_fail_in_one_line_naming_the_option(
     assert code == 1
     line = err.strip().removeprefix("Error: ")
     assert "\n" not in line and line.startswith(expect), err
+    if "--pp" in args and expect == "--tp=8":
+        assert "under PP 2 a stage has 4 of the 8 GPUs" in line
 
 
 def test_without_layout_options_the_plan_is_tp_alone_as_before() -> None:
@@ -101,7 +116,9 @@ def test_without_layout_options_the_plan_is_tp_alone_as_before() -> None:
 @pytest.mark.parametrize("extra", [["--gpus-per-replica", "8"], ["--tp", "2", "--dp", "4"],
                                    ["--tp", "4", "--dp", "2", "--no-ep"],
                                    ["--tp", "8", "--dcp", "8"],
-                                   ["--gpus-per-replica", "8", "--dcp", "2"]])
+                                   ["--gpus-per-replica", "8", "--dcp", "2"],
+                                   ["--tp", "4", "--pp", "2"],
+                                   ["--gpus-per-replica", "8", "--pp", "2"]])
 def test_layout_flags_parse_in_vllms_own_parser_into_its_parallel_config(
         extra: list[str]) -> None:
     """The rendered layout flags, parsed by a ``FlexibleArgumentParser`` holding vLLM 0.33's
@@ -117,7 +134,7 @@ def test_layout_flags_parse_in_vllms_own_parser_into_its_parallel_config(
     doc = plan_json(*DSV3, "-g", "H200", *extra)
     layout_args = [a for a in doc["vllm_args"] if a.split("=", 1)[0] in (
         "--tensor-parallel-size", "--data-parallel-size", "--enable-expert-parallel",
-        "--decode-context-parallel-size")]
+        "--decode-context-parallel-size", "--pipeline-parallel-size")]
     source = (Path(vllm.__file__).parent / "engine" / "arg_utils.py").read_text()
     kwargs = get_kwargs(ParallelConfig)
     parser = FlexibleArgumentParser()
@@ -125,7 +142,8 @@ def test_layout_flags_parse_in_vllms_own_parser_into_its_parallel_config(
                          (("--data-parallel-size", "-dp"), "data_parallel_size"),
                          (("--enable-expert-parallel", "-ep"), "enable_expert_parallel"),
                          (("--decode-context-parallel-size", "-dcp"),
-                          "decode_context_parallel_size")):
+                          "decode_context_parallel_size"),
+                         (("--pipeline-parallel-size", "-pp"), "pipeline_parallel_size")):
         # EngineArgs.add_cli_args: parallel_group.add_argument("--flag", "-x",
         #                                                      **parallel_kwargs["field"])
         assert re.search(r'add_argument\(\s*"' + flags[0] + r'",\s*"' + flags[1]
@@ -134,14 +152,15 @@ def test_layout_flags_parse_in_vllms_own_parser_into_its_parallel_config(
     ns = parser.parse_args(layout_args)
     layout = doc["layout"]
     assert (ns.tensor_parallel_size, ns.data_parallel_size, bool(ns.enable_expert_parallel),
-            ns.decode_context_parallel_size) == (
+            ns.decode_context_parallel_size, ns.pipeline_parallel_size) == (
         layout["tensor_parallel"], layout["data_parallel"], layout["expert_parallel"],
-        layout["decode_context_parallel"])
+        layout["decode_context_parallel"], layout["pipeline_parallel"])
     # ParallelConfig's own checks (tp % dcp == 0 among them) pass.
     config = ParallelConfig(tensor_parallel_size=ns.tensor_parallel_size,
                             data_parallel_size=ns.data_parallel_size,
                             enable_expert_parallel=bool(ns.enable_expert_parallel),
-                            decode_context_parallel_size=ns.decode_context_parallel_size)
+                            decode_context_parallel_size=ns.decode_context_parallel_size,
+                            pipeline_parallel_size=ns.pipeline_parallel_size)
     # One engine's workers are TP (x PP); the replica's GPUs are that times DP.
     assert config.world_size * config.data_parallel_size == 8
 

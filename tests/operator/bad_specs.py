@@ -353,6 +353,26 @@ CASES: list[BadSpec] = [
         "prefillPool": "nope"}]), "must name a pool of this spec with role: prefill"),
     _adm("prefill-pool-with-no-decode", at("pools", [_PREFILL]),
          "must be named by the prefillPool of exactly one decode pool"),
+    # --- issue 26: the layout chosen over gpusPerReplica GPUs --------------------------------
+    _adm("gpus-per-replica-beside-a-pinned-tp", at("pools", [{
+        "gpuClass": "H100", "name": "h100", "gpusPerReplica": 8, "tensorParallel": 2}]),
+         "pools[].gpusPerReplica has kvtune choose the whole layout",
+         "drop tensorParallel, dataParallel and expertParallel"),
+    _adm("gpus-per-replica-split-unevenly-over-nodes", at("pools", [{
+        "gpuClass": "H100", "name": "h100", "gpusPerReplica": 9, "nodesPerReplica": 2}]),
+         "pools[].gpusPerReplica must be a multiple of nodesPerReplica"),
+    _adm("gpus-per-replica-on-a-role", at("pools", [_PREFILL | {"gpusPerReplica": 2},
+                                                    _DECODE]),
+         "drop gpusPerReplica from it"),
+    # --- issue 26: pinned pipeline stages --------------------------------------------------
+    _adm("pipeline-parallel-over-nodes", at("pools", [{
+        "gpuClass": "H100", "name": "h100", "tensorParallel": 8, "pipelineParallel": 2,
+        "dataParallel": 2, "nodesPerReplica": 2}]),
+         "pools[].pipelineParallel runs a replica's stages on one node",
+         "drop nodesPerReplica, gpusPerReplica and role"),
+    _adm("pipeline-parallel-at-tp-auto", at("pools", [{
+        "gpuClass": "H100", "name": "h100", "tensorParallel": "auto", "pipelineParallel": 2}]),
+         "pools[].pipelineParallel needs a pinned tensorParallel"),
     # The pool already running stays first (a spec without it would prune its Deployment).
     _deg("pair-block-sizes-the-handshake-refuses", at("pools", [
         *BASE["pools"], _PREFILL | {"pin": {"blockSize": 32}},

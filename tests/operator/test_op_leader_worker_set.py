@@ -16,8 +16,10 @@ from pydantic import ValidationError
 
 from kvtune.operator.api import InferenceDeploymentSpec
 from kvtune.operator.api.workloads import declared_profile
+from kvtune.operator.kube import leader_worker_sets
 from kvtune.operator.render import leader_worker_set as lws
 from kvtune.operator.render.objects import RenderInput, render_pool
+from kvtune.operator.rollout.observe import rollout_done
 from kvtune.operator.rollout.plan import plan_one_pool, planning_inputs, policy_for
 from kvtune.tuner.facts.catalog import get_model
 from kvtune.tuner.plan import PoolPlan
@@ -144,3 +146,43 @@ def test_each_pods_line_parses_in_vllms_serve_parser_with_its_ranks() -> None:
         assert ns.headless == (index == 1)
         assert (ns.data_parallel_start_rank or 0) == index * 8
         assert json.dumps(argv).count("$(") == 0
+
+
+def _reported(generation: int, seen: int, *, updated: int, ready: int, total: int,
+              condition: str) -> dict[str, Any]:
+    """An LWS of 2 groups with the status the v0.9.0 controller writes."""
+    return {"kind": lws.KIND, "metadata": {"name": "dsv3-h100", "generation": generation},
+            "spec": {"replicas": 2},
+            "status": {"observedGeneration": seen, "updatedReplicas": updated,
+                       "readyReplicas": ready, "replicas": total, "conditions": [
+                           {"type": condition, "status": "True", "observedGeneration": seen}]}}
+
+
+@pytest.mark.parametrize(("status", "done", "left"), [
+    (dict(seen=1, updated=0, ready=0, total=0, condition="Progressing"), False,
+     "controller has not seen"),
+    (dict(seen=2, updated=1, ready=2, total=2, condition="UpdateInProgress"), False,
+     "1/2 groups updated"),
+    # Every group counted updated, but the controller still rolls (UpdateInProgress).
+    (dict(seen=2, updated=2, ready=2, total=2, condition="UpdateInProgress"), False,
+     "2/2 groups updated"),
+    (dict(seen=2, updated=2, ready=2, total=3, condition="Progressing"), False,
+     "1 old groups pending termination"),
+    (dict(seen=2, updated=2, ready=1, total=2, condition="Progressing"), False,
+     "1/2 groups ready"),
+    # Counts complete but Available not yet set for this generation.
+    (dict(seen=2, updated=2, ready=2, total=2, condition="Progressing"), False,
+     "2/2 groups ready"),
+    (dict(seen=2, updated=2, ready=2, total=2, condition="Available"), True,
+     "2/2 groups updated and ready"),
+])
+def test_the_rollout_is_read_from_the_lws_status(status: dict[str, Any], done: bool,
+                                                 left: str) -> None:
+    got, message = rollout_done(_reported(2, **status))
+    assert got is done and left in message and "dsv3-h100" in message, message
+
+
+def test_the_lws_pods_are_selected_by_their_pool() -> None:
+    group = rendered(spec_for(TWO_NODES))[0]
+    assert leader_worker_sets.pod_selector(group) == \
+        "kvtune.io/deployment=dsv3,kvtune.io/pool=h100"

@@ -1,7 +1,8 @@
 """Prefill/decode pools and multi-node replicas against the real API server (issue 26 items 2
 and 3): a pair rolls out as two Deployments, each with its role's ``--kv-transfer-config``;
-a replica over nodes is planned, held in status and not rolled out; its LeaderWorkerSet is
-accepted by the pinned lws release's CRD exactly as rendered. The reconcile seam is called
+a replica over nodes rolls out as a LeaderWorkerSet (owned, followed from its status as the
+LWS controller writes it, pruned with its pool; a canary refused by name), accepted by the
+pinned lws release's CRD exactly as rendered. The reconcile seam is called
 directly (as in the bad-spec corpus)."""
 
 from __future__ import annotations
@@ -86,15 +87,112 @@ def test_a_pair_the_handshake_refuses_rolls_out_neither_role(cluster_api: Any) -
             client.AppsV1Api(cluster_api).read_namespaced_deployment(f"pd-bad-{pool}", NS)
 
 
-def test_a_multi_node_pool_is_planned_and_not_rolled_out(cluster_api: Any) -> None:
+def _lws(api: Any, name: str) -> dict[str, Any]:
+    got: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        LWS_GROUP, LWS_VERSION, NS, LWS_PLURAL, name)
+    return got
+
+
+def _controller_reports(api: Any, name: str, *, ready: int, available: bool) -> None:
+    """What the LWS v0.9.0 controller writes (no controller runs here): the status
+    subresource with the generation seen, the group counts and one True condition."""
+    held = _lws(api, name)
+    generation = held["metadata"]["generation"]
+    type_, reason = ("Available", "AllGroupsReady") if available else \
+        ("Progressing", "GroupsProgressing")
+    client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+        LWS_GROUP, LWS_VERSION, NS, LWS_PLURAL, name, {"status": {
+            "observedGeneration": generation, "replicas": 2, "updatedReplicas": 2,
+            "readyReplicas": ready, "conditions": [{
+                "type": type_, "status": "True", "reason": reason, "message": reason,
+                "observedGeneration": generation,
+                "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})
+
+
+def _patch_spec(api: Any, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+    client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        GROUP, VERSION, NS, PLURAL, name, {"spec": patch})
+    rec.reconcile(get_infd(api, NS, name), kube=Kube(api))
+    return get_infd(api, NS, name)
+
+
+def test_a_multi_node_pool_rolls_out_as_a_leader_worker_set(cluster_api: Any) -> None:
+    """Applied like a Deployment (owned, server-side applied, idempotent), followed from the
+    LWS status to Ready, its canary refused by name, and pruned with its pool."""
+    install_crd(cluster_api, crd_path())
     stored = _create(cluster_api, "dsv3", [TWO_NODES], model="deepseek-ai/DeepSeek-V3")
-    degraded = condition(stored, "Degraded")
-    assert degraded is not None and degraded["reason"] == "MultiNodeNotRolledOut", degraded
-    assert "spec.pools[0].nodesPerReplica=2" in degraded["message"]
     pool = stored["status"]["pools"][0]
-    assert "--data-parallel-size=16" in pool["vllmArgs"] and pool["plan"], pool
+    assert pool["phase"] == "Applied" and pool["deployment"] == "dsv3-h100", pool
+    assert "--data-parallel-size=16" in pool["vllmArgs"], pool
+    progressing = condition(stored, "Progressing")
+    assert progressing is not None and progressing["status"] == "True", stored["status"]
+    assert "LeaderWorkerSet controller has not seen" in pool["message"], pool
+    group = _lws(cluster_api, "dsv3-h100")
+    assert group["metadata"]["ownerReferences"][0]["uid"] == stored["metadata"]["uid"]
+    assert group["spec"]["leaderWorkerTemplate"]["size"] == 2
     with pytest.raises(ApiException):
         client.AppsV1Api(cluster_api).read_namespaced_deployment("dsv3-h100", NS)
+
+    _controller_reports(cluster_api, "dsv3-h100", ready=1, available=False)
+    assert rec.refresh_rollout(get_infd(cluster_api, NS, "dsv3"), kube=Kube(cluster_api))
+    stored = get_infd(cluster_api, NS, "dsv3")
+    ready = condition(stored, "Ready")
+    assert ready is not None and ready["status"] == "False", ready
+    assert "1/2 groups ready" in stored["status"]["pools"][0]["message"]
+
+    _controller_reports(cluster_api, "dsv3-h100", ready=2, available=True)
+    assert rec.refresh_rollout(get_infd(cluster_api, NS, "dsv3"), kube=Kube(cluster_api))
+    stored = get_infd(cluster_api, NS, "dsv3")
+    ready = condition(stored, "Ready")
+    assert ready is not None and ready["status"] == "True", ready
+    assert ready["reason"] == "AllPoolsApplied"
+    assert "2/2 groups updated and ready" in stored["status"]["pools"][0]["message"]
+    generation = _lws(cluster_api, "dsv3-h100")["metadata"]["generation"]
+    rec.reconcile(stored, kube=Kube(cluster_api))  # the same plan: no new template
+    assert _lws(cluster_api, "dsv3-h100")["metadata"]["generation"] == generation
+
+    # A new plan (a pinned max-num-seqs) with a canary asked for: held, field and fix named.
+    stored = _patch_spec(cluster_api, "dsv3", {"rollout": {"canaryReplicas": 1},
+                                               "tuning": {"pin": {"maxNumSeqs": 64}}})
+    degraded = condition(stored, "Degraded")
+    assert degraded is not None and degraded["reason"] == "MultiNodeCanaryUnsupported", degraded
+    assert "spec.rollout.canaryReplicas=1" in degraded["message"]
+    assert "set spec.rollout.canaryReplicas: 0" in degraded["message"]
+    assert _lws(cluster_api, "dsv3-h100")["metadata"]["generation"] == generation
+    # Without the canary it rolls out group by group: the LWS gets the new template.
+    stored = _patch_spec(cluster_api, "dsv3", {"rollout": {"canaryReplicas": 0}})
+    assert stored["status"]["pools"][0]["phase"] == "Applied", stored["status"]
+    args = _lws(cluster_api, "dsv3-h100")["spec"]["leaderWorkerTemplate"]["leaderTemplate"][
+        "spec"]["containers"][0]["args"]
+    assert "--max-num-seqs=64" in args
+
+    # The pool renamed, its layout chosen over 16 GPUs (gpusPerReplica, accepted by the CRD's
+    # CEL beside the defaulted layout fields): the old pool's LWS is pruned, the new one's
+    # applied with the layout the planner chose (DP16+EP, as kvtune plan chooses).
+    stored = _patch_spec(cluster_api, "dsv3", {"pools": [{
+        "gpuClass": "H100", "name": "big", "replicas": 2, "gpusPerReplica": 16,
+        "nodesPerReplica": 2}]})
+    assert stored["status"]["pools"][0]["phase"] == "Applied", stored["status"]
+    assert stored["status"]["pools"][0]["reasons"][0].startswith("layout"), stored["status"]
+    with pytest.raises(ApiException) as gone:
+        _lws(cluster_api, "dsv3-h100")
+    assert gone.value.status == 404
+    big = _lws(cluster_api, "dsv3-big")
+    assert big["spec"]["replicas"] == 2
+    args = big["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0][
+        "args"]
+    assert "--data-parallel-size=16" in args and "--enable-expert-parallel" in args
+
+    # The pool back on one node per replica (a model one node holds): its Deployment applied,
+    # its LeaderWorkerSet deleted.
+    stored = _patch_spec(cluster_api, "dsv3", {
+        "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+        "pools": [{"gpuClass": "H100", "name": "big", "replicas": 1}]})
+    assert stored["status"]["pools"][0]["phase"] == "Applied", stored["status"]
+    client.AppsV1Api(cluster_api).read_namespaced_deployment("dsv3-big", NS)
+    with pytest.raises(ApiException) as gone:
+        _lws(cluster_api, "dsv3-big")
+    assert gone.value.status == 404
 
 
 def test_the_rendered_leader_worker_set_is_accepted_by_the_lws_crd(cluster_api: Any) -> None:

@@ -16,6 +16,11 @@ blocks x its scheduler block (``resolve_dcp_kv_block_size``: block_size x DCP); 
 replica's tokens kvtune reports are DP engines x that (each DP rank is its own engine).
 Decode context parallel is checked at TP8+DCP8 (vLLM's kv_tp_replicas says 1 whenever DCP is
 on; with DCP < TP the copies are TP/DCP, which vLLM does not report).
+
+Pipeline parallel (TP4+PP2 and TP2+PP4 on 8 x H200, TP8+PP2 on 16 x H100): each stage's TP
+workers get the specs of their own layers only, split by vLLM's ``get_pp_indices``, and the
+KV budget kvtune figures for that stage (its own weights); vLLM gives every worker the
+smallest count (``get_kv_cache_configs``), which must be kvtune's num_gpu_blocks.
 """
 
 from __future__ import annotations
@@ -49,15 +54,17 @@ def _raw_config() -> dict[str, Any]:
     return config
 
 
-def _kv_budget_bytes(request: PlanRequest, pool: PoolPlan) -> int:
-    """kvtune's KV budget per GPU for the pool's plan (what vLLM's profiling leaves)."""
+def _kv_budget_bytes(request: PlanRequest, pool: PoolPlan) -> list[int]:
+    """kvtune's KV budget per GPU for the pool's plan (what vLLM's profiling leaves), one per
+    pipeline stage."""
     p = pool.plan
-    mem = PlanRun(request).memory(p.kv_cache_dtype, p.block_size, p.max_num_seqs,
-                                  p.max_num_batched_tokens, p.gpu_memory_utilization)
-    return mem.kv_budget_bytes
+    return [m.kv_budget_bytes for m in PlanRun(request).stage_memories(
+        p.kv_cache_dtype, p.block_size, p.max_num_seqs, p.max_num_batched_tokens,
+        p.gpu_memory_utilization)]
 
 
-def _vllm_engine_configs(layout: ParallelLayout, pool: PoolPlan, budget: int) -> list[Any]:
+def _vllm_engine_configs(layout: ParallelLayout, pool: PoolPlan, budget: list[int]
+                         ) -> list[Any]:
     """vLLM's KV-cache configs of one engine's TP workers (module docstring)."""
     from vllm.config import (
         CacheConfig,
@@ -82,7 +89,8 @@ def _vllm_engine_configs(layout: ParallelLayout, pool: PoolPlan, budget: int) ->
             tensor_parallel_size=layout.tensor_parallel,
             data_parallel_size=layout.data_parallel,
             enable_expert_parallel=layout.expert_parallel,
-            decode_context_parallel_size=layout.decode_context_parallel),
+            decode_context_parallel_size=layout.decode_context_parallel,
+            pipeline_parallel_size=layout.pipeline_parallel),
         scheduler_config=SchedulerConfig(
             max_num_seqs=p.max_num_seqs, max_num_batched_tokens=p.max_num_batched_tokens,
             max_model_len=p.max_model_len, enable_chunked_prefill=True,
@@ -99,13 +107,19 @@ def _vllm_engine_configs(layout: ParallelLayout, pool: PoolPlan, budget: int) ->
         sliding_window=None, topk_buffer_width=None, indexer=None,
         non_causal_multi_token_decode=False)
     spec = MLAAttention.get_kv_cache_spec(stand_in, vllm_config)  # type: ignore[arg-type]
-    specs = {f"model.layers.{i}.self_attn.attn": spec for i in range(cfg["num_hidden_layers"])}
+    from vllm.distributed.utils import get_pp_indices
+
+    layers, pp = cfg["num_hidden_layers"], layout.pipeline_parallel
+    # Each PP stage's workers hold the specs of its own layers (as its model runner builds).
+    stages = [{f"model.layers.{i}.self_attn.attn": spec
+               for i in range(*get_pp_indices(layers, rank, pp))} for rank in range(pp)]
     names = [x.name for x in get_supported_kv_cache_layouts([FlashMLABackend])]
-    resolve_kv_cache_layout(vllm_config, [names], specs.values())
-    workers = [specs] * layout.tensor_parallel
+    resolve_kv_cache_layout(vllm_config, [names], [spec])
+    workers = [stage for stage in stages for _ in range(layout.tensor_parallel)]
+    budgets = [b for b in budget for _ in range(layout.tensor_parallel)]
+    assert len(budget) == pp
     groups = get_global_kv_cache_groups(vllm_config, workers)
-    return list(get_kv_cache_configs(vllm_config, workers, [budget] * layout.tensor_parallel,
-                                     groups))
+    return list(get_kv_cache_configs(vllm_config, workers, budgets, groups))
 
 
 @pytest.fixture(scope="module")
@@ -131,11 +145,16 @@ def planned() -> dict[str, tuple[PlanRequest, PoolPlan]]:
     request = PlanRequest(model=model, gpu=get_gpu_class("H200"), tensor_parallel=8,
                           decode_context_parallel=8, profile=preset_profile("chat"))
     out["H200 TP8+DCP8"] = (request, plan_pool(request))
+    # Pipeline parallel, pinned: each stage its own layers.
+    for gpu, tp, pp in (("H200", 4, 2), ("H200", 2, 4), ("H100", 8, 2)):
+        request = PlanRequest(model=model, gpu=get_gpu_class(gpu), tensor_parallel=tp,
+                              pipeline_parallel=pp, profile=preset_profile("chat"))
+        out[f"{gpu} {request.layout.label}"] = (request, plan_pool(request))
     return out
 
 
 CASES = ["H200 TP8", "H200 TP4xDP2+EP", "H200 DP8+EP", "H100 TP16", "H100 TP8xDP2+EP",
-         "H100 DP16+EP", "H200 TP8+DCP8"]
+         "H100 DP16+EP", "H200 TP8+DCP8", "H200 TP4+PP2", "H200 TP2+PP4", "H100 TP8+PP2"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -144,7 +163,7 @@ def test_kv_capacity_per_layout_is_vllms(vllm: object, planned: dict[str, Any],
     request, pool = planned[case]
     layout = request.layout
     configs = _vllm_engine_configs(layout, pool, _kv_budget_bytes(request, pool))
-    assert len(configs) == layout.tensor_parallel
+    assert len(configs) == layout.tensor_parallel * layout.pipeline_parallel
     assert {c.num_blocks for c in configs} == {pool.expected.num_gpu_blocks}
     assert {c.kv_tp_replicas for c in configs} == {kv_copies(request.model, layout)}
     from vllm.v1.core.kv_cache_utils import resolve_dcp_kv_block_size
@@ -171,3 +190,29 @@ def test_dp8_holds_more_than_five_times_tp8s_tokens_by_vllms_own_blocks(
         configs = _vllm_engine_configs(request.layout, pool, _kv_budget_bytes(request, pool))
         tokens[case] = request.layout.data_parallel * configs[0].num_blocks * pool.plan.block_size
     assert tokens["H200 DP8+EP"] > 5 * tokens["H200 TP8"]
+
+
+@pytest.mark.parametrize(("layers", "pp"), [(61, 2), (61, 4), (61, 8), (80, 3), (94, 5),
+                                            (36, 7), (5, 5)])
+def test_pipeline_stage_layers_are_vllms_split(vllm: object, layers: int, pp: int) -> None:
+    from vllm.distributed.utils import get_pp_indices
+
+    from kvtune.tuner.facts.layouts import pipeline_stage_layers
+
+    theirs = tuple(end - start for start, end in
+                   (get_pp_indices(layers, rank, pp) for rank in range(pp)))
+    assert pipeline_stage_layers(layers, pp) == theirs
+
+
+def test_pipeline_engine_blocks_are_the_fewest_of_any_stage(
+        vllm: object, planned: dict[str, Any]) -> None:
+    """At TP2+PP4 (61 layers: 15, 15, 16, 15) the stages' own counts differ; vLLM keeps the
+    smallest, and so does kvtune."""
+    request, pool = planned["H200 TP2+PP4"]
+    p = pool.plan
+    stages = PlanRun(request).stage_memories(p.kv_cache_dtype, p.block_size, p.max_num_seqs,
+                                             p.max_num_batched_tokens, p.gpu_memory_utilization)
+    own = [m.num_gpu_blocks for m in stages]
+    assert len(set(own)) > 1
+    configs = _vllm_engine_configs(request.layout, pool, _kv_budget_bytes(request, pool))
+    assert {c.num_blocks for c in configs} == {min(own)} == {pool.expected.num_gpu_blocks}

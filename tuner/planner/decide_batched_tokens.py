@@ -47,7 +47,7 @@ def chunked_step_seconds(
     ) * run.decode_time_scale
     bits = weight_bits(run.model, run.req.weights_dtype)
     return decode_s + chunk_tokens * decode.prefill_seconds_per_token(
-        run.model, run.gpu, run.tp, bits) * run.prefill_time_scale
+        run.model, run.gpu, run.tp, bits, run.layout) * run.prefill_time_scale
 
 
 def tune(run: PlanRun, draft: Draft) -> Draft:
@@ -74,7 +74,7 @@ def tune(run: PlanRun, draft: Draft) -> Draft:
         decode_seconds=chunked_step_seconds(
             run, dtype, bs, num_seqs, 0, max_model_len, default),
         prefill_seconds_per_token=decode.prefill_seconds_per_token(
-            run.model, run.gpu, run.tp, bits) * run.prefill_time_scale,
+            run.model, run.gpu, run.tp, bits, run.layout) * run.prefill_time_scale,
         ttft_slo_seconds=run.req.policy.slo.ttft_p95_seconds,
         fits=fits,
         default_label=f"vLLM {run.runtime.vllm_version}'s default for a "

@@ -22,6 +22,16 @@ a dispatch and a combine all-to-all of the n * k routed token copies. An all-to-
 all-reduce of half the bytes (from the same measured table; sizes past the largest measured
 group, e.g. 16 ranks over two nodes, use the largest: an underestimate across nodes).
 
+Pipeline parallel (PP stages): vLLM V1 keeps ``pipeline_parallel_size`` batches in flight
+(``EngineCore.batch_queue``, sized by ``VllmConfig.max_concurrent_batches``: pp), so an
+engine's n sequences ride in pp micro-batches of n / pp, and each token crosses the stages in
+turn. A stage reads its own weights and its layers' KV of its micro-batch; the time between
+two tokens of a sequence is ``pp x stage(n / pp) + (pp - 1) x send(n / pp)``, where a send
+moves the micro-batch's hidden states and residual over NVLink (within a node) or the RDMA NIC
+(across nodes). Throughput: n tokens per that interval, about one stage's step per micro-batch;
+latency: every stage plus the sends. A prompt's prefill likewise crosses every stage
+(``prefill_seconds_per_token``), so at the same GPU count TP x PP prefills slower than TP alone.
+
 Worked example, Llama 3.3 70B FP8 on H200, 64 sequences of 2,048 tokens at fp8 KV:
 (72.7 GB + 64 * 2,048 * 163,840 B) / (4.8 TB/s * 0.8) + 3 ms = 18.9 + 5.6 + 3 = 27.5 ms.
 """
@@ -29,6 +39,7 @@ Worked example, Llama 3.3 70B FP8 on H200, 64 sequences of 2,048 tokens at fp8 K
 from __future__ import annotations
 
 from kvtune.tuner.facts.gpus import GPUClass
+from kvtune.tuner.facts.kv_links import FABRICS, kv_link
 from kvtune.tuner.facts.models import ModelArchitecture
 from kvtune.tuner.facts.step_kernels import (
     ACTIVATION_BYTES,
@@ -43,6 +54,8 @@ BANDWIDTH_EFFICIENCY = 0.8
 # Scheduler, sampling and launch overhead per step with CUDA graphs.
 STEP_OVERHEAD_SECONDS = 0.003
 MAX_SEQS_SEARCHED = 4096
+# Tensors a pipeline stage sends the next per token: the hidden states and the residual.
+PIPELINE_SENT_TENSORS = 2
 
 
 def _expert_share(model: ModelArchitecture, layout: ParallelLayout | None) -> float:
@@ -53,7 +66,7 @@ def _expert_share(model: ModelArchitecture, layout: ParallelLayout | None) -> fl
     if layout is None or layout.data_parallel == 1:
         return experts / model.parameter_count
     others = (model.parameter_count - experts) / layout.tensor_parallel
-    mine = experts / layout.gpus
+    mine = experts / layout.stage_gpus
     return mine / (mine + others)
 
 
@@ -83,7 +96,7 @@ def communication_seconds(
     activation = n * model.hidden_size * ACTIVATION_BYTES
     layers = model.num_hidden_layers
     moe_layers = layers - model.moe.num_dense_layers if model.moe is not None else 0
-    if layout.gpus == 1:
+    if layout.stage_gpus == 1:
         return 0.0
     if moe_layers == 0 or (layout.data_parallel == 1 and not layout.expert_parallel):
         # TP alone: two all-reduces per layer (measured, step_kernels.json).
@@ -98,8 +111,9 @@ def communication_seconds(
     if layout.expert_parallel:
         routed = activation * model.moe.experts_per_token
         # Dispatch and combine: two all-to-alls, each an all-reduce of half the bytes.
-        return seconds + moe_layers * 2 * _all_reduce(gpu, layout.gpus, routed / 2)
-    return seconds + moe_layers * _all_reduce(gpu, layout.gpus, activation * layout.data_parallel)
+        return seconds + moe_layers * 2 * _all_reduce(gpu, layout.stage_gpus, routed / 2)
+    return seconds + moe_layers * _all_reduce(gpu, layout.stage_gpus,
+                                              activation * layout.data_parallel)
 
 
 def _dcp_seconds(model: ModelArchitecture, gpu: GPUClass, layout: ParallelLayout,
@@ -122,14 +136,38 @@ def decode_step_seconds(
     kv_bytes_per_seq: float,
     layout: ParallelLayout | None = None,
 ) -> float:
-    """One engine's decode step at ``num_seqs`` sequences (per DP rank under a layout)."""
+    """One engine's decode step at ``num_seqs`` sequences (per DP rank under a layout): the
+    time between two tokens of a sequence. Under pipeline parallel (module docstring) the
+    weights and KV per sequence are one stage's."""
+    layout = layout or ParallelLayout(tensor_parallel=tensor_parallel)
+    pp = layout.pipeline_parallel
+    # PP: vLLM V1 keeps pp batches in flight (VllmConfig.max_concurrent_batches), so the
+    # sequences ride in pp micro-batches and a token of each crosses every stage in turn.
+    batch = -(-num_seqs // pp)
     bandwidth = gpu.hbm_bandwidth_bytes_per_second * BANDWIDTH_EFFICIENCY
-    read = weights_read_bytes(model, weights_bytes_per_gpu, num_seqs, layout) + num_seqs * (
+    read = weights_read_bytes(model, weights_bytes_per_gpu, batch, layout) + batch * (
         kv_bytes_per_seq
     )
-    comm = communication_seconds(
-        model, gpu, layout or ParallelLayout(tensor_parallel=tensor_parallel), num_seqs)
-    return read / bandwidth + STEP_OVERHEAD_SECONDS + comm
+    stage = (read / bandwidth + STEP_OVERHEAD_SECONDS
+             + communication_seconds(model, gpu, layout, batch) / pp)
+    if pp == 1:
+        return stage
+    return pp * stage + (pp - 1) * pipeline_send_seconds(model, gpu, layout, batch)
+
+
+def pipeline_send_seconds(model: ModelArchitecture, gpu: GPUClass, layout: ParallelLayout,
+                          tokens: int) -> float:
+    """One stage-to-stage send of ``tokens`` tokens' activations (vLLM sends the hidden states
+    and the residual, ``IntermediateTensors``) over the link between the stages: NVLink when
+    the replica fits one node, else the RDMA NIC (``facts/kv_links.py``); a class without link
+    facts at the slowest NIC kvtune knows."""
+    bytes_ = tokens * model.hidden_size * ACTIVATION_BYTES * PIPELINE_SENT_TENSORS
+    facts = FABRICS.get(gpu.name)
+    if facts is None:
+        rate = float(min(f.rdma_bytes_per_second for f in FABRICS.values()))
+    else:
+        rate = float(kv_link(gpu.name, layout.gpus).bytes_per_second)
+    return bytes_ / rate
 
 
 def max_seqs_within(
@@ -167,11 +205,18 @@ PREFILL_MFU = 0.4
 
 
 def prefill_seconds_per_token(
-    model: ModelArchitecture, gpu: GPUClass, tensor_parallel: int, weight_bits: int
+    model: ModelArchitecture, gpu: GPUClass, tensor_parallel: int, weight_bits: int,
+    layout: ParallelLayout | None = None,
 ) -> float:
     """Compute time of one prompt token: 2 FLOPs per active parameter, shared by the TP
-    ranks, at FP8 tensor-core speed when the weights are 8-bit and the GPU has FP8."""
+    ranks, at FP8 tensor-core speed when the weights are 8-bit and the GPU has FP8. Under
+    pipeline parallel a prompt crosses the stages one after another (each computes its
+    layers, on its own TP ranks), so its time is TP's plus the sends between stages."""
     flops = gpu.dense_bf16_flops_per_second
     if weight_bits <= 8 and gpu.dense_fp8_flops_per_second:
         flops = gpu.dense_fp8_flops_per_second
-    return 2 * model.active_parameter_count / (tensor_parallel * flops * PREFILL_MFU)
+    compute = 2 * model.active_parameter_count / (tensor_parallel * flops * PREFILL_MFU)
+    if layout is None or layout.pipeline_parallel == 1:
+        return compute
+    return compute + (layout.pipeline_parallel - 1) * pipeline_send_seconds(
+        model, gpu, layout, 1)

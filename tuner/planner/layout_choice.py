@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kvtune.tuner.errors import InvalidInput, NoFeasiblePlan
-from kvtune.tuner.facts.layouts import kv_copies
+from kvtune.tuner.facts.layouts import kv_copies, pipeline_stages
 from kvtune.tuner.facts.models import ModelArchitecture
 from kvtune.tuner.facts.weights import weights_bytes_per_gpu
 from kvtune.tuner.layout import ParallelLayout
@@ -42,12 +42,28 @@ LAYOUT = "layout"
 
 def candidate_layouts(
     model: ModelArchitecture, gpus: int, *, tp: int | None = None, dp: int | None = None,
-    ep: bool | None = None, dcp: int = 1,
+    ep: bool | None = None, dcp: int = 1, nodes: int = 1, pp: int = 1,
 ) -> list[ParallelLayout]:
     """The layouts of ``gpus`` GPUs the pins allow, TP largest first. Decode context parallel
-    is never chosen, only pinned (``dcp``): each layout whose TP it divides gets it."""
+    and pipeline parallel are never chosen, only pinned (``dcp``, ``pp``): each layout whose
+    TP DCP divides gets it; PP stages split the GPUs first (TP x DP = GPUs / PP). A replica
+    over ``nodes`` nodes spans them by its data-parallel engines (vLLM's multi-node data
+    parallel, the same number on each node), so its DP must be a multiple of ``nodes``."""
     if not 1 <= gpus <= MAX_GPUS_PER_REPLICA:
         raise InvalidInput("gpus_per_replica", gpus, f"must be 1 to {MAX_GPUS_PER_REPLICA}")
+    if gpus % pp:
+        raise InvalidInput("pipeline_parallel", pp, f"must divide the {gpus} GPUs per replica "
+                           "(TP x DP x PP = GPUs per replica)")
+    if pp > 1:
+        # The stages take their share first; the rest is laid out as without PP.
+        try:
+            layouts = candidate_layouts(model, gpus // pp, tp=tp, dp=dp, ep=ep, dcp=dcp,
+                                        nodes=nodes)
+        except InvalidInput as exc:
+            why = str(exc).split(": ", 1)[-1]
+            raise InvalidInput(exc.field, exc.value, f"{why} (under PP {pp} a stage has "
+                               f"{gpus // pp} of the {gpus} GPUs)") from None
+        return [x.model_copy(update={"pipeline_parallel": pp}) for x in layouts]
     for name, value in (("tensor_parallel", tp), ("data_parallel", dp)):
         if value is not None and gpus % value:
             raise InvalidInput(name, value, f"must divide the {gpus} GPUs per replica "
@@ -62,7 +78,7 @@ def candidate_layouts(
     out: list[ParallelLayout] = []
     for t in sorted((d for d in range(1, gpus + 1) if gpus % d == 0), reverse=True):
         d = gpus // t
-        if (tp is not None and t != tp) or (dp is not None and d != dp):
+        if (tp is not None and t != tp) or (dp is not None and d != dp) or d % nodes:
             continue
         if not tensor_parallel_ok(model, t) or t % dcp:
             continue
@@ -80,6 +96,7 @@ def candidate_layouts(
             "tensor_parallel", tp,
             f"no layout of {gpus} GPUs has a TP {model.hf_id} can be split by"
             + (f" with DP {dp}" if dp is not None else "")
+            + (f" and DP a multiple of its {nodes} nodes" if nodes > 1 else "")
             + "; pin another --tp or change --gpus-per-replica")
     return out
 
@@ -87,8 +104,8 @@ def candidate_layouts(
 def _option(request: PlanRequest, layout: ParallelLayout, pool: PoolPlan | None,
             refused: str | None, objective: float) -> LayoutOption:
     model = request.model
-    weights = weights_bytes_per_gpu(model, request.weights_dtype, layout.tensor_parallel,
-                                    data_parallel=layout.data_parallel)
+    # The heaviest pipeline stage's (the whole model's at PP 1).
+    weights = max(s.weights_bytes for s in pipeline_stages(model, request.weights_dtype, layout))
     if pool is None:
         return LayoutOption(layout=layout, kv_copies=kv_copies(model, layout),
                             weights_bytes_per_gpu=weights, refused=refused)
@@ -116,16 +133,19 @@ def _with_layout(request: PlanRequest, layout: ParallelLayout) -> PlanRequest:
     return request.model_copy(update={
         "tensor_parallel": layout.tensor_parallel, "data_parallel": layout.data_parallel,
         "expert_parallel": layout.expert_parallel,
-        "decode_context_parallel": layout.decode_context_parallel})
+        "decode_context_parallel": layout.decode_context_parallel,
+        "pipeline_parallel": layout.pipeline_parallel})
 
 
 def choose_layout(
     request: PlanRequest, gpus: int, plan_fn: PlanFn, *, tp: int | None = None,
-    dp: int | None = None, ep: bool | None = None, dcp: int = 1,
+    dp: int | None = None, ep: bool | None = None, dcp: int = 1, nodes: int = 1, pp: int = 1,
 ) -> PoolPlan:
-    """Plan every candidate layout of ``gpus`` GPUs and return the best one's plan, with the
-    layout, a reason and every layout considered (``PoolPlan.layouts_considered``)."""
-    layouts = candidate_layouts(request.model, gpus, tp=tp, dp=dp, ep=ep, dcp=dcp)
+    """Plan every candidate layout of ``gpus`` GPUs (over ``nodes`` nodes) and return the
+    best one's plan, with the layout, a reason and every layout considered
+    (``PoolPlan.layouts_considered``)."""
+    layouts = candidate_layouts(request.model, gpus, tp=tp, dp=dp, ep=ep, dcp=dcp,
+                                nodes=nodes, pp=pp)
     planned: list[tuple[ParallelLayout, PoolPlan | None, str | None, float]] = []
     for layout in layouts:
         try:

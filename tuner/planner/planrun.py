@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from kvtune.tuner.facts.capabilities import AttentionFamily, RuntimeCapabilities, get_runtime
 from kvtune.tuner.facts.kvmemory import block_bytes, request_kv_bytes
+from kvtune.tuner.facts.layouts import PipelineStage, pipeline_stages
 from kvtune.tuner.facts.weights import WeightsLoad, weights_bytes_per_gpu, weights_load
 from kvtune.tuner.planner import budget, validation
 from kvtune.tuner.planner.backend_choice import BackendChooser
@@ -60,9 +61,15 @@ class PlanRun:
         self.validation_warnings: tuple[str, ...] = tuple(validation.validate(
             request, self.runtime, self.backends, self.attention, self.weights))
         self.layout = request.layout
-        self.weights_bytes = weights_bytes_per_gpu(
+        # Pipeline parallel: each stage's layers and weights; the figures per GPU are the
+        # heaviest stage's (with one stage: the whole model at TP x DP).
+        self.stages: tuple[PipelineStage, ...] = pipeline_stages(
+            self.model, request.weights_dtype, self.layout)
+        self.weights_bytes = (weights_bytes_per_gpu(
             self.model, request.weights_dtype, self.tp, data_parallel=self.layout.data_parallel
-        )
+        ) if len(self.stages) == 1 else max(s.weights_bytes for s in self.stages))
+        # The most layers on one stage: a GPU's share of each token's KV (all of them at PP 1).
+        self.stage_layers = max(s.layers for s in self.stages)
         self.p95_session = session_tokens(request.profile, "p95")
         # vLLM's profiling run sizes the sampler for max-num-seqs sequences: until that is
         # chosen, memory is figured for the pin or the runtime default.
@@ -86,18 +93,42 @@ class PlanRun:
         self, dtype: str, block_size: int, max_num_seqs: int, batched_tokens: int,
         utilization: float,
     ) -> Memory:
+        """One engine's KV memory per GPU. Under pipeline parallel: every stage's blocks from
+        its own memory, the engine at the fewest (vLLM's ``get_kv_cache_configs``), counted in
+        pages of the stage with the most layers (``request_bytes`` counts the same)."""
+        if len(self.stages) == 1:
+            return self.stage_memory(dtype, block_size, max_num_seqs, batched_tokens,
+                                     utilization, self.weights_bytes, self.stage_layers)
+        per_stage = self.stage_memories(dtype, block_size, max_num_seqs, batched_tokens,
+                                        utilization)
+        least = min(per_stage, key=lambda m: m.num_gpu_blocks)
+        page = max(per_stage, key=lambda m: m.page_bytes).page_bytes
+        return Memory(least.non_kv, least.kv_budget_bytes, page, least.num_gpu_blocks)
+
+    def stage_memories(
+        self, dtype: str, block_size: int, max_num_seqs: int, batched_tokens: int,
+        utilization: float,
+    ) -> list[Memory]:
+        """Each PP stage's KV memory per GPU from its own weights and layers."""
+        return [self.stage_memory(dtype, block_size, max_num_seqs, batched_tokens,
+                                  utilization, s.weights_bytes, s.layers) for s in self.stages]
+
+    def stage_memory(
+        self, dtype: str, block_size: int, max_num_seqs: int, batched_tokens: int,
+        utilization: float, weights_bytes: int, layers: int,
+    ) -> Memory:
         non_kv = budget.non_kv_bytes(
-            self.model, self.weights_bytes, self.tp, batched_tokens, max_num_seqs,
+            self.model, weights_bytes, self.tp, batched_tokens, max_num_seqs,
             vllm_version=self.req.vllm_version, gpu=self.gpu, model_dtype=self.model_dtype,
-            communicating_ranks=self.layout.gpus,
+            communicating_ranks=self.layout.stage_gpus,
         )
         if self.pins.kv_cache_memory_bytes is not None:
             kv_budget = self.pins.kv_cache_memory_bytes
         else:
             kv_budget = budget.kv_budget_bytes(self.gpu, utilization, non_kv)
-        page = block_bytes(
+        page = self._layer_share(block_bytes(
             self.model, dtype, self.tp, block_size, model_dtype=self.model_dtype
-        )
+        ), layers)
         if self.req.calibration is not None and self.pins.kv_cache_memory_bytes is None:
             # What vLLM really had for the KV cache, as the loop observed it (a pinned size
             # is exact: vLLM allocates that many bytes).
@@ -111,10 +142,17 @@ class PlanRun:
         """KV bytes one request of ``tokens`` takes on each GPU. Under decode context parallel
         each rank holds 1/DCP of the tokens (vLLM's max_memory_usage_bytes: cdiv(len, dcp))."""
         dcp = self.layout.decode_context_parallel
-        return request_kv_bytes(
+        return self._layer_share(request_kv_bytes(
             self.model, dtype, self.tp, block_size, -(-tokens // dcp), batched_tokens,
             -(-max_model_len // dcp), model_dtype=self.model_dtype,
-        )
+        ), self.stage_layers)
+
+    def _layer_share(self, all_layers_bytes: int, layers: int) -> int:
+        """A stage's part of bytes spread evenly over every layer (PP is planned for models
+        with one attention kind, ``validation``: each layer holds the same KV)."""
+        if layers == self.model.num_hidden_layers:
+            return all_layers_bytes
+        return all_layers_bytes * layers // self.model.num_hidden_layers
 
     def sessions(
         self, mem: Memory, dtype: str, block_size: int, tokens: int, batched_tokens: int,

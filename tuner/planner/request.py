@@ -34,6 +34,8 @@ class PlanRequest(BaseModel):
     expert_parallel: bool = False
     # Decode context parallel (MLA models): tokens of a sequence split among DCP TP ranks.
     decode_context_parallel: int = Field(default=1, gt=0)
+    # Pipeline-parallel stages per engine (each stage holds its own layers' weights and KV).
+    pipeline_parallel: int = Field(default=1, gt=0)
     # "auto": the checkpoint's own (DeepSeek-V3: fp8), else the model's 16-bit dtype.
     weights_dtype: str = "auto"
     profile: WorkloadProfile
@@ -52,7 +54,8 @@ class PlanRequest(BaseModel):
         return ParallelLayout(tensor_parallel=self.tensor_parallel,
                               data_parallel=self.data_parallel,
                               expert_parallel=self.expert_parallel,
-                              decode_context_parallel=self.decode_context_parallel)
+                              decode_context_parallel=self.decode_context_parallel,
+                              pipeline_parallel=self.pipeline_parallel)
 
 
 class CandidateScorer(Protocol):

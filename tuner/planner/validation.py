@@ -76,11 +76,28 @@ def _check_parallelism(req: PlanRequest) -> None:
             f"(vLLM: tp % dcp == 0); {model.hf_id} "
             + (f"at TP {tp}: pick a DCP dividing {tp}" if model.is_mla else
                "does not use MLA: drop --dcp"))
+    _check_pipeline(req)
     if req.expert_parallel and model.moe is None:
         raise InvalidInput(
             "expert_parallel", True,
             f"{model.hf_id} is dense (no experts to split); drop expert parallel (--ep) or "
             "plan a mixture-of-experts model")
+
+
+def _check_pipeline(req: PlanRequest) -> None:
+    """Pipeline parallel: at most one stage per layer, and (kvtune's limit) a model whose
+    layers all hold the same KV, so a stage's share of the cache is its share of the layers."""
+    pp, model = req.pipeline_parallel, req.model
+    if pp == 1:
+        return
+    if pp > model.num_hidden_layers:
+        raise InvalidInput("pipeline_parallel", pp,
+                           f"{model.hf_id} has {model.num_hidden_layers} layers; pick a "
+                           "--pp of at most that many stages")
+    if len(model.layer_groups) > 1 or model.attention_layers != model.num_hidden_layers:
+        raise InvalidInput("pipeline_parallel", pp,
+                           f"kvtune plans pipeline parallel for models with one attention "
+                           f"kind; {model.hf_id} mixes layer kinds: drop --pp (use --tp/--dp)")
 
 
 def _check_pins(req: PlanRequest, runtime: RuntimeCapabilities, backends: BackendChooser,

@@ -49,6 +49,12 @@ class SimulatedPlan:
 
 def step_cost_for(request: planning.PlanRequest, kv_cache_dtype: str) -> StepCostModel:
     model, gpu, tp = request.model, request.gpu, request.tensor_parallel
+    if request.pipeline_parallel > 1:
+        # The step model here is one stage's whole model; pipeline stages are planned by the
+        # rules (planner/decode.py) only.
+        raise InvalidInput("pipeline_parallel", request.pipeline_parallel,
+                           "the simulator does not model pipeline stages; plan --pp without "
+                           "the capacity search (no --slo/--search), or drop --pp")
     bits = weight_bits(model, request.weights_dtype)
     # FP8 checkpoints run FP8 GEMMs where the GPU has them; everything else at BF16 rate.
     flops_rate = float(gpu.dense_bf16_flops_per_second)

@@ -103,10 +103,10 @@ def _collectives(request: planning.PlanRequest) -> dict[str, Any]:
     if layout.expert_parallel:
         return {"all_reduces_per_step": 2 * moe_layers + (layers if tp > 1 else 0) + dcp_extra,
                 "all_reduce_bytes_per_token": token * model.moe.experts_per_token // 2,
-                "all_reduce_seconds": all_reduce_table(gpu.name, layout.gpus)}
+                "all_reduce_seconds": all_reduce_table(gpu.name, layout.stage_gpus)}
     return {"all_reduces_per_step": moe_layers + (layers if tp > 1 else 0) + dcp_extra,
             "all_reduce_bytes_per_token": token * layout.data_parallel,
-            "all_reduce_seconds": all_reduce_table(gpu.name, layout.gpus)}
+            "all_reduce_seconds": all_reduce_table(gpu.name, layout.stage_gpus)}
 
 
 def _roofline_table(read_seconds_per_param: float, flops_per_second: float

@@ -17,11 +17,15 @@ of status only when it changed), so it can be audited and granted apart. */}}
 {{- end -}}
 
 {{/* What the operator renders per pool: server-side apply (patch, and create when the
-object is new), prune by label (list, delete); the rollout timer reads Deployments; get:
-before applying, the operator checks an object of that name is absent or its own. */}}
+object is new), prune by label (list, delete); the rollout timer reads Deployments and
+LeaderWorkerSets (a pool whose replicas span nodes, docs/multi-node.md); get: before
+applying, the operator checks an object of that name is absent or its own. */}}
 {{- define "kvtune.rules.rendered" -}}
 - apiGroups: [apps]
   resources: [deployments]
+  verbs: [get, list, create, patch, delete]
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets]
   verbs: [get, list, create, patch, delete]
 - apiGroups: [""]
   resources: [services]
