@@ -114,7 +114,9 @@ def test_an_async_finish_is_freed_inside_the_next_decode_run() -> None:
 def test_a_finish_beside_a_blocked_queue_is_one_plain_step() -> None:
     """Overloaded async traffic: the step after members finish, while the head of the
     queue cannot be admitted, is taken without the cohort step's plan
-    (``RunScheduler._finish_step``), often, and the run is still exact stepping's."""
+    (``RunScheduler._finish_step``), often. That the run is still exact stepping's is
+    ``test_cohort_equals_exact_stepping``'s first case (the same requests and engine,
+    async); exact stepping is not run twice here."""
     reqs = _slice("mooncake", 4.0, 300, 0)
     cfg = EngineConfig(num_gpu_blocks=1500, block_size=16, max_num_seqs=64,
                        max_num_batched_tokens=2048, max_model_len=32768,
@@ -127,9 +129,8 @@ def test_a_finish_beside_a_blocked_queue_is_one_plain_step() -> None:
             taken.append(ok)
             return ok
 
-    fast = Counting(reqs, cfg, ROOFLINE).run()
-    exact = Scheduler(reqs, cfg, ROOFLINE, decode_runs=False).run()
+    sched = Counting(reqs, cfg, ROOFLINE)
+    fast = sched.run()
     assert sum(taken) >= 20 and not all(taken)  # taken often, declined where it must be
-    assert fast.preemptions == exact.preemptions > 0
-    assert fast.prefix_hit_tokens == exact.prefix_hit_tokens
-    assert_same_times(fast, exact)
+    assert fast.preemptions > 0
+    assert all(st.finish_seconds > 0 for st in sched.states if st.output_tokens)
