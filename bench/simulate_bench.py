@@ -6,8 +6,8 @@ every trace) and of wall time, for:
 - ``now``: the simulator of this tree (decode runs and the decoding cohort);
 - ``before``: the simulator of an earlier commit (``--against``, default the commit before
   the decoding cohort): its ``scheduler.py``, ``blocks.py`` and ``timing.py`` read with
-  ``git show`` and run in this process on the same requests (skipped, and said so, outside
-  a git checkout);
+  ``git show`` and run in this process on the same requests, its runs alternating with
+  ``now``'s (skipped, and said so, outside a git checkout);
 - ``exact``: this tree stepping every request of every step (the reference the fast path is
   tested against), on the first ``--exact-requests`` requests of the Azure trace.
 
@@ -125,16 +125,17 @@ def _best(make: Any, reqs: Sequence[SimRequest], sim: SimulatedPlan, repeat: int
     return best_cpu, best_wall, sched
 
 
-def _best_pair(reqs: Sequence[SimRequest], sim: SimulatedPlan, other: SimulatedPlan,
-               repeat: int) -> tuple[float, float, Any, float, float, Any]:
-    """``_best`` of ``sim`` and of ``other``, their runs interleaved (the machine's drift
-    favours neither)."""
-    best = [(float("inf"), float("inf"), None), (float("inf"), float("inf"), None)]
+def _best_alternating(runs: Sequence[tuple[Any, SimulatedPlan]], reqs: Sequence[SimRequest],
+                      repeat: int) -> list[tuple[float, float, Any]]:
+    """``_best`` of each (scheduler class, plan), their runs alternating, one of each per
+    round (the machine's drift and its load favour none: on a shared machine the load can
+    move a figure by 2x within minutes)."""
+    best: list[tuple[float, float, Any]] = [(float("inf"), float("inf"), None)] * len(runs)
     for _ in range(repeat):
-        for i, plan in enumerate((sim, other)):
-            cpu, wall, sched = _best(Scheduler, reqs, plan, 1)
+        for i, (make, plan) in enumerate(runs):
+            cpu, wall, sched = _best(make, reqs, plan, 1)
             best[i] = (min(best[i][0], cpu), min(best[i][1], wall), sched)
-    return (*best[0], *best[1])
+    return best
 
 
 def _extra_traces(specs: Sequence[str], gpu: str
@@ -238,25 +239,28 @@ def main() -> None:
         reqs = requests_from_trace(trace, speed=speed)
         n = len(reqs)
         print(f"{label}: {n} requests")
+        # This tree, the CPU tier (if asked) and the earlier commit, alternating.
+        runs: list[tuple[Any, SimulatedPlan]] = [(Scheduler, sim)]
         if args.offload_blocks:
-            tier = dataclasses.replace(
+            runs.append((Scheduler, dataclasses.replace(
                 sim, engine=dataclasses.replace(
                     sim.engine, cpu_offload_blocks=args.offload_blocks,
-                    offload_load_seconds_per_block=args.offload_seconds_per_block))
-            cpu, wall, sched, ocpu, owall, osched = _best_pair(reqs, sim, tier, args.repeat)
-            print(_line("now", n, cpu, wall, sched))
+                    offload_load_seconds_per_block=args.offload_seconds_per_block))))
+        if before is not None:
+            runs.append((before.Scheduler, _old_cost(before, sim)))
+        best = _best_alternating(runs, reqs, args.repeat)
+        cpu, wall, sched = best[0]
+        print(_line("now", n, cpu, wall, sched))
+        if args.offload_blocks:
+            ocpu, owall, osched = best[1]
             print(_line("offload", n, ocpu, owall, osched))
             print(f"  with the CPU tier ({args.offload_blocks} blocks): {ocpu / cpu:.2f}x "
                   "the CPU time without (the goal: within 2x)")
-        else:
-            cpu, wall, sched = _best(Scheduler, reqs, sim, args.repeat)
-            print(_line("now", n, cpu, wall, sched))
         old_rate = None
         if before is not None:
-            ocpu, owall, osched = _best(before.Scheduler, reqs, _old_cost(before, sim),
-                                        args.repeat)
-            print(_line("before", n, ocpu, owall, osched))
-            old_rate = n / ocpu
+            bcpu, bwall, bsched = best[-1]
+            print(_line("before", n, bcpu, bwall, bsched))
+            old_rate = n / bcpu
         rows.append((label, n / cpu, old_rate))
         pool = min(_pool_seconds(reqs, sim) for _ in range(args.repeat))
         print(f"  where the time goes: {1e6 * cpu / n:.0f} us/request (the goal: 100), "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -116,6 +117,10 @@ def test_random_operations_match_the_reference_pool(seed: int, caching: bool) ->
             limit = rnd.randint(0, len(keys))
             hits = pool.find_longest_cache_hit(keys, limit).tolist()
             assert hits == ref.longest_hit(keys, limit)
+            # The admission check's one pass: the same length and free hits.
+            free_hits = sum(1 for b in hits if b in ref.queue)
+            assert pool.cache_hit_need(np.asarray(keys, np.int64), limit) == (
+                len(hits), free_hits)
             new = rnd.randint(0 if hits else 1, 4)
             if new + pool.num_free_among(hits) > pool.get_num_free_blocks():
                 continue

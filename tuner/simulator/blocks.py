@@ -269,6 +269,18 @@ class BlockPool:
         got: np.ndarray = self.key_block[keys[:n]]
         return got
 
+    def cache_hit_need(self, block_hashes: np.ndarray, max_num_blocks: int) -> tuple[int, int]:
+        """``find_longest_cache_hit``'s length and how many of those blocks sit in the free
+        queue (``num_free_among`` of them), in one compiled pass that makes no array: an
+        admission check that fails, as the head of the queue's does at nearly every step of
+        overloaded traffic, needs nothing more."""
+        limit = min(len(block_hashes), max(0, max_num_blocks))
+        if not limit:
+            return 0, 0
+        self._room_for(block_hashes, 0, limit)
+        n, free = _hit_need(block_hashes, limit, self.key_block, self.block_hash, self.ref_cnt)
+        return int(n), int(free)
+
     def num_free_among(self, blocks: Ids) -> int:
         """How many of ``blocks`` sit in the free queue (ref_cnt 0)."""
         if not len(blocks):
@@ -462,6 +474,21 @@ def _hit_length(keys: np.ndarray, limit: int, key_block: np.ndarray,
         if block_hash[key_block[k]] != k:
             return i
     return limit
+
+
+@compiled
+def _hit_need(keys: np.ndarray, limit: int, key_block: np.ndarray, block_hash: np.ndarray,
+              ref_cnt: np.ndarray) -> tuple[int, int]:
+    """``_hit_length``, with how many of the hit blocks have no reference (free)."""
+    free = 0
+    for i in range(limit):
+        k = keys[i]
+        b = key_block[k]
+        if block_hash[b] != k:
+            return i, free
+        if ref_cnt[b] == 0:
+            free += 1
+    return limit, free
 
 
 @compiled

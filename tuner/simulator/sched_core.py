@@ -162,6 +162,22 @@ class SchedulerCore:
         )
         return hits
 
+    def _hit_need(self, st: RequestState) -> tuple[int, int]:
+        """``_lookup``'s length and ``_admission_blocks`` of its hits, without making the
+        hits (``_hits`` does, once the check passes)."""
+        new = -(-st.num_tokens // self.block_size) - len(st.blocks)
+        if not self.pool.enable_caching or not len(st.hashes):
+            return 0, max(0, new)
+        n, evictable = self.pool.cache_hit_need(st.hashes, (st.num_tokens - 1) // self.block_size)
+        return n, max(0, new - n) + evictable
+
+    def _hits(self, st: RequestState, num_hits: int) -> np.ndarray:
+        """The first ``num_hits`` blocks ``_lookup`` finds (``_hit_need``'s count)."""
+        if not num_hits:
+            return NO_BLOCKS
+        hits: np.ndarray = self.pool.key_block[st.hashes[:num_hits]]
+        return hits
+
     def _admission_blocks(self, st: RequestState, hits: np.ndarray) -> int:
         """Free blocks the full-sequence check needs (new blocks + hits in the free queue)."""
         new: int = -(-st.num_tokens // self.block_size) - len(hits) - len(st.blocks)

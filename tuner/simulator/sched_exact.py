@@ -73,8 +73,8 @@ class ExactScheduler(OffloadScheduler):
                     break
                 num_new = min(st.num_tokens - st.num_computed, budget)
             else:
-                hits = self._lookup(st)
                 if offload is not None:
+                    hits = self._lookup(st)
                     # vLLM asks the connector before it checks the blocks.
                     load = self._load_from_cpu(st, hits, scheduled)
                     if load == LOAD_DEFER:
@@ -85,8 +85,14 @@ class ExactScheduler(OffloadScheduler):
                     if load == LOAD_STARTED:
                         waiting.popleft()  # it waits for its KV (WAITING_FOR_REMOTE_KVS)
                         continue
-                if self._admission_blocks(st, hits) > pool.get_num_free_blocks():
-                    break
+                    if self._admission_blocks(st, hits) > pool.get_num_free_blocks():
+                        break
+                else:
+                    # The check first, the hits only for an admission (most checks fail).
+                    num_hits, need = self._hit_need(st)
+                    if need > pool.get_num_free_blocks():
+                        break
+                    hits = self._hits(st, num_hits)
                 computed = len(hits) * bs
                 num_new = min(st.num_tokens - computed, budget)
                 self._count_admission(st, computed, computed)
@@ -108,9 +114,12 @@ class ExactScheduler(OffloadScheduler):
         if not self.waiting or len(self.running) >= self.config.max_num_seqs:
             return False
         st = self.waiting[0]
-        hits = self._lookup(st) if st.num_computed == 0 else NO_BLOCKS
+        if st.num_computed == 0:
+            need = self._hit_need(st)[1]
+        else:
+            need = self._admission_blocks(st, NO_BLOCKS)
         free: int = self.pool.get_num_free_blocks()
-        return self._admission_blocks(st, hits) <= free
+        return need <= free
 
     def _step(self, next_arrival: float | None) -> None:
         """One exact engine step."""

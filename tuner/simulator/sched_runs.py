@@ -35,10 +35,12 @@ class RunScheduler(CohortScheduler):
         if not n or n > self.config.max_num_batched_tokens:
             return False  # nobody is decoding, or not every member gets its token
         retiring = self._active
-        if retiring and (self.waiting or self.loading or self.horizon_seconds is not None
+        if retiring and (self.loading or self.horizon_seconds is not None
                          or not self.config.async_scheduling
                          or any(st.generated < st.output_tokens for st in retiring)):
-            return False  # someone is not decoding, or the frees could admit someone
+            return False  # someone is not decoding
+        if retiring and self.waiting:
+            return self._finish_step(retiring)  # the frees could admit someone
         k = cohort.steps_to_next_finish()
         if k <= 1 or (self.waiting and self._head_admissible()):
             return False
@@ -62,6 +64,35 @@ class RunScheduler(CohortScheduler):
         if k < floor:
             return False  # the exact step handles it (and any preemption)
         self._take_decode_run(lines, k, first)
+        return True
+
+    def _finish_step(self, retiring: list[RequestState]) -> bool:
+        """The step after members sampled their last token (``retiring``, all of
+        ``_active``; async, with requests waiting) where the head of the queue cannot be
+        admitted: ``_cohort_step``'s figures in its order without its plan (the members'
+        blocks, the failed admission, the frees, the members' token). On overloaded traffic
+        every finish is such a step. False (nothing changed) where it is not one."""
+        cohort = self.cohort
+        pool = self.pool
+        if self.offload is not None or cohort.steps_to_next_finish() <= 1:
+            return False  # the CPU tier stores and loads; a member would finish
+        if self._head_admissible():
+            return False
+        need = cohort.blocks_needed_now()
+        if need > pool.get_num_free_blocks():
+            return False  # someone may be preempted: the exact step decides
+        fresh = pool.get_new_blocks(need) if need else NO_BLOCKS
+        # The admission fails: fewer blocks are free now than when the head was checked,
+        # and a hit the members' blocks evicted only adds to its need.
+        self._finish_done(retiring)
+        self._active = []
+        members = cohort.size
+        context = cohort.context_tokens()
+        dt = self._charge([], num_tokens=members, kv_read=context, pairs=float(context))
+        cohort.advance(1, fresh, self.steps)
+        bs = self.block_size
+        self._sample(dt, cohort.blocks_held * bs - cohort.computed_tokens(),
+                     cohort.blocks_held * bs)
         return True
 
     def _run_time_bound(self, lines: RunLines, k: int, next_arrival: float | None) -> int:
