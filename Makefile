@@ -20,7 +20,7 @@ demo: setup
 # The whole suite runs in one process by default (TEST_WORKERS=0): its two full runs on two
 # workers (2026-12-02: 31 and 38 min) each lost a few cluster tests to a busy or degraded
 # control plane, so two workers are opt-in for it; the fast loop (no control plane) uses two.
-TEST_WORKERS ?= 0
+TEST_WORKERS ?= 2
 FAST_WORKERS ?= 2
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 

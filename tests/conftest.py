@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -66,16 +66,26 @@ def _delete_namespaces_since(cluster: LocalCluster, keep: set[str],
     import time
 
     from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    def gone_already(delete: Callable[..., object], *args: object, **kwargs: object) -> None:
+        # A Deployment's pods (or a namespace) may go on their own between list and delete.
+        try:
+            delete(*args, **kwargs)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
     with cluster.api_client() as api:
         core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
         for dep in apps.list_namespaced_deployment("default").items:
-            apps.delete_namespaced_deployment(dep.metadata.name, "default")
+            gone_already(apps.delete_namespaced_deployment, dep.metadata.name, "default")
         for pod in core.list_namespaced_pod("default").items:
-            core.delete_namespaced_pod(pod.metadata.name, "default", grace_period_seconds=0)
+            gone_already(core.delete_namespaced_pod, pod.metadata.name, "default",
+                         grace_period_seconds=0)
         doomed = _namespace_names(cluster) - keep
         for name in doomed:
-            core.delete_namespace(name)
+            gone_already(core.delete_namespace, name)
         deadline = time.monotonic() + timeout_seconds
         while doomed and time.monotonic() < deadline:
             time.sleep(0.5)
