@@ -7,5 +7,11 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
 shim=$(.venv/bin/python scripts/import_shim.py)
-MYPYPATH="$shim" exec .venv/bin/mypy --config-file pyproject.toml -p kvtune.tuner -p kvtune.quality -p kvtune.operator -p kvtune.e2e -p kvtune.replay \
+# mypy's incremental cache, shared by every checkout on this machine (a CI run's clean clone
+# too): a module whose source hash, options and mypy version match its entry is not checked
+# again, whatever its path or mtime (mypy's own rule), so a warm run checks only what changed.
+# SQLite, so two checkouts checking at once do not interleave their entries.
+cache=${KVTUNE_MYPY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kvtune/mypy}
+mkdir -p "$cache"
+MYPYPATH="$shim" exec .venv/bin/mypy --config-file pyproject.toml --sqlite-cache --cache-dir "$cache" -p kvtune.tuner -p kvtune.quality -p kvtune.operator -p kvtune.e2e -p kvtune.replay \
   -p kvtune.oracle -p kvtune.cli -p kvtune.runtime "$@"
