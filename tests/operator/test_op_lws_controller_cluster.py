@@ -27,10 +27,11 @@ from op_cluster_helpers import (
 from test_op_leader_worker_set import TWO_NODES
 from waiting import wait_for
 
+from kvtune.e2e.gpu_nodes import POOL_LABEL
 from kvtune.e2e.leader_worker_set import crd_path
 from kvtune.e2e.lws_controller import SET_NAME_LABEL, LwsController
 from kvtune.operator import reconcile as rec
-from kvtune.operator.api.names import LABEL_DEPLOYMENT, LABEL_GPU_CLASS, LABEL_POOL
+from kvtune.operator.api.names import LABEL_DEPLOYMENT, LABEL_POOL
 from kvtune.operator.kube.apply import Kube
 from kvtune.operator.render import leader_worker_set as lws
 
@@ -95,6 +96,8 @@ def _check_group_pods(pods: list[Any]) -> None:
         assert sorted(members) == [str(i) for i in range(GROUP_SIZE)], members
         leader = members["0"]
         assert leader.metadata.name == f"{SET}-{group}"
+        # UniquePerReplica: the group's headless Service is named after its leader.
+        assert leader.spec.subdomain == leader.metadata.name, leader.spec
         for index, pod in members.items():
             env = _env(pod)
             # The leader's DNS name in its group's headless Service.
@@ -116,7 +119,7 @@ def _leader_resolves(api: Any, pod: Any) -> bool:
     cluster DNS needs to answer ``<pod>.<subdomain>.<namespace>``)."""
     service = client.CoreV1Api(api).read_namespaced_service(pod.spec.subdomain, NS)
     selector = service.spec.selector or {}
-    return service.spec.cluster_ip == "None" and all(
+    return service.spec.cluster_ip == "None" and bool(selector) and all(
         pod.metadata.labels.get(k) == v for k, v in selector.items())
 
 
@@ -144,7 +147,7 @@ def test_the_real_controller_runs_a_multi_node_pool_to_ready(
     _check_group_pods(pods)
     for pod in pods:
         node = client.CoreV1Api(cluster_api).read_node(pod.spec.node_name)
-        assert node.metadata.labels[LABEL_GPU_CLASS] == "H100", node.metadata.labels
+        assert node.metadata.labels[POOL_LABEL] == "H100", node.metadata.labels
     leaders = [p for p in pods if p.metadata.labels[lws.LABEL_WORKER_INDEX] == "0"]
     assert all(_leader_resolves(cluster_api, p) for p in leaders), [
         (p.metadata.name, p.spec.subdomain) for p in leaders]
