@@ -28,8 +28,8 @@ from test_op_leader_worker_set import TWO_NODES
 from waiting import wait_for
 
 from kvtune.e2e.gpu_nodes import POOL_LABEL
-from kvtune.e2e.leader_worker_set import crd_path
-from kvtune.e2e.lws_controller import SET_NAME_LABEL, LwsController
+from kvtune.e2e.leader_worker_set import controller_crd_paths
+from kvtune.e2e.lws_controller import CONFIG_NAME_PREFIX, SET_NAME_LABEL, LwsController
 from kvtune.operator import reconcile as rec
 from kvtune.operator.api.names import LABEL_DEPLOYMENT, LABEL_POOL
 from kvtune.operator.kube.apply import Kube
@@ -48,7 +48,8 @@ GROUPS = TWO_NODES["replicas"]
 @pytest.fixture(scope="module")
 def cluster_api(local_cluster: Any) -> Any:
     api = prepare_namespaces(local_cluster, NS)
-    install_crd(api, crd_path())
+    for path in controller_crd_paths():
+        install_crd(api, path)
     return api
 
 
@@ -58,6 +59,13 @@ def controller(cluster_api: Any, local_cluster: Any,
     with LwsController(Path(local_cluster.kubeconfig_path), [NS],
                        tmp_path_factory.mktemp("lws-controller")) as running:
         yield running
+    # Its webhooks go with it: no later module's admission waits on a server that is gone.
+    admission = client.AdmissionregistrationV1Api(cluster_api)
+    left = [c.metadata.name for c in [
+        *admission.list_mutating_webhook_configuration().items,
+        *admission.list_validating_webhook_configuration().items]
+        if c.metadata.name.startswith(CONFIG_NAME_PREFIX)]
+    assert not left, left
 
 
 def _pods(api: Any) -> list[Any]:
