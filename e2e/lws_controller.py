@@ -210,12 +210,13 @@ class LwsController:
         with kube_config.new_client_from_config(  # type: ignore[no-untyped-call]
                 config_file=str(self.kubeconfig)) as api:
             admission = client.AdmissionregistrationV1Api(api)
+            # The client's stubs want its model classes; a dict is sent as is.
             for doc in configs:
                 name = doc["metadata"]["name"]
                 if doc["kind"] == "MutatingWebhookConfiguration":
-                    admission.create_mutating_webhook_configuration(doc)
+                    admission.create_mutating_webhook_configuration(doc)  # type: ignore[arg-type]
                 else:
-                    admission.create_validating_webhook_configuration(doc)
+                    admission.create_validating_webhook_configuration(doc)  # type: ignore[arg-type]
                 self.registered.append((doc["kind"], name))
 
     def _deregister(self) -> None:
