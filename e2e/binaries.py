@@ -55,6 +55,9 @@ COMPONENTS: dict[str, Component] = {
     # The Gateway API Inference Extension's endpoint picker: the routing tests run it on the
     # configuration kvtune renders.
     "epp": Component("epp", "gie", "sigs.k8s.io/gateway-api-inference-extension", ("epp",)),
+    # The LeaderWorkerSet controller manager (cmd/, renamed from `cmd`): the multi-node tests
+    # run it so that the groups' pods and the LWS status are the real controller's.
+    "lws": Component("lws", "lws", "sigs.k8s.io/lws", ("lws-controller",)),
 }
 
 

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Builds the real control-plane binaries (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kwok, helm, and the Gateway API Inference Extension's endpoint picker) from the Go module proxy, pinned by the go.mod/go.sum files under
+# kube-scheduler, kwok, helm, the Gateway API Inference Extension's endpoint picker, and the
+# LeaderWorkerSet controller manager) from the Go module proxy, pinned by the go.mod/go.sum files under
 # e2e/gomod/, and caches them by version under ${KVTUNE_CACHE:-~/.cache/kvtune}/bin/<name>-<version>/.
 # A cached binary is never rebuilt; a cold build takes 15-40 minutes on 2 cores.
 #
 #   e2e/build-binaries.sh                 all components
-#   e2e/build-binaries.sh etcd kwok       only these (etcd kube kwok helm epp)
+#   e2e/build-binaries.sh etcd kwok       only these (etcd kube kwok helm epp lws)
 #
 # Each component's `go build -v` output goes to $cache/logs/build-<name>-<version>.log; on failure
 # the last lines and that path are printed and the exit status is 1. Concurrent callers (the
@@ -60,12 +61,14 @@ build() {
     rm -rf "$out.tmp"; exec {lock}>&-; return 1
   fi
   if [ -f "$out.tmp/server" ] && [ "$name" = etcd ]; then mv "$out.tmp/server" "$out.tmp/etcd"; fi
+  # LWS's main package is sigs.k8s.io/lws/cmd, which `go build` names `cmd`.
+  if [ -f "$out.tmp/cmd" ] && [ "$name" = lws ]; then mv "$out.tmp/cmd" "$out.tmp/lws-controller"; fi
   rm -rf "$out"; mv "$out.tmp" "$out"; touch "$out/.complete"
   log "$name $version: built in $((SECONDS - start))s"
   exec {lock}>&-
 }
 
-want=${*:-etcd kube kwok helm epp}
+want=${*:-etcd kube kwok helm epp lws}
 for w in $want; do
   case $w in
     etcd) v=$(required etcd go.etcd.io/etcd/server/v3) || exit 1
@@ -100,6 +103,10 @@ for w in $want; do
     epp) v=$(required gie sigs.k8s.io/gateway-api-inference-extension) || exit 1
       # The endpoint picker that reads the routing configuration kvtune renders (tests run it).
       build epp "$v" "$gomod/gie" "-s -w" sigs.k8s.io/gateway-api-inference-extension/cmd/epp ;;
-    *) log "FAILED: unknown component '$w' (choose from: etcd kube kwok helm epp)"; exit 2 ;;
+    lws) v=$(required lws sigs.k8s.io/lws) || exit 1
+      # The LeaderWorkerSet controller manager: the multi-node tests run it against the
+      # local API server, so the leader and worker pods and the LWS status are its own.
+      build lws "$v" "$gomod/lws" "-s -w -X sigs.k8s.io/lws/pkg/version.GitVersion=$v" sigs.k8s.io/lws/cmd ;;
+    *) log "FAILED: unknown component '$w' (choose from: etcd kube kwok helm epp lws)"; exit 2 ;;
   esac
 done

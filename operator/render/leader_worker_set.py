@@ -20,8 +20,10 @@ coordinator. The flags are vLLM 0.33's (``vllm/engine/arg_utils.py``, the Parall
   vLLM line itself is passed as the script's arguments, never quoted into it.
 
 The LWS's pods carry the pool's labels, so the pool's Service (leader pods only: the workers
-serve no HTTP) and monitoring find them. Its rollout replaces one group at a time with no
-surge (GPU nodes rarely have a spare group), and a failed pod restarts its whole group
+serve no HTTP) and monitoring find them. The leader's address resolves through a headless
+Service per group that the controller makes (``subdomainPolicy: UniquePerReplica``), never
+through the pool's Service, which has the LWS's name. Its rollout replaces one group at a time
+with no surge (GPU nodes rarely have a spare group), and a failed pod restarts its whole group
 (``RecreateGroupOnPodRestart``: the ranks of one replica start together or not at all).
 """
 
@@ -88,6 +90,12 @@ def leader_worker_set(deployment: dict[str, Any], nodes: int, local_engines: int
         "spec": {
             "replicas": deployment["spec"]["replicas"],
             "startupPolicy": "LeaderCreated",
+            # One headless Service per group, named after its leader pod, which the leader's
+            # address resolves through. The default (Shared) would name it after the LWS, the
+            # name of the pool's own ClusterIP Service: the controller then finds that one,
+            # creates none, and LWS_LEADER_ADDRESS names no DNS record (the real controller
+            # showed it: tests/operator/test_op_lws_controller_cluster.py).
+            "networkConfig": {"subdomainPolicy": "UniquePerReplica"},
             "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": {
                 "maxUnavailable": 1, "maxSurge": 0}},
             "leaderWorkerTemplate": {

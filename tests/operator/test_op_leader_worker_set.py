@@ -84,6 +84,8 @@ def test_a_replica_over_two_nodes_is_a_leader_worker_set_of_two_pods() -> None:
     assert group["spec"]["replicas"] == 2
     lwt = group["spec"]["leaderWorkerTemplate"]
     assert lwt["size"] == 2 and lwt["restartPolicy"] == "RecreateGroupOnPodRestart"
+    # A headless Service per group: the pool's Service has the LWS's name (the Shared policy's).
+    assert group["spec"]["networkConfig"] == {"subdomainPolicy": "UniquePerReplica"}
     leader = lwt["leaderTemplate"]["spec"]["containers"][0]
     worker = lwt["workerTemplate"]["spec"]["containers"][0]
     for container in (leader, worker):  # 8 GPUs a pod, not the replica's 16
