@@ -91,6 +91,7 @@ from kvtune.operator.api.schema_base import WorkloadPreset as WorkloadPreset
 from kvtune.operator.api.schema_base import _Model as _Model
 from kvtune.operator.api.schema_base import _Status as _Status
 from kvtune.operator.api.tuning_spec import PIN_PATH as PIN_PATH
+from kvtune.operator.api.tuning_spec import KVTiersSpec as KVTiersSpec
 from kvtune.operator.api.tuning_spec import PinSpec as PinSpec
 from kvtune.operator.api.tuning_spec import PoolSelectorKind as PoolSelectorKind
 from kvtune.operator.api.tuning_spec import PrometheusSpec as PrometheusSpec
