@@ -56,6 +56,11 @@ class ReuseStatus(_Status):
     # weighed), and the sizes it weighed.
     tier_reason: str = ""
     tier_sizes: list[TierSizeStatus] = []
+    # The tier kind chosen and its GiB per replica ("lmcache-disk 256 GiB", "native-cpu 64
+    # GiB", "no tier") when spec.tuning.kvTiers had the kinds weighed (tier_reason is then
+    # that choice's reason, and the hit rates are at that tier); empty otherwise.
+    tier: str = ""
+    tier_disk_gib_per_replica: float = Field(default=0.0, alias="tierDiskGiBPerReplica")
 
 
 class ObservedReuseStatus(_Status):

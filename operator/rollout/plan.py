@@ -33,7 +33,7 @@ from kvtune.operator.api import conditions as cond
 from kvtune.operator.calibration import calibration_flow
 from kvtune.operator.kube import apply as kapply
 from kvtune.operator.render.objects import RenderInput, plan_hash, vllm_args
-from kvtune.operator.rollout import plan_checks, role_plan, search_job_stage
+from kvtune.operator.rollout import plan_checks, role_plan, search_job_stage, tier_stage
 from kvtune.operator.rollout.outcome import Event, PoolContext, PoolOutcome
 from kvtune.operator.search import gpu_prices, reuse_summary, search_budget
 from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan, UnknownName
@@ -151,12 +151,12 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         LOG.info("%s (%s): capacity search at %.4g req/s", pool_field, pool.gpu_class,
                  profile.request_rate_per_second)
 
-        by_goodput: PoolPlan = priced(
-            plan_by_goodput(request, running=running,
-                            replicas=sharing_replicas(spec, pool, scope),
-                            budget=search_budget.budget()),
-            gpu_prices.price_of(pool, pool_field))
-        return by_goodput
+        replicas = sharing_replicas(spec, pool, scope)
+        by_goodput: PoolPlan = plan_by_goodput(request, running=running, replicas=replicas,
+                                               budget=search_budget.budget())
+        # The tier kind the spec allows beyond the native CPU tier (spec.tuning.kvTiers).
+        by_goodput = tier_stage.with_tiers(spec, pool, request, by_goodput, replicas)
+        return priced(by_goodput, gpu_prices.price_of(pool, pool_field))
     return _plan_by_rules(request)
 
 
@@ -295,6 +295,9 @@ def planning_inputs(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         # A role's plan follows its peer's pool and pins (left out without a role, so
         # digests from before roles stay).
         payload["disaggregation"] = pair
+    if spec.tuning.kv_tiers is not None:
+        # The tiers a pool may use beyond host memory (left out without them, as above).
+        payload["kv_tiers"] = spec.tuning.kv_tiers.model_dump(mode="json", exclude_none=True)
     if calibration is not None:
         # The loop's correction terms (left out without one: digests of before stay).
         payload["calibration"] = [calibration.kv_tokens_scale, calibration.prefill_efficiency,
