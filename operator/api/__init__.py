@@ -65,6 +65,7 @@ from kvtune.operator.api.profile_status import RetuneStatus as RetuneStatus
 from kvtune.operator.api.profile_status import SecondsQuantilesStatus as SecondsQuantilesStatus
 from kvtune.operator.api.profile_status import TokenQuantilesStatus as TokenQuantilesStatus
 from kvtune.operator.api.profile_status import UnverifiedCause as UnverifiedCause
+from kvtune.operator.api.reuse_status import KVTierStatus as KVTierStatus
 from kvtune.operator.api.reuse_status import ObservedReuseStatus as ObservedReuseStatus
 from kvtune.operator.api.reuse_status import ReuseStatus as ReuseStatus
 from kvtune.operator.api.reuse_status import TierHitRatesStatus as TierHitRatesStatus

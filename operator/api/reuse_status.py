@@ -63,6 +63,17 @@ class ReuseStatus(_Status):
     tier_disk_gib_per_replica: float = Field(default=0.0, alias="tierDiskGiBPerReplica")
 
 
+class KVTierStatus(_Status):
+    """The LMCache tier the pods run (``PoolPlan.kv_tier``; none: vLLM's native tier, in
+    ``plan``, or no tier): kept so a plan in force is put back with its tier."""
+
+    kind: str  # lmcache-cpu, lmcache-disk or lmcache-remote
+    size_gib: float = Field(alias="sizeGiB")  # across TP ranks
+    buffer_gib: float = Field(default=0.0, alias="bufferGiB")
+    chunk_size_tokens: int
+    remote_url: str | None = None
+
+
 class ObservedReuseStatus(_Status):
     """The share of prompt tokens each tier supplied over the retune timer's last window,
     beside the plan's prediction (written by the retune timer, as ``observedSLO``)."""

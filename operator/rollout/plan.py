@@ -19,6 +19,7 @@ from typing import Any
 from kvtune.operator.api import (
     ExpectedStatus,
     InferenceDeploymentSpec,
+    KVTierStatus,
     PinSpec,
     PlanStatus,
     PoolSpec,
@@ -40,6 +41,7 @@ from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan, UnknownName
 from kvtune.tuner.kv_quality import KVQualityEvidence, KVQualityPolicy
 from kvtune.tuner.model_calibration import CalibrationSet, ModelCalibration
 from kvtune.tuner.plan import KVPlan, PoolPlan
+from kvtune.tuner.plan_tier import KVTier
 from kvtune.tuner.planner.calibration_predict import with_calibration
 from kvtune.tuner.planner.policy import SLO, Pins, PlanPolicy
 from kvtune.tuner.planner.request import PlanRequest
@@ -332,7 +334,11 @@ def _keep(pool_plan: PoolPlan, kept: KVPlan, base: PoolStatus) -> tuple[PoolPlan
     from kvtune.tuner import knobs as knob_table
 
     material, noise = knob_table.material_changes(kept.model_dump(), pool_plan.plan.model_dump())
-    update: dict[str, Any] = {"plan": kept}
+    tier, new_tier = tier_in_force(base), pool_plan.kv_tier
+    if tier != new_tier:  # the LMCache tier, kept with the knobs
+        material.append("kv tier " + (f"{new_tier.kind} {new_tier.size_gib:g} GiB"
+                                      if new_tier is not None else "none"))
+    update: dict[str, Any] = {"plan": kept, "kv_tier": tier}
     if base.expected is not None:
         # Status keeps every expected figure; one an older kvtune did not store (weights and
         # other non-KV bytes: they do not depend on the KV knobs) is the new plan's.
@@ -348,6 +354,12 @@ def _keep(pool_plan: PoolPlan, kept: KVPlan, base: PoolStatus) -> tuple[PoolPlan
 
 
 KEPT_WARNING = "plan in force kept"
+
+
+def tier_in_force(base: PoolStatus) -> KVTier | None:
+    """The LMCache tier the plan in force runs with (none in a status from before tiers were
+    kept, when no spec could allow one)."""
+    return None if base.kv_tier is None else KVTier.model_validate(base.kv_tier.model_dump())
 
 
 def searched(profile: WorkloadProfile) -> bool:
@@ -453,7 +465,7 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
                              else 1, calibration)
     kept = plan_in_force(ctx, inputs)
     kept_warning = None
-    if kept is not None and kept != pool_plan.plan:
+    if kept is not None and (kept != pool_plan.plan or tier_in_force(base) != pool_plan.kv_tier):
         pool_plan, kept_warning = _keep(pool_plan, kept, base)
     refused = plan_checks.check(ctx.spec, pool_plan, inp.profile, pool.pin)
     if refused is not None:
@@ -477,6 +489,8 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
         "tensor_parallel": pool_plan.tensor_parallel, "replicas": render_input.replicas,
         "reasons": reasons, "warnings": warnings, "plan_inputs": inputs,
         "slo_at_risk": at_risk, "cost": cost, "reuse": reuse,
+        "kv_tier": None if pool_plan.kv_tier is None
+        else KVTierStatus.model_validate(pool_plan.kv_tier.model_dump()),
         "vllm_args": vllm_args(render_input),
         "plan_hash": hash_, "revision": revision, "message": "", "profile": inp.profile_used,
     })

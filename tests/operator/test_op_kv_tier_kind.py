@@ -9,9 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from op_samples import make_pool_plan
 from pydantic import ValidationError
+from test_op_status_round_trip import through_api
 
-from kvtune.operator.api import InferenceDeploymentSpec, ReuseStatus
+from kvtune.operator.api import InferenceDeploymentSpec, KVTierStatus, PoolStatus, ReuseStatus
 from kvtune.operator.render.objects import RenderInput, plan_hash, render_pool
 from kvtune.operator.rollout import plan as plan_stage
 from kvtune.operator.rollout import tier_stage
@@ -19,6 +21,7 @@ from kvtune.operator.search import reuse_summary
 from kvtune.tuner.facts import kv_tiers
 from kvtune.tuner.facts.catalog import get_model
 from kvtune.tuner.plan import PoolPlan
+from kvtune.tuner.plan_tier import KVTier
 from kvtune.tuner.planner.planning import plan_pool
 from kvtune.tuner.planner.presets import preset_profile
 from kvtune.tuner.planner.request import PlanRequest
@@ -84,6 +87,25 @@ def test_without_kv_tiers_the_plan_is_untouched_and_a_dp_pool_says_why_not() -> 
     got = tier_stage.with_tiers(dp, dp.pools[0], _request(dp), pool_plan, 1)
     assert got.kv_tier is None
     assert any(w.startswith("spec.tuning.kvTiers:") and "l40s" in w for w in got.warnings)
+
+
+def test_a_kept_plan_keeps_the_tier_it_runs_with() -> None:
+    """Status holds the LMCache tier the pods run; a plan in force is put back with it, and
+    the warning names the tier this kvtune would choose instead."""
+    disk = KVTier(kind="lmcache-disk", size_gib=256.0, buffer_gib=5.0)
+    stored = KVTierStatus.model_validate(disk.model_dump())
+    assert KVTierStatus.model_validate(through_api(
+        stored.model_dump(mode="json", by_alias=True, exclude_none=True))) == stored
+    base = PoolStatus(name="l40s", gpu_class="L40S", tensor_parallel=1, replicas=1,
+                      phase="Applied", kv_tier=stored)
+    assert plan_stage.tier_in_force(base) == disk
+    new = make_pool_plan().model_copy(update={"kv_tier": None})
+    kept, warning = plan_stage._keep(new, new.plan, base)
+    assert kept.kv_tier == disk
+    assert "kv tier none" in warning
+    old = base.model_copy(update={"kv_tier": None})  # a status from before tiers were kept
+    assert plan_stage._keep(new.model_copy(update={"kv_tier": disk}), new.plan, old)[0] \
+        .kv_tier is None
 
 
 def _reuse() -> ReuseStatus:
