@@ -456,6 +456,7 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
         return made
     pool_plan, policy, evidence = made.pool_plan, made.policy, made.evidence
     pool_plan = reuse_summary.with_host_price(pool_plan)  # the chart's host-memory price
+    pool_plan = tier_stage.said(ctx.spec, pool, pool_plan)  # kvTiers allowed, not weighed
     scope: ProfileScope = (inp.profile_used.scope or "deployment") \
         if inp.profile_used is not None else "deployment"
     calibration = None if pool.tp_auto else with_calibration(plan_request(

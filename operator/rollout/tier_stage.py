@@ -17,6 +17,7 @@ from kvtune.tuner.planner.request import PlanRequest
 from kvtune.tuner.simulator.workload import SimRequest
 
 FIELD = "spec.tuning.kvTiers"
+TIER_KNOB = "kv-tier"  # the reason tier_choice.explain writes
 
 
 def allowed(spec: InferenceDeploymentSpec) -> KVTiersSpec | None:
@@ -66,4 +67,18 @@ def with_tiers(spec: InferenceDeploymentSpec, pool: PoolSpec, request: PlanReque
     return tier_choice.choose(pool_plan, request, stream, allowance, prices)
 
 
-__all__ = ["FIELD", "allowed", "with_tiers"]
+def said(spec: InferenceDeploymentSpec, pool: PoolSpec, pool_plan: PoolPlan) -> PoolPlan:
+    """``pool_plan`` with a warning when the spec allows tiers the plan did not weigh (a plan
+    by the rules, by a search Job, under tensorParallel auto or gpusPerReplica, or of a
+    prefill/decode pair): the allowance is never dropped in silence."""
+    if allowed(spec) is None or any(r.knob == TIER_KNOB for r in pool_plan.reasons) \
+            or any(w.startswith(FIELD) for w in pool_plan.warnings):
+        return pool_plan
+    why = (f"{FIELD}: the disk and remote tiers were not weighed for pool {pool.pool_name}; "
+           "they are weighed by the in-process capacity search (search.mode inProcess) of a "
+           "plain TP pool with an arrival rate (spec.workload.requestRatePerSecond or "
+           "Prometheus); the pool keeps the native CPU tier")
+    return pool_plan.model_copy(update={"warnings": (*pool_plan.warnings, why)})
+
+
+__all__ = ["FIELD", "TIER_KNOB", "allowed", "said", "with_tiers"]

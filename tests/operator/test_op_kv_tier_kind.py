@@ -89,6 +89,17 @@ def test_without_kv_tiers_the_plan_is_untouched_and_a_dp_pool_says_why_not() -> 
     assert any(w.startswith("spec.tuning.kvTiers:") and "l40s" in w for w in got.warnings)
 
 
+def test_an_allowance_the_plan_did_not_weigh_is_said() -> None:
+    """A plan by the rules (no arrival rate) cannot weigh tiers: the warning says so and how."""
+    spec, bare = _spec({"diskGiB": 64}), _spec(None)
+    pool_plan = plan_pool(_request(spec))
+    warned = tier_stage.said(spec, spec.pools[0], pool_plan)
+    (line,) = [w for w in warned.warnings if w.startswith("spec.tuning.kvTiers:")]
+    assert "l40s" in line and "requestRatePerSecond" in line
+    assert tier_stage.said(bare, bare.pools[0], pool_plan) is pool_plan
+    assert tier_stage.said(spec, spec.pools[0], warned) is warned  # said once
+
+
 def test_a_kept_plan_keeps_the_tier_it_runs_with() -> None:
     """Status holds the LMCache tier the pods run; a plan in force is put back with it, and
     the warning names the tier this kvtune would choose instead."""
