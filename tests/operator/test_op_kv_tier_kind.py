@@ -89,6 +89,17 @@ def test_without_kv_tiers_the_plan_is_untouched_and_a_dp_pool_says_why_not() -> 
     assert any(w.startswith("spec.tuning.kvTiers:") and "l40s" in w for w in got.warnings)
 
 
+def test_the_allowance_is_a_planning_input_left_out_when_unset() -> None:
+    """A change to kvTiers re-plans a running pool (the plan in force is not kept)."""
+    def digest(spec: InferenceDeploymentSpec) -> str:
+        request = _request(spec)
+        return plan_stage.planning_inputs(spec, spec.pools[0], request.model, request.profile,
+                                          request.policy, None)
+
+    bare, disk = _spec(None), _spec({"diskGiB": 64})
+    assert digest(disk) != digest(bare) != digest(_spec({"diskGiB": 128}))
+
+
 def test_an_allowance_the_plan_did_not_weigh_is_said() -> None:
     """A plan by the rules (no arrival rate) cannot weigh tiers: the warning says so and how."""
     spec, bare = _spec({"diskGiB": 64}), _spec(None)
