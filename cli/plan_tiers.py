@@ -5,6 +5,7 @@ link on the search's stream (``tuner/simulator/tier_choice.py``)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -13,9 +14,8 @@ import click
 from kvtune.cli.params import POSITIVE
 from kvtune.tuner.facts import kv_tiers
 from kvtune.tuner.plan import PoolPlan
-from kvtune.tuner.plan_tier import KVTier, lmcache_env
+from kvtune.tuner.plan_tier import lmcache_env
 from kvtune.tuner.planner.planning import PlanRequest
-from kvtune.tuner.planner.search_settings import CAPACITY_TIE
 from kvtune.tuner.traces import Trace
 
 F = Callable[..., Any]
@@ -26,7 +26,8 @@ def tier_options(f: F) -> F:
     f = click.option("--disk-price", type=POSITIVE, metavar="USD",
                      help="USD per GiB-hour of local disk: with --host-memory-price, the tier "
                      "tie-break weighs dollars of memory and disk, not GiB.")(f)
-    f = click.option("--kv-tier-remote-gib", type=POSITIVE, default=1024.0, show_default=True,
+    f = click.option("--kv-tier-remote-gib", type=POSITIVE,
+                     default=kv_tiers.LMCACHE_REMOTE_DEFAULT_GIB, show_default=True,
                      help="With --kv-tier-remote-url: GiB of the remote store one replica "
                      "may fill.")(f)
     f = click.option("--kv-tier-remote-url", metavar="URL",
@@ -52,27 +53,9 @@ def check(opts: dict[str, Any], searching: bool) -> None:
         raise click.UsageError("--kv-tier-disk-gib / --kv-tier-remote-url weigh one replica "
                                "of a plain TP plan: drop --replicas, --dp and --ep")
     url = opts["kv_tier_remote_url"]
-    if url is not None and not url.startswith(("lm://", "redis://", "mooncakestore://")):
-        raise click.BadParameter(f"{url!r}: name the store as LMCache does, e.g. "
-                                 "lm://host:port", param_hint="--kv-tier-remote-url")
-
-
-def _options(pool: PoolPlan, opts: dict[str, Any], cpu_gib: float) -> list[Any]:
-    from kvtune.tuner.simulator.tier_choice import TierOption
-
-    buffer = kv_tiers.LMCACHE_BUFFER_GIB_PER_RANK * pool.tensor_parallel
-    out = []
-    if cpu_gib > 0:
-        out += [TierOption(native_gib=cpu_gib),
-                TierOption(tier=KVTier(kind="lmcache-cpu", size_gib=cpu_gib))]
-    if opts["kv_tier_disk_gib"] is not None:
-        out.append(TierOption(tier=KVTier(kind="lmcache-disk", size_gib=opts["kv_tier_disk_gib"],
-                                          buffer_gib=buffer)))
-    if opts["kv_tier_remote_url"] is not None:
-        out.append(TierOption(tier=KVTier(
-            kind="lmcache-remote", size_gib=opts["kv_tier_remote_gib"], buffer_gib=buffer,
-            remote_url=opts["kv_tier_remote_url"])))
-    return out
+    if url is not None and not re.match(kv_tiers.LMCACHE_REMOTE_URL_PATTERN, url):
+        raise click.BadParameter(f"{url!r}: {kv_tiers.LMCACHE_REMOTE_URL_FIX}",
+                                 param_hint="--kv-tier-remote-url")
 
 
 def with_tiers(pool: PoolPlan, request: PlanRequest, trace: Trace | None,
@@ -83,17 +66,12 @@ def with_tiers(pool: PoolPlan, request: PlanRequest, trace: Trace | None,
     from kvtune.tuner.simulator import tier_choice
     from kvtune.tuner.simulator.goodput_search import traffic
 
-    # The native CPU tier at the size the search chose, else at the policy's budget.
-    cpu_gib = float(pool.plan.kv_offloading_size_gib
-                    or request.policy.cpu_offload_budget_bytes / 2**30)
-    stream = traffic(request, trace=trace)
-    results = tier_choice.weigh(request, pool.plan.with_offload(None),
-                                _options(pool, opts, cpu_gib), stream)
+    allowance = tier_choice.TierAllowance(disk_gib=opts["kv_tier_disk_gib"],
+                                          remote_url=opts["kv_tier_remote_url"],
+                                          remote_gib=opts["kv_tier_remote_gib"])
     prices = tier_choice.TierPrices(host_usd_per_gib_hour=opts.get("host_memory_price"),
                                     disk_usd_per_gib_hour=opts.get("disk_price"))
-    pick = tier_choice.chosen(results, CAPACITY_TIE, prices)
-    return tier_choice.with_tier(pool, pick,
-                                 tier_choice.explain(results, pick, CAPACITY_TIE, prices))
+    return tier_choice.choose(pool, request, traffic(request, trace=trace), allowance, prices)
 
 
 def tier_document(pool: PoolPlan) -> dict[str, Any]:

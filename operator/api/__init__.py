@@ -65,6 +65,7 @@ from kvtune.operator.api.profile_status import RetuneStatus as RetuneStatus
 from kvtune.operator.api.profile_status import SecondsQuantilesStatus as SecondsQuantilesStatus
 from kvtune.operator.api.profile_status import TokenQuantilesStatus as TokenQuantilesStatus
 from kvtune.operator.api.profile_status import UnverifiedCause as UnverifiedCause
+from kvtune.operator.api.reuse_status import KVTierStatus as KVTierStatus
 from kvtune.operator.api.reuse_status import ObservedReuseStatus as ObservedReuseStatus
 from kvtune.operator.api.reuse_status import ReuseStatus as ReuseStatus
 from kvtune.operator.api.reuse_status import TierHitRatesStatus as TierHitRatesStatus
@@ -91,6 +92,7 @@ from kvtune.operator.api.schema_base import WorkloadPreset as WorkloadPreset
 from kvtune.operator.api.schema_base import _Model as _Model
 from kvtune.operator.api.schema_base import _Status as _Status
 from kvtune.operator.api.tuning_spec import PIN_PATH as PIN_PATH
+from kvtune.operator.api.tuning_spec import KVTiersSpec as KVTiersSpec
 from kvtune.operator.api.tuning_spec import PinSpec as PinSpec
 from kvtune.operator.api.tuning_spec import PoolSelectorKind as PoolSelectorKind
 from kvtune.operator.api.tuning_spec import PrometheusSpec as PrometheusSpec

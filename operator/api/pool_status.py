@@ -12,7 +12,7 @@ from pydantic import ConfigDict
 
 from kvtune.operator.api.plan_status_fields import PlanStatusFields
 from kvtune.operator.api.profile_status import ProfileStatus
-from kvtune.operator.api.reuse_status import ObservedReuseStatus, ReuseStatus
+from kvtune.operator.api.reuse_status import KVTierStatus, ObservedReuseStatus, ReuseStatus
 from kvtune.operator.api.schema_base import _knob_docs, _Status
 
 
@@ -206,6 +206,7 @@ class PoolStatus(_Status):
     # Prefix reuse the capacity search predicts (hit rate per tier, the CPU tier chosen and
     # why, what the reuse saves); the observed shares beside it are the retune timer's.
     reuse: ReuseStatus | None = None
+    kv_tier: KVTierStatus | None = None  # the LMCache tier of the plan in force, if any
     observed_slo: ObservedSLOStatus | None = None  # written by the retune timer
     observed_reuse: ObservedReuseStatus | None = None  # written by the retune timer
     routing: PoolRoutingStatus | None = None  # spec.routing.enabled, once applied

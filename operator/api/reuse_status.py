@@ -56,6 +56,22 @@ class ReuseStatus(_Status):
     # weighed), and the sizes it weighed.
     tier_reason: str = ""
     tier_sizes: list[TierSizeStatus] = []
+    # The tier kind chosen and its GiB per replica ("lmcache-disk 256 GiB", "native-cpu 64
+    # GiB", "no tier") when spec.tuning.kvTiers had the kinds weighed (tier_reason is then
+    # that choice's reason, and the hit rates are at that tier); empty otherwise.
+    tier: str = ""
+    tier_disk_gib_per_replica: float = Field(default=0.0, alias="tierDiskGiBPerReplica")
+
+
+class KVTierStatus(_Status):
+    """The LMCache tier the pods run (``PoolPlan.kv_tier``; none: vLLM's native tier, in
+    ``plan``, or no tier): kept so a plan in force is put back with its tier."""
+
+    kind: str  # lmcache-cpu, lmcache-disk or lmcache-remote
+    size_gib: float = Field(alias="sizeGiB")  # across TP ranks
+    buffer_gib: float = Field(default=0.0, alias="bufferGiB")
+    chunk_size_tokens: int
+    remote_url: str | None = None
 
 
 class ObservedReuseStatus(_Status):

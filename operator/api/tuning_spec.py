@@ -5,6 +5,7 @@ Part of ``kvtune.operator.api`` (which re-exports every name here).
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
@@ -18,6 +19,7 @@ from kvtune.operator.api.schema_base import (
     _rules,
 )
 from kvtune.operator.api.spec_bounds import check_durations, duration_rules
+from kvtune.tuner.facts import kv_tiers
 from kvtune.tuner.knobs import BY_NAME, PINNABLE, camel_name
 from kvtune.tuner.planner.policy import Pins
 
@@ -133,6 +135,56 @@ _DWELL_RULE = (
 )
 
 
+_KV_TIERS = "spec.tuning.kvTiers"
+
+
+class KVTiersSpec(_Model):
+    """What a platform team lets a pool use for KV beyond the GPU besides host memory
+    (``cpuOffloadGiB``): LMCache's local-disk tier and a remote LMCache store. The plan weighs
+    none, the native and LMCache CPU tiers and these by capacity at SLO, the cheaper within
+    the tie (docs/kv-tiers.md), as ``kvtune plan --kv-tier-*`` does."""
+
+    model_config = ConfigDict(json_schema_extra=_rules(
+        ("!has(self.remoteGiB) || has(self.remoteUrl)",
+         "tuning.kvTiers.remoteGiB sizes the remote store: set tuning.kvTiers.remoteUrl "
+         "(lm://host:port) or drop remoteGiB"),
+        ("!has(self.remoteUrl) || self.remoteUrl.matches('"
+         + kv_tiers.LMCACHE_REMOTE_URL_PATTERN + "')",
+         "tuning.kvTiers.remoteUrl: " + kv_tiers.LMCACHE_REMOTE_URL_FIX),
+    ))
+
+    disk_gib: float | None = Field(
+        default=None, gt=0.0, le=1048576.0, alias="diskGiB",
+        description="Node disk (GiB per replica) LMCache's disk tier may fill: an emptyDir "
+                    "with this sizeLimit and a matching ephemeral-storage request and limit.",
+    )
+    remote_url: str | None = Field(
+        default=None, max_length=256,
+        description="A remote LMCache store, as lmcache 0.5.6 names it: lm://host:port "
+                    "(LMCache's server), redis://host:port or mooncakestore://host:port.",
+    )
+    remote_gib: float | None = Field(
+        default=None, gt=0.0, le=1048576.0, alias="remoteGiB",
+        description="GiB of the remote store one replica may fill (default "
+                    f"{kv_tiers.LMCACHE_REMOTE_DEFAULT_GIB:g}).",
+    )
+
+    @model_validator(mode="after")
+    def _valid(self) -> KVTiersSpec:
+        url = self.remote_url
+        if url is not None and not re.match(kv_tiers.LMCACHE_REMOTE_URL_PATTERN, url):
+            raise ValueError(f"{_KV_TIERS}.remoteUrl={url!r}: {kv_tiers.LMCACHE_REMOTE_URL_FIX}")
+        if self.remote_gib is not None and url is None:
+            raise ValueError(f"{_KV_TIERS}.remoteGiB={self.remote_gib:g} sizes the remote "
+                             f"store: set {_KV_TIERS}.remoteUrl (lm://host:port) or drop "
+                             "remoteGiB")
+        return self
+
+    def remote_size_gib(self) -> float:
+        return (self.remote_gib if self.remote_gib is not None
+                else kv_tiers.LMCACHE_REMOTE_DEFAULT_GIB)
+
+
 class TuningSpec(_Model):
     model_config = ConfigDict(json_schema_extra=_rules(_DWELL_RULE))
 
@@ -148,6 +200,11 @@ class TuningSpec(_Model):
         description="CPU memory per GPU (GiB) that may hold offloaded KV blocks; kvtune turns "
                     "KV offloading on when blocks are read back and this is at least 1 GiB. "
                     "0: no KV offload (as `kvtune plan --cpu-offload-gib`).",
+    )
+    kv_tiers: KVTiersSpec | None = Field(
+        default=None, alias="kvTiers",
+        description="LMCache's disk and remote tiers a pool may use beside cpuOffloadGiB; "
+                    "the plan weighs each kind allowed (as `kvtune plan --kv-tier-*`).",
     )
 
     @model_validator(mode="after")

@@ -129,6 +129,8 @@ def plan_hash(pool_plan: PoolPlan, image: str, role: Role | None = None) -> str:
     }
     if role is not None:  # left out without a role: the hashes of running pools stay
         payload["role"] = role
+    if pool_plan.kv_tier is not None:  # an LMCache tier: its kind and sizes (as the role)
+        payload["kv_tier"] = pool_plan.kv_tier.model_dump(mode="json")
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

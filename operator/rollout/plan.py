@@ -19,6 +19,7 @@ from typing import Any
 from kvtune.operator.api import (
     ExpectedStatus,
     InferenceDeploymentSpec,
+    KVTierStatus,
     PinSpec,
     PlanStatus,
     PoolSpec,
@@ -33,13 +34,14 @@ from kvtune.operator.api import conditions as cond
 from kvtune.operator.calibration import calibration_flow
 from kvtune.operator.kube import apply as kapply
 from kvtune.operator.render.objects import RenderInput, plan_hash, vllm_args
-from kvtune.operator.rollout import plan_checks, role_plan, search_job_stage
+from kvtune.operator.rollout import plan_checks, role_plan, search_job_stage, tier_stage
 from kvtune.operator.rollout.outcome import Event, PoolContext, PoolOutcome
 from kvtune.operator.search import gpu_prices, reuse_summary, search_budget
 from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan, UnknownName
 from kvtune.tuner.kv_quality import KVQualityEvidence, KVQualityPolicy
 from kvtune.tuner.model_calibration import CalibrationSet, ModelCalibration
 from kvtune.tuner.plan import KVPlan, PoolPlan
+from kvtune.tuner.plan_tier import KVTier
 from kvtune.tuner.planner.calibration_predict import with_calibration
 from kvtune.tuner.planner.policy import SLO, Pins, PlanPolicy
 from kvtune.tuner.planner.request import PlanRequest
@@ -151,12 +153,12 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         LOG.info("%s (%s): capacity search at %.4g req/s", pool_field, pool.gpu_class,
                  profile.request_rate_per_second)
 
-        by_goodput: PoolPlan = priced(
-            plan_by_goodput(request, running=running,
-                            replicas=sharing_replicas(spec, pool, scope),
-                            budget=search_budget.budget()),
-            gpu_prices.price_of(pool, pool_field))
-        return by_goodput
+        replicas = sharing_replicas(spec, pool, scope)
+        by_goodput: PoolPlan = plan_by_goodput(request, running=running, replicas=replicas,
+                                               budget=search_budget.budget())
+        # The tier kind the spec allows beyond the native CPU tier (spec.tuning.kvTiers).
+        by_goodput = tier_stage.with_tiers(spec, pool, request, by_goodput, replicas)
+        return priced(by_goodput, gpu_prices.price_of(pool, pool_field))
     return _plan_by_rules(request)
 
 
@@ -295,6 +297,9 @@ def planning_inputs(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         # A role's plan follows its peer's pool and pins (left out without a role, so
         # digests from before roles stay).
         payload["disaggregation"] = pair
+    if spec.tuning.kv_tiers is not None:
+        # The tiers a pool may use beyond host memory (left out without them, as above).
+        payload["kv_tiers"] = spec.tuning.kv_tiers.model_dump(mode="json", exclude_none=True)
     if calibration is not None:
         # The loop's correction terms (left out without one: digests of before stay).
         payload["calibration"] = [calibration.kv_tokens_scale, calibration.prefill_efficiency,
@@ -329,7 +334,11 @@ def _keep(pool_plan: PoolPlan, kept: KVPlan, base: PoolStatus) -> tuple[PoolPlan
     from kvtune.tuner import knobs as knob_table
 
     material, noise = knob_table.material_changes(kept.model_dump(), pool_plan.plan.model_dump())
-    update: dict[str, Any] = {"plan": kept}
+    tier, new_tier = tier_in_force(base), pool_plan.kv_tier
+    if tier != new_tier:  # the LMCache tier, kept with the knobs
+        material.append("kv tier " + (f"{new_tier.kind} {new_tier.size_gib:g} GiB"
+                                      if new_tier is not None else "none"))
+    update: dict[str, Any] = {"plan": kept, "kv_tier": tier}
     if base.expected is not None:
         # Status keeps every expected figure; one an older kvtune did not store (weights and
         # other non-KV bytes: they do not depend on the KV knobs) is the new plan's.
@@ -345,6 +354,12 @@ def _keep(pool_plan: PoolPlan, kept: KVPlan, base: PoolStatus) -> tuple[PoolPlan
 
 
 KEPT_WARNING = "plan in force kept"
+
+
+def tier_in_force(base: PoolStatus) -> KVTier | None:
+    """The LMCache tier the plan in force runs with (none in a status from before tiers were
+    kept, when no spec could allow one)."""
+    return None if base.kv_tier is None else KVTier.model_validate(base.kv_tier.model_dump())
 
 
 def searched(profile: WorkloadProfile) -> bool:
@@ -441,6 +456,7 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
         return made
     pool_plan, policy, evidence = made.pool_plan, made.policy, made.evidence
     pool_plan = reuse_summary.with_host_price(pool_plan)  # the chart's host-memory price
+    pool_plan = tier_stage.said(ctx.spec, pool, pool_plan)  # kvTiers allowed, not weighed
     scope: ProfileScope = (inp.profile_used.scope or "deployment") \
         if inp.profile_used is not None else "deployment"
     calibration = None if pool.tp_auto else with_calibration(plan_request(
@@ -450,7 +466,7 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
                              else 1, calibration)
     kept = plan_in_force(ctx, inputs)
     kept_warning = None
-    if kept is not None and kept != pool_plan.plan:
+    if kept is not None and (kept != pool_plan.plan or tier_in_force(base) != pool_plan.kv_tier):
         pool_plan, kept_warning = _keep(pool_plan, kept, base)
     refused = plan_checks.check(ctx.spec, pool_plan, inp.profile, pool.pin)
     if refused is not None:
@@ -474,6 +490,8 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
         "tensor_parallel": pool_plan.tensor_parallel, "replicas": render_input.replicas,
         "reasons": reasons, "warnings": warnings, "plan_inputs": inputs,
         "slo_at_risk": at_risk, "cost": cost, "reuse": reuse,
+        "kv_tier": None if pool_plan.kv_tier is None
+        else KVTierStatus.model_validate(pool_plan.kv_tier.model_dump()),
         "vllm_args": vllm_args(render_input),
         "plan_hash": hash_, "revision": revision, "message": "", "profile": inp.profile_used,
     })

@@ -13,6 +13,8 @@ from kvtune.tuner.plan import PoolPlan
 
 # The plan's reason for the CPU tier's size (tuner/planner/decide_offload_size.explain).
 OFFLOAD_SIZE_KNOB = "kv-offloading-size"
+# The plan's reason for the tier kind (tuner/simulator/tier_choice.explain).
+TIER_KIND_KNOB = "kv-tier"
 
 
 @dataclass
@@ -52,7 +54,7 @@ def reuse_status(pool_plan: PoolPlan) -> ReuseStatus | None:
         return None
     why = next((x.message for x in reversed(pool_plan.reasons) if x.knob == OFFLOAD_SIZE_KNOB),
                "")
-    return ReuseStatus(
+    status = ReuseStatus(
         gpu_prefix_hit_rate=r.gpu_prefix_hit_rate, cpu_prefix_hit_rate=r.cpu_prefix_hit_rate,
         cached_prompt_tokens_per_day=_sig(r.cached_prompt_tokens_per_day) or 0.0,
         prefill_gpu_seconds_saved_per_day=_sig(r.prefill_gpu_seconds_saved_per_day) or 0.0,
@@ -67,6 +69,31 @@ def reuse_status(pool_plan: PoolPlan) -> ReuseStatus | None:
                                    cpu_prefix_hit_rate=t.cpu_prefix_hit_rate, chosen=t.chosen)
                     for t in r.tier_sizes],
     )
+    return with_tier_kind(status, pool_plan)
 
 
-__all__ = ["CONFIG", "HostPriceConfig", "reuse_status", "with_host_price"]
+def with_tier_kind(status: ReuseStatus, pool_plan: PoolPlan) -> ReuseStatus:
+    """The tier kind chosen (spec.tuning.kvTiers), its reason, its GiB and its hit rates
+    (the plan's expected figures at that tier); ``status`` as is when no kind was weighed.
+    The savings stay the search's (at its native tier size)."""
+    kind = next((x for x in reversed(pool_plan.reasons) if x.knob == TIER_KIND_KNOB), None)
+    if kind is None:
+        return status
+    tier, e = pool_plan.kv_tier, pool_plan.expected
+    host_gib = (tier.cpu_gib() if tier is not None
+                else pool_plan.plan.kv_offloading_size_gib or 0.0)
+    # The tier's dollars follow its host GiB (the price per GiB-day over the replicas is the
+    # search's); unknown when the search priced no tier.
+    was, usd = status.cpu_tier_gib_per_replica, status.cpu_tier_usd_per_day
+    usd = (None if usd is None or (was <= 0 and host_gib > 0)
+           else 0.0 if host_gib <= 0 else _sig(usd * host_gib / was))
+    return status.model_copy(update={
+        "tier": kind.choice, "cpu_tier_usd_per_day": usd, "tier_reason": kind.message,
+        "gpu_prefix_hit_rate": e.prefix_hit_rate if e.prefix_hit_rate is not None
+        else status.gpu_prefix_hit_rate,
+        "cpu_prefix_hit_rate": e.cpu_prefix_hit_rate or 0.0,
+        "cpu_tier_gib_per_replica": host_gib,
+        "tier_disk_gib_per_replica": tier.disk_gib() if tier is not None else 0.0})
+
+
+__all__ = ["CONFIG", "HostPriceConfig", "reuse_status", "with_host_price", "with_tier_kind"]

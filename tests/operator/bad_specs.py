@@ -204,6 +204,18 @@ CASES: list[BadSpec] = [
          "maxNumBatchedTokens"),
     _adm("offload-a-petabyte", at("tuning.pin", {"kvOffloadingSizeGiB": 10**6}),
          "kvOffloadingSizeGiB"),
+    # LMCache's disk and remote tiers (issue 27): a store lmcache 0.5.6 can reach, host and
+    # port; a size without a store; no zero disk.
+    _adm("kv-tier-remote-http", at("tuning.kvTiers", {"remoteUrl": "http://cache:80"}),
+         "remoteUrl", "lm://host:port"),
+    _adm("kv-tier-remote-no-port", at("tuning.kvTiers", {"remoteUrl": "lm://lmcache"}),
+         "remoteUrl", "lm://host:port"),
+    _adm("kv-tier-remote-credentials",
+         at("tuning.kvTiers", {"remoteUrl": "redis://admin:secret@redis:6379"}),
+         "remoteUrl", "lm://host:port"),
+    _adm("kv-tier-remote-size-alone", at("tuning.kvTiers", {"remoteGiB": 64}), "remoteGiB",
+         "remoteUrl"),
+    _adm("kv-tier-disk-zero", at("tuning.kvTiers", {"diskGiB": 0}), "diskGiB"),
     _adm("attention-backend-unknown", at("tuning.pin", {"attentionBackend": "XFORMERS"}),
          "attentionBackend"),
     _adm("prometheus-file-url", at("tuning.prometheus", {"url": "file:///etc/passwd"}),

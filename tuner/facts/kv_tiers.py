@@ -59,6 +59,20 @@ LMCACHE_DISK_PATH = "/var/cache/lmcache/"
 # The CPU buffer the disk and remote tiers keep in front of them, GiB per rank: LMCache's
 # own default (lmcache/v1/config.py "max_local_cpu_size": default 5.0).
 LMCACHE_BUFFER_GIB_PER_RANK = 5.0
+# A remote store's GiB one replica may fill when the caller names the store and no size
+# (kvtune's choice, not lmcache's: the store's size is the platform's).
+LMCACHE_REMOTE_DEFAULT_GIB = 1024.0
+# The remote stores kvtune weighs, as lmcache 0.5.6 names them: ``remote_url`` is parsed by
+# ``lmcache/v1/storage_backend/connector/__init__.py: parse_remote_url``, which asserts a host
+# and a port, and dispatched on its scheme to ``lm_adapter`` (``lm://``, LMCache's own
+# server), ``redis_adapter`` and ``mooncakestore_adapter``. The other schemes it accepts (s3,
+# fs, infinistore, ...) have links the simulator does not model; credentials in the URL would
+# sit in a spec anyone reading it sees, so none are accepted.
+LMCACHE_REMOTE_SCHEMES = ("lm", "redis", "mooncakestore")
+LMCACHE_REMOTE_URL_PATTERN = (r"^(lm|redis|mooncakestore)://"
+                              r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?:[0-9]{1,5}$")
+LMCACHE_REMOTE_URL_FIX = ("name the store as lmcache 0.5.6 does, host and port: lm://host:port "
+                          "(or redis://host:port, mooncakestore://host:port)")
 
 _GB = 1_000_000_000
 # A data-centre U.2 NVMe drive on PCIe Gen4 x4: Samsung PM9A3 3.84 TB, 6,900 MB/s sequential

@@ -17,11 +17,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvtune.tuner.facts import kv_tiers
 from kvtune.tuner.plan import ExpectedFigures, KVPlan, PoolPlan, Reason
 from kvtune.tuner.plan_tier import KVTier
 from kvtune.tuner.planner.capacity import GoodputScore, climb
 from kvtune.tuner.planner.planning import PlanRequest
-from kvtune.tuner.planner.search_settings import SLO_ATTAINMENT
+from kvtune.tuner.planner.search_settings import CAPACITY_TIE, SLO_ATTAINMENT
 from kvtune.tuner.simulator.goodput_search import TrafficScorer
 from kvtune.tuner.simulator.workload import SimRequest
 
@@ -164,5 +165,50 @@ def replace_expected(pool: PoolPlan, pick: TierResult) -> ExpectedFigures:
         "cpu_prefix_hit_rate": round(pick.at_observed.cpu_hit_rate, 4)})
 
 
-__all__ = ["TierOption", "TierPrices", "TierResult", "chosen", "explain", "replace_expected",
-           "weigh", "with_tier"]
+@dataclass(frozen=True, slots=True)
+class TierAllowance:
+    """What the caller allows beyond vLLM's native CPU tier: an LMCache local-disk tier of
+    ``disk_gib`` per replica, a remote store at ``remote_url`` of which one replica may fill
+    ``remote_gib`` (``kvtune plan --kv-tier-*``, ``spec.tuning.kvTiers``)."""
+
+    disk_gib: float | None = None
+    remote_url: str | None = None
+    remote_gib: float = kv_tiers.LMCACHE_REMOTE_DEFAULT_GIB
+
+    @property
+    def any(self) -> bool:
+        return self.disk_gib is not None or self.remote_url is not None
+
+
+def options(allowance: TierAllowance, tensor_parallel: int, cpu_gib: float) -> list[TierOption]:
+    """The tiers to weigh: native and LMCache CPU at ``cpu_gib`` (none at 0), the disk and
+    the remote tier when allowed, each behind LMCache's CPU buffer."""
+    buffer = kv_tiers.LMCACHE_BUFFER_GIB_PER_RANK * tensor_parallel
+    out = []
+    if cpu_gib > 0:
+        out += [TierOption(native_gib=cpu_gib),
+                TierOption(tier=KVTier(kind="lmcache-cpu", size_gib=cpu_gib))]
+    if allowance.disk_gib is not None:
+        out.append(TierOption(tier=KVTier(kind="lmcache-disk", size_gib=allowance.disk_gib,
+                                          buffer_gib=buffer)))
+    if allowance.remote_url is not None:
+        out.append(TierOption(tier=KVTier(kind="lmcache-remote", size_gib=allowance.remote_gib,
+                                          buffer_gib=buffer, remote_url=allowance.remote_url)))
+    return out
+
+
+def choose(pool: PoolPlan, request: PlanRequest, stream: tuple[SimRequest, ...],
+           allowance: TierAllowance, prices: TierPrices = TierPrices()) -> PoolPlan:
+    """``pool`` with the tier that pays among none, native CPU (at the size the search chose,
+    else at the policy's budget) and what ``allowance`` allows, replayed on ``stream`` (the
+    search's: the CLI's and the operator's one step)."""
+    cpu_gib = float(pool.plan.kv_offloading_size_gib
+                    or request.policy.cpu_offload_budget_bytes / 2**30)
+    results = weigh(request, pool.plan.with_offload(None),
+                    options(allowance, pool.tensor_parallel, cpu_gib), stream)
+    pick = chosen(results, CAPACITY_TIE, prices)
+    return with_tier(pool, pick, explain(results, pick, CAPACITY_TIE, prices))
+
+
+__all__ = ["TierAllowance", "TierOption", "TierPrices", "TierResult", "choose", "chosen",
+           "explain", "options", "replace_expected", "weigh", "with_tier"]
