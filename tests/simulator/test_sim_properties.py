@@ -3,10 +3,11 @@ finishes, and the decode-run fast path gives what exact stepping gives."""
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from simhelpers import fixed_step_cost, request
 
@@ -88,13 +89,32 @@ def test_conservation_after_every_step_and_everything_finishes(
 def test_decode_runs_match_exact_stepping(case: tuple[list[SimRequest], EngineConfig]) -> None:
     reqs, config = case
     fast = Scheduler(reqs, config, GROWING).run()
-    exact = Scheduler(reqs, config, GROWING, decode_runs=False).run()
+    step_ends: list[float] = []
+    exact = Scheduler(reqs, config, GROWING, decode_runs=False,
+                      on_step=lambda s: step_ends.append(s.now)).run()
+    # An arrival within a nanosecond of a step's end is a tie that the float sums decide: exact
+    # stepping adds each step to the clock, a decode run adds the run's closed-form length, and
+    # the two can round to either side of the arrival (hypothesis found 0.05 = 25 steps of
+    # 0.002 s: admitted at one step's end by one, at the next by the other). A real clock
+    # never meets one; the tie the run's own arithmetic decides is pinned below
+    # (test_a_decode_run_stops_at_an_arrival_exactly_at_a_step_end).
+    assume(not _any_tie([r.arrival_seconds for r in reqs], step_ends))
     assert fast.preemptions == exact.preemptions
     assert fast.prefix_hit_tokens == exact.prefix_hit_tokens
     assert fast.peak_running == exact.peak_running
     for a, b in zip(fast.finish_seconds + fast.first_token_seconds,
                     exact.finish_seconds + exact.first_token_seconds, strict=True):
         assert (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def _any_tie(arrivals: list[float], step_ends: list[float], within_seconds: float = 1e-9
+             ) -> bool:
+    ends = sorted(step_ends)
+    for arrival in arrivals:
+        i = bisect.bisect_left(ends, arrival - within_seconds)
+        if i < len(ends) and ends[i] <= arrival + within_seconds:
+            return True
+    return False
 
 
 def test_a_decode_run_stops_at_an_arrival_exactly_at_a_step_end() -> None:
