@@ -351,7 +351,7 @@ def test_examples_pass_the_api_servers_validation(cluster_api: Any, path: Path) 
         GROUP, VERSION, "op-invalid", PLURAL, doc, dry_run="All")
     assert created["spec"]["pools"] == [
         {"replicas": 1, "tensorParallel": 1, "dataParallel": 1, "expertParallel": False,
-         "nodesPerReplica": 1, **p} for p in doc["spec"]["pools"]]
+         "nodesPerReplica": 1, "pipelineParallel": 1, **p} for p in doc["spec"]["pools"]]
 
 
 def test_operator_metrics_count_reconciles(operator: OperatorProcess) -> None:
