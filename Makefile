@@ -17,9 +17,8 @@ demo: setup
 # The tests run in TEST_WORKERS processes (pytest-xdist): the cluster tests mostly wait on a
 # control plane (each worker starts its own), the planner tests on CPU. loadfile: a test file
 # runs whole in one worker, in order, with its module fixtures set up once (docs/testing.md).
-# The whole suite runs in one process by default (TEST_WORKERS=0): its two full runs on two
-# workers (2026-12-02: 31 and 38 min) each lost a few cluster tests to a busy or degraded
-# control plane, so two workers are opt-in for it; the fast loop (no control plane) uses two.
+# The slowest files go first (tests/file_seconds.json; --no-loadscope-reorder keeps that order),
+# so the two workers end together. TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 FAST_WORKERS ?= 2
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
