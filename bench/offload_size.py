@@ -20,14 +20,13 @@ from kvtune.tuner.facts.catalog import get_model
 from kvtune.tuner.facts.gpus import get_gpu_class
 from kvtune.tuner.facts.prices import price_for
 from kvtune.tuner.plan import KVPlan
-from kvtune.tuner.planner.capacity import GoodputScore, climb
+from kvtune.tuner.planner.capacity import GoodputScore
 from kvtune.tuner.planner.cost import priced
 from kvtune.tuner.planner.planning import PlanRequest
 from kvtune.tuner.planner.policy import SLO, PlanPolicy
 from kvtune.tuner.planner.presets import profile_from_trace
-from kvtune.tuner.planner.search import SLO_ATTAINMENT
 from kvtune.tuner.planner.search_budget import UNBOUNDED
-from kvtune.tuner.simulator import search_job
+from kvtune.tuner.simulator import search_job, tier_choice
 from kvtune.tuner.simulator.goodput_search import TrafficScorer, plan_by_goodput
 from kvtune.tuner.simulator.workload import requests_from_trace
 from kvtune.tuner.traces import Trace, load_trace
@@ -40,15 +39,7 @@ def capacity(scorer: TrafficScorer, request: PlanRequest, plan: KVPlan
     """The plan's capacity at SLO (req/s per replica, to TOLERANCE) and its score at the
     trace's own rate (remembered from the climb, not replayed again). bench/kv_tiers.py
     uses it too."""
-    seen: dict[float, GoodputScore] = {}
-
-    def score(p: KVPlan, m: int, scale: float) -> GoodputScore:
-        if scale not in seen:
-            seen[scale] = scorer.score(request, p, m, scale)
-        return seen[scale]
-
-    bracket = climb(score, [plan], scorer.max_requests, SLO_ATTAINMENT, TOLERANCE)
-    return scorer.rate_per_second * bracket.lower, score(plan, scorer.max_requests, 1.0)
+    return tier_choice.capacity_at_slo(request, plan, scorer, TOLERANCE)
 
 
 def mooncake_slice(speed: float, requests: int) -> Trace:

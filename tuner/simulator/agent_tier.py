@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 from kvtune.tuner.plan import KVPlan
 from kvtune.tuner.planner import decide_offload_size
-from kvtune.tuner.planner.capacity import GoodputScore, climb
+from kvtune.tuner.planner.capacity import GoodputScore
 from kvtune.tuner.planner.planning import PlanRequest
 from kvtune.tuner.planner.planrun import PlanRun
-from kvtune.tuner.planner.search_settings import SLO_ATTAINMENT
+from kvtune.tuner.simulator import tier_choice
 from kvtune.tuner.simulator.goodput_search import TrafficScorer
 
 
@@ -52,17 +52,9 @@ def session_size_gib(request: PlanRequest, plan: KVPlan) -> float | None:
 def replay(request: PlanRequest, plan: KVPlan, scorer: TrafficScorer, label: str,
            size_gib: float | None, tolerance: float) -> TierRun:
     """``plan`` with a native CPU tier of ``size_gib`` (None: none) on its capacity ladder."""
-    candidate = plan.with_offload(size_gib)
-    seen: dict[float, GoodputScore] = {}
-
-    def score(p: KVPlan, n: int, scale: float) -> GoodputScore:
-        if scale not in seen:
-            seen[scale] = scorer.score(request, p, n, scale)
-        return seen[scale]
-
-    bracket = climb(score, [candidate], scorer.max_requests, SLO_ATTAINMENT, tolerance)
-    return TierRun(label, size_gib or 0.0, scorer.rate_per_second * bracket.lower,
-                   score(candidate, scorer.max_requests, 1.0))
+    capacity, at_own_rate = tier_choice.capacity_at_slo(
+        request, plan.with_offload(size_gib), scorer, tolerance)
+    return TierRun(label, size_gib or 0.0, capacity, at_own_rate)
 
 
 def break_even_host_price(small: TierRun, large: TierRun, gpu_usd_per_hour: float

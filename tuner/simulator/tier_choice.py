@@ -83,20 +83,27 @@ class TierResult:
     at_observed: GoodputScore
 
 
-def _measure(request: PlanRequest, plan: KVPlan, option: TierOption,
-             stream: tuple[SimRequest, ...], tolerance: float) -> TierResult:
-    scorer = TrafficScorer(stream, tier=option.tier)
+def capacity_at_slo(request: PlanRequest, plan: KVPlan, scorer: TrafficScorer,
+                    tolerance: float) -> tuple[float, GoodputScore]:
+    """``plan``'s capacity at SLO on ``scorer``'s stream (req/s per replica, to
+    ``tolerance``) and its score at the stream's own rate, remembered from the climb rather
+    than replayed again."""
     seen: dict[float, GoodputScore] = {}
-    candidate = plan.with_offload(option.native_gib)
 
     def score(p: KVPlan, m: int, scale: float) -> GoodputScore:
         if scale not in seen:
             seen[scale] = scorer.score(request, p, m, scale)
         return seen[scale]
 
-    bracket = climb(score, [candidate], scorer.max_requests, SLO_ATTAINMENT, tolerance)
-    return TierResult(option, scorer.rate_per_second * bracket.lower,
-                      score(candidate, scorer.max_requests, 1.0))
+    bracket = climb(score, [plan], scorer.max_requests, SLO_ATTAINMENT, tolerance)
+    return scorer.rate_per_second * bracket.lower, score(plan, scorer.max_requests, 1.0)
+
+
+def _measure(request: PlanRequest, plan: KVPlan, option: TierOption,
+             stream: tuple[SimRequest, ...], tolerance: float) -> TierResult:
+    scorer = TrafficScorer(stream, tier=option.tier)
+    return TierResult(option, *capacity_at_slo(request, plan.with_offload(option.native_gib),
+                                                scorer, tolerance))
 
 
 def weigh(request: PlanRequest, plan: KVPlan, options: Sequence[TierOption],
