@@ -242,10 +242,8 @@ def _check_role_fields(pool: PoolSpec) -> None:
     # With gpusPerReplica the DP is chosen, a multiple of the nodes (layout_choice).
     broken = [dp % nodes != 0 and pool.gpus_per_replica is None, dp > 1 and pool.tp_auto,
               pool.role is not None and (dp > 1 or nodes > 1)]
-    for rule, bad in zip(_LAYOUT_RULES, broken, strict=True):
-        if bad:
-            raise ValueError(f"spec.pools[] ({pool.pool_name}): dataParallel={dp}, "
-                             f"nodesPerReplica={nodes}: {rule[1]}")
+    _refuse_first(_LAYOUT_RULES, broken,
+                  f"spec.pools[] ({pool.pool_name}): dataParallel={dp}, nodesPerReplica={nodes}")
 
 
 def _check_pipeline(pool: PoolSpec) -> None:
@@ -255,10 +253,8 @@ def _check_pipeline(pool: PoolSpec) -> None:
         return
     broken = [pool.tp_auto, pool.nodes_per_replica != 1 or pool.gpus_per_replica is not None
               or pool.role is not None]
-    for rule, bad in zip(_PIPELINE_RULES, broken, strict=True):
-        if bad:
-            raise ValueError(f"spec.pools[] ({pool.pool_name}): pipelineParallel={pp}: "
-                             f"{rule[1]}")
+    _refuse_first(_PIPELINE_RULES, broken,
+                  f"spec.pools[] ({pool.pool_name}): pipelineParallel={pp}")
 
 
 def _check_chosen_layout(pool: PoolSpec) -> None:
@@ -268,7 +264,13 @@ def _check_chosen_layout(pool: PoolSpec) -> None:
         return
     broken = [pool.tensor_parallel != 1 or pool.data_parallel != 1 or pool.expert_parallel,
               gpus % pool.nodes_per_replica != 0, pool.role is not None]
-    for rule, bad in zip(_CHOSEN_LAYOUT_RULES, broken, strict=True):
+    _refuse_first(_CHOSEN_LAYOUT_RULES, broken,
+                  f"spec.pools[] ({pool.pool_name}): gpusPerReplica={gpus}")
+
+
+def _refuse_first(rules: tuple[tuple[str, str], ...], broken: list[bool], where: str) -> None:
+    """The first broken rule's message after ``where`` (the field and its value): the Python
+    twin of the CEL rule the API server would have answered with."""
+    for (_cel, message), bad in zip(rules, broken, strict=True):
         if bad:
-            raise ValueError(f"spec.pools[] ({pool.pool_name}): gpusPerReplica={gpus}: "
-                             f"{rule[1]}")
+            raise ValueError(f"{where}: {message}")
