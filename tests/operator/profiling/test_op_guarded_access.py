@@ -321,6 +321,14 @@ def test_good_histograms_pass_with_increases_small_dents() -> None:
     got = replies.buckets(_bucket_samples(("+Inf", "1000"), ("100", "300"), ("1000", "995.5"),
                                           ("500", "1001")), "prompt_buckets")
     assert got == [(100.0, 300.0), (500.0, 1001.0), (1000.0, 995.5), (math.inf, 1000.0)]
+    # A bucket that began counting inside the window is extrapolated less than the one
+    # below it (seen in CI on a replay through real Prometheus): a dent, not garbage.
+    fresh = replies.buckets(_bucket_samples(("5", "1218"), ("10", "1143"), ("+Inf", "1300")),
+                            "reuse_gap_buckets")
+    assert fresh[1] == (10.0, 1143.0)
+    with pytest.raises(PrometheusDataInvalid, match="le=10: 600 after 1218"):
+        replies.buckets(_bucket_samples(("5", "1218"), ("10", "600"), ("+Inf", "1300")),
+                        "reuse_gap_buckets")
     assert replies.buckets([], "prompt_buckets") == []
     assert replies.scalar([], "requests") is None
     with pytest.raises(PrometheusDataInvalid, match="negative"):
