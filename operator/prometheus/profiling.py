@@ -286,7 +286,7 @@ def queries(selector: Mapping[str, str] | SeriesSelector,
         return f"sum(increase({vm.counter(counter)}{s}[{w}]))"
 
     def buckets(hist: str) -> str:
-        return f"sum by (le) (increase({hist}_bucket{s}[{w}]))"
+        return vm.window_buckets(hist, s, w)
 
     return {
         "requests": inc(vm.REQUEST_SUCCESS),

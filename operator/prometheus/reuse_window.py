@@ -69,7 +69,7 @@ def queries(series: str, window: str) -> dict[str, str]:
     """The window's reuse queries, by name (``series``: a PromQL label selector)."""
 
     def buckets(hist: str) -> str:
-        return f"sum by (le) (increase({hist}_bucket{series}[{window}]))"
+        return vm.window_buckets(hist, series, window)
 
     def by_source(counter: str) -> str:
         return f"sum by (source) (increase({vm.counter(counter)}{series}[{window}]))"

@@ -219,3 +219,13 @@ def counter(name: str) -> str:
     spec = METRICS_BY_NAME[name]
     assert spec.kind == "counter", name
     return wire_name(name, "counter")
+
+
+def window_buckets(histogram: str, series: str, window: str) -> str:
+    """PromQL for a histogram's cumulative buckets over a window, summed across pods.
+
+    ``increase()`` extrapolates each bucket on its own, so the reply may dent
+    (``prom_replies.buckets`` mends what extrapolation can explain)."""
+    spec = METRICS_BY_NAME[histogram]
+    assert spec.kind == "histogram", histogram
+    return f"sum by (le) (increase({histogram}_bucket{series}[{window}]))"
