@@ -149,14 +149,18 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
     request = with_calibration(request, calibrations)
     if searched(profile):
         from kvtune.tuner.planner.cost import priced
+        from kvtune.tuner.planner.layout_replica import per_replica
 
         # Seconds of CPU (a cached result: none); the log says what the operator is busy with.
         LOG.info("%s (%s): capacity search at %.4g req/s", pool_field, pool.gpu_class,
                  profile.request_rate_per_second)
 
         replicas = sharing_replicas(spec, pool, scope)
-        by_goodput: PoolPlan = plan_by_goodput(request, running=running, replicas=replicas,
-                                               budget=search_budget.budget())
+        # A pinned dataParallel: each DP rank is an engine serving its share (as the CLI's
+        # --dp), and the summary is restated per replica (tuner/planner/layout_replica.py).
+        by_goodput: PoolPlan = per_replica(plan_by_goodput(
+            request, running=running, replicas=replicas * request.data_parallel,
+            budget=search_budget.budget()))
         # The tier kind the spec allows beyond the native CPU tier (spec.tuning.kvTiers).
         by_goodput = tier_stage.with_tiers(spec, pool, request, by_goodput, replicas)
         return priced(by_goodput, gpu_prices.price_of(pool, pool_field))

@@ -149,3 +149,81 @@ def test_dcp_counts_in_the_planning_digest() -> None:
     profile = declared_profile(a.workload)
     assert planning_inputs(a, a.pools[0], model, profile, policy_for(a), None) != \
         planning_inputs(b, b.pools[0], model, profile, policy_for(b), None)
+
+
+# --- with the capacity search (the simulator stood in for: its summary of one engine) -------
+
+ENGINE_CAPACITY = {8: 6.0, 4: 4.0, 2: 2.5, 1: 1.5}  # req/s at SLO of one engine, by its TP
+OBSERVED = 40.0
+
+
+def _fake_search(calls: list[tuple[str, int]]) -> Any:
+    """``plan_by_goodput`` as the operator calls it: the rules' plan with a summary of one
+    engine on its share of the ``replicas`` (engines) sharing the rate."""
+    from kvtune.tuner.plan import PoolPlan, SearchSummary
+    from kvtune.tuner.planner.capacity import replicas_needed
+    from kvtune.tuner.planner.planning import plan_pool
+
+    def fake(req: Any, *, replicas: int = 1, **_: Any) -> PoolPlan:
+        calls.append((req.layout.label, replicas))
+        share, capacity = OBSERVED / replicas, ENGINE_CAPACITY[req.tensor_parallel]
+        return plan_pool(req).model_copy(update={"search": SearchSummary(
+            observed_rate_per_second=OBSERVED, replicas=replicas,
+            rate_per_replica_per_second=share, littles_law_sequences=10,
+            capacity_requests_per_second=capacity, slo_attainment=0.99,
+            ttft_p95_seconds=0.5, tpot_p95_seconds=0.02, slo_met=True, slo_set=True,
+            replicas_needed=replicas_needed(replicas, capacity / share), candidates=3,
+            simulated_requests=100, requests_per_candidate=50, changed_from="rules' plan")})
+
+    return fake
+
+
+def _with_rate(pool: dict[str, Any]) -> InferenceDeploymentSpec:
+    raw = spec_for(pool).model_dump(mode="json", by_alias=True, exclude_none=True)
+    raw["workload"]["requestRatePerSecond"] = OBSERVED
+    return InferenceDeploymentSpec.model_validate(raw)
+
+
+def test_searched_layouts_show_capacity_and_cost_per_replica(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvtune.tuner.simulator import goodput_search
+
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(goodput_search, "plan_by_goodput", _fake_search(calls))
+    planned = _planned(_with_rate({**H200_8, "replicas": 2, "gpuPriceUsdPerHour": 4.0}))
+    # Each layout's engine searched on its share: 2 replicas x DP engines.
+    assert calls == [("TP8", 2), ("TP4xDP2+EP", 4), ("TP2xDP4+EP", 8), ("DP8+EP", 16)]
+    by = {r.layout: r for r in planned.status.layouts}
+    assert [r.layout for r in planned.status.layouts if r.chosen] == ["DP8+EP"]  # 8 x 1.5
+    assert by["DP8+EP"].capacity_requests_per_second == 12.0
+    assert by["TP8"].capacity_requests_per_second == 6.0
+    assert all(r.sequences_within_tpot is None and r.usd_per_replica_hour == 32.0
+               for r in planned.status.layouts)
+    assert by["DP8+EP"].cost_per_million_good_requests_usd == pytest.approx(
+        32.0 * 1e6 / 3600 / 12.0, rel=1e-3)
+    assert by["TP8"].cost_per_million_good_requests_usd == pytest.approx(
+        32.0 * 1e6 / 3600 / 6.0, rel=1e-3)
+    # The pool's cost and expected figures are the replica's (8 GPUs, 12 req/s), not an
+    # engine's; the traffic needs ceil(40 / 12) = 4 replicas, not 27 engines.
+    cost, expected = planned.status.cost, planned.status.expected
+    assert cost is not None and cost.gpus_per_replica == 8
+    assert cost.cost_per_million_good_requests_usd == \
+        by["DP8+EP"].cost_per_million_good_requests_usd
+    assert expected is not None and expected.capacity_requests_per_second == 12.0
+    assert expected.replicas_needed == 4
+
+
+def test_a_pinned_dp_pool_is_searched_per_engine_and_summed_per_replica(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvtune.tuner.simulator import goodput_search
+
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(goodput_search, "plan_by_goodput", _fake_search(calls))
+    planned = _planned(_with_rate({"gpuClass": "H200", "name": "h200", "replicas": 2,
+                                   "tensorParallel": 1, "dataParallel": 8,
+                                   "expertParallel": True}))
+    assert calls == [("DP8+EP", 16)]  # as `kvtune plan --tp 1 --dp 8 --ep`
+    s = planned.pool_plan.search
+    assert s is not None and s.replicas == 2 and s.capacity_requests_per_second == 12.0
+    assert s.replicas_needed == 4
+    assert planned.status.layouts == []  # pinned: nothing weighed
