@@ -45,10 +45,46 @@ def gpu_comparison(pool: PoolPlan, others: list[tuple[str, PoolPlan | str]]
             "cost_per_million_good_requests_usd":
                 c.cost_per_million_good_requests_usd if c else None,
             "vllm_args": p.vllm_args(),
+            # --gpus-per-replica: every layout weighed on this class, its capacity and cost.
+            **({"layouts": _layouts(p)} if p.layouts_considered else {}),
         })
     rows += [{"gpu_class": name, "refused": why} for name, why in others
              if isinstance(why, str)]
     return rows
+
+
+def _layouts(p: PoolPlan) -> list[dict[str, Any]]:
+    """The layouts weighed on one class: capacity at SLO per replica and cost, or why not."""
+    return [{"label": o.layout.label, "chosen": o.chosen,
+             "kv_cache_tokens_per_replica": o.kv_cache_tokens_per_replica,
+             "capacity_requests_per_second": o.score if o.refused is None else None,
+             "usd_per_replica_hour": o.usd_per_replica_hour,
+             "cost_per_million_good_requests_usd": o.cost_per_million_good_requests_usd,
+             "refused": o.refused} for o in p.layouts_considered]
+
+
+def _layout_table(rows: list[dict[str, Any]]) -> Any:
+    """The layouts weighed per class (``--gpus-per-replica``), None when none were."""
+    from rich.table import Table
+
+    if not any("layouts" in r for r in rows):
+        return None
+    table = Table(title="Layouts weighed per GPU class (* chosen)")
+    for col in ("GPU class", "layout", "KV tokens/replica", "capacity req/s", "$/replica-hour",
+                "$/M good req"):
+        table.add_column(col, justify="left" if col in ("GPU class", "layout") else "right")
+    for r in rows:
+        for o in r.get("layouts", []):
+            name = o["label"] + (" *" if o["chosen"] else "")
+            if o["refused"]:
+                table.add_row(r["gpu_class"], name, "-", "does not fit", "-", o["refused"][:40])
+                continue
+            hourly = o["usd_per_replica_hour"]
+            table.add_row(r["gpu_class"], name, f"{o['kv_cache_tokens_per_replica']:,}",
+                          f"{o['capacity_requests_per_second']:.2f}",
+                          "-" if hourly is None else f"${hourly:,.2f}",
+                          _money(o["cost_per_million_good_requests_usd"]))
+    return table
 
 
 def with_comparison(text: str, pool: PoolPlan, others: list[tuple[str, PoolPlan | str]],
@@ -85,4 +121,7 @@ def with_comparison(text: str, pool: PoolPlan, others: list[tuple[str, PoolPlan 
             _money(r.get("cost_per_million_requests_at_rate_usd")
                    or r["cost_per_million_good_requests_usd"]))
     console.print(table)
+    layouts = _layout_table(rows)
+    if layouts is not None:
+        console.print(layouts)
     return text + console.export_text()

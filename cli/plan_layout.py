@@ -82,6 +82,10 @@ def layout_rows(pool: PoolPlan) -> list[dict[str, Any]]:
             for o in pool.layouts_considered]
 
 
+def _money(x: float | None) -> str:
+    return "-" if x is None else f"${x:,.3f}" if x < 10 else f"${x:,.2f}"
+
+
 def print_layouts(console: Any, pool: PoolPlan) -> None:
     """The table of layouts weighed: KV capacity per GPU and per replica, and the score."""
     from rich.table import Table
@@ -90,11 +94,14 @@ def print_layouts(console: Any, pool: PoolPlan) -> None:
         return
     gpus = pool.layouts_considered[0].layout.gpus
     by_goodput = pool.search is not None
+    # With the capacity search and a price (cost.priced): what a million good requests cost.
+    priced = any(o.cost_per_million_good_requests_usd is not None
+                 for o in pool.layouts_considered)
     table = Table(title=f"Layouts of {gpus} {pool.gpu_class} GPUs per replica "
                   "(KV per replica: every DP rank is an engine with its own cache)")
     for col in ("layout", "KV copies", "weights/GPU", "KV tokens/engine", "KV tokens/replica",
                 "seqs/replica", "capacity req/s" if by_goodput else "seqs in TPOT",
-                "decode step"):
+                "decode step", *(("$/M good req",) if priced else ())):
         table.add_column(col, justify="left" if col == "layout" else "right")
     for o in pool.layouts_considered:
         name = o.layout.label + (" *" if o.chosen else "")
@@ -107,5 +114,6 @@ def print_layouts(console: Any, pool: PoolPlan) -> None:
             f"{o.kv_cache_tokens_per_engine:,}", f"{o.kv_cache_tokens_per_replica:,}",
             f"{o.concurrent_sequences_per_replica:,}",
             f"{o.score:.2f}" if by_goodput else f"{o.score:g}",
-            "-" if o.decode_step_seconds is None else f"{o.decode_step_seconds * 1000:.1f} ms")
+            "-" if o.decode_step_seconds is None else f"{o.decode_step_seconds * 1000:.1f} ms",
+            *((_money(o.cost_per_million_good_requests_usd),) if priced else ()))
     console.print(table)

@@ -233,6 +233,10 @@ class LayoutOption(BaseModel):
     chosen: bool = False
     refused: str | None = None  # why it does not fit (then the figures are 0)
     vllm_args: tuple[str, ...] = ()
+    # Set once the GPU class has a price (``planner/cost.py: priced``): the replica's GPUs
+    # (TP x DP x PP) for an hour, and over its capacity at SLO (capacity search only).
+    usd_per_replica_hour: float | None = None
+    cost_per_million_good_requests_usd: float | None = None
 
 
 class TPOption(BaseModel):

@@ -41,6 +41,7 @@ from kvtune.operator.api.pool_status import CanaryStatus as CanaryStatus
 from kvtune.operator.api.pool_status import Condition as Condition
 from kvtune.operator.api.pool_status import CostStatus as CostStatus
 from kvtune.operator.api.pool_status import ExpectedStatus as ExpectedStatus
+from kvtune.operator.api.pool_status import LayoutOptionStatus as LayoutOptionStatus
 from kvtune.operator.api.pool_status import ObservedSLOStatus as ObservedSLOStatus
 from kvtune.operator.api.pool_status import PlanStatus as PlanStatus
 from kvtune.operator.api.pool_status import PoolPhase as PoolPhase

@@ -139,6 +139,27 @@ _PIPELINE_RULES = (
 )
 
 
+# decodeContextParallel: each sequence's KV tokens split among the TP ranks (vLLM
+# --decode-context-parallel-size, MLA models: a planner-time check), pinned only, as
+# `kvtune plan --dcp`: over a pinned tensorParallel it divides, or beside gpusPerReplica (each
+# layout whose TP it divides gets it); not on a role's pool (`--disaggregate` takes no --dcp).
+_DCP_RULES = (
+    ("!has(self.decodeContextParallel) || self.decodeContextParallel == 1 || "
+     "has(self.gpusPerReplica) || (has(self.tensorParallel) && "
+     "type(self.tensorParallel) != string && "
+     "int(self.tensorParallel) % self.decodeContextParallel == 0)",
+     "pools[].decodeContextParallel must divide a pinned tensorParallel (vLLM: tp % dcp == "
+     "0); raise tensorParallel to a multiple of it, lower it, or set gpusPerReplica"),
+    ("!has(self.decodeContextParallel) || !has(self.gpusPerReplica) || "
+     "self.gpusPerReplica % self.decodeContextParallel == 0",
+     "pools[].decodeContextParallel must divide gpusPerReplica (it divides the TP of each "
+     "layout); lower it or raise gpusPerReplica"),
+    ("!has(self.decodeContextParallel) || self.decodeContextParallel == 1 || !has(self.role)",
+     "a pool with a role is planned without decode context parallel; drop "
+     "decodeContextParallel from it"),
+)
+
+
 class PoolSpec(_Model):
     model_config = ConfigDict(json_schema_extra=_rules(
         (f"!{_POOL_KEY.format(v='self')}.endsWith('-canary')",
@@ -149,6 +170,7 @@ class PoolSpec(_Model):
         *_LAYOUT_RULES,
         *_CHOSEN_LAYOUT_RULES,
         *_PIPELINE_RULES,
+        *_DCP_RULES,
     ))
 
     gpu_class: str = Field(
@@ -181,6 +203,13 @@ class PoolSpec(_Model):
         "dataParallel x pipelineParallel GPUs on one node. Pinned only; planned by the rules "
         "(a profile with a request rate is refused: the capacity search does not model "
         "stages)."))
+    decode_context_parallel: int = Field(default=1, ge=1, le=MAX_GPUS_PER_REPLICA,
+                                         description=(
+        "Decode context parallel (vLLM --decode-context-parallel-size, MLA models such as "
+        "DeepSeek-V3): each sequence's KV tokens split among this many TP ranks, so a "
+        "replica holds that many times the tokens. Pinned only (as `kvtune plan --dcp`): it "
+        "divides tensorParallel, or with gpusPerReplica each layout whose TP it divides "
+        "gets it."))
     nodes_per_replica: int = Field(default=1, ge=1, le=16, description=(
         "Nodes one replica spans; above 1 the replica is a LeaderWorkerSet (sigs.k8s.io/lws) "
         "of one pod per node running dataParallel / nodesPerReplica engines each."))
@@ -238,6 +267,7 @@ def _check_role_fields(pool: PoolSpec) -> None:
         raise ValueError(_ROLE_RULES[3][1])
     _check_chosen_layout(pool)
     _check_pipeline(pool)
+    _check_dcp(pool)
     nodes, dp = pool.nodes_per_replica, pool.data_parallel
     # With gpusPerReplica the DP is chosen, a multiple of the nodes (layout_choice).
     broken = [dp % nodes != 0 and pool.gpus_per_replica is None, dp > 1 and pool.tp_auto,
@@ -255,6 +285,17 @@ def _check_pipeline(pool: PoolSpec) -> None:
               or pool.role is not None]
     _refuse_first(_PIPELINE_RULES, broken,
                   f"spec.pools[] ({pool.pool_name}): pipelineParallel={pp}")
+
+
+def _check_dcp(pool: PoolSpec) -> None:
+    """``_DCP_RULES``, for a spec that is not applied (the MLA check is the planner's)."""
+    dcp, gpus, tp = pool.decode_context_parallel, pool.gpus_per_replica, pool.tensor_parallel
+    if dcp == 1:
+        return
+    broken = [gpus is None and (isinstance(tp, str) or tp % dcp != 0),
+              gpus is not None and gpus % dcp != 0, pool.role is not None]
+    _refuse_first(_DCP_RULES, broken,
+                  f"spec.pools[] ({pool.pool_name}): decodeContextParallel={dcp}")
 
 
 def _check_chosen_layout(pool: PoolSpec) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict
+from pydantic import ConfigDict, Field
 
 from kvtune.operator.api.plan_status_fields import PlanStatusFields
 from kvtune.operator.api.profile_status import ProfileStatus
@@ -136,6 +136,32 @@ class CostStatus(_Status):
     cost_per_million_good_requests_usd: float | None = None
 
 
+# status.pools[].layouts holds at most this many layouts (a status object is bounded; 64 GPUs
+# per replica have 7 TP x DP splits, so the cap drops none today).
+MAX_LAYOUTS_IN_STATUS = 8
+
+
+class LayoutOptionStatus(_Status):
+    """One layout weighed for ``gpusPerReplica`` (tuner/planner/layout_choice.py): its KV
+    capacity per replica and the figure it was ranked by, or why it does not fit."""
+
+    layout: str  # as tuner/layout.py spells it: TP8, TP2xDP4+EP, DP8+EP, TP8+DCP8
+    chosen: bool = False
+    kv_copies: int  # ranks holding each token's KV (MLA under TP: the TP degree)
+    weights_bytes_per_gpu: int
+    kv_cache_tokens_per_replica: int = 0  # the DP engines' caches together
+    concurrent_sequences_per_replica: int = 0  # at the p95 session
+    # What it was ranked by, per replica: with the capacity search its capacity at SLO
+    # (req/s), else the sequences it runs at once within the TPOT target.
+    capacity_requests_per_second: float | None = None
+    sequences_within_tpot: int | None = None
+    # With a price and the capacity search: its GPUs for an hour, and a million requests
+    # meeting the SLO at its capacity.
+    usd_per_replica_hour: float | None = None
+    cost_per_million_good_requests_usd: float | None = None
+    refused: str | None = Field(default=None, max_length=200)  # why it does not fit
+
+
 class ObservedSLOStatus(_Status):
     """The SLO attainment vLLM's histograms show for the pool over the retune timer's last
     window, beside the capacity search's prediction (operator/retune/slo_observed.py)."""
@@ -203,6 +229,9 @@ class PoolStatus(_Status):
     # rate: the attainment, the rate one replica sustains and the replicas needed.
     slo_at_risk: str | None = None
     cost: CostStatus | None = None  # the chosen configuration's, when the class has a price
+    # gpusPerReplica: the layouts weighed (the chosen one marked), at most
+    # MAX_LAYOUTS_IN_STATUS; empty for a pinned layout.
+    layouts: list[LayoutOptionStatus] = Field(default=[], max_length=MAX_LAYOUTS_IN_STATUS)
     # Prefix reuse the capacity search predicts (hit rate per tier, the CPU tier chosen and
     # why, what the reuse saves); the observed shares beside it are the retune timer's.
     reuse: ReuseStatus | None = None

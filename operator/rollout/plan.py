@@ -35,6 +35,7 @@ from kvtune.operator.calibration import calibration_flow
 from kvtune.operator.kube import apply as kapply
 from kvtune.operator.render.objects import RenderInput, plan_hash, vllm_args
 from kvtune.operator.rollout import plan_checks, role_plan, search_job_stage, tier_stage
+from kvtune.operator.rollout.layout_status import layout_terms, layouts_status
 from kvtune.operator.rollout.outcome import Event, PoolContext, PoolOutcome
 from kvtune.operator.search import gpu_prices, reuse_summary, search_budget
 from kvtune.tuner.errors import KVTuneError, NoFeasiblePlan, UnknownName
@@ -148,14 +149,18 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
     request = with_calibration(request, calibrations)
     if searched(profile):
         from kvtune.tuner.planner.cost import priced
+        from kvtune.tuner.planner.layout_replica import per_replica
 
         # Seconds of CPU (a cached result: none); the log says what the operator is busy with.
         LOG.info("%s (%s): capacity search at %.4g req/s", pool_field, pool.gpu_class,
                  profile.request_rate_per_second)
 
         replicas = sharing_replicas(spec, pool, scope)
-        by_goodput: PoolPlan = plan_by_goodput(request, running=running, replicas=replicas,
-                                               budget=search_budget.budget())
+        # A pinned dataParallel: each DP rank is an engine serving its share (as the CLI's
+        # --dp), and the summary is restated per replica (tuner/planner/layout_replica.py).
+        by_goodput: PoolPlan = per_replica(plan_by_goodput(
+            request, running=running, replicas=replicas * request.data_parallel,
+            budget=search_budget.budget()))
         # The tier kind the spec allows beyond the native CPU tier (spec.tuning.kvTiers).
         by_goodput = tier_stage.with_tiers(spec, pool, request, by_goodput, replicas)
         return priced(by_goodput, gpu_prices.price_of(pool, pool_field))
@@ -206,7 +211,8 @@ def _plan_layout(spec: InferenceDeploymentSpec, pool: PoolSpec, request: PlanReq
     gpus = pool.gpus_per_replica
     assert gpus is not None
     if not searched(request.profile):
-        return choose_layout(request, gpus, _plan_by_rules, nodes=pool.nodes_per_replica)
+        return choose_layout(request, gpus, _plan_by_rules, nodes=pool.nodes_per_replica,
+                             dcp=pool.decode_context_parallel)
     LOG.info("%s (%s): the layout of %d GPUs, capacity search per layout at %.4g req/s",
              pool_field, pool.gpu_class, gpus, request.profile.request_rate_per_second)
     replicas = sharing_replicas(spec, pool, scope)
@@ -216,7 +222,8 @@ def _plan_layout(spec: InferenceDeploymentSpec, pool: PoolSpec, request: PlanReq
         return plan_by_goodput(req, running=running, replicas=replicas * req.data_parallel,
                                budget=search_budget.budget())
 
-    return priced(choose_layout(request, gpus, by_goodput, nodes=pool.nodes_per_replica),
+    return priced(choose_layout(request, gpus, by_goodput, nodes=pool.nodes_per_replica,
+                                dcp=pool.decode_context_parallel),
                   gpu_prices.price_of(pool, pool_field))
 
 
@@ -243,6 +250,7 @@ def plan_request(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         tensor_parallel=pool.tensor_parallel if isinstance(pool.tensor_parallel, int) else 1,
         data_parallel=pool.data_parallel, expert_parallel=pool.expert_parallel,
         pipeline_parallel=pool.pipeline_parallel,
+        decode_context_parallel=pool.decode_context_parallel,
         weights_dtype=spec.model.weights_dtype, profile=profile, policy=policy,
         vllm_version=spec.runtime.vllm_version, kv_quality_evidence=kv_quality_evidence,
     )
@@ -289,6 +297,8 @@ def planning_inputs(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
     if pool.pipeline_parallel != 1:
         # Pipeline stages (left out at 1, so digests from before it stay).
         payload["pipeline_parallel"] = pool.pipeline_parallel
+    if pool.decode_context_parallel != 1:
+        payload["decode_context_parallel"] = pool.decode_context_parallel  # as PP's, above
     if pool.gpus_per_replica is not None:
         # A chosen layout: over how many GPUs and nodes (left out when unset, as above).
         payload["gpus_per_replica"] = [pool.gpus_per_replica, pool.nodes_per_replica]
@@ -412,7 +422,7 @@ def spec_field_names(exc: Exception) -> str:
         name = match.group(1)
         return pin_path(name) if name in PinSpec.model_fields else match.group(0)
 
-    return _PIN_FIELD.sub(user_path, str(exc))
+    return layout_terms(_PIN_FIELD.sub(user_path, str(exc)))
 
 
 def plan_status(pool_plan: PoolPlan) -> tuple[PlanStatus, ExpectedStatus, list[str]]:
@@ -474,13 +484,13 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
     knobs, expected, reasons = plan_status(pool_plan)
     warnings = list(pool_plan.warnings)
     at_risk, cost = slo_at_risk(pool_plan), gpu_prices.cost_status(pool_plan)
-    reuse = reuse_summary.reuse_status(pool_plan)
+    reuse, layouts = reuse_summary.reuse_status(pool_plan), layouts_status(pool_plan)
     if kept_warning is not None:
         # The reasons, warnings, SLO verdict and cost the plan in force was made with stay
         # beside it (the new search's are about a plan that does not run).
         reasons = list(base.reasons)
         warnings = [w for w in base.warnings if not w.startswith(KEPT_WARNING)] + [kept_warning]
-        at_risk, cost, reuse = base.slo_at_risk, base.cost, base.reuse
+        at_risk, cost, reuse, layouts = base.slo_at_risk, base.cost, base.reuse, base.layouts
     hash_ = plan_hash(pool_plan, ctx.spec.runtime.image, ctx.pool.role)
     revision = base.revision if base.plan_hash == hash_ else base.revision + 1
     render_input = _render_input(ctx, pool_plan, revision)
@@ -489,7 +499,7 @@ def plan(ctx: PoolContext, inp: PlanInput) -> Planned | PoolOutcome:
         # tensorParallel auto: the degree and replicas chosen.
         "tensor_parallel": pool_plan.tensor_parallel, "replicas": render_input.replicas,
         "reasons": reasons, "warnings": warnings, "plan_inputs": inputs,
-        "slo_at_risk": at_risk, "cost": cost, "reuse": reuse,
+        "slo_at_risk": at_risk, "cost": cost, "reuse": reuse, "layouts": layouts,
         "kv_tier": None if pool_plan.kv_tier is None
         else KVTierStatus.model_validate(pool_plan.kv_tier.model_dump()),
         "vllm_args": vllm_args(render_input),

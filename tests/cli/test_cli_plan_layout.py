@@ -4,6 +4,7 @@ rendered with flags vLLM 0.33's own argument parser accepts (docs/layouts.md).""
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -170,7 +171,7 @@ def test_with_a_rate_the_capacity_search_runs_per_layout_and_ranks_them() -> Non
     """Each layout's engine is searched on its DP share of the rate; the replica's capacity
     (engine's x DP) picks the layout."""
     doc = plan_json("plan", "-m", "deepseek-ai/DeepSeek-V2-Lite", "-g", "H100",
-                    "--gpus-per-replica", "2", "--request-rate", "4")
+                    "--gpus-per-replica", "2", "--request-rate", "4", "--compare-gpu", "H100")
     assert doc["search"] is not None
     rows = doc["layouts_considered"]
     assert [r["label"] for r in rows] == ["TP2", "DP2+EP"]
@@ -178,6 +179,21 @@ def test_with_a_rate_the_capacity_search_runs_per_layout_and_ranks_them() -> Non
     assert chosen["label"] == doc["layout"]["label"]
     assert chosen["score"] == max(r["score"] for r in rows) > 0
     assert "req/s capacity at SLO per replica" in doc["reasons"][0]["message"]
-    dp = doc["layout"]["data_parallel"]
-    assert chosen["score"] == pytest.approx(
-        doc["search"]["capacity_requests_per_second"] * dp, abs=1e-3)
+    # The search summary is the replica's (planner/layout_replica.py): its capacity is the
+    # layout's score, its replicas are replicas of the layout's GPUs, not engines.
+    search = doc["search"]
+    assert chosen["score"] == pytest.approx(search["capacity_requests_per_second"], abs=1e-3)
+    assert search["replicas"] == 1 and search["cost"]["gpus_per_replica"] == 2
+    assert search["replicas_needed"] == math.ceil(4 / search["capacity_requests_per_second"])
+    # Every layout that fits is priced at its GPUs' hour over its capacity at SLO.
+    for r in rows:
+        assert r["usd_per_replica_hour"] == pytest.approx(2 * search["cost"]["usd_per_gpu_hour"])
+        assert r["cost_per_million_good_requests_usd"] == pytest.approx(
+            r["usd_per_replica_hour"] * 1e6 / 3600 / r["score"], rel=1e-6)
+    assert chosen["cost_per_million_good_requests_usd"] == pytest.approx(
+        search["cost"]["cost_per_million_good_requests_usd"], rel=1e-3)
+    # --compare-gpu lists the same layouts with their capacity and cost.
+    compared = doc["gpu_comparison"][0]["layouts"]
+    assert [r["label"] for r in compared] == ["TP2", "DP2+EP"]
+    assert [r["cost_per_million_good_requests_usd"] for r in compared] == \
+        [r["cost_per_million_good_requests_usd"] for r in rows]

@@ -385,6 +385,28 @@ CASES: list[BadSpec] = [
     _adm("pipeline-parallel-at-tp-auto", at("pools", [{
         "gpuClass": "H100", "name": "h100", "tensorParallel": "auto", "pipelineParallel": 2}]),
          "pools[].pipelineParallel needs a pinned tensorParallel"),
+    # --- issue 26: decode context parallel, pinned (as `kvtune plan --dcp`) -----------------
+    _adm("dcp-not-dividing-the-tp", at("pools", [{
+        "gpuClass": "H100", "name": "h100", "tensorParallel": 2, "decodeContextParallel": 4}]),
+         "pools[].decodeContextParallel must divide a pinned tensorParallel"),
+    _adm("dcp-at-tp-auto", at("pools", [{
+        "gpuClass": "H100", "name": "h100", "tensorParallel": "auto",
+        "decodeContextParallel": 2}]),
+         "pools[].decodeContextParallel must divide a pinned tensorParallel"),
+    _adm("dcp-not-dividing-gpus-per-replica", at("pools", [{
+        "gpuClass": "H100", "name": "h100", "gpusPerReplica": 8, "decodeContextParallel": 3}]),
+         "pools[].decodeContextParallel must divide gpusPerReplica"),
+    _adm("dcp-on-a-role", at("pools", [_PREFILL | {"tensorParallel": 2,
+                                                   "decodeContextParallel": 2}, _DECODE]),
+         "drop decodeContextParallel from it"),
+    _adm("dcp-zero", at("pools", [{"gpuClass": "H100", "name": "h100",
+                                   "decodeContextParallel": 0}]),
+         "decodeContextParallel", "greater than or equal to 1"),
+    # The planner's check: kvtune plans DCP for MLA models only (one line, the field named).
+    _deg("dcp-on-a-model-without-mla", at("pools.0", {
+        "gpuClass": "H100", "name": "h100", "replicas": 1, "tensorParallel": 2,
+        "decodeContextParallel": 2}), "InvalidSpec",
+         "spec.pools[0]", "pools[].decodeContextParallel=2", "drop decodeContextParallel"),
     # The pool already running stays first (a spec without it would prune its Deployment).
     _deg("pair-block-sizes-the-handshake-refuses", at("pools", [
         *BASE["pools"], _PREFILL | {"pin": {"blockSize": 32}},

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvtune.tuner.facts.prices import GPUPrice
-from kvtune.tuner.plan import CostFigures, PoolPlan
+from kvtune.tuner.plan import CostFigures, LayoutOption, PoolPlan
 from kvtune.tuner.planner import reuse_money
 
 _PER_MILLION_HOURS = 1e6 / 3600.0
@@ -38,7 +38,9 @@ def priced(pool: PoolPlan, price: GPUPrice | None) -> PoolPlan:
     s = pool.search
     if s is None or price is None:
         return pool
-    gpus = pool.tensor_parallel
+    # A replica's GPUs: TP x DP x PP under a layout (the search's figures are the replica's,
+    # planner/layout_replica.py), else its tensor-parallel degree.
+    gpus = pool.layout.gpus if pool.layout is not None else pool.tensor_parallel
     hourly = price.usd_per_gpu_hour * gpus
     cost = CostFigures(
         usd_per_gpu_hour=price.usd_per_gpu_hour, price_source=price.source,
@@ -52,8 +54,22 @@ def priced(pool: PoolPlan, price: GPUPrice | None) -> PoolPlan:
                                                           p.capacity_requests_per_second),
     }) for p in s.front)
     pool = pool.model_copy(update={"search": s.model_copy(update={"cost": cost,
-                                                                   "front": front})})
+                                                                   "front": front}),
+                                   "layouts_considered": tuple(
+                                       _priced_layout(o, price.usd_per_gpu_hour)
+                                       for o in pool.layouts_considered)})
     return reuse_money.priced(pool, price)  # what prefix reuse saves, at the same price
+
+
+def _priced_layout(option: LayoutOption, usd_per_gpu_hour: float) -> LayoutOption:
+    """A layout weighed by the capacity search, priced: its score is the replica's capacity
+    at SLO (req/s), so a million good requests cost its GPUs' hour over that rate."""
+    if option.refused is not None:
+        return option
+    hourly = usd_per_gpu_hour * option.layout.gpus
+    return option.model_copy(update={
+        "usd_per_replica_hour": hourly,
+        "cost_per_million_good_requests_usd": per_million(hourly, option.score)})
 
 
 def _good_request_cost(pool: PoolPlan) -> float:

@@ -30,6 +30,7 @@ from kvtune.tuner.facts.weights import weights_bytes_per_gpu
 from kvtune.tuner.layout import ParallelLayout
 from kvtune.tuner.plan import LayoutOption, PoolPlan, Reason
 from kvtune.tuner.planner.checks import CHOSEN, PINNED
+from kvtune.tuner.planner.layout_replica import per_replica
 from kvtune.tuner.planner.request import PlanRequest
 from kvtune.tuner.planner.validation import tensor_parallel_ok
 from kvtune.tuner.units import GiB
@@ -166,11 +167,12 @@ def choose_layout(
     assert chosen is not None
     pool = chosen
     options[best] = options[best].model_copy(update={"chosen": True})
-    return pool.model_copy(update={
+    # The search planned one engine; the pool scales by replicas of DP engines.
+    return per_replica(pool.model_copy(update={
         "layout": layout, "layouts_considered": tuple(options),
         "reasons": (_reason(layout, options, best, gpus, pinned=len(layouts) == 1,
                             by_goodput=pool.search is not None),
-                    *pool.reasons)})
+                    *pool.reasons)}))
 
 
 def _reason(layout: ParallelLayout, options: list[LayoutOption], best: int, gpus: int,
