@@ -153,7 +153,9 @@ def plan_one_pool(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         LOG.info("%s (%s): capacity search at %.4g req/s", pool_field, pool.gpu_class,
                  profile.request_rate_per_second)
 
-        replicas = sharing_replicas(spec, pool, scope)
+        # The search replays one engine: a replica's DP ranks each take a share (as the
+        # CLI's and _plan_layout's; the summary counts replicas again, search_report.summary).
+        replicas = sharing_replicas(spec, pool, scope) * request.data_parallel
         by_goodput: PoolPlan = plan_by_goodput(request, running=running, replicas=replicas,
                                                budget=search_budget.budget())
         # The tier kind the spec allows beyond the native CPU tier (spec.tuning.kvTiers).

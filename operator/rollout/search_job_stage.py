@@ -44,7 +44,8 @@ def _document(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
     if settings.mode == "inProcess" or not plan_stage.searched(profile) or pool.tp_auto:
         return None
     request = plan_stage.plan_request(spec, pool, model, profile, policy, evidence)
-    replicas = plan_stage.sharing_replicas(spec, pool, scope)
+    # Engines sharing the rate: each DP rank of a replica takes a share (as in-process).
+    replicas = plan_stage.sharing_replicas(spec, pool, scope) * request.data_parallel
     rate = (profile.request_rate_per_second or 0.0) / replicas
     if not search_job_flow.wanted(settings, request, len(spec.pools), rate):
         return None

@@ -38,7 +38,8 @@ def priced(pool: PoolPlan, price: GPUPrice | None) -> PoolPlan:
     s = pool.search
     if s is None or price is None:
         return pool
-    gpus = pool.tensor_parallel
+    # A replica's GPUs: TP x DP (x PP) under a layout; the search's figures are a replica's.
+    gpus = pool.layout.gpus if pool.layout is not None else pool.tensor_parallel
     hourly = price.usd_per_gpu_hour * gpus
     cost = CostFigures(
         usd_per_gpu_hour=price.usd_per_gpu_hour, price_source=price.source,

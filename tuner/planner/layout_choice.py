@@ -123,8 +123,8 @@ def _option(request: PlanRequest, layout: ParallelLayout, pool: PoolPlan | None,
 
 def objective(pool: PoolPlan, layout: ParallelLayout) -> float:
     """The replica's figure the choice ranks by (module docstring)."""
-    if pool.search is not None:
-        return pool.search.capacity_requests_per_second * layout.data_parallel
+    if pool.search is not None:  # already a replica's (all its DP engines)
+        return pool.search.capacity_requests_per_second
     e = pool.expected
     return float(min(pool.plan.max_num_seqs, e.concurrent_sequences) * layout.data_parallel)
 

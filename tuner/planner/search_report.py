@@ -30,20 +30,30 @@ def summary(request: PlanRequest, best: Scored, ranked: Sequence[Scored],
             final_n: int, considered: int, reference: str, stopped: str | None,
             capacity_measured_requests: int = 0) -> SearchSummary:
     """The search's summary: the chosen plan's figures (its capacity from ``best``'s
-    standing), the alternatives and the Pareto front over ``ranked``."""
+    standing), the alternatives and the Pareto front over ``ranked``.
+
+    The simulator replays one engine: ``rate`` is one engine's share and ``replicas`` the
+    engines sharing the traffic. Under data parallel a replica runs ``data_parallel``
+    engines (TP x DP GPUs), so the summary's replica figures are ``data_parallel`` engines'
+    (their rate, capacity and output) and its replicas count replicas, not engines (a pool
+    of 1 replica of DP2 whose engine sustains 21 req/s has a capacity of 42 req/s and needs
+    1 replica for 35 req/s, not 2)."""
     slo = request.policy.slo
+    dp = request.data_parallel
+    replica_rate = rate * dp
+    replica_count = max(1, replicas // dp)
     return SearchSummary(
         observed_rate_per_second=rate * replicas,
-        replicas=replicas,
-        rate_per_replica_per_second=rate,
+        replicas=replica_count,
+        rate_per_replica_per_second=replica_rate,
         littles_law_sequences=littles_law_sequences(request, rate),
-        capacity_requests_per_second=rate * best.standing.lower_scale,
+        capacity_requests_per_second=replica_rate * best.standing.lower_scale,
         slo_attainment=best.score.slo_attainment,
         ttft_p95_seconds=best.score.ttft_p95_seconds,
         tpot_p95_seconds=best.score.tpot_p95_seconds,
         slo_met=best.standing.meets_observed(settings.slo_attainment),
         slo_set=slo.ttft_p95_seconds is not None or slo.tpot_p95_seconds is not None,
-        replicas_needed=replicas_needed(replicas, best.standing.lower_scale),
+        replicas_needed=replicas_needed(replica_count, best.standing.lower_scale),
         candidates=considered,
         simulated_requests=simulated_requests,
         requests_per_candidate=final_n,
@@ -53,7 +63,7 @@ def summary(request: PlanRequest, best: Scored, ranked: Sequence[Scored],
         alternatives=tuple(
             SearchAlternative(
                 vllm_args=tuple(x.plan.vllm_args()),
-                capacity_requests_per_second=rate * x.standing.lower_scale,
+                capacity_requests_per_second=replica_rate * x.standing.lower_scale,
                 slo_attainment=x.score.slo_attainment,
                 ttft_p95_seconds=x.score.ttft_p95_seconds,
                 tpot_p95_seconds=x.score.tpot_p95_seconds,
@@ -61,9 +71,11 @@ def summary(request: PlanRequest, best: Scored, ranked: Sequence[Scored],
             )
             for x in ranked[1:1 + settings.alternatives]
         ),
-        output_tokens_per_second=best.score.output_tokens_per_second,
-        front=pareto_front([(x.plan, x.standing, x is best) for x in ranked], rate,
-                           lambda score: -slack(score, request)),
+        output_tokens_per_second=best.score.output_tokens_per_second * dp,
+        front=tuple(p.model_copy(update={
+            "output_tokens_per_second": p.output_tokens_per_second * dp})
+            for p in pareto_front([(x.plan, x.standing, x is best) for x in ranked],
+                                  replica_rate, lambda score: -slack(score, request))),
         stopped_by=stopped,
     )
 
