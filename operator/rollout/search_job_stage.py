@@ -39,9 +39,11 @@ def _document(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
     from kvtune.operator.rollout import plan as plan_stage
 
     settings = search_jobs.settings()
-    # tensorParallel auto searches every degree and chooses among them (plan_stage._plan_auto):
-    # one Job per pool answers one degree, so auto pools stay in the operator for now.
-    if settings.mode == "inProcess" or not plan_stage.searched(profile) or pool.tp_auto:
+    # tensorParallel auto searches every degree and chooses among them (plan_stage._plan_auto),
+    # gpusPerReplica every layout (plan_stage._plan_layout): one Job per pool answers one
+    # request, so those pools stay in the operator for now.
+    if settings.mode == "inProcess" or not plan_stage.searched(profile) or pool.tp_auto \
+            or pool.gpus_per_replica is not None:
         return None
     request = plan_stage.plan_request(spec, pool, model, profile, policy, evidence)
     # Engines sharing the rate: each DP rank of a replica takes a share (as in-process).

@@ -108,3 +108,34 @@ def test_the_operator_searches_a_pinned_data_parallel_pool_per_engine() -> None:
         per_engine.search.capacity_requests_per_second)
     _, expected, _ = rec.plan_status(got)
     assert expected.replicas_needed == got.search.replicas_needed
+
+
+def test_a_search_job_counts_engines_and_leaves_a_layout_choice_in_process(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``search.mode: job``: a pinned DP2 pool's document shares the rate among its engines
+    (as in-process); a ``gpusPerReplica`` pool weighs several layouts, which one Job's single
+    request cannot, so it is searched in the operator."""
+    from kvtune.operator.api import InferenceDeploymentSpec
+    from kvtune.operator.rollout import plan as rec
+    from kvtune.operator.rollout import search_job_stage
+    from kvtune.operator.search import search_jobs
+
+    monkeypatch.setenv(search_jobs.ENV_MODE, "job")
+    observed = preset_profile("rag").model_copy(update={
+        "source": "prometheus", "request_rate_per_second": RATE})
+
+    def document(pool: dict[str, object]) -> object:
+        body = copy.deepcopy(SAMPLE_SPEC)
+        body["model"] = {"name": MODEL}
+        body["pools"] = [pool]
+        spec = InferenceDeploymentSpec.model_validate(body)
+        return search_job_stage._document(
+            spec, spec.pools[0], get_model(MODEL), observed, rec.policy_for(spec), None, None,
+            "pool")
+
+    pinned = document({"gpuClass": "H100", "replicas": 3, "tensorParallel": 1,
+                       "dataParallel": 2})
+    assert pinned is not None
+    _, doc = pinned
+    assert doc.replicas == 6 and doc.request.data_parallel == 2
+    assert document({"gpuClass": "H100", "replicas": 1, "gpusPerReplica": 2}) is None
