@@ -43,7 +43,13 @@ from kvtune.operator.api.names import VLLM_PORT as VLLM_PORT
 from kvtune.operator.api.names import object_name as object_name
 from kvtune.operator.prometheus import reuse_window, slo_buckets
 from kvtune.operator.render import leader_worker_set as lws
-from kvtune.operator.render import pod_policy, runtime_access, template_sandbox, tenant_reach
+from kvtune.operator.render import (
+    pod_policy,
+    runtime_access,
+    template_sandbox,
+    tenant_reach,
+    workload_pods,
+)
 from kvtune.operator.routing import endpoint_picker
 from kvtune.tuner import plan_tier
 from kvtune.tuner.facts import host_resources, kv_tiers
@@ -298,7 +304,25 @@ def render_pool(inp: RenderInput) -> list[dict[str, Any]]:
     context["pod_template"] = pod
     objects = [_render_yaml(t, t, context)
                for t in ("deployment.yaml.j2", "service.yaml.j2", "pdb.yaml.j2")]
-    return _spanning_nodes(inp, objects) if inp.nodes_per_replica > 1 else objects
+    if inp.nodes_per_replica > 1:
+        objects = _spanning_nodes(inp, objects)
+    _check_workloads(inp, objects, pod_where)
+    return objects
+
+
+def _check_workloads(inp: RenderInput, objects: list[dict[str, Any]], pod_where: str) -> None:
+    """The pod policy and the tenant's reach again, on each pod template as it is applied:
+    a LeaderWorkerSet's two templates are copies of the checked pod, the worker's changed."""
+    for obj in objects:
+        try:
+            workload_pods.check(obj)
+        except pod_policy.PolicyViolation as exc:
+            raise RenderError(f"{pod_where}: {exc}") from exc
+        for where, template in workload_pods.pod_templates(obj):
+            try:
+                tenant_reach.check(template, spec_image=inp.image, spec_secrets=inp.secrets)
+            except tenant_reach.ReachRefused as exc:
+                raise ReachError(f"{pod_where}: {obj['kind']} {where}: {exc}") from exc
 
 
 def _spanning_nodes(inp: RenderInput, objects: list[dict[str, Any]]) -> list[dict[str, Any]]:

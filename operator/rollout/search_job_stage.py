@@ -39,12 +39,15 @@ def _document(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
     from kvtune.operator.rollout import plan as plan_stage
 
     settings = search_jobs.settings()
-    # tensorParallel auto searches every degree and chooses among them (plan_stage._plan_auto):
-    # one Job per pool answers one degree, so auto pools stay in the operator for now.
-    if settings.mode == "inProcess" or not plan_stage.searched(profile) or pool.tp_auto:
+    # tensorParallel auto searches every degree and chooses among them (plan_stage._plan_auto),
+    # gpusPerReplica every layout (plan_stage._plan_layout): one Job per pool answers one
+    # request, so those pools stay in the operator for now.
+    if settings.mode == "inProcess" or not plan_stage.searched(profile) or pool.tp_auto \
+            or pool.gpus_per_replica is not None:
         return None
     request = plan_stage.plan_request(spec, pool, model, profile, policy, evidence)
-    replicas = plan_stage.sharing_replicas(spec, pool, scope)
+    # Engines sharing the rate: each DP rank of a replica takes a share (as in-process).
+    replicas = plan_stage.sharing_replicas(spec, pool, scope) * request.data_parallel
     rate = (profile.request_rate_per_second or 0.0) / replicas
     if not search_job_flow.wanted(settings, request, len(spec.pools), rate):
         return None
@@ -87,8 +90,10 @@ def _answered(ctx: PoolContext, outcome: SearchOutcome, where: str) -> PoolPlan 
         return ctx.failed(reason, f"{where}: {outcome.error.message}")
     assert outcome.plan is not None  # an outcome is a plan or an error
     from kvtune.tuner.planner.cost import priced
+    from kvtune.tuner.planner.layout_replica import per_replica
 
-    return priced(outcome.plan, gpu_prices.price_of(ctx.pool, ctx.field))
+    # The Job replays one engine; a pinned dataParallel's replica is DP of them.
+    return priced(per_replica(outcome.plan), gpu_prices.price_of(ctx.pool, ctx.field))
 
 
 def _running(ctx: PoolContext, waiting: search_job_flow.Waiting, digest: str) -> PoolOutcome:
@@ -128,5 +133,6 @@ def plan_for_retune(kube: kapply.Kube, body: Any, spec: InferenceDeploymentSpec,
         return f"the search Job answered {got.error.kind}: {got.error.message}"
     assert got.plan is not None
     from kvtune.tuner.planner.cost import priced
+    from kvtune.tuner.planner.layout_replica import per_replica
 
-    return priced(got.plan, gpu_prices.price_of(pool, "spec.pools[]"))
+    return priced(per_replica(got.plan), gpu_prices.price_of(pool, "spec.pools[]"))

@@ -487,7 +487,8 @@ def test_admission_policy_guards_the_operators_own_writes(helm: Path) -> None:
                   "--set", "podPolicy.allowedSecrets={hf-token}",
                   "--set", "podPolicy.allowedImages={registry.example/vllm/*}")
     every = by_kind(docs, "ValidatingAdmissionPolicy")
-    names = ["kvtune-operator-pods", "kvtune-operator-shapes", "kvtune-operator-writes",
+    names = ["kvtune-operator-lws-leaders", "kvtune-operator-lws-workers",
+             "kvtune-operator-pods", "kvtune-operator-shapes", "kvtune-operator-writes",
              "kvtune-tenant-secrets"]
     assert sorted(p["metadata"]["name"] for p in every) == names
     assert sorted(b["spec"]["policyName"] for b in by_kind(
@@ -521,7 +522,32 @@ def test_admission_policy_guards_the_operators_own_writes(helm: Path) -> None:
                for r in rule["resources"]}
     assert {"deployments", "services", "poddisruptionbudgets", "jobs", "configmaps",
             "inferencepools", "httproutes", "prometheusrules", "podmonitors",
-            "servicemonitors", "events", "inferencedeployments"} <= matched
+            "servicemonitors", "events", "inferencedeployments", "leaderworkersets"} <= matched
+    # The pod rules are the same for every pod template the operator writes: a Deployment's
+    # or Job's, and a LeaderWorkerSet's leader (the workerTemplate when it has none) and
+    # workers (operator/render/workload_pods.py reads the same paths).
+    pods = {p["metadata"]["name"].removeprefix("kvtune-operator-"): p for p in policies
+            if p["metadata"]["name"] in names[:3]}
+    templates = {k: p["spec"]["variables"][0] for k, p in pods.items()}
+    assert templates == {
+        "pods": {"name": "template", "expression": "object.spec.template"},
+        "lws-leaders": {"name": "template", "expression": (
+            "has(object.spec.leaderWorkerTemplate.leaderTemplate) ? "
+            "dyn(object.spec.leaderWorkerTemplate.leaderTemplate) : "
+            "dyn(object.spec.leaderWorkerTemplate.workerTemplate)")},
+        "lws-workers": {"name": "template", "expression": (
+            "dyn(object.spec.leaderWorkerTemplate.workerTemplate)")}}
+    assert {r for rule in pods["lws-workers"]["spec"]["matchConstraints"]["resourceRules"]
+            for r in rule["resources"]} == {"leaderworkersets"}
+    rules = {k: [v["expression"] for v in p["spec"]["validations"]] for k, p in pods.items()}
+    picker = "kvtune-endpoint-picker"
+    assert len(rules["pods"]) == len(rules["lws-leaders"]) == len(rules["lws-workers"]) == 20
+    # Only a Deployment kvtune renders for an endpoint picker may run as its account.
+    assert [r for r in rules["lws-leaders"] if picker in r] == []
+    assert rules["lws-workers"] == rules["lws-leaders"]
+    for k in ("lws-leaders", "lws-workers"):
+        assert [r for r in rules["pods"] if picker not in r] == [
+            r for r in rules[k] if "serviceAccount" not in r]
     (deploy,) = by_kind(docs, "Deployment")
     args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--allowed-service-account=weights-reader" in args

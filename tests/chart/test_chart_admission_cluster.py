@@ -62,9 +62,11 @@ def _install_crds(admin: Any) -> None:
     from kubernetes.client.exceptions import ApiException
 
     from kvtune.e2e.inference_extension import crd_paths, gateway_api_crd_paths
+    from kvtune.e2e.leader_worker_set import crd_path as lws_crd_path
 
     install_crd(admin)
-    for path in [*crd_paths(), *gateway_api_crd_paths("experimental")]:
+    # LeaderWorkerSet v0.9.0's own CRD (the Go module's): a multi-node pool's kind.
+    for path in [*crd_paths(), *gateway_api_crd_paths("experimental"), lws_crd_path()]:
         install_crd(admin, path)
     ext = client.ApiextensionsV1Api(admin)
     for kind, plural in (("PodMonitor", "podmonitors"), ("ServiceMonitor", "servicemonitors"),
@@ -145,7 +147,8 @@ def _wait_for_policies(admin: Any, api: Any) -> None:
     from kubernetes.client.exceptions import ApiException
 
     adm = client.AdmissionregistrationV1Api(admin)
-    for suffix in ("operator-writes", "operator-pods", "operator-shapes"):
+    for suffix in ("operator-writes", "operator-pods", "operator-lws-leaders",
+                   "operator-lws-workers", "operator-shapes"):
         def checked(name: str = f"{RELEASE}-{suffix}") -> Any:
             policy = adm.read_validating_admission_policy(name)
             return policy if policy.status and policy.status.observed_generation else None
@@ -175,6 +178,20 @@ def _pool_objects() -> list[dict[str, Any]]:
         name=OWNER, namespace=NS, pool="h200", pool_plan=make_pool_plan(),
         model_name="meta-llama/Llama-3.1-8B-Instruct", image="vllm/vllm-openai:v0.33.0",
         replicas=1, revision=1, entrypoint="kvtune"))
+
+
+def _group_objects() -> list[dict[str, Any]]:
+    """A pool whose replicas span 2 nodes (DP16+EP, 8 engines a node): LeaderWorkerSet,
+    Service and PodDisruptionBudget, as the renderer makes them."""
+    from kvtune.operator.render.objects import RenderInput, render_pool
+    from kvtune.tuner.layout import ParallelLayout
+
+    plan = make_pool_plan().model_copy(update={"layout": ParallelLayout(
+        tensor_parallel=1, data_parallel=16, expert_parallel=True)})
+    return render_pool(RenderInput(
+        name=OWNER, namespace=NS, pool="h100", pool_plan=plan,
+        model_name="deepseek-ai/DeepSeek-V3", image="vllm/vllm-openai:v0.33.0", replicas=2,
+        revision=1, entrypoint="kvtune", nodes_per_replica=2))
 
 
 def _kind(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
@@ -293,7 +310,8 @@ def _create(api: Any, obj: dict[str, Any], *, dry_run: bool = True,
     group, version = group_version.split("/")
     plural = {"InferencePool": "inferencepools", "HTTPRoute": "httproutes",
               "PodMonitor": "podmonitors", "ServiceMonitor": "servicemonitors",
-              "PrometheusRule": "prometheusrules"}[kind]
+              "PrometheusRule": "prometheusrules",
+              "LeaderWorkerSet": "leaderworkersets"}[kind]
     return client.CustomObjectsApi(api).create_namespaced_custom_object(
         group, version, namespace, plural, obj, **dry)
 
@@ -309,6 +327,66 @@ def _deployment_with(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]
 def _container(spec: dict[str, Any]) -> dict[str, Any]:
     container: dict[str, Any] = spec["containers"][0]
     return container
+
+
+def _group_with(key: str | None, change: Callable[[dict[str, Any]], None],
+                *, leader: bool = True) -> dict[str, Any]:
+    """kvtune's own LeaderWorkerSet of a pool over 2 nodes, changed in the pod spec of its
+    template ``key`` (leaderTemplate, workerTemplate); ``leader=False`` drops the
+    leaderTemplate (LWS then makes the leader from the workerTemplate)."""
+    group = _kind(_group_objects(), "LeaderWorkerSet")
+    group["metadata"]["name"] = "pwn"
+    templates = group["spec"]["leaderWorkerTemplate"]
+    if not leader:
+        del templates["leaderTemplate"]
+    if key is not None:
+        change(templates[key]["spec"])
+    return group
+
+
+def _group_attacks(api: Any) -> dict[str, Callable[[], Any]]:
+    """A tenant's template through a LeaderWorkerSet: each of its two templates, and the
+    worker's alone when it is also the leader's."""
+    def group(key: str, change: Callable[[dict[str, Any]], None],
+              leader: bool = True) -> Callable[[], Any]:
+        return lambda: _create(api, _group_with(key, change, leader=leader))
+
+    mount = {"name": "db", "secret": {"secretName": "db"}}
+    secret_env = {"name": "DB", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}
+    attacks: dict[str, Callable[[], Any]] = {}
+    for key in ("leaderTemplate", "workerTemplate"):
+        attacks |= {
+            f"{key}: mount the namespace's Secret": group(
+                key, lambda s: s["volumes"].append(mount)),
+            f"{key}: read the Secret with env secretKeyRef": group(
+                key, lambda s: _container(s)["env"].append(secret_env)),
+            f"{key}: pin the pod to a node (nodeName)": group(
+                key, lambda s: s.update(nodeName="control-plane-0")),
+            f"{key}: tolerate every taint": group(
+                key, lambda s: s.update(tolerations=[{"operator": "Exists"}])),
+            f"{key}: a system priority class": group(
+                key, lambda s: s.update(priorityClassName="system-node-critical")),
+            f"{key}: run as root": group(key, lambda s: _container(s).update(
+                securityContext={"runAsUser": 0})),
+            f"{key}: allow privilege escalation": group(key, lambda s: _container(s).update(
+                securityContext={"allowPrivilegeEscalation": True})),
+            f"{key}: privileged": group(key, lambda s: _container(s).update(
+                securityContext={"privileged": True})),
+            f"{key}: host network": group(key, lambda s: s.update(hostNetwork=True)),
+            # A custom resource's template is stored as written: the deprecated alias would
+            # reach the pods the LWS controller makes as their serviceAccountName.
+            f"{key}: another ServiceAccount by the deprecated alias": group(
+                key, lambda s: s.update(serviceAccount="kvtune")),
+            f"{key}: the endpoint picker's ServiceAccount": group(
+                key, lambda s: s.update(serviceAccountName="kvtune-endpoint-picker")),
+        }
+    attacks |= {
+        "no leaderTemplate, the workers' (and leader's) mounts the Secret": group(
+            "workerTemplate", lambda s: s["volumes"].append(mount), leader=False),
+        "no leaderTemplate, the workers' (and leader's) on a named node": group(
+            "workerTemplate", lambda s: s.update(nodeName="control-plane-0"), leader=False),
+    }
+    return attacks
 
 
 def _pod_attacks(api: Any) -> dict[str, Callable[[], Any]]:
@@ -461,6 +539,16 @@ def test_the_operators_token_cannot_reach_beyond_its_job(token: Any) -> None:
     assert _refused_by_the_policy(_other_attacks(token)) == []
 
 
+def test_the_operators_token_cannot_get_a_bad_pod_through_a_leader_worker_set(
+        token: Any) -> None:
+    """A multi-node pool's LeaderWorkerSet (v0.9.0's CRD installed): what a Deployment may not
+    carry, neither of its templates may (RBAC lets the token write LWSs; only the pod rules'
+    policies refuse it), and kvtune's own LWS, with and without a leaderTemplate, passes."""
+    assert _refused_by_the_policy(_group_attacks(token)) == []
+    _create(token, _group_with(None, lambda s: None))
+    _create(token, _group_with(None, lambda s: None, leader=False))
+
+
 def test_what_kvtune_renders_is_admitted(token: Any, admin: Any) -> None:
     """The positive control: every object kvtune's renderers make, created with the same token
     (a server-side dry run: admitted exactly as a real write), and its Events for real."""
@@ -469,7 +557,7 @@ def test_what_kvtune_renders_is_admitted(token: Any, admin: Any) -> None:
     from kvtune.operator.kube import apply as kapply
 
     job, report = _calibration()
-    objects = [*_pool_objects(), *_routing_objects(), _http_route(),
+    objects = [*_pool_objects(), *_group_objects(), *_routing_objects(), _http_route(),
                *_monitors("PodMonitor"), *_monitors("ServiceMonitor"), _prometheus_rule(),
                job, report, *_search_job()]
     # kvtune's own template with a vLLM entrypoint too, and a pod with the chart's /dev/shm
