@@ -152,6 +152,7 @@ class VllmEngine:
             CacheConfig,
             DeviceConfig,
             ModelConfig,
+            ParallelConfig,
             SchedulerConfig,
             VllmConfig,
         )
@@ -194,10 +195,17 @@ class VllmEngine:
             cache_config.kv_offloading_size = (cfg.cpu_offload_blocks * self._block_bytes()
                                                / GiB)
             cache_config.kv_offloading_backend = "native"
+        # Pipeline parallel: vLLM's own micro-batch cadence (``AsyncScheduler.decode_stagger``)
+        # and batch queue depth (``max_concurrent_batches``) follow from its ParallelConfig.
+        extra = ({"parallel_config": ParallelConfig(
+            pipeline_parallel_size=cfg.pipeline_parallel)}
+            if cfg.pipeline_parallel > 1 else {})
         vllm_config = VllmConfig(
             model_config=model_config, cache_config=cache_config,
             scheduler_config=scheduler_config, device_config=DeviceConfig(device="cpu"),
+            **extra,
         )
+        self.depth = vllm_config.max_concurrent_batches
         heads, head_size = 8, 128
         groups = []
         for i, g in enumerate(self.kv_groups):
@@ -350,7 +358,8 @@ class VllmEngine:
     def run(self) -> RunRecord:
         sched = self.scheduler
         loop = _Loop(pending=deque(self.requests),
-                     depth=2 if self.config.async_scheduling else 1)
+                     depth=(self.depth if self.config.pipeline_parallel > 1
+                            else 2 if self.config.async_scheduling else 1))
         self._now = 0.0
         while True:
             if loop.sample_dt is not None:

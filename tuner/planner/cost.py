@@ -38,7 +38,8 @@ def priced(pool: PoolPlan, price: GPUPrice | None) -> PoolPlan:
     s = pool.search
     if s is None or price is None:
         return pool
-    gpus = pool.tensor_parallel
+    # One engine's GPUs (the search plans one engine): TP, times its stages under PP.
+    gpus = pool.tensor_parallel * (pool.layout.pipeline_parallel if pool.layout else 1)
     hourly = price.usd_per_gpu_hour * gpus
     cost = CostFigures(
         usd_per_gpu_hour=price.usd_per_gpu_hour, price_source=price.source,
