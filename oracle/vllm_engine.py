@@ -124,6 +124,7 @@ class VllmEngine:
         self.kv_groups = tuple(kv_groups)
         self._tmp = tempfile.TemporaryDirectory(prefix="kvtune-oracle-")
         self.offload: OffloadProbe | None = None
+        self.depth = 1  # batches in flight: vLLM's max_concurrent_batches (``_build``)
         self.scheduler = self._build()
         self.worker = (HostLinkWorker(config.offload_load_seconds_per_block)
                        if self.offload is not None else None)
@@ -196,14 +197,12 @@ class VllmEngine:
                                                / GiB)
             cache_config.kv_offloading_backend = "native"
         # Pipeline parallel: vLLM's own micro-batch cadence (``AsyncScheduler.decode_stagger``)
-        # and batch queue depth (``max_concurrent_batches``) follow from its ParallelConfig.
-        extra = ({"parallel_config": ParallelConfig(
-            pipeline_parallel_size=cfg.pipeline_parallel)}
-            if cfg.pipeline_parallel > 1 else {})
+        # and batch queue depth (``max_concurrent_batches``) follow from its ParallelConfig
+        # (at 1, the default ParallelConfig).
         vllm_config = VllmConfig(
             model_config=model_config, cache_config=cache_config,
             scheduler_config=scheduler_config, device_config=DeviceConfig(device="cpu"),
-            **extra,
+            parallel_config=ParallelConfig(pipeline_parallel_size=cfg.pipeline_parallel),
         )
         self.depth = vllm_config.max_concurrent_batches
         heads, head_size = 8, 128

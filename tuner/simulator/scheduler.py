@@ -62,6 +62,8 @@ The run modes live in their own modules, each a layer of the one class: ``sched_
 (state, allocation, a step's bookkeeping, the result), ``sched_offload`` (the CPU tier),
 ``sched_exact`` (the exact step: preemption and admission), ``sched_cohort`` (the cohort
 step), ``sched_runs`` (decode and prefill runs); this module picks the mode for each step.
+Pipeline parallel (``EngineConfig.pipeline_parallel`` > 1) is its own replay,
+``sched_pipeline.PipelineScheduler``, which ``simulate()`` runs instead.
 """
 
 from __future__ import annotations
