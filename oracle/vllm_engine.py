@@ -124,6 +124,7 @@ class VllmEngine:
         self.kv_groups = tuple(kv_groups)
         self._tmp = tempfile.TemporaryDirectory(prefix="kvtune-oracle-")
         self.offload: OffloadProbe | None = None
+        self.depth = 1  # batches in flight: vLLM's max_concurrent_batches (``_build``)
         self.scheduler = self._build()
         self.worker = (HostLinkWorker(config.offload_load_seconds_per_block)
                        if self.offload is not None else None)
@@ -147,11 +148,11 @@ class VllmEngine:
     # -- construction -----------------------------------------------------------------------
 
     def _build(self) -> Any:
-        import torch
         from vllm.config import (
             CacheConfig,
             DeviceConfig,
             ModelConfig,
+            ParallelConfig,
             SchedulerConfig,
             VllmConfig,
         )
@@ -159,13 +160,7 @@ class VllmEngine:
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.core.sched.async_scheduler import AsyncScheduler
         from vllm.v1.core.sched.scheduler import Scheduler
-        from vllm.v1.kv_cache_interface import (
-            ChunkedLocalAttentionSpec,
-            FullAttentionSpec,
-            KVCacheConfig,
-            KVCacheGroupSpec,
-            SlidingWindowSpec,
-        )
+        from vllm.v1.kv_cache_interface import KVCacheConfig
         from vllm.v1.structured_output import StructuredOutputManager
 
         cfg = self.config
@@ -194,12 +189,42 @@ class VllmEngine:
             cache_config.kv_offloading_size = (cfg.cpu_offload_blocks * self._block_bytes()
                                                / GiB)
             cache_config.kv_offloading_backend = "native"
+        # Pipeline parallel: vLLM's own micro-batch cadence (``AsyncScheduler.decode_stagger``)
+        # and batch queue depth (``max_concurrent_batches``) follow from its ParallelConfig
+        # (at 1, the default ParallelConfig).
         vllm_config = VllmConfig(
             model_config=model_config, cache_config=cache_config,
             scheduler_config=scheduler_config, device_config=DeviceConfig(device="cpu"),
+            parallel_config=ParallelConfig(pipeline_parallel_size=cfg.pipeline_parallel),
         )
+        self.depth = vllm_config.max_concurrent_batches
+        groups = self._kv_cache_groups()
+        kv_cache_config = KVCacheConfig(num_blocks=cfg.num_gpu_blocks, kv_cache_tensors=[],
+                                        kv_cache_groups=groups)
+        hash_fn = get_hash_fn_by_name("sha256")
+        init_none_hash(hash_fn)
+        self._hasher = get_request_block_hasher(cfg.block_size, hash_fn)
+        cls = AsyncScheduler if cfg.async_scheduling else Scheduler
+        sched = cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+                    structured_output_manager=StructuredOutputManager(vllm_config),
+                    block_size=cfg.block_size, log_stats=True)
+        if cfg.cpu_offload_blocks:
+            self.offload = OffloadProbe(sched, cfg.cpu_offload_blocks)
+        return sched
+
+    def _kv_cache_groups(self) -> list[Any]:
+        """One ``KVCacheGroupSpec`` per attention kind of ``kv_groups``, one layer each."""
+        import torch
+        from vllm.v1.kv_cache_interface import (
+            ChunkedLocalAttentionSpec,
+            FullAttentionSpec,
+            KVCacheGroupSpec,
+            SlidingWindowSpec,
+        )
+
+        cfg = self.config
         heads, head_size = 8, 128
-        groups = []
+        groups: list[Any] = []
         for i, g in enumerate(self.kv_groups):
             spec: Any
             if g.kind == "full":
@@ -214,18 +239,7 @@ class VllmEngine:
                     block_size=cfg.block_size, num_kv_heads=heads, head_size=head_size,
                     dtype=torch.bfloat16, attention_chunk_size=g.window_tokens)
             groups.append(KVCacheGroupSpec([f"model.layers.{i}.self_attn.attn"], spec))
-        kv_cache_config = KVCacheConfig(num_blocks=cfg.num_gpu_blocks, kv_cache_tensors=[],
-                                        kv_cache_groups=groups)
-        hash_fn = get_hash_fn_by_name("sha256")
-        init_none_hash(hash_fn)
-        self._hasher = get_request_block_hasher(cfg.block_size, hash_fn)
-        cls = AsyncScheduler if cfg.async_scheduling else Scheduler
-        sched = cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
-                    structured_output_manager=StructuredOutputManager(vllm_config),
-                    block_size=cfg.block_size, log_stats=True)
-        if cfg.cpu_offload_blocks:
-            self.offload = OffloadProbe(sched, cfg.cpu_offload_blocks)
-        return sched
+        return groups
 
     def _block_bytes(self) -> int:
         # One block of each group's one layer: K and V, 8 heads of 128 bf16 values a token
@@ -350,7 +364,8 @@ class VllmEngine:
     def run(self) -> RunRecord:
         sched = self.scheduler
         loop = _Loop(pending=deque(self.requests),
-                     depth=2 if self.config.async_scheduling else 1)
+                     depth=(self.depth if self.config.pipeline_parallel > 1
+                            else 2 if self.config.async_scheduling else 1))
         self._now = 0.0
         while True:
             if loop.sample_dt is not None:

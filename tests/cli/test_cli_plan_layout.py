@@ -197,3 +197,31 @@ def test_with_a_rate_the_capacity_search_runs_per_layout_and_ranks_them() -> Non
     assert [r["label"] for r in compared] == ["TP2", "DP2+EP"]
     assert [r["cost_per_million_good_requests_usd"] for r in compared] == \
         [r["cost_per_million_good_requests_usd"] for r in rows]
+
+
+def _short_trace(path: Any, requests: int = 60) -> str:
+    """A Mooncake-style JSONL trace: a request every 100 ms, 600-2,000-token prompts (blocks
+    of 512 tokens, the first shared by every third), 20-90 output tokens."""
+    rows = []
+    for i in range(requests):
+        prompt = 600 + (i * 229) % 1400
+        blocks = -(-prompt // 512)
+        ids = [0] + [1000 + i * 10 + b for b in range(blocks - 1)] if i % 3 == 0 else [
+            1000 + i * 10 + b for b in range(blocks)]
+        rows.append(json.dumps({"timestamp": i * 100, "input_length": prompt,
+                                "output_length": 20 + (i * 7) % 70, "hash_ids": ids}))
+    path.write_text("\n".join(rows) + "\n")
+    return str(path)
+
+
+@pytest.mark.slow
+def test_a_pinned_pp_engine_gets_the_capacity_search(tmp_path: Any) -> None:
+    """``--pp 2 --trace``: the search replays PP's micro-batches (it refused --pp before);
+    the engine's cost counts its stages' GPUs."""
+    doc = plan_json("plan", "-m", "Qwen/Qwen2.5-7B-Instruct", "-g", "H100", "--tp", "1",
+                    "--pp", "2", "--trace", _short_trace(tmp_path / "t.jsonl"))
+    assert doc["layout"]["pipeline_parallel"] == 2
+    search = doc["search"]
+    assert search is not None and search["capacity_requests_per_second"] > 0
+    assert search["cost"]["gpus_per_replica"] == 2
+    assert "--pipeline-parallel-size=2" in doc["vllm_args"]

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from test_op_leader_worker_set import planned, rendered, spec_for
 
 from kvtune.operator.api.workloads import declared_profile
-from kvtune.operator.rollout.plan import planning_inputs, policy_for
+from kvtune.operator.rollout.plan import plan_one_pool, planning_inputs, policy_for
 from kvtune.tuner.facts.catalog import get_model
 
 L70 = "meta-llama/Llama-3.3-70B-Instruct"
@@ -53,3 +53,17 @@ def test_pipeline_parallel_counts_in_the_planning_digest() -> None:
     assert planning_inputs(staged, staged.pools[0], model, profile, policy_for(staged),
                            None) != planning_inputs(flat, flat.pools[0], model, profile,
                                                     policy_for(flat), None)
+
+
+@pytest.mark.slow
+def test_a_pinned_pipeline_with_a_rate_is_planned_by_the_capacity_search() -> None:
+    """A rate in the pool's profile: the capacity search replays the PP engine's
+    micro-batches (the simulator refused pipeline stages before)."""
+    spec = spec_for({**STAGED, "tensorParallel": 1}, "Qwen/Qwen2.5-7B-Instruct")
+    profile = declared_profile(spec.workload).model_copy(
+        update={"request_rate_per_second": 2.0})
+    plan = plan_one_pool(spec, spec.pools[0], get_model(spec.model.name), profile,
+                         policy_for(spec))
+    assert plan.layout is not None and plan.layout.label == "TP1+PP2"
+    assert plan.search is not None and plan.search.capacity_requests_per_second > 0
+    assert "--pipeline-parallel-size=2" in plan.vllm_args()

@@ -22,13 +22,16 @@ a dispatch and a combine all-to-all of the n * k routed token copies. An all-to-
 all-reduce of half the bytes (from the same measured table; sizes past the largest measured
 group, e.g. 16 ranks over two nodes, use the largest: an underestimate across nodes).
 
-Pipeline parallel (PP stages): vLLM V1 keeps ``pipeline_parallel_size`` batches in flight
-(``EngineCore.batch_queue``, sized by ``VllmConfig.max_concurrent_batches``: pp), so an
-engine's n sequences ride in pp micro-batches of n / pp, and each token crosses the stages in
-turn. A stage reads its own weights and its layers' KV of its micro-batch; the time between
-two tokens of a sequence is ``pp x stage(n / pp) + (pp - 1) x send(n / pp)``, where a send
-moves the micro-batch's hidden states and residual over NVLink (within a node) or the RDMA NIC
-(across nodes). Throughput: n tokens per that interval, about one stage's step per micro-batch;
+Pipeline parallel (PP stages): vLLM 0.33 (the V2 model runner, async scheduling) keeps pp + 1
+batches in flight (``EngineCore.batch_queue``, sized by ``VllmConfig.max_concurrent_batches``)
+and schedules a request that sampled again only pp ``schedule()`` calls later
+(``AsyncScheduler.decode_stagger``), so an engine's n sequences ride in pp micro-batches of
+n / pp (when arrivals spread them: a burst admitted at once stays one micro-batch, which the
+simulator's ``sched_pipeline`` replays), and each token crosses the stages in turn. A stage
+reads its own weights and its layers' KV of its micro-batch; the time between two tokens of
+a sequence is ``pp x stage(n / pp) + (pp - 1) x send(n / pp)``, where a send moves the
+micro-batch's hidden states and residual over NVLink (within a node) or the RDMA NIC (across
+nodes). Throughput: n tokens per that interval, about one stage's step per micro-batch;
 latency: every stage plus the sends. A prompt's prefill likewise crosses every stage
 (``prefill_seconds_per_token``), so at the same GPU count TP x PP prefills slower than TP alone.
 
@@ -141,8 +144,8 @@ def decode_step_seconds(
     weights and KV per sequence are one stage's."""
     layout = layout or ParallelLayout(tensor_parallel=tensor_parallel)
     pp = layout.pipeline_parallel
-    # PP: vLLM V1 keeps pp batches in flight (VllmConfig.max_concurrent_batches), so the
-    # sequences ride in pp micro-batches and a token of each crosses every stage in turn.
+    # PP: vLLM reschedules a sequence every pp schedules (module doc), so the sequences ride
+    # in pp micro-batches and a token of each crosses every stage in turn.
     batch = -(-num_seqs // pp)
     bandwidth = gpu.hbm_bandwidth_bytes_per_second * BANDWIDTH_EFFICIENCY
     read = weights_read_bytes(model, weights_bytes_per_gpu, batch, layout) + batch * (

@@ -115,8 +115,10 @@ def offload_size(run: PlanRun, base: KVPlan) -> float | None:
     """The ``--kv-offloading-size`` the search tries besides off, or None when offload is
     not searched: pinned, no CPU budget of at least 1 GiB, prefix caching off (the tier is
     keyed by its hashes), no reuse in the profile, or a GPU class without a host-link fact
-    (nothing to time the loads with)."""
+    (nothing to time the loads with), or pipeline parallel (its replay has no CPU tier)."""
     if run.pins.kv_offloading_size_gib is not None or not base.enable_prefix_caching:
+        return None
+    if run.layout.pipeline_parallel > 1:
         return None
     if run.req.gpu.host_link_bytes_per_second is None:
         return None

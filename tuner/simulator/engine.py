@@ -25,6 +25,7 @@ from kvtune.tuner.facts.weights import weight_bits, weights_bytes_per_gpu, weigh
 from kvtune.tuner.plan import KVPlan
 from kvtune.tuner.plan_tier import KVTier
 from kvtune.tuner.planner import planning
+from kvtune.tuner.simulator import pipeline_costs
 from kvtune.tuner.simulator.kernel_costs import kernel_times
 from kvtune.tuner.simulator.scheduler import Allocation, EngineConfig
 from kvtune.tuner.simulator.timing import StepCostModel, efficiency_for
@@ -48,13 +49,9 @@ class SimulatedPlan:
 
 
 def step_cost_for(request: planning.PlanRequest, kv_cache_dtype: str) -> StepCostModel:
+    """One engine step's costs per GPU; under pipeline parallel one stage's
+    (``pipeline_costs``)."""
     model, gpu, tp = request.model, request.gpu, request.tensor_parallel
-    if request.pipeline_parallel > 1:
-        # The step model here is one stage's whole model; pipeline stages are planned by the
-        # rules (planner/decode.py) only.
-        raise InvalidInput("pipeline_parallel", request.pipeline_parallel,
-                           "the simulator does not model pipeline stages; plan --pp without "
-                           "the capacity search (no --slo/--search), or drop --pp")
     bits = weight_bits(model, request.weights_dtype)
     # FP8 checkpoints run FP8 GEMMs where the GPU has them; everything else at BF16 rate.
     flops_rate = float(gpu.dense_bf16_flops_per_second)
@@ -67,7 +64,7 @@ def step_cost_for(request: planning.PlanRequest, kv_cache_dtype: str) -> StepCos
     else:
         pair_flops = 4.0 * model.num_hidden_layers * heads_per_gpu * model.head_dim
     eff = efficiency_for(gpu.name)
-    return StepCostModel(
+    whole = StepCostModel(
         weights_bytes=weights_bytes_per_gpu(model, request.weights_dtype, tp,
                                             data_parallel=request.data_parallel),
         # Per GPU: a DCP rank holds (and reads) 1/DCP of the tokens.
@@ -82,6 +79,7 @@ def step_cost_for(request: planning.PlanRequest, kv_cache_dtype: str) -> StepCos
         efficiency=eff,
         kernels=kernel_times(request, flops_rate, eff),
     )
+    return whole if request.pipeline_parallel == 1 else pipeline_costs.stage_cost(request, whole)
 
 
 def simulated_plan(
@@ -94,6 +92,11 @@ def simulated_plan(
     served = weights_load(request.model, request.weights_dtype).served_dtype
     page = page_size_bytes(request.model, plan.kv_cache_dtype, request.tensor_parallel,
                            plan.block_size, model_dtype=served)
+    pp = request.pipeline_parallel
+    if pp > 1:
+        # A block on a GPU holds its stage's layers; ``preflight`` gives the fewest blocks of
+        # any stage (vLLM's ``get_kv_cache_configs``) in pages of the stage with the most.
+        page = page * pipeline_costs.stage_layers(request) // request.model.num_hidden_layers
     num_gpu_blocks = available_bytes // page + 1  # + vLLM's null block
     if request.model.mamba is not None:
         # A hybrid Mamba model: the simulator runs its attention as one full-attention pool;
@@ -118,6 +121,10 @@ def simulated_plan(
         )
     cpu_blocks, seconds_per_block = (offload_tier(request, plan, page) if tier is None
                                      else lmcache_tier(request, tier, page))
+    if pp > 1:
+        # The pipeline replay has no CPU tier (``sched_pipeline``): a plan's offload is
+        # scored without its hits, a floor.
+        cpu_blocks, seconds_per_block = 0, 0.0
     # Under decode context parallel the scheduler's block holds block_size tokens per DCP rank.
     engine = EngineConfig(
         num_gpu_blocks=num_gpu_blocks,
@@ -130,6 +137,9 @@ def simulated_plan(
         async_scheduling=True,
         cpu_offload_blocks=cpu_blocks if allocation == "paged" else 0,
         offload_load_seconds_per_block=seconds_per_block,
+        pipeline_parallel=pp,
+        pipeline_send_seconds_per_token=(pipeline_costs.send_seconds_per_token(request)
+                                         if pp > 1 else 0.0),
     )
     return SimulatedPlan(
         name=name, plan=plan, engine=engine,

@@ -35,6 +35,10 @@ class EngineConfig:
     # 0: off) and the seconds one chunk takes to load over the host link.
     cpu_offload_blocks: int = 0
     offload_load_seconds_per_block: float = 0.0
+    # Pipeline parallel (``--pipeline-parallel-size``; ``sched_pipeline.py``): the stages,
+    # and the seconds one token's activations take from one stage to the next.
+    pipeline_parallel: int = 1
+    pipeline_send_seconds_per_token: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("num_gpu_blocks", "block_size", "max_num_seqs",
@@ -45,6 +49,12 @@ class EngineConfig:
         if self.cpu_offload_blocks < 0 or self.offload_load_seconds_per_block < 0:
             raise InvalidInput("cpu_offload_blocks", self.cpu_offload_blocks,
                                "the CPU tier and its load time must be >= 0")
+        if self.pipeline_parallel < 1 or self.pipeline_send_seconds_per_token < 0:
+            raise InvalidInput("pipeline_parallel", self.pipeline_parallel,
+                               "needs at least one stage and a send time >= 0")
+        if self.pipeline_parallel > 1 and self.cpu_offload_blocks:
+            raise InvalidInput("cpu_offload_blocks", self.cpu_offload_blocks,
+                               "the pipeline-parallel replay has no CPU tier; set it to 0")
         if self.num_gpu_blocks < 2:
             raise InvalidInput("num_gpu_blocks", self.num_gpu_blocks,
                                "needs the null block plus one usable block; give the KV "

@@ -62,13 +62,17 @@ The run modes live in their own modules, each a layer of the one class: ``sched_
 (state, allocation, a step's bookkeeping, the result), ``sched_offload`` (the CPU tier),
 ``sched_exact`` (the exact step: preemption and admission), ``sched_cohort`` (the cohort
 step), ``sched_runs`` (decode and prefill runs); this module picks the mode for each step.
+Pipeline parallel (``EngineConfig.pipeline_parallel`` > 1) is its own replay,
+``sched_pipeline.PipelineScheduler``, which ``simulate()`` runs instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from kvtune.tuner.errors import InvalidInput
 from kvtune.tuner.simulator.metrics import SimResult
+from kvtune.tuner.simulator.sched_pipeline import PipelineScheduler
 from kvtune.tuner.simulator.sched_runs import RunScheduler
 from kvtune.tuner.simulator.sched_state import Allocation, EngineConfig, RequestState
 from kvtune.tuner.simulator.timing import StepCostModel
@@ -101,6 +105,10 @@ class Scheduler(RunScheduler):
         name: str = "", on_step: StepHook | None = None, decode_runs: bool = True,
         on_progress: ProgressHook | None = None,
     ) -> None:
+        if config.pipeline_parallel > 1:
+            raise InvalidInput("pipeline_parallel", config.pipeline_parallel,
+                               "this scheduler runs one stage; replay pipeline parallel "
+                               "with simulate() (sched_pipeline.PipelineScheduler)")
         super().__init__(requests, config, cost, name)
         # False: step every decode step exactly (the reference the decode runs must match).
         self.decode_runs = decode_runs
@@ -176,6 +184,11 @@ def simulate(
     requests: Sequence[SimRequest], config: EngineConfig, cost: StepCostModel, name: str = "",
     on_step: StepHook | None = None, on_progress: ProgressHook | None = None,
 ) -> SimResult:
-    """Replay ``requests`` under ``config``; pure (same inputs, same result)."""
+    """Replay ``requests`` under ``config``; pure (same inputs, same result). Pipeline
+    parallel (``config.pipeline_parallel`` > 1) replays its micro-batches
+    (``sched_pipeline``)."""
+    if config.pipeline_parallel > 1:
+        return PipelineScheduler(requests, config, cost, name=name,
+                                 on_progress=on_progress).run()
     return Scheduler(requests, config, cost, name=name, on_step=on_step,
                      on_progress=on_progress).run()

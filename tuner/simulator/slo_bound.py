@@ -25,6 +25,7 @@ from kvtune.tuner.plan import SLOUnreachable
 from kvtune.tuner.planner.decide_max_num_seqs import DEFAULT_TPOT_SECONDS
 from kvtune.tuner.planner.planning import PlanRequest
 from kvtune.tuner.planner.search import DEFAULT_TTFT_SECONDS
+from kvtune.tuner.simulator import pipeline_costs
 from kvtune.tuner.simulator.engine import step_cost_for
 
 
@@ -44,6 +45,12 @@ def latency_floors(request: PlanRequest, kv_cache_dtype: str) -> tuple[float, fl
     # Causal attention of one prompt over itself: n (n + 1) / 2 (query, key) pairs.
     ttft = cost.step_seconds(prompt, 0, prompt * (prompt + 1) / 2, overlapped=True)
     tpot = cost.step_seconds(1, 0, 1.0, overlapped=True)
+    pp = request.pipeline_parallel
+    if pp > 1:
+        # ``cost`` is one stage's: a token crosses every stage and the sends between them.
+        send = pipeline_costs.send_seconds_per_token(request)
+        ttft = pipeline_costs.latency_seconds(ttft, pp, send * prompt)
+        tpot = pipeline_costs.latency_seconds(tpot, pp, send)
     return ttft, tpot, prompt
 
 

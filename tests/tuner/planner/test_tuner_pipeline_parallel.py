@@ -127,10 +127,16 @@ def test_pp_pins_are_refused_where_they_cannot_work() -> None:
         _plan(L70, "H100", 1, 81)
 
 
-def test_the_simulator_refuses_pp_by_name() -> None:
+def test_the_simulator_costs_one_stage_of_a_pp_engine() -> None:
+    """The simulator replays PP (it refused it before: tests/simulator/test_sim_pipeline.py):
+    its step is one stage's, the heaviest stage's weights and half the layers' KV at PP 2."""
     from kvtune.tuner.simulator.engine import step_cost_for
 
-    request = PlanRequest(model=get_model(L70), gpu=get_gpu_class("H100"), tensor_parallel=4,
-                          pipeline_parallel=2, profile=preset_profile("chat"))
-    with pytest.raises(InvalidInput, match="pipeline stages"):
-        step_cost_for(request, "auto")
+    def request(pp: int) -> PlanRequest:
+        return PlanRequest(model=get_model(L70), gpu=get_gpu_class("H100"), tensor_parallel=4,
+                           pipeline_parallel=pp, profile=preset_profile("chat"))
+
+    stage, whole = step_cost_for(request(2), "auto"), step_cost_for(request(1), "auto")
+    assert stage.kv_bytes_per_token * 2 == whole.kv_bytes_per_token
+    assert stage.weights_bytes == max(
+        s.weights_bytes for s in pipeline_stages(get_model(L70), "auto", request(2).layout))
