@@ -215,11 +215,6 @@ class BlockPool:
         self._pairs = np.empty(2 * num_gpu_blocks, dtype=np.int64)
         # Set by reserve_keys: the owner promises every key is below it (no max per call).
         self._key_bound: int | None = None
-        # Calls that can make an admission check pass (a reference dropped or taken, a hash
-        # given): a check that failed fails again until this moves, as taking blocks from
-        # the queue only lowers the free count and cuts or keeps prefix hits (the
-        # scheduler's ``_fits``).
-        self.gains = 0
 
     def reserve_keys(self, num_keys: int) -> None:
         """Every key passed from now on is below ``num_keys`` (the owner's ``KeySpace``
@@ -330,7 +325,6 @@ class BlockPool:
         """A prefix hit takes a reference; a free cached block leaves the free queue."""
         if not len(blocks):
             return
-        self.gains += 1
         q = self.free_block_queue
         q.num_free_blocks -= _touch(_ids(blocks), self.ref_cnt, q._position)
 
@@ -349,7 +343,6 @@ class BlockPool:
             return
         keys = _ids(block_hashes)
         self._room_for(keys, num_cached_blocks, end)
-        self.gains += 1
         # One live entry per hash; a second copy of a cached block waits behind it (class doc).
         copies = _cache_blocks(_ids(blocks), keys, num_cached_blocks, end, self.block_hash,
                                self.key_block, self._has_copies, self._pairs)
@@ -365,7 +358,6 @@ class BlockPool:
         which hold none, get ``UNSHARED_HASH`` now (written, not read: the caller knows)."""
         if not len(blocks):
             return
-        self.gains += 1
         self.free_block_queue.free_table(_ids(blocks), num_full_blocks, num_keyed_blocks,
                                          self.enable_caching, self.ref_cnt, self.block_hash)
 
@@ -377,7 +369,6 @@ class BlockPool:
                else np.asarray(list(ordered_blocks), dtype=np.int64))
         if not len(ids):
             return
-        self.gains += 1
         # ``_free_table`` takes a table and frees it in reverse; with no full blocks it
         # sorts by hash alone, as here.
         self.free_block_queue.free_table(np.ascontiguousarray(ids[::-1]), 0, 0,

@@ -109,10 +109,6 @@ class SchedulerCore:
         # order).
         self.cohort = DecodeCohort(self.block_size)
         self._active: list[RequestState] = []
-        # The last request whose full-sequence check failed, and the pool's ``gains`` then
-        # (``_fits``).
-        self._blocked: RequestState | None = None
-        self._blocked_gains = -1
 
     def _new_state(self, r: SimRequest) -> RequestState:
         # vLLM rejects a prompt that leaves no room for one output token and stops a
@@ -174,22 +170,6 @@ class SchedulerCore:
             return 0, max(0, new)
         n, evictable = self.pool.cache_hit_need(st.hashes, (st.num_tokens - 1) // self.block_size)
         return n, max(0, new - n) + evictable
-
-    def _fits(self, st: RequestState) -> int | None:
-        """``_hit_need``'s check of a waiting request against the free blocks: its hit
-        length where the whole sequence fits, None where not. On overloaded traffic the
-        head of the queue fails at nearly every step; a failure stands until the pool gains
-        (``BlockPool.gains``: taking blocks only lowers the free count and keeps or cuts the
-        hits, which cannot make it pass), so it is not looked up again until then."""
-        pool = self.pool
-        if st is self._blocked and pool.gains == self._blocked_gains:
-            return None
-        num_hits, need = self._hit_need(st)
-        if need > pool.get_num_free_blocks():
-            self._blocked = st
-            self._blocked_gains = pool.gains
-            return None
-        return num_hits
 
     def _hits(self, st: RequestState, num_hits: int) -> np.ndarray:
         """The first ``num_hits`` blocks ``_lookup`` finds (``_hit_need``'s count)."""

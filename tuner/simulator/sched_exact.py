@@ -89,8 +89,8 @@ class ExactScheduler(OffloadScheduler):
                         break
                 else:
                     # The check first, the hits only for an admission (most checks fail).
-                    num_hits = self._fits(st)
-                    if num_hits is None:
+                    num_hits, need = self._hit_need(st)
+                    if need > pool.get_num_free_blocks():
                         break
                     hits = self._hits(st, num_hits)
                 computed = len(hits) * bs
@@ -115,8 +115,9 @@ class ExactScheduler(OffloadScheduler):
             return False
         st = self.waiting[0]
         if st.num_computed == 0:
-            return self._fits(st) is not None
-        need = self._admission_blocks(st, NO_BLOCKS)
+            need = self._hit_need(st)[1]
+        else:
+            need = self._admission_blocks(st, NO_BLOCKS)
         free: int = self.pool.get_num_free_blocks()
         return need <= free
 
