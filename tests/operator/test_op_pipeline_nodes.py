@@ -15,8 +15,11 @@ from test_op_leader_worker_set import _expand, _group, planned, rendered, spec_f
 
 from kvtune.operator.render import leader_worker_set as lws
 from kvtune.operator.render.objects import RenderError, RenderInput, render_pool
+from kvtune.tuner.facts.catalog import get_model
 from kvtune.tuner.facts.gpus import get_gpu_class
 from kvtune.tuner.facts.kv_links import kv_link
+from kvtune.tuner.layout import ParallelLayout
+from kvtune.tuner.planner.decode import pipeline_send_seconds
 
 L405 = "meta-llama/Llama-3.1-405B-Instruct"
 STAGES_OVER_NODES: dict[str, Any] = {"gpuClass": "H100", "name": "h100", "replicas": 1,
@@ -66,7 +69,8 @@ def _serve_parser() -> Any:
 
 
 @pytest.mark.vllm
-def test_each_pods_line_parses_and_vllm_lays_out_whole_stages_per_node() -> None:
+@pytest.mark.parametrize("model", [L405, "deepseek-ai/DeepSeek-V3"])
+def test_each_pods_line_parses_and_vllm_lays_out_whole_stages_per_node(model: str) -> None:
     """The leader is node 0 and serves HTTP; the worker is node 1, headless. vLLM's own
     ``ParallelConfig`` from the parsed flags: a DP replica spanning both nodes, 8 local
     workers each, the worker's first global rank 8 (stage 1: ranks are TP fastest), and
@@ -74,13 +78,13 @@ def test_each_pods_line_parses_and_vllm_lays_out_whole_stages_per_node() -> None
     from vllm.config.parallel import ParallelConfig
 
     parser = _serve_parser()
-    leader, worker = _containers()
+    leader, worker = _containers(model=model)
     for container, index in ((leader, 0), (worker, 1)):
         argv = _expand(container, {"LWS_LEADER_ADDRESS": LEADER_ADDRESS,
                                    "LWS_WORKER_INDEX": str(index)})
         assert "$(" not in " ".join(argv)
         ns = parser.parse_args(argv[argv.index("serve") + 1:])
-        assert ns.model_tag == L405
+        assert ns.model_tag == model
         assert (ns.tensor_parallel_size, ns.pipeline_parallel_size) == (8, 2)
         assert (ns.nnodes, ns.node_rank) == (2, index)
         assert (ns.master_addr, ns.master_port) == (LEADER_ADDRESS, lws.MASTER_PORT)
@@ -121,8 +125,16 @@ def test_the_render_refuses_a_split_the_api_would(layout: dict[str, Any], needle
 
 def test_the_stage_sends_cross_the_nic_when_the_replica_spans_nodes() -> None:
     """tuner/planner/decode.py sends between stages over the link kv_link picks for the
-    replica's GPUs: 16 H100 are two nodes, so the RDMA NIC; TP4 x PP2 fits one node."""
+    replica's GPUs: the planned TP8 x PP2 (16 H100, two nodes) at the RDMA NIC's rate, a
+    TP4 x PP2 replica (one node) at NVLink's."""
     plan = planned(spec_for(STAGES_OVER_NODES, L405))
     assert plan.layout is not None
-    assert kv_link(get_gpu_class("H100").name, plan.layout.gpus).fabric == "RDMA"
-    assert kv_link("H100", 8).fabric == "NVLink"
+    model, gpu = get_model(L405), get_gpu_class("H100")
+    one_node = ParallelLayout(tensor_parallel=4, pipeline_parallel=2)
+    over_nic = pipeline_send_seconds(model, gpu, plan.layout, 64)
+    over_nvlink = pipeline_send_seconds(model, gpu, one_node, 64)
+    nic, nvlink = kv_link("H100", plan.layout.gpus), kv_link("H100", one_node.gpus)
+    assert (nic.fabric, nvlink.fabric) == ("RDMA", "NVLink")
+    assert over_nic / over_nvlink == pytest.approx(nvlink.bytes_per_second
+                                                   / nic.bytes_per_second)
+    assert over_nic > over_nvlink
