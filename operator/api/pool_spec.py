@@ -87,9 +87,11 @@ _ROLE_RULES = (
 # A replica's layout beyond TP (tuner/layout.py) and the nodes it spans (docs/multi-node.md):
 # dataParallel engines per replica, their experts split with expertParallel; a replica over
 # nodesPerReplica nodes renders a LeaderWorkerSet (one pod per node, dataParallel /
-# nodesPerReplica engines each, vLLM's multi-node data parallel).
+# nodesPerReplica engines each, vLLM's multi-node data parallel; or, under pipelineParallel,
+# whole stages each: _PIPELINE_RULES).
 _LAYOUT_RULES = (
     ("!has(self.nodesPerReplica) || !has(self.dataParallel) || has(self.gpusPerReplica) || "
+     "(has(self.pipelineParallel) && self.pipelineParallel > 1) || "
      "self.dataParallel % self.nodesPerReplica == 0",
      "pools[].dataParallel must be a multiple of nodesPerReplica: a replica spans nodes by "
      "its data-parallel engines, the same number on each node; raise dataParallel or lower "
@@ -125,17 +127,26 @@ _CHOSEN_LAYOUT_RULES = (
 
 
 # pipelineParallel: each engine's layers in stages (vLLM --pipeline-parallel-size), pinned only
-# (as `kvtune plan --pp`), at a pinned layout on one node and without a role.
+# (as `kvtune plan --pp`), at a pinned layout and without a role. Over nodesPerReplica nodes
+# (docs/multi-node.md) a replica is one engine whose nodes hold whole stages: vLLM gives node r
+# the ranks from r x TP x PP / nodes, TP fastest, so a stage's TP ranks share a node only when
+# the stages are a multiple of the nodes.
+_PP_SET = "(has(self.pipelineParallel) && self.pipelineParallel > 1)"
+_OVER_NODES = "(has(self.nodesPerReplica) && self.nodesPerReplica > 1)"
 _PIPELINE_RULES = (
-    ("(!has(self.pipelineParallel) || self.pipelineParallel == 1) || "
-     "!has(self.tensorParallel) || type(self.tensorParallel) != string",
+    (f"!{_PP_SET} || !has(self.tensorParallel) || type(self.tensorParallel) != string",
      "pools[].pipelineParallel needs a pinned tensorParallel (1, 2, 4 or 8); set it"),
-    ("(!has(self.pipelineParallel) || self.pipelineParallel == 1) || "
-     "((!has(self.nodesPerReplica) || self.nodesPerReplica == 1) && "
-     "!has(self.gpusPerReplica) && !has(self.role))",
-     "pools[].pipelineParallel runs a replica's stages on one node at a pinned layout, "
-     "without a role; drop nodesPerReplica, gpusPerReplica and role from the pool, or drop "
-     "pipelineParallel"),
+    (f"!{_PP_SET} || (!has(self.gpusPerReplica) && !has(self.role))",
+     "pools[].pipelineParallel runs at a pinned layout, without a role; drop gpusPerReplica "
+     "and role from the pool, or drop pipelineParallel"),
+    (f"!{_PP_SET} || !{_OVER_NODES} || "
+     "self.pipelineParallel % self.nodesPerReplica == 0",
+     "pools[].pipelineParallel must be a multiple of nodesPerReplica: each node holds whole "
+     "stages (a stage's tensorParallel GPUs on one node); raise pipelineParallel or lower "
+     "nodesPerReplica"),
+    (f"!{_PP_SET} || !{_OVER_NODES} || !has(self.dataParallel) || self.dataParallel == 1",
+     "pools[].pipelineParallel over nodesPerReplica nodes runs one engine per replica; "
+     "drop dataParallel from the pool, or drop nodesPerReplica"),
 )
 
 
@@ -200,9 +211,9 @@ class PoolSpec(_Model):
     pipeline_parallel: int = Field(default=1, ge=1, le=16, description=(
         "Pipeline-parallel stages per engine (vLLM --pipeline-parallel-size): each stage "
         "holds its own layers' weights and KV cache, a replica has tensorParallel x "
-        "dataParallel x pipelineParallel GPUs on one node. Pinned only; planned by the rules "
-        "(a profile with a request rate is refused: the capacity search does not model "
-        "stages)."))
+        "dataParallel x pipelineParallel GPUs. Over nodesPerReplica nodes (a multiple of "
+        "them, dataParallel 1) each node runs whole stages, the sends between stages over "
+        "the RDMA NIC. Pinned only (as `kvtune plan --pp`)."))
     decode_context_parallel: int = Field(default=1, ge=1, le=MAX_GPUS_PER_REPLICA,
                                          description=(
         "Decode context parallel (vLLM --decode-context-parallel-size, MLA models such as "
@@ -212,7 +223,8 @@ class PoolSpec(_Model):
         "gets it."))
     nodes_per_replica: int = Field(default=1, ge=1, le=16, description=(
         "Nodes one replica spans; above 1 the replica is a LeaderWorkerSet (sigs.k8s.io/lws) "
-        "of one pod per node running dataParallel / nodesPerReplica engines each."))
+        "of one pod per node running dataParallel / nodesPerReplica engines each, or under "
+        "pipelineParallel pipelineParallel / nodesPerReplica stages each."))
     gpus_per_replica: int | None = Field(default=None, ge=1, le=MAX_GPUS_PER_REPLICA,
                                          description=(
         "GPUs of one replica: kvtune chooses its layout (tensorParallel x dataParallel "
@@ -270,7 +282,8 @@ def _check_role_fields(pool: PoolSpec) -> None:
     _check_dcp(pool)
     nodes, dp = pool.nodes_per_replica, pool.data_parallel
     # With gpusPerReplica the DP is chosen, a multiple of the nodes (layout_choice).
-    broken = [dp % nodes != 0 and pool.gpus_per_replica is None, dp > 1 and pool.tp_auto,
+    broken = [dp % nodes != 0 and pool.gpus_per_replica is None and pool.pipeline_parallel == 1,
+              dp > 1 and pool.tp_auto,
               pool.role is not None and (dp > 1 or nodes > 1)]
     _refuse_first(_LAYOUT_RULES, broken,
                   f"spec.pools[] ({pool.pool_name}): dataParallel={dp}, nodesPerReplica={nodes}")
@@ -278,13 +291,13 @@ def _check_role_fields(pool: PoolSpec) -> None:
 
 def _check_pipeline(pool: PoolSpec) -> None:
     """``_PIPELINE_RULES``, for a spec that is not applied."""
-    pp = pool.pipeline_parallel
+    pp, nodes = pool.pipeline_parallel, pool.nodes_per_replica
     if pp == 1:
         return
-    broken = [pool.tp_auto, pool.nodes_per_replica != 1 or pool.gpus_per_replica is not None
-              or pool.role is not None]
-    _refuse_first(_PIPELINE_RULES, broken,
-                  f"spec.pools[] ({pool.pool_name}): pipelineParallel={pp}")
+    broken = [pool.tp_auto, pool.gpus_per_replica is not None or pool.role is not None,
+              nodes > 1 and pp % nodes != 0, nodes > 1 and pool.data_parallel != 1]
+    _refuse_first(_PIPELINE_RULES, broken, f"spec.pools[] ({pool.pool_name}): "
+                  f"pipelineParallel={pp}, nodesPerReplica={nodes}")
 
 
 def _check_dcp(pool: PoolSpec) -> None:

@@ -1,5 +1,5 @@
 """A replica that spans nodes as a LeaderWorkerSet (sigs.k8s.io/lws), running vLLM's
-multi-node data parallel (docs/multi-node.md).
+multi-node data parallel, or its multi-node pipeline parallel (docs/multi-node.md).
 
 A replica of ``tensorParallel x dataParallel`` GPUs over ``nodesPerReplica`` nodes is one LWS
 group of that many pods, one per node: the leader (LWS worker index 0) runs the API server and
@@ -19,6 +19,17 @@ coordinator. The flags are vLLM 0.33's (``vllm/engine/arg_utils.py``, the Parall
   ``/bin/sh -c 'exec "$@" --data-parallel-start-rank=$((LWS_WORKER_INDEX * local))'``; the
   vLLM line itself is passed as the script's arguments, never quoted into it.
 
+A replica of one engine in ``pipelineParallel`` stages (``tensorParallel`` GPUs each) over
+``nodesPerReplica`` nodes runs without Ray (vLLM 0.33's multiprocessing executor over nodes,
+``vllm/engine/arg_utils.py`` and ``ParallelConfig.nnodes_within_dp``): every pod adds
+``--nnodes`` and the leader as the torch.distributed master (``--master-addr``,
+``--master-port``); each worker's ``--node-rank`` is its LWS index (the same ``sh -c``
+wrapper) and it runs ``--headless`` (``vllm/entrypoints/cli/serve.py`` starts only the
+executor's workers where the node rank is above 0). vLLM gives node ``r`` the global ranks
+``r x TP x PP / nodes`` onwards, TP fastest, so each node holds whole stages when
+``pipelineParallel`` is a multiple of the nodes: a stage's all-reduce stays on NVLink and
+only the stage-to-stage sends cross the NIC.
+
 The LWS's pods carry the pool's labels, so the pool's Service (leader pods only: the workers
 serve no HTTP) and monitoring find them. The leader's address resolves through a headless
 Service per group that the controller makes (``subdomainPolicy: UniquePerReplica``), never
@@ -30,6 +41,7 @@ with no surge (GPU nodes rarely have a spare group), and a failed pod restarts i
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 LWS_MODULE = "sigs.k8s.io/lws"
@@ -44,43 +56,71 @@ ENV_WORKER_INDEX = "LWS_WORKER_INDEX"
 # The data-parallel coordinator's RPC port on the leader (vLLM picks a free one when unset,
 # which the workers could not know).
 DP_RPC_PORT = 13345
+# The torch.distributed master port on the leader for a pipeline over nodes: vLLM's default
+# (ParallelConfig.master_port), stated so every pod names the same one.
+MASTER_PORT = 29501
 DATA_PARALLEL_SIZE_LOCAL_FLAG = "--data-parallel-size-local"
 DATA_PARALLEL_ADDRESS_FLAG = "--data-parallel-address"
 DATA_PARALLEL_RPC_PORT_FLAG = "--data-parallel-rpc-port"
 DATA_PARALLEL_START_RANK_FLAG = "--data-parallel-start-rank"
+NNODES_FLAG = "--nnodes"
+NODE_RANK_FLAG = "--node-rank"
+MASTER_ADDR_FLAG = "--master-addr"
+MASTER_PORT_FLAG = "--master-port"
 HEADLESS_FLAG = "--headless"
-_START_RANK_SCRIPT = ('exec "$@" ' + DATA_PARALLEL_START_RANK_FLAG
-                      + '="$((' + ENV_WORKER_INDEX + ' * {local}))"')
+_RANK_SCRIPT = 'exec "$@" {flag}="$((' + ENV_WORKER_INDEX + ' * {step}))"'
 
 
-def node_args(local_engines: int) -> list[str]:
-    """The flags every pod of a group adds to the replica's line."""
-    return [f"{DATA_PARALLEL_SIZE_LOCAL_FLAG}={local_engines}",
-            f"{DATA_PARALLEL_ADDRESS_FLAG}=$({ENV_LEADER_ADDRESS})",
-            f"{DATA_PARALLEL_RPC_PORT_FLAG}={DP_RPC_PORT}"]
+@dataclass(frozen=True)
+class NodeLaunch:
+    """How the pods of one group join their replica: the flags every pod adds, and the flag
+    whose value a worker computes from its LWS index (``index x rank_step``)."""
+
+    args: tuple[str, ...]
+    rank_flag: str
+    rank_step: int
 
 
-def worker_container(container: dict[str, Any], local_engines: int) -> dict[str, Any]:
-    """The leader's container made a worker's: headless, its start rank from its index;
-    no HTTP port nor probes (a headless engine serves none)."""
+def data_parallel_launch(local_engines: int) -> NodeLaunch:
+    """vLLM's multi-node data parallel: ``local_engines`` engines a pod, the leader the
+    coordinator, a worker's first rank ``index x local_engines``."""
+    return NodeLaunch((f"{DATA_PARALLEL_SIZE_LOCAL_FLAG}={local_engines}",
+                       f"{DATA_PARALLEL_ADDRESS_FLAG}=$({ENV_LEADER_ADDRESS})",
+                       f"{DATA_PARALLEL_RPC_PORT_FLAG}={DP_RPC_PORT}"),
+                      DATA_PARALLEL_START_RANK_FLAG, local_engines)
+
+
+def pipeline_launch(nodes: int) -> NodeLaunch:
+    """One engine's stages over ``nodes`` nodes: the leader the torch.distributed master, a
+    worker's node rank its index (the leader's is vLLM's default, 0)."""
+    return NodeLaunch((f"{NNODES_FLAG}={nodes}",
+                       f"{MASTER_ADDR_FLAG}=$({ENV_LEADER_ADDRESS})",
+                       f"{MASTER_PORT_FLAG}={MASTER_PORT}"),
+                      NODE_RANK_FLAG, 1)
+
+
+def worker_container(container: dict[str, Any], launch: NodeLaunch) -> dict[str, Any]:
+    """The leader's container made a worker's: headless, its rank from its index; no HTTP
+    port nor probes (a headless engine serves none)."""
     worker = copy.deepcopy(container)
     line = [*(container.get("command") or []), *(container.get("args") or [])]
-    worker["command"] = ["/bin/sh", "-c", _START_RANK_SCRIPT.format(local=local_engines), "sh"]
+    script = _RANK_SCRIPT.format(flag=launch.rank_flag, step=launch.rank_step)
+    worker["command"] = ["/bin/sh", "-c", script, "sh"]
     worker["args"] = [*line, HEADLESS_FLAG]
     for key in ("ports", "readinessProbe", "livenessProbe", "startupProbe"):
         worker.pop(key, None)
     return worker
 
 
-def leader_worker_set(deployment: dict[str, Any], nodes: int, local_engines: int
+def leader_worker_set(deployment: dict[str, Any], nodes: int, launch: NodeLaunch
                       ) -> dict[str, Any]:
     """The LWS that runs ``deployment``'s replicas (its pod template, the leader's) as groups
-    of ``nodes`` pods with ``local_engines`` data-parallel engines each."""
+    of ``nodes`` pods that join their replica as ``launch`` says."""
     leader = copy.deepcopy(deployment["spec"]["template"])
     container = leader["spec"]["containers"][0]
-    container["args"] = [*(container.get("args") or []), *node_args(local_engines)]
+    container["args"] = [*(container.get("args") or []), *launch.args]
     worker = copy.deepcopy(leader)
-    worker["spec"]["containers"][0] = worker_container(container, local_engines)
+    worker["spec"]["containers"][0] = worker_container(container, launch)
     meta = deployment["metadata"]
     return {
         "apiVersion": API_VERSION, "kind": KIND,

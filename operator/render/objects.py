@@ -328,16 +328,33 @@ def _check_workloads(inp: RenderInput, objects: list[dict[str, Any]], pod_where:
 def _spanning_nodes(inp: RenderInput, objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A replica over nodes: the Deployment becomes a LeaderWorkerSet of its pod template
     (render/leader_worker_set.py); the Service selects the leaders (workers serve no HTTP)."""
-    layout = inp.pool_plan.layout
-    data_parallel = layout.data_parallel if layout is not None else 1
-    if data_parallel % inp.nodes_per_replica:
-        raise RenderError(f"nodesPerReplica={inp.nodes_per_replica} does not divide the "
-                          f"layout's dataParallel={data_parallel}; set a multiple")
     deployment, service, pdb = objects
     service["spec"]["selector"] = {**service["spec"]["selector"], lws.LABEL_WORKER_INDEX: "0"}
-    group = lws.leader_worker_set(deployment, inp.nodes_per_replica,
-                                  data_parallel // inp.nodes_per_replica)
+    group = lws.leader_worker_set(deployment, inp.nodes_per_replica, _node_launch(inp))
     return [group, service, pdb]
+
+
+def _node_launch(inp: RenderInput) -> lws.NodeLaunch:
+    """How a replica spans its nodes: by its pipeline stages (whole stages a node, one engine)
+    or by its data-parallel engines (the same number a node); any other split is refused."""
+    nodes, layout = inp.nodes_per_replica, inp.pool_plan.layout
+    data_parallel = layout.data_parallel if layout is not None else 1
+    pipeline = layout.pipeline_parallel if layout is not None else 1
+    if pipeline > 1:
+        # vLLM gives node r the ranks from r x TP x PP / nodes, TP fastest: a node holds
+        # whole stages only when the stages are a multiple of the nodes.
+        if pipeline % nodes:
+            raise RenderError(f"nodesPerReplica={nodes} does not divide the layout's "
+                              f"pipelineParallel={pipeline}; set a multiple of it")
+        if data_parallel != 1:
+            raise RenderError(f"dataParallel={data_parallel} beside pipelineParallel="
+                              f"{pipeline} over nodesPerReplica={nodes}: a staged replica "
+                              f"spans nodes as one engine; set dataParallel 1")
+        return lws.pipeline_launch(nodes)
+    if data_parallel % nodes:
+        raise RenderError(f"nodesPerReplica={nodes} does not divide the "
+                          f"layout's dataParallel={data_parallel}; set a multiple")
+    return lws.data_parallel_launch(data_parallel // nodes)
 
 
 def _pod_context(inp: RenderInput, name: str, hash_: str, labels: dict[str, str],

@@ -377,11 +377,20 @@ CASES: list[BadSpec] = [
                                                     _DECODE]),
          "drop gpusPerReplica from it"),
     # --- issue 26: pinned pipeline stages --------------------------------------------------
-    _adm("pipeline-parallel-over-nodes", at("pools", [{
+    _adm("pipeline-parallel-over-nodes-with-data-parallel", at("pools", [{
         "gpuClass": "H100", "name": "h100", "tensorParallel": 8, "pipelineParallel": 2,
         "dataParallel": 2, "nodesPerReplica": 2}]),
-         "pools[].pipelineParallel runs a replica's stages on one node",
-         "drop nodesPerReplica, gpusPerReplica and role"),
+         "pools[].pipelineParallel over nodesPerReplica nodes runs one engine per replica",
+         "drop dataParallel from the pool"),
+    # 3 stages over 2 nodes: vLLM would put half of stage 1's TP ranks on each node.
+    _adm("pipeline-stages-split-over-nodes", at("pools", [{
+        "gpuClass": "H100", "name": "h100", "tensorParallel": 4, "pipelineParallel": 3,
+        "nodesPerReplica": 2}]),
+         "pools[].pipelineParallel must be a multiple of nodesPerReplica",
+         "raise pipelineParallel or lower nodesPerReplica"),
+    _adm("pipeline-parallel-beside-gpus-per-replica", at("pools", [{
+        "gpuClass": "H100", "name": "h100", "gpusPerReplica": 8, "pipelineParallel": 2}]),
+         "pools[].pipelineParallel runs at a pinned layout, without a role"),
     _adm("pipeline-parallel-at-tp-auto", at("pools", [{
         "gpuClass": "H100", "name": "h100", "tensorParallel": "auto", "pipelineParallel": 2}]),
          "pools[].pipelineParallel needs a pinned tensorParallel"),

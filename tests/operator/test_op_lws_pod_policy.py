@@ -113,7 +113,7 @@ def test_the_workers_changed_copy_is_checked_as_applied(
     checked too, before anything is applied (pod policy, then the tenant's reach)."""
     made = lws.worker_container
 
-    def with_secret(container: dict[str, Any], local: int) -> dict[str, Any]:
+    def with_secret(container: dict[str, Any], local: lws.NodeLaunch) -> dict[str, Any]:
         worker = made(container, local)
         worker.setdefault("env", []).append(
             {"name": "T", "valueFrom": {"secretKeyRef": {"name": "db", "key": "t"}}})
@@ -124,7 +124,7 @@ def test_the_workers_changed_copy_is_checked_as_applied(
                        r"spec.containers\[0\].env\[\d+\].valueFrom.secretKeyRef='db'"):
         _render(BASE)
 
-    def foreign_image(container: dict[str, Any], local: int) -> dict[str, Any]:
+    def foreign_image(container: dict[str, Any], local: lws.NodeLaunch) -> dict[str, Any]:
         return {**made(container, local), "image": "evil/image:latest"}
 
     monkeypatch.setattr(lws, "worker_container", foreign_image)

@@ -1,7 +1,9 @@
 """``spec.pools[].pipelineParallel`` (issue 26 item 1): pinned pipeline stages, planned as
 ``kvtune plan --pp`` plans them and rendered as one pod of TP x PP GPUs with vLLM's
-``--pipeline-parallel-size``; refused (CEL and Python alike) over nodes, beside a chosen
-layout, with a role or with tensorParallel auto."""
+``--pipeline-parallel-size``; over nodes (whole stages a node, one engine a replica) as a
+LeaderWorkerSet (test_op_pipeline_nodes.py); refused (CEL and Python alike) over nodes that
+would split a stage or beside dataParallel, beside a chosen layout, with a role or with
+tensorParallel auto."""
 
 from __future__ import annotations
 
@@ -37,8 +39,9 @@ def test_a_pinned_pipeline_renders_one_pod_of_tp_x_pp_gpus() -> None:
 
 @pytest.mark.parametrize(("change", "needle"), [
     ({"tensorParallel": "auto"}, "pipelineParallel needs a pinned tensorParallel"),
-    ({"nodesPerReplica": 2, "dataParallel": 2}, "runs a replica's stages on one node"),
-    ({"tensorParallel": 1, "gpusPerReplica": 8}, "runs a replica's stages on one node"),
+    ({"nodesPerReplica": 2, "dataParallel": 2}, "over nodesPerReplica nodes runs one engine"),
+    ({"pipelineParallel": 3, "nodesPerReplica": 2}, "must be a multiple of nodesPerReplica"),
+    ({"tensorParallel": 1, "gpusPerReplica": 8}, "runs at a pinned layout, without a role"),
 ])
 def test_pipeline_parallel_is_refused_where_it_is_not_planned(change: dict[str, Any],
                                                                 needle: str) -> None:

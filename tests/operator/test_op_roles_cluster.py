@@ -227,3 +227,41 @@ def test_the_rendered_leader_worker_set_is_accepted_by_the_lws_crd(cluster_api: 
                                               broken, **kw)
     assert refused.value.status == 422
     assert f"{LWS_GROUP}/{LWS_VERSION}" == lws.API_VERSION
+
+
+def test_a_pipeline_over_two_nodes_rolls_out_as_a_leader_worker_set(cluster_api: Any) -> None:
+    """Llama-3.1-405B as TP8 x PP2 over 2 nodes: admitted by the CRD's CEL (pipelineParallel
+    beside nodesPerReplica, a multiple of it), planned, and applied as an LWS whose pods join
+    one engine by vLLM's --nnodes/--node-rank, held by the release's CRD exactly as rendered;
+    3 stages over the same 2 nodes are refused at admission."""
+    from test_op_pipeline_nodes import L405, STAGES_OVER_NODES
+
+    install_crd(cluster_api, crd_path())
+    stored = _create(cluster_api, "l405", [STAGES_OVER_NODES], model=L405)
+    pool = stored["status"]["pools"][0]
+    assert pool["phase"] == "Applied" and pool["deployment"] == "l405-h100", pool
+    assert "--pipeline-parallel-size=2" in pool["vllmArgs"], pool
+    with pytest.raises(ApiException):
+        client.AppsV1Api(cluster_api).read_namespaced_deployment("l405-h100", NS)
+    lwt = _lws(cluster_api, "l405-h100")["spec"]["leaderWorkerTemplate"]
+    assert lwt["size"] == 2
+    leader = lwt["leaderTemplate"]["spec"]["containers"][0]
+    worker = lwt["workerTemplate"]["spec"]["containers"][0]
+    assert "--nnodes=2" in leader["args"] and "--master-addr=$(LWS_LEADER_ADDRESS)" in \
+        leader["args"]
+    assert lws.NODE_RANK_FLAG in worker["command"][2] and worker["args"][-1] == "--headless"
+    for container in (leader, worker):
+        assert container["resources"]["limits"]["nvidia.com/gpu"] in (8, "8")
+
+    spec = copy.deepcopy(BASE)
+    spec["model"] = {"name": L405}
+    spec["pools"] = [{**STAGES_OVER_NODES, "name": "split", "tensorParallel": 4,
+                      "pipelineParallel": 3}]
+    with pytest.raises(ApiException) as refused:
+        client.CustomObjectsApi(cluster_api).create_namespaced_custom_object(
+            GROUP, VERSION, NS, PLURAL, {
+                "apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceDeployment",
+                "metadata": {"name": "l405-split", "namespace": NS}, "spec": spec})
+    assert refused.value.status == 422
+    assert "pools[].pipelineParallel must be a multiple of nodesPerReplica" in \
+        str(refused.value.body)
