@@ -538,7 +538,8 @@ def test_canary_promotes_a_healthy_plan_and_rolls_back_a_broken_one(
 ) -> None:
     ns = "op-canary"
     spec = _one_pool_spec(replicas=3)
-    spec["rollout"] = {"canaryReplicas": 1, "analysis": "4s", "progressDeadline": "3s"}
+    # A healthy canary gets a deadline a loaded machine meets; the broken plan below gets 3 s.
+    spec["rollout"] = {"canaryReplicas": 1, "analysis": "4s", "progressDeadline": "60s"}
     create_infd(cluster_api, ns, "can", spec)
     wait_for(lambda: _ready(cluster_api, ns, "can"), "Ready", 60, operator.log)
 
@@ -564,6 +565,7 @@ def test_canary_promotes_a_healthy_plan_and_rolls_back_a_broken_one(
     # A broken plan (its pods cannot be scheduled): rolled back, the pool keeps 64.
     patch_spec(cluster_api, ns, "can", {
         "tuning": {"pin": {"blockSize": 128}},
+        "rollout": {"canaryReplicas": 1, "analysis": "4s", "progressDeadline": "3s"},
         "pools": [{"gpuClass": "H100", "replicas": 3, "nodeSelector": tainted_node}]})
 
     def degraded() -> dict[str, Any] | None:
