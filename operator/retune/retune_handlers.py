@@ -182,6 +182,8 @@ def retune_once(
     elif loop is not None and loop.written is not None:
         # A factor moved: plan again with it (the plan's inputs hold the factors; a changed
         # knob rolls out as any plan change does).
+        LOG.info("%s/%s: a model calibration factor moved: planning again with it",
+                 namespace, name)
         fresh = kapply.read_inference_deployment(kube, namespace, name) or body
         carried += _reconcile_events(rec.reconcile(fresh, kube=kube))
     return _report(kube, body, inp, seen, ticks, min_requests,
