@@ -109,6 +109,13 @@ class ReplayState:
     lag_model_seconds: float = 0.0
 
 
+# The most wall time one background tick spends catching up before it gives the lock up
+# for the loop's sleep (a scrape or a control request waits at most about this long).
+_TICK_WALL_BUDGET_SECONDS = 0.25
+# The pause between chunks of a budgeted tick, long enough for the OS to run a waiter.
+_HANDOFF_SECONDS = 0.001
+
+
 class Replay:
     """The instance, the schedule, and the clock that maps wall time to model time."""
 
@@ -197,27 +204,39 @@ class Replay:
     def model_now(self) -> float:
         return self._model0 + (self._clock() - self._wall0) * self.speed
 
-    def tick(self, chunk_model_seconds: float = 1.0) -> None:
-        # Advance in short chunks so a scrape never waits behind a long catch-up.
+    def tick(self, chunk_model_seconds: float = 1.0,
+             wall_budget_seconds: float | None = None) -> None:
+        """Advance the instance to the clock's model time, or for at most
+        ``wall_budget_seconds`` of wall time when given (the rest on the next call)."""
+        # Advance in short chunks so a scrape never waits behind a long catch-up. Python's
+        # locks are not fair: a thread that releases one and takes it again at once keeps it
+        # from a waiter, so a lagging replay catching up in one call would hold off a scrape
+        # or a control request for the whole catch-up. The background loop passes a budget
+        # and pauses between chunks and between calls, which lets them in.
         target = self.model_now()
+        deadline = None if wall_budget_seconds is None else time.monotonic() + wall_budget_seconds
         while True:
             with self.lock:
                 t = min(target, self.instance.now_seconds + chunk_model_seconds)
                 self.instance.advance_to(t, self.schedule.due(t))
-                if t >= target:
+                if t >= target or (deadline is not None and time.monotonic() >= deadline):
                     self._lag = max(0.0, self.model_now() - self.instance.now_seconds)
                     return
+            if deadline is not None:
+                time.sleep(_HANDOFF_SECONDS)  # a waiter woken by the release takes the lock
 
     def switch_trace(self, path: Path, speed: float | None = None,
                      offset_seconds: float = 0.0, shuffle_seed: int | None = None) -> None:
+        if speed is not None and speed <= 0:
+            raise ValueError(f"speed={speed}: must be > 0")
+        # Read the trace before taking the lock: the replay keeps serving while it loads.
+        trace = load_trace(path)
         with self.lock:
             now_model = self.model_now()
             if speed is not None:
-                if speed <= 0:
-                    raise ValueError(f"speed={speed}: must be > 0")
                 self._model0, self._wall0, self.speed = now_model, self._clock(), speed
-            self.schedule = self._schedule(path, offset_seconds, start_seconds=now_model,
-                                           shuffle_seed=shuffle_seed)
+            self.schedule = TraceSchedule(list(trace.requests), now_model, offset_seconds,
+                                          name=trace.name, shuffle_seed=shuffle_seed)
 
     def state(self) -> ReplayState:
         with self.lock:
@@ -235,7 +254,7 @@ class Replay:
     def start(self, tick_seconds: float = 0.05) -> None:
         def loop() -> None:
             while not self._stop.wait(tick_seconds):
-                self.tick()
+                self.tick(wall_budget_seconds=_TICK_WALL_BUDGET_SECONDS)
 
         self._thread = threading.Thread(target=loop, name="kvtune-replay", daemon=True)
         self._thread.start()

@@ -88,6 +88,23 @@ def test_shuffle_keeps_arrivals_and_permutes_contents() -> None:
     assert [r.prompt_tokens for _, r in got] != list(range(100, 150))
 
 
+def test_a_budgeted_tick_gives_the_lock_up_before_it_catches_up() -> None:
+    """The background loop's tick stops after its wall budget, so a lagging replay cannot
+    hold the lock through its whole catch-up (Python's locks are not fair: a control
+    request waited behind one for over 5 s in CI). An unbudgeted tick still catches up."""
+    now = [0.0]
+    replay = Replay(InstanceConfig(model_name="m"), AZURE, speed=1.0, clock=lambda: now[0])
+    now[0] = 30.0  # 30 model seconds behind
+    replay.tick(chunk_model_seconds=1.0, wall_budget_seconds=0.0)
+    state = replay.state()
+    # One chunk: up to the last step that ends within it.
+    assert 0.5 < state.model_seconds <= 1.0
+    assert state.lag_model_seconds >= 29.0
+    replay.tick()
+    assert 29.0 < replay.state().model_seconds <= 30.0
+    assert replay.state().lag_model_seconds < 1.0
+
+
 def test_config_overrides_are_typed_and_checked() -> None:
     assert parse_config_overrides(["num_gpu_blocks=5", "enable-prefix-caching=false"]) == {
         "num_gpu_blocks": 5, "enable_prefix_caching": False}
