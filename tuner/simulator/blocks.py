@@ -17,7 +17,7 @@ Nouns and behaviour follow ``vllm/v1/core/block_pool.py`` and ``kv_cache_utils.p
 Why arrays and not one object per block (as vLLM): a long prompt holds hundreds of blocks,
 and per-block Python work was most of a replay's time (multi-turn Mooncake traffic at block
 size 16 moves ~900 blocks per request). Every pool operation on many blocks is one compiled
-loop over the arrays (``compiled.py``; the ``_``-prefixed functions at the end); the order
+loop over the arrays (``block_loops.py``, compiled by ``compiled.py``); the order
 the queue keeps and the blocks handed out are the same as vLLM's. Two structures are lazy
 for that reason:
 
@@ -40,13 +40,11 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from kvtune.tuner.simulator.compiled import compiled
-
-# A full block whose content is unique to one request: hashed in vLLM, but no lookup can
-# ever find it, so the simulator skips the map entry (and the cost of a real key).
-UNSHARED_HASH = -1
-# Not cached: not full, or handed out again since it was.
-NO_HASH = -2
+from kvtune.tuner.simulator import block_loops as loops
+from kvtune.tuner.simulator.block_loops import NO_HASH
+from kvtune.tuner.simulator.block_loops import (
+    UNSHARED_HASH as UNSHARED_HASH,  # the pool's callers read it here
+)
 
 Ids = Sequence[int] | np.ndarray
 
@@ -126,7 +124,7 @@ class FreeKVCacheBlockQueue:
         self._require(n)
         taken = np.empty(max(0, n), dtype=np.int64)
         if n > 0:
-            self._head = _popleft(self._slots, self._position, self._head, taken)
+            self._head = loops.popleft(self._slots, self._position, self._head, taken)
             self.num_free_blocks -= n
         return taken
 
@@ -159,9 +157,9 @@ class FreeKVCacheBlockQueue:
 
     def free_table(self, table: np.ndarray, num_full: int, num_keyed: int, caching: bool,
                    ref_cnt: np.ndarray, block_hash: np.ndarray) -> None:
-        """``BlockPool.free_request_blocks``, as one compiled loop (``_free_table``)."""
+        """``BlockPool.free_request_blocks``, as one compiled loop (``loops.free_table``)."""
         self._make_room(len(table))
-        head, tail = _free_table(table, num_full, num_keyed, caching, ref_cnt, block_hash,
+        head, tail = loops.free_table(table, num_full, num_keyed, caching, ref_cnt, block_hash,
                                  self._slots, self._position, self._head, self._tail)
         self.num_free_blocks += (self._head - head) + (tail - self._tail)
         self._head, self._tail = head, tail
@@ -265,7 +263,7 @@ class BlockPool:
         if not limit:
             return keys[:0]
         self._room_for(keys, 0, limit)
-        n = _hit_length(keys, limit, self.key_block, self.block_hash)
+        n = loops.hit_length(keys, limit, self.key_block, self.block_hash)
         got: np.ndarray = self.key_block[keys[:n]]
         return got
 
@@ -278,7 +276,7 @@ class BlockPool:
         if not limit:
             return 0, 0
         self._room_for(block_hashes, 0, limit)
-        n, free = _hit_need(block_hashes, limit, self.key_block, self.block_hash, self.ref_cnt)
+        n, free = loops.hit_need(block_hashes, limit, self.key_block, self.block_hash, self.ref_cnt)
         return int(n), int(free)
 
     def num_free_among(self, blocks: Ids) -> int:
@@ -300,7 +298,7 @@ class BlockPool:
         taken = np.empty(max(0, num_blocks), dtype=np.int64)
         # The queue's popleft_n and the hand-out in one compiled call (the pool and its queue
         # share this module's arrays).
-        q._head, copied = _take_front(q._slots, q._position, q._head, taken, self.block_hash,
+        q._head, copied = loops.take_front(q._slots, q._position, q._head, taken, self.block_hash,
                                       self.ref_cnt, self._has_copies, self._pairs)
         q.num_free_blocks -= len(taken)
         for j in range(copied):
@@ -326,7 +324,7 @@ class BlockPool:
         if not len(blocks):
             return
         q = self.free_block_queue
-        q.num_free_blocks -= _touch(_ids(blocks), self.ref_cnt, q._position)
+        q.num_free_blocks -= loops.touch(_ids(blocks), self.ref_cnt, q._position)
 
     def cache_full_blocks(
         self, blocks: Ids, block_hashes: Ids, num_cached_blocks: int, num_full_blocks: int,
@@ -344,7 +342,7 @@ class BlockPool:
         keys = _ids(block_hashes)
         self._room_for(keys, num_cached_blocks, end)
         # One live entry per hash; a second copy of a cached block waits behind it (class doc).
-        copies = _cache_blocks(_ids(blocks), keys, num_cached_blocks, end, self.block_hash,
+        copies = loops.cache_blocks(_ids(blocks), keys, num_cached_blocks, end, self.block_hash,
                                self.key_block, self._has_copies, self._pairs)
         for j in range(copies):
             b, h = int(self._pairs[2 * j]), int(self._pairs[2 * j + 1])
@@ -369,7 +367,7 @@ class BlockPool:
                else np.asarray(list(ordered_blocks), dtype=np.int64))
         if not len(ids):
             return
-        # ``_free_table`` takes a table and frees it in reverse; with no full blocks it
+        # ``loops.free_table`` takes a table and frees it in reverse; with no full blocks it
         # sorts by hash alone, as here.
         self.free_block_queue.free_table(np.ascontiguousarray(ids[::-1]), 0, 0,
                                          self.enable_caching, self.ref_cnt, self.block_hash)
@@ -411,164 +409,3 @@ class BlockPool:
             assert copies and self.block_hash[head] == h, f"hash {h}: no live entry"
             for b in copies:
                 assert b != head and self.block_hash[b] == h, f"hash {h}: stale copy {b}"
-
-
-# -- the compiled loops (``compiled.py``) --------------------------------------------------
-# Each is one pool operation over int64 arrays, in the order vLLM's per-block Python takes
-# the blocks. They write the arrays they are given and return what the caller's bookkeeping
-# needs. (The map's later copies live in a dict, so those stay in Python: the loops report
-# the (block, hash) pairs in ``pairs``, 2 entries each.)
-
-
-@compiled
-def _popleft(slots: np.ndarray, position: np.ndarray, head: int, out: np.ndarray) -> int:
-    """Fill ``out`` with the queue's first ``len(out)`` blocks from ``head`` (skipping stale
-    entries: their block is elsewhere now); the new head."""
-    i = head
-    for j in range(len(out)):
-        b = slots[i]
-        while position[b] != i:
-            i += 1
-            b = slots[i]
-        out[j] = b
-        position[b] = -1
-        i += 1
-    return i
-
-
-@compiled
-def _hand_out(taken: np.ndarray, block_hash: np.ndarray, ref_cnt: np.ndarray,
-              has_copies: np.ndarray, pairs: np.ndarray) -> int:
-    """Blocks handed out lose their hash (their map entries go stale with it) and get one
-    reference. Those whose hash has later copies are reported (the caller moves the map's
-    entry); their count."""
-    m = 0
-    for j in range(len(taken)):
-        b = taken[j]
-        h = block_hash[b]
-        if h >= 0 and has_copies[h]:
-            pairs[2 * m] = b
-            pairs[2 * m + 1] = h
-            m += 1
-        block_hash[b] = NO_HASH
-        ref_cnt[b] = 1
-    return m
-
-
-@compiled
-def _take_front(slots: np.ndarray, position: np.ndarray, head: int, taken: np.ndarray,
-                block_hash: np.ndarray, ref_cnt: np.ndarray, has_copies: np.ndarray,
-                pairs: np.ndarray) -> tuple[int, int]:
-    """``_popleft`` then ``_hand_out``: the new head, the number of copies."""
-    head = _popleft(slots, position, head, taken)
-    return head, _hand_out(taken, block_hash, ref_cnt, has_copies, pairs)
-
-
-@compiled
-def _hit_length(keys: np.ndarray, limit: int, key_block: np.ndarray,
-                block_hash: np.ndarray) -> int:
-    """How many of the first ``limit`` keys are cached, up to the first miss. A key with
-    no entry maps to the null block, whose hash is NO_HASH: never a hit."""
-    for i in range(limit):
-        k = keys[i]
-        if block_hash[key_block[k]] != k:
-            return i
-    return limit
-
-
-@compiled
-def _hit_need(keys: np.ndarray, limit: int, key_block: np.ndarray, block_hash: np.ndarray,
-              ref_cnt: np.ndarray) -> tuple[int, int]:
-    """``_hit_length``, with how many of the hit blocks have no reference (free)."""
-    free = 0
-    for i in range(limit):
-        k = keys[i]
-        b = key_block[k]
-        if block_hash[b] != k:
-            return i, free
-        if ref_cnt[b] == 0:
-            free += 1
-    return limit, free
-
-
-@compiled
-def _touch(ids: np.ndarray, ref_cnt: np.ndarray, position: np.ndarray) -> int:
-    """Each block takes a reference; free ones leave the queue (``remove``). How many
-    left it."""
-    left = 0
-    for j in range(len(ids)):
-        b = ids[j]
-        if ref_cnt[b] == 0:
-            position[b] = -1
-            left += 1
-        ref_cnt[b] += 1
-    return left
-
-
-@compiled
-def _cache_blocks(blocks: np.ndarray, keys: np.ndarray, start: int, end: int,
-                  block_hash: np.ndarray, key_block: np.ndarray, has_copies: np.ndarray,
-                  pairs: np.ndarray) -> int:
-    """Blocks ``[start, end)`` that hold no hash get their key (the others are prefix hits,
-    cached already). A key whose map entry is live already keeps it: the block is a later
-    copy, reported. Whether an entry is live is read for all blocks before any gets its
-    key: an entry that is one of these very blocks (from when it held the key before) is
-    not live, as the block holds none now. The number of copies."""
-    state = np.zeros(end - start, dtype=np.int8)  # 0: cached already, 1: new, 2: new copy
-    for i in range(start, end):
-        if block_hash[blocks[i]] == NO_HASH:
-            k = keys[i]
-            state[i - start] = 2 if block_hash[key_block[k]] == k else 1
-    m = 0
-    for i in range(start, end):
-        s = state[i - start]
-        if s:
-            b = blocks[i]
-            k = keys[i]
-            block_hash[b] = k
-            if s == 2:
-                has_copies[k] = True
-                pairs[2 * m] = b
-                pairs[2 * m + 1] = k
-                m += 1
-            else:
-                key_block[k] = b
-    return m
-
-
-@compiled
-def _free_table(table: np.ndarray, num_full: int, num_keyed: int, caching: bool,
-                ref_cnt: np.ndarray, block_hash: np.ndarray, slots: np.ndarray,
-                position: np.ndarray, head: int, tail: int) -> tuple[int, int]:
-    """vLLM's ``free_blocks`` of a request's table in reverse: each block drops a
-    reference; those reaching zero go to the queue's front if they hold no hash (every
-    block, without caching), to its back if they do, each side in that reverse order. Full
-    blocks ``[num_keyed, num_full)`` get ``UNSHARED_HASH`` first. There must be room for
-    ``len(table)`` slots on each side. The new head and tail."""
-    if caching:
-        for i in range(num_keyed, num_full):
-            block_hash[table[i]] = UNSHARED_HASH
-    # One pass in reverse: the back is filled in order; the front's blocks are written
-    # from the old head down (its last first), then moved up to the new head.
-    h, t = head, tail
-    for i in range(len(table) - 1, -1, -1):
-        b = table[i]
-        ref_cnt[b] -= 1
-        if ref_cnt[b] != 0:
-            continue
-        if not caching or (i >= num_full and block_hash[b] == NO_HASH):
-            h -= 1
-            slots[h] = b
-        else:
-            slots[t] = b
-            position[b] = t
-            t += 1
-    # slots[h:head] holds the front's blocks last first: reverse them in place.
-    lo, hi = h, head - 1
-    while lo < hi:
-        slots[lo], slots[hi] = slots[hi], slots[lo]
-        lo += 1
-        hi -= 1
-    for j in range(h, head):
-        position[slots[j]] = j
-    return h, t
