@@ -110,31 +110,35 @@ def step_cost(
                              len(scheduled))
 
 
-class _Recording(Scheduler):
-    """kvtune's scheduler, stepped exactly (no decode runs), recording every step."""
+class _Recording:
+    """kvtune's scheduler, stepped exactly (no decode runs), recording every step. It holds
+    the scheduler rather than subclassing it: the scheduler may be compiled by mypyc
+    (``scripts/compile_simulator.py``), and an interpreted class cannot subclass a compiled one."""
 
     def __init__(self, requests: Sequence[SimRequest], config: EngineConfig,
                  cost: StepCostModel) -> None:
-        super().__init__(requests, config, cost, name="kvtune", decode_runs=False)
+        self.sim = Scheduler(requests, config, cost, name="kvtune", decode_runs=False,
+                             on_step=lambda _scheduler: self._record())
         self.records: list[StepRecord] = []
         self.finish_step: dict[int, int] = {}
         self._before: set[int] = set()
         self._cpu_seen = (0, 0, 0)  # loads, stored, evicted counted so far
-        self.on_step = lambda _scheduler: self._record()
 
     def offload_events(self) -> OffloadEvents:
-        tier = self.offload
+        sim = self.sim
+        tier = sim.offload
         if tier is None:
             return OffloadEvents()
         loads, stored, evicted = self._cpu_seen
-        self._cpu_seen = (len(self.cpu_loads), tier.stored_blocks, tier.evicted_blocks)
-        return OffloadEvents(tuple(self.cpu_loads[loads:]), tier.stored_blocks - stored,
+        self._cpu_seen = (len(sim.cpu_loads), tier.stored_blocks, tier.evicted_blocks)
+        return OffloadEvents(tuple(sim.cpu_loads[loads:]), tier.stored_blocks - stored,
                              tier.evicted_blocks - evicted)
 
     def _record(self) -> None:
-        scheduled = self.last_scheduled
+        sim = self.sim
+        scheduled = sim.last_scheduled
         steps_before = len(self.records)
-        if scheduled and self.steps > steps_before:
+        if scheduled and sim.steps > steps_before:
             finished: list[int] = []
             admitted: list[tuple[int, int]] = []
             for st, num_new in scheduled:
@@ -147,25 +151,25 @@ class _Recording(Scheduler):
             self.records.append(attach_offload(StepRecord(
                 scheduled=tuple((st.req.request_id, n) for st, n in scheduled),
                 admitted=tuple(admitted),
-                preempted=tuple(st.req.request_id for st in self.last_preempted),
-                finished=tuple(finished), blocks_in_use=self.last_blocks_in_use,
-                end_seconds=self.now,
+                preempted=tuple(st.req.request_id for st in sim.last_preempted),
+                finished=tuple(finished), blocks_in_use=sim.last_blocks_in_use,
+                end_seconds=sim.now,
             ), self.offload_events()))
-        self._before = {st.req.request_id for st in self.running}
-        self.last_scheduled = []
+        self._before = {st.req.request_id for st in sim.running}
+        sim.last_scheduled = []
 
 
 def kvtune_steps(
     requests: Sequence[SimRequest], config: EngineConfig, cost: StepCostModel,
 ) -> RunRecord:
     """kvtune's simulator over ``requests``, one record per engine step."""
-    sim = _Recording(requests, config, cost)
-    sim.run()
-    if sim.records:
+    rec = _Recording(requests, config, cost)
+    rec.sim.run()
+    if rec.records:
         # Offload events after the last step (none expected) go with it.
-        sim.records[-1] = attach_offload(sim.records[-1], sim.offload_events())
-    rejected = tuple(st.req.request_id for st in sim.states if st.output_tokens == 0)
-    return RunRecord(steps=tuple(sim.records), finish_step=sim.finish_step, rejected=rejected)
+        rec.records[-1] = attach_offload(rec.records[-1], rec.offload_events())
+    rejected = tuple(st.req.request_id for st in rec.sim.states if st.output_tokens == 0)
+    return RunRecord(steps=tuple(rec.records), finish_step=rec.finish_step, rejected=rejected)
 
 
 def computed_before(states: Sequence[RequestState], scheduled: Sequence[int]) -> list[int]:
