@@ -23,6 +23,26 @@ import numba
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# The modules mypyc may compile to C (``scripts/compile_simulator.py``): the scheduler and what
+# its loop calls, typed Python with no numba inside (numba compiles from bytecode, which a
+# mypyc-compiled module has none of: the block pool's loops live in ``block_loops.py``). An
+# interpreted class cannot subclass a compiled one, so the simulator's subclasses of these
+# classes are listed too.
+MYPYC_MODULES = (
+    *(f"kvtune.tuner.simulator.{name}" for name in (
+        "scheduler", "sched_core", "sched_state", "sched_offload", "sched_exact",
+        "sched_cohort", "sched_runs", "sched_pipeline", "cohort", "blocks", "timing",
+        "stepwise", "disaggregated", "workload", "metrics", "prefix", "offload")),
+    "kvtune.tuner.facts.step_kernels",
+)
+
+
+def is_mypyc_compiled() -> bool:
+    """Whether the scheduler running here is the mypyc-compiled one."""
+    from kvtune.tuner.simulator import scheduler
+
+    return not scheduler.__file__.endswith(".py") if scheduler.__file__ else False
+
 
 def compiled(func: F) -> F:
     """``func`` compiled (no Python objects inside: nopython mode), typed as ``func``."""

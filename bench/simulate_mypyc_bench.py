@@ -1,0 +1,121 @@
+"""The simulator's speed as Python and compiled by mypyc (``scripts/compile_simulator.py``).
+
+Per trace, simulated requests per second of CPU time (the goal: >= 10,000 on every trace) for
+the scheduler run from this tree's Python sources and for the same sources compiled by mypyc
+(built once and cached by the sources' digest), under vLLM 0.33's defaults for Llama-3.1-8B on
+one H100. Each figure is the best of ``--repeat`` runs; the two builds' runs alternate, each in
+a process of its own (so one's import of numba, its compiled loops or the compiled modules does
+not weigh on the other), and each run's requests are checked equal across the two builds:
+the first-token and finish time of every request, to the last bit. Run:
+
+    .venv/bin/python bench/simulate_mypyc_bench.py [--trace PATH@SPEED ...] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def _child(path: Path, speed: float) -> None:
+    """One timed run, printed as JSON (runs in the process the parent starts)."""
+    from kvtune.tuner.facts.catalog import get_model
+    from kvtune.tuner.facts.gpus import get_gpu_class
+    from kvtune.tuner.planner.planning import PlanRequest
+    from kvtune.tuner.planner.presets import profile_from_trace
+    from kvtune.tuner.simulator.compiled import is_mypyc_compiled
+    from kvtune.tuner.simulator.engine import simulated_plan, vllm_default_plan
+    from kvtune.tuner.simulator.scheduler import Scheduler
+    from kvtune.tuner.simulator.workload import requests_from_trace
+    from kvtune.tuner.traces import load_trace
+
+    trace = load_trace(path)
+    request = PlanRequest(model=get_model(MODEL), gpu=get_gpu_class("H100"),
+                          profile=profile_from_trace(trace))
+    sim = simulated_plan(request, vllm_default_plan(request), "defaults")
+    reqs = requests_from_trace(trace, speed=speed)
+    Scheduler(reqs[:200], sim.engine, sim.cost).run()  # numba's loops loaded, not timed
+    sched = Scheduler(reqs, sim.engine, sim.cost)
+    cpu0 = time.process_time()
+    result = sched.run()
+    cpu = time.process_time() - cpu0
+    times = json.dumps([result.first_token_seconds, result.finish_seconds]).encode()
+    print(json.dumps({"compiled": is_mypyc_compiled(), "requests": len(reqs), "cpu": cpu,
+                      "digest": hashlib.sha256(times).hexdigest()}))
+
+
+def _run(path: Path, speed: float, site: Path | None) -> dict[str, object]:
+    env = dict(os.environ)
+    if site is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH")) if p)
+    done = subprocess.run([sys.executable, __file__, "--child", f"{path}@{speed}"], env=env,
+                          cwd=site or REPO, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"simulate_mypyc_bench: a run failed:\n{done.stderr[-2000:]}")
+    out: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
+
+
+def main() -> None:
+    from kvtune.e2e.traces import AZURE_TRACE, MOONCAKE_TRACE
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trace", action="append", default=[], metavar="PATH@SPEED",
+                    help="another trace to time, replayed at SPEED x its recorded rate")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--child", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        path, _, speed = args.child.rpartition("@")
+        _child(Path(path), float(speed))
+        return
+    spec = importlib.util.spec_from_file_location(
+        "compile_simulator", REPO / "scripts" / "compile_simulator.py")
+    assert spec is not None and spec.loader is not None
+    compile_simulator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compile_simulator)
+    start = time.monotonic()
+    site = compile_simulator.compiled_checkout(REPO)
+    print(f"compiled build: {site} ({time.monotonic() - start:.0f} s; cached by digest)")
+    print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    traces = [(AZURE_TRACE, 1.0), (AZURE_TRACE, 4.0), (MOONCAKE_TRACE, 1.0),
+              (MOONCAKE_TRACE, 0.25)]
+    for spec_text in args.trace:
+        path_text, _, speed_text = spec_text.rpartition("@")
+        if not path_text:
+            raise SystemExit(f"--trace {spec_text}: give PATH@SPEED, e.g. conversation.jsonl@1")
+        traces.append((Path(path_text), float(speed_text)))
+    print(f"\n{'trace':<28} {'requests':>8} {'python':>9} {'compiled':>9} {'ratio':>6} "
+          f"{'same':>5} {'goal':>7}")
+    for path, speed in traces:
+        best = {False: float("inf"), True: float("inf")}
+        digests: set[str] = set()
+        n = 0
+        for _ in range(args.repeat):
+            for site_or_none in (None, site):
+                out = _run(path, speed, site_or_none)
+                assert out["compiled"] is (site_or_none is not None), out
+                best[site_or_none is not None] = min(best[site_or_none is not None],
+                                                     float(str(out["cpu"])))
+                digests.add(str(out["digest"]))
+                n = int(str(out["requests"]))
+        py, cc = n / best[False], n / best[True]
+        label = f"{path.stem[:22]} {speed:g}x"
+        print(f"{label:<28} {n:>8} {py:>9.0f} {cc:>9.0f} {cc / py:>5.2f}x "
+              f"{'yes' if len(digests) == 1 else 'NO':>5} {'met' if cc >= 10_000 else 'MISSED':>7}")
+    print(f"load average after: {os.getloadavg()[0]:.2f} (req/s of CPU time, best of "
+          f"{args.repeat}; 'same': every request's times equal in every run)")
+
+
+if __name__ == "__main__":
+    main()
