@@ -18,6 +18,8 @@ need_apt=()
 command -v prometheus >/dev/null || need_apt+=(prometheus)
 command -v promtool >/dev/null || need_apt+=(prometheus)
 command -v lua5.1 >/dev/null || need_apt+=(lua5.1)
+# mypyc's C compiler (scripts/compile_simulator.py; tests/simulator/test_sim_mypyc.py).
+command -v gcc >/dev/null || need_apt+=(gcc)
 # The images built and run here (kvtune.e2e.images, docs/images.md): a Debian base from
 # Debian's packages, the Dockerfiles built by buildah, run by podman with crun.
 for tool in mmdebstrap podman buildah crun; do
