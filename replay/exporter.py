@@ -44,7 +44,7 @@ from kvtune.operator.prometheus import vllm_metrics as vm
 from kvtune.replay.instance import Instance, InstanceConfig, TraceSchedule
 from kvtune.replay.sim import Hardware, SimInstance, engine_for
 from kvtune.tuner.knobs import BY_NAME, FLAG_TO_NAME, KNOBS, TENSOR_PARALLEL_FLAG
-from kvtune.tuner.traces import load_trace
+from kvtune.tuner.traces import Trace, load_trace
 
 
 class _InstanceCollector(Collector):
@@ -143,8 +143,8 @@ class Replay:
         self._model0 = 0.0
         self._lag = 0.0
         self.speed = speed
-        self.schedule = self._schedule(trace_path, offset_seconds, start_seconds=0.0,
-                                       shuffle_seed=shuffle_seed)
+        self.schedule = self._schedule(load_trace(trace_path), offset_seconds,
+                                       start_seconds=0.0, shuffle_seed=shuffle_seed)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -195,9 +195,8 @@ class Replay:
             self.restarts += 1
 
     @staticmethod
-    def _schedule(path: Path, offset_seconds: float, start_seconds: float,
+    def _schedule(trace: Trace, offset_seconds: float, start_seconds: float,
                   shuffle_seed: int | None = None) -> TraceSchedule:
-        trace = load_trace(path)
         return TraceSchedule(list(trace.requests), start_seconds, offset_seconds,
                              name=trace.name, shuffle_seed=shuffle_seed)
 
@@ -235,8 +234,8 @@ class Replay:
             now_model = self.model_now()
             if speed is not None:
                 self._model0, self._wall0, self.speed = now_model, self._clock(), speed
-            self.schedule = TraceSchedule(list(trace.requests), now_model, offset_seconds,
-                                          name=trace.name, shuffle_seed=shuffle_seed)
+            self.schedule = self._schedule(trace, offset_seconds, start_seconds=now_model,
+                                           shuffle_seed=shuffle_seed)
 
     def state(self) -> ReplayState:
         with self.lock:
