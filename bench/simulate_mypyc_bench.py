@@ -22,27 +22,22 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
 def _child(path: Path, speed: float) -> None:
     """One timed run, printed as JSON (runs in the process the parent starts)."""
-    from kvtune.tuner.facts.catalog import get_model
-    from kvtune.tuner.facts.gpus import get_gpu_class
-    from kvtune.tuner.planner.planning import PlanRequest
-    from kvtune.tuner.planner.presets import profile_from_trace
+    from simulate_bench import _plan  # this folder is the child's sys.path[0]
+
     from kvtune.tuner.simulator.compiled import is_mypyc_compiled
-    from kvtune.tuner.simulator.engine import simulated_plan, vllm_default_plan
     from kvtune.tuner.simulator.scheduler import Scheduler
     from kvtune.tuner.simulator.workload import requests_from_trace
     from kvtune.tuner.traces import load_trace
 
     trace = load_trace(path)
-    request = PlanRequest(model=get_model(MODEL), gpu=get_gpu_class("H100"),
-                          profile=profile_from_trace(trace))
-    sim = simulated_plan(request, vllm_default_plan(request), "defaults")
+    sim = _plan(trace, "H100")
     reqs = requests_from_trace(trace, speed=speed)
     Scheduler(reqs[:200], sim.engine, sim.cost).run()  # numba's loops loaded, not timed
     sched = Scheduler(reqs, sim.engine, sim.cost)
@@ -54,10 +49,9 @@ def _child(path: Path, speed: float) -> None:
                       "digest": hashlib.sha256(times).hexdigest()}))
 
 
-def _run(path: Path, speed: float, site: Path | None) -> dict[str, object]:
-    env = dict(os.environ)
-    if site is not None:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH")) if p)
+def _run(path: Path, speed: float, site: Path | None, env_with_site: Any
+         ) -> dict[str, object]:
+    env = None if site is None else env_with_site(site)
     done = subprocess.run([sys.executable, __file__, "--child", f"{path}@{speed}"], env=env,
                           cwd=site or REPO, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -103,7 +97,7 @@ def main() -> None:
         n = 0
         for _ in range(args.repeat):
             for site_or_none in (None, site):
-                out = _run(path, speed, site_or_none)
+                out = _run(path, speed, site_or_none, compile_simulator.env_with_site)
                 assert out["compiled"] is (site_or_none is not None), out
                 best[site_or_none is not None] = min(best[site_or_none is not None],
                                                      float(str(out["cpu"])))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -41,11 +40,7 @@ def _compile_script() -> ModuleType:
 
 
 def _probe(site: Path | None) -> dict[str, Any]:
-    env = dict(os.environ)
-    if site is not None:
-        # No empty entry: that would put the working directory first (the checkout's
-        # ``operator`` folder would hide the standard library's).
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH")) if p)
+    env = None if site is None else _compile_script().env_with_site(site)
     done = subprocess.run([sys.executable, str(PROBE), str(TRACES_DIR)], env=env, cwd=site,
                           capture_output=True, text=True, check=False, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
