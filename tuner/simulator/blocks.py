@@ -160,7 +160,7 @@ class FreeKVCacheBlockQueue:
         """``BlockPool.free_request_blocks``, as one compiled loop (``loops.free_table``)."""
         self._make_room(len(table))
         head, tail = loops.free_table(table, num_full, num_keyed, caching, ref_cnt, block_hash,
-                                 self._slots, self._position, self._head, self._tail)
+                                      self._slots, self._position, self._head, self._tail)
         self.num_free_blocks += (self._head - head) + (tail - self._tail)
         self._head, self._tail = head, tail
 
@@ -276,7 +276,8 @@ class BlockPool:
         if not limit:
             return 0, 0
         self._room_for(block_hashes, 0, limit)
-        n, free = loops.hit_need(block_hashes, limit, self.key_block, self.block_hash, self.ref_cnt)
+        n, free = loops.hit_need(block_hashes, limit, self.key_block, self.block_hash,
+                                 self.ref_cnt)
         return int(n), int(free)
 
     def num_free_among(self, blocks: Ids) -> int:
@@ -298,8 +299,9 @@ class BlockPool:
         taken = np.empty(max(0, num_blocks), dtype=np.int64)
         # The queue's popleft_n and the hand-out in one compiled call (the pool and its queue
         # share this module's arrays).
-        q._head, copied = loops.take_front(q._slots, q._position, q._head, taken, self.block_hash,
-                                      self.ref_cnt, self._has_copies, self._pairs)
+        q._head, copied = loops.take_front(q._slots, q._position, q._head, taken,
+                                           self.block_hash, self.ref_cnt, self._has_copies,
+                                           self._pairs)
         q.num_free_blocks -= len(taken)
         for j in range(copied):
             self._evict_copy(int(self._pairs[2 * j + 1]), int(self._pairs[2 * j]))
@@ -342,8 +344,9 @@ class BlockPool:
         keys = _ids(block_hashes)
         self._room_for(keys, num_cached_blocks, end)
         # One live entry per hash; a second copy of a cached block waits behind it (class doc).
-        copies = loops.cache_blocks(_ids(blocks), keys, num_cached_blocks, end, self.block_hash,
-                               self.key_block, self._has_copies, self._pairs)
+        copies = loops.cache_blocks(_ids(blocks), keys, num_cached_blocks, end,
+                                    self.block_hash, self.key_block, self._has_copies,
+                                    self._pairs)
         for j in range(copies):
             b, h = int(self._pairs[2 * j]), int(self._pairs[2 * j + 1])
             self.duplicate_blocks.setdefault(h, []).append(b)
