@@ -23,6 +23,8 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "replay": ("replay", "replay", "Serve vLLM metrics by replaying a request trace."),
     "operator": ("operator_cmd", "operator", "Run the kvtune operator (kopf)."),
     "crds": ("crds", "crds", "Generate the CRD manifests from the API types."),
+    "compile-simulator": ("compile_simulator", "compile_simulator",
+                          "Compile the simulator's scheduler to C with mypyc (2-3x faster)."),
     "alerts": ("alerts", "alerts", "Render the SLO alert rules for an InferenceDeployment."),
     "quality": ("quality", "quality", "Measure what quantized KV dtypes do to a model."),
     "search-worker": ("search_worker", "search_worker",

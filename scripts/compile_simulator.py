@@ -1,79 +1,26 @@
-"""Compile the simulator's scheduler to C extension modules (mypyc) in an installed kvtune.
+"""The checkout's simulator compiled by mypyc, for the tests and the bench.
 
-    python scripts/compile_simulator.py [--site-packages DIR]
+``kvtune compile-simulator`` (``cli/compile_simulator.py``) compiles an installed wheel; this
+module gives a checkout the same build without installing it: ``compiled_checkout()`` lays the
+checkout's packages out as installed in a cache folder, compiles them there, and
+``env_with_site`` puts that folder first on ``PYTHONPATH``. The checkout itself is never
+compiled: an extension module there would hide every later edit of its source.
 
-The scheduler's Python is most of what a simulated request costs once the block pool's loops
-are compiled (numba, ``tuner/simulator/compiled.py``): ~120 Python calls per scheduling loop,
-none above 5 % of a run. mypyc compiles the same typed sources (``mypy --strict`` clean) to C,
-and the simulator runs them 1.6-3.4x faster on the bench's traces
-(``bench/simulate_mypyc_bench.py``; docs/simulator.md "Speed"), with the same results bit for
-bit (``tests/simulator/test_sim_mypyc.py``).
-
-What it does: copies the installed ``kvtune`` package to a scratch directory, runs mypyc on
-the modules ``compiled.MYPYC_MODULES`` names, and puts the extension modules beside their
-sources in DIR (the shared ``*__mypyc`` library at DIR's top, as every mypyc-compiled package
-has it). Python imports an extension module before a source of the same name, so the
-compiled scheduler is what runs; deleting the ``.so`` files gives the Python back.
-
-Needs mypy (the dev extra) and a C compiler; DIR is the ``site-packages`` of a venv where the
-wheel is installed (default: this interpreter's ``kvtune``). It refuses the checkout's own
-tree: an extension module there would hide every later edit of its source.
+    python scripts/compile_simulator.py    builds (or finds) the compiled checkout, prints it
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
 import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 _SKIP = shutil.ignore_patterns("__pycache__", "*.so", ".mypy_cache")
-
-
-def _installed_site_packages() -> Path:
-    import kvtune
-
-    return Path(next(iter(kvtune.__path__))).resolve().parent
-
-
-def _modules() -> tuple[str, ...]:
-    from kvtune.tuner.simulator.compiled import MYPYC_MODULES
-
-    return MYPYC_MODULES
-
-
-def compile_into(site_packages: Path) -> list[Path]:
-    """The extension modules written under ``site_packages`` (mypyc, see the module's doc)."""
-    package = site_packages / "kvtune"
-    if not (package / "tuner" / "simulator" / "scheduler.py").is_file():
-        raise SystemExit(f"--site-packages={site_packages}: no installed kvtune there "
-                         "(kvtune/tuner/simulator/scheduler.py is missing); pass the "
-                         "site-packages of a venv where the kvtune wheel is installed")
-    modules = _modules()
-    with tempfile.TemporaryDirectory(prefix="kvtune-mypyc-") as tmp:
-        stage = Path(tmp)
-        shutil.copytree(package, stage / "kvtune", ignore=_SKIP)
-        paths = [str(Path(*m.split(".")).with_suffix(".py")) for m in modules]
-        done = subprocess.run([sys.executable, "-m", "mypyc", *paths], cwd=stage,
-                              capture_output=True, text=True, check=False,
-                              env={**os.environ, "MYPYC_OPT_LEVEL": "3"})
-        if done.returncode != 0:
-            tail = (done.stdout + done.stderr)[-3000:]
-            raise SystemExit(f"compile_simulator: mypyc failed (needs mypy and a C compiler):\n"
-                             f"{tail}")
-        written = []
-        for so in sorted(stage.glob("*.so")) + sorted(stage.glob("kvtune/**/*.so")):
-            dest = site_packages / so.relative_to(stage)
-            shutil.copy2(so, dest)
-            written.append(dest)
-    return written
 
 
 def stage_checkout(dest: Path, repo: Path = REPO) -> Path:
@@ -108,8 +55,11 @@ def compiled_checkout(repo: Path = REPO) -> Path:
     if (site / "done").is_file():
         shutil.rmtree(building)
         return site
+    from kvtune.cli.compile_simulator import compile_into
+    from kvtune.tuner.simulator.compiled import MYPYC_MODULES
+
     compile_into(building)
-    (building / "done").write_text(", ".join(_modules()) + "\n")
+    (building / "done").write_text(", ".join(MYPYC_MODULES) + "\n")
     shutil.rmtree(site, ignore_errors=True)
     building.rename(site)
     return site
@@ -124,22 +74,10 @@ def env_with_site(site: Path) -> dict[str, str]:
     return env
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument("--site-packages", type=Path, default=None,
-                        help="the site-packages holding the installed kvtune (default: this "
-                             "interpreter's)")
-    args = parser.parse_args(argv)
-    site = (args.site_packages or _installed_site_packages()).resolve()
-    if not any(site.glob("kvtune-*.dist-info")):
-        raise SystemExit(f"--site-packages={site}: not a wheel install (an editable checkout?); "
-                         "a compiled module there would hide every later edit of its source. "
-                         "Install the wheel in a venv (scripts/wheel_check.py --install-only) "
-                         "and pass its site-packages")
+def main() -> int:
     start = time.monotonic()
-    written = compile_into(site)
-    print(f"compile_simulator: {len(written)} extension modules in {site} "
-          f"({time.monotonic() - start:.0f} s): {', '.join(_modules())}")
+    site = compiled_checkout()
+    print(f"compiled checkout: {site} ({time.monotonic() - start:.0f} s)")
     return 0
 
 
