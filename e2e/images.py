@@ -59,6 +59,9 @@ MMDEBSTRAP_ARGS = (
 )
 OPERATOR_DOCKERFILE = "Dockerfile.operator"
 RUNTIME_DOCKERFILE = "Dockerfile.h200"
+# What the operator's compile stage needs beyond the Debian base (the full python image has
+# them): mypyc's C compiler, Python's headers, and venv (Debian ships it apart).
+COMPILE_PACKAGES = ("gcc", "libc6-dev", "python3-dev", "python3-venv")
 # The Debian packages the build and the run need (scripts/setup.sh packages installs them).
 DEBIAN_PACKAGES = ("mmdebstrap", "podman", "buildah", "crun")
 # A container may lower its limits but not raise them: this machine's root lacks
@@ -198,17 +201,21 @@ def _dockerfile_pins(repo: Path) -> list[str]:
     return sorted(pins)
 
 
-def _constraints() -> str:
-    """The running virtualenv's versions: the images get what the tests ran against."""
+def _constraints(pins: Sequence[str] = ()) -> str:
+    """The running virtualenv's versions: the images get what the tests ran against, except
+    where a Dockerfile pins its own (``pins``: the dev extra's mypy may be newer than the one
+    the operator image compiles with)."""
+    own = {"kvtune", *(pin.split("==")[0].lower() for pin in pins)}
     lines = {f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
-             if d.metadata["Name"] and d.metadata["Name"].lower() != "kvtune"}
+             if d.metadata["Name"] and d.metadata["Name"].lower() not in own}
     return "\n".join(sorted(lines, key=str.lower)) + "\n"
 
 
 def ensure_wheelhouse(repo: Path, wheel: Path, log: Path) -> tuple[Path, float]:
     project = _pyproject(repo).get("project", {})
     assert isinstance(project, dict)
-    constraints, pins = _constraints(), _dockerfile_pins(repo)
+    pins = _dockerfile_pins(repo)
+    constraints = _constraints(pins)
     extra = ["pydantic"]  # the stand-in vLLM base's (the real one ships it)
     key = _digest(repr(project.get("dependencies")), constraints, *pins, *extra)
     house = images_dir() / f"wheels-{key}"
@@ -230,9 +237,10 @@ def ensure_wheelhouse(repo: Path, wheel: Path, log: Path) -> tuple[Path, float]:
 
 # --- the bases -----------------------------------------------------------------------------
 
-def _from_name(repo: Path, dockerfile: str) -> str:
-    found = re.findall(r"^FROM (\S+)", (repo / "runtime_images" / dockerfile).read_text(), re.M)
-    return str(found[-1])
+def _from_names(repo: Path, dockerfile: str) -> list[str]:
+    """The images a Dockerfile's stages start ``FROM``, in order."""
+    text = (repo / "runtime_images" / dockerfile).read_text()
+    return [str(name) for name in re.findall(r"^FROM (\S+)", text, re.M)]
 
 
 def _qualified(name: str) -> str:
@@ -303,6 +311,27 @@ def ensure_standin_runtime_base(store: Store, debian: str, house: Path,
     return tag, time.monotonic() - start
 
 
+def ensure_standin_compile_base(store: Store, debian: str, log: Path) -> tuple[str, float]:
+    """The stand-in for the full ``python`` image Dockerfile.operator compiles the simulator
+    in: the Debian base with a C compiler, Python's headers and venv, from Debian's mirror."""
+    key = _digest(debian, *COMPILE_PACKAGES)
+    tag = f"localhost/kvtune-python-compile-base:{key}"
+    if store.exists(tag):
+        return tag, 0.0
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="kvtune-compile-base-") as tmp:
+        context = Path(tmp)
+        (context / "Containerfile").write_text(
+            f"FROM {debian}\n"
+            "RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+            f"--no-install-recommends {' '.join(COMPILE_PACKAGES)} >/dev/null "
+            "&& rm -rf /var/lib/apt/lists/*\n")
+        _run(store.buildah("bud", "--isolation=chroot", "--pull-never", *ULIMITS,
+                           "--file", str(context / "Containerfile"), "--tag", tag, str(context)),
+             "buildah bud of the compile stage's base (apt-get from Debian's mirror)", log)
+    return tag, time.monotonic() - start
+
+
 # --- the images ----------------------------------------------------------------------------
 
 def _build_image(store: Store, repo: Path, dockerfile: str, tag: str, wheel: Path,
@@ -328,7 +357,7 @@ def ensure_images(repo: Path = REPO) -> Built:
         docker = [(repo / "runtime_images" / n).read_bytes()
                   for n in (OPERATOR_DOCKERFILE, RUNTIME_DOCKERFILE)]
         key = _digest(debian, source_digest(repo), _constraints(), *docker,
-                      (STANDINS / "vllm").read_bytes())
+                      (STANDINS / "vllm").read_bytes(), *COMPILE_PACKAGES)
         built = Built(f"localhost/kvtune-operator:{key}",
                       f"localhost/kvtune-vllm-h200-standin:{key}", store)
         if store.exists(built.operator) and store.exists(built.runtime):
@@ -344,14 +373,24 @@ def ensure_images(repo: Path = REPO) -> Built:
             _, built.seconds["debian_base"] = base.result()
         standin, built.seconds["standin_base"] = ensure_standin_runtime_base(
             store, debian, house, log)
-        for name, tag, base_tag in ((OPERATOR_DOCKERFILE, built.operator, debian),
-                                    (RUNTIME_DOCKERFILE, built.runtime, standin)):
+        compile_base, built.seconds["compile_base"] = ensure_standin_compile_base(
+            store, debian, log)
+        # Each stage's FROM names our stand-in: the operator's compile stage the Debian base
+        # with a compiler, its last stage (python:slim) the Debian base itself.
+        for name, tag, bases in ((OPERATOR_DOCKERFILE, built.operator, (compile_base, debian)),
+                                 (RUNTIME_DOCKERFILE, built.runtime, (standin,))):
             start = time.monotonic()
-            _tag_as(store, base_tag, _from_name(repo, name), log)
+            froms = _from_names(repo, name)
+            if len(froms) != len(bases):
+                raise ClusterError("images", f"runtime_images/{name} has {len(froms)} FROM "
+                                   f"lines, kvtune.e2e.images makes {len(bases)} stand-in "
+                                   "bases for it. Fix: give ensure_images a base per stage")
+            for from_name, base_tag in zip(froms, bases, strict=True):
+                _tag_as(store, base_tag, from_name, log)
             _build_image(store, repo, name, tag, wheel, house, log)
             built.seconds[name] = time.monotonic() - start
         shutil.rmtree(root / "dist" / key, ignore_errors=True)
-        _prune(store, (debian, standin, built.operator, built.runtime), log)
+        _prune(store, (debian, standin, compile_base, built.operator, built.runtime), log)
         return built
 
 
@@ -367,7 +406,8 @@ def _prune(store: Store, keep: Sequence[str], log: Path) -> None:
 
 def run_argv(store: Store, image: str, args: Sequence[str], *,
              env: dict[str, str] | None = None, volumes: Sequence[str] = (),
-             name: str | None = None, read_only: bool = False) -> list[str]:
+             name: str | None = None, read_only: bool = False,
+             entrypoint: str | None = None) -> list[str]:
     """The command that runs ``image`` here with podman and crun, attached (signals reach the
     container: podman proxies them).
 
@@ -383,6 +423,8 @@ def run_argv(store: Store, image: str, args: Sequence[str], *,
         argv.append(f"--name={name}")
     if read_only:
         argv += ["--read-only", "--tmpfs=/tmp"]
+    if entrypoint:
+        argv.append(f"--entrypoint={entrypoint}")
     for key, value in (env or {}).items():
         argv.append(f"--env={key}={value}")
     for volume in volumes:

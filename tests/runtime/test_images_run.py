@@ -2,8 +2,9 @@
 
 kvtune.e2e.images makes the Dockerfiles' bases from Debian's own packages (mmdebstrap), builds
 runtime_images/Dockerfile.operator and Dockerfile.h200 unchanged with buildah, and runs them
-with podman and crun. The operator image then reconciles an InferenceDeployment on the local
-control plane, as a non-root user on a read-only root (the chart's pod security context); the
+with podman and crun. The operator image runs its mypyc-compiled simulator with the checkout's
+Python results, and reconciles an InferenceDeployment on the local control plane, as a
+non-root user on a read-only root (the chart's pod security context); the
 runtime image's entrypoint checks a plan against a fake NVML and execs the stand-in ``vllm``
 with the planned flags, or refuses a GPU the plan was not made for.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
+import sys
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -32,6 +34,7 @@ from op_cluster_helpers import (
 from op_samples import SAMPLE_SPEC, make_pool_plan
 
 from kvtune.e2e.images import STANDINS, Built, ensure_images, run_argv
+from kvtune.e2e.traces import TRACES_DIR
 from kvtune.runtime import decisions, gpus
 from kvtune.runtime.runtime_plan import parse_plan
 
@@ -122,7 +125,34 @@ def test_runtime_image_refuses_a_plan_for_another_image_class(images: Built,
     assert "this image is built for H200 (KVTUNE_IMAGE_GPU_CLASS)" in result.stderr
 
 
-# --- the operator image against the local control plane ---------------------------------------
+# --- the operator image: its simulator compiled, and against the local control plane ----------
+
+PROBE = Path(__file__).resolve().parents[1] / "simulator" / "mypyc_probe.py"
+
+
+def _probe_json(argv: list[str]) -> dict[str, Any]:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
+
+
+def test_operator_image_runs_the_compiled_simulator_with_the_pythons_results(
+        images: Built) -> None:
+    """The search Jobs run in the operator image: its first stage compiled the scheduler with
+    mypyc, and what runs there, as the chart runs it (user 65532, read-only root), is that
+    build, with the checkout's Python results to the last bit on 16 configurations."""
+    argv = run_argv(images.store, images.operator, ["/probe/mypyc_probe.py", "/traces"],
+                    read_only=True, entrypoint="python3",
+                    volumes=[f"{PROBE.parent}:/probe:ro", f"{TRACES_DIR}:/traces:ro"])
+    in_image = _probe_json(argv)
+    here = _probe_json([sys.executable, str(PROBE), str(TRACES_DIR)])
+    assert in_image.pop("compiled") is True and here.pop("compiled") is False
+    assert len(here) == 16 and here.keys() == in_image.keys()
+    differ = [k for k in here if json.dumps(here[k]) != json.dumps(in_image[k])]
+    assert not differ, differ
+
+
 
 class ImageOperator(OperatorProcess):
     """``kvtune operator`` from the operator image: podman runs it as the image's user on a

@@ -2,8 +2,9 @@
 
 ``tests/simulator/test_sim_mypyc.py`` runs this twice, once on the Python sources and once on
 the mypyc-compiled scheduler (``scripts/compile_simulator.py``), and holds the two outputs
-equal. Run as a script: ``python mypyc_probe.py TRACES_DIR`` (the checkout's examples/traces: a
-wheel does not ship them).
+equal; ``tests/runtime/test_images_run.py`` runs it in the operator image, whose simulator
+``kvtune compile-simulator`` compiled. Run as a script: ``python mypyc_probe.py TRACES_DIR``
+(the checkout's examples/traces: a wheel does not ship them).
 """
 
 from __future__ import annotations
