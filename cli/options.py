@@ -72,6 +72,7 @@ PLAN_FIELD_OPTIONS: dict[str, str] = {
     "expert_parallel": "--ep",
     "decode_context_parallel": "--dcp",
     "pipeline_parallel": "--pp",
+    "nodes_per_replica": "--nodes-per-replica",
     "gpus_per_replica": "--gpus-per-replica",
     "policy.min_max_model_len_tokens": "--min-max-model-len",
 }

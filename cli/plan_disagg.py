@@ -86,7 +86,8 @@ def check_disagg_options(opts: dict[str, Any], tp_given: bool) -> None:
     if opts["gpus_per_replica"] is None:
         raise click.UsageError("--disaggregate needs --gpus-per-replica N: the GPUs the "
                                "prefill and decode roles share (e.g. 8)")
-    clash = [k for k in _EXCLUSIVE if opts.get(k)] + (["tp"] if tp_given else [])
+    clash = ([k for k in _EXCLUSIVE if opts.get(k)] + (["tp"] if tp_given else [])
+             + (["nodes_per_replica"] if opts.get("nodes", 1) > 1 else []))
     if clash:
         raise click.UsageError(f"--disaggregate chooses each role's TP: drop "
                                f"--{clash[0].replace('_', '-')} (pin --prefill-tp/--decode-tp)")

@@ -23,7 +23,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def layout_options(command: F) -> F:
-    """``--gpus-per-replica``, ``--dp``, ``--ep/--no-ep``, ``--dcp``, ``--pp``."""
+    """``--gpus-per-replica``, ``--dp``, ``--ep/--no-ep``, ``--dcp``, ``--pp``,
+    ``--nodes-per-replica``."""
     for option in reversed((
         click.option("--gpus-per-replica", type=click.IntRange(1, MAX_GPUS_PER_REPLICA),
                      help="GPUs of one replica: kvtune chooses the layout (TP x data-parallel "
@@ -42,6 +43,11 @@ def layout_options(command: F) -> F:
                      help="Pipeline-parallel stages per engine (vLLM "
                      "--pipeline-parallel-size): each stage holds its own layers' weights and "
                      "KV; latency adds every stage. Pinned only, never chosen."),
+        click.option("--nodes-per-replica", "nodes", type=click.IntRange(1, 16), default=1,
+                     show_default=True,
+                     help="Nodes one replica spans (the pool's nodesPerReplica): DP, or with "
+                     "--pp the stages, split over them; what crosses nodes goes over the RDMA "
+                     "NIC instead of NVLink."),
     )):
         command = option(command)
     return command
@@ -49,7 +55,8 @@ def layout_options(command: F) -> F:
 
 def wants_layout(opts: dict[str, Any]) -> bool:
     return (opts["gpus_per_replica"] is not None or opts["dp"] is not None
-            or opts["ep"] is not None or opts["dcp"] is not None or opts["pp"] is not None)
+            or opts["ep"] is not None or opts["dcp"] is not None or opts["pp"] is not None
+            or opts["nodes"] > 1)
 
 
 def plan_with_layout(request: PlanRequest, opts: dict[str, Any], plan_fn: PlanFn,
@@ -59,7 +66,7 @@ def plan_with_layout(request: PlanRequest, opts: dict[str, Any], plan_fn: PlanFn
     pp = opts["pp"] or 1
     gpus = opts["gpus_per_replica"] or opts["tp"] * (opts["dp"] or 1) * pp
     return choose_layout(request, gpus, plan_fn, tp=tp, dp=opts["dp"], ep=opts["ep"],
-                         dcp=opts["dcp"] or 1, pp=pp)
+                         dcp=opts["dcp"] or 1, pp=pp, nodes=opts["nodes"])
 
 
 def request_for(pool: PoolPlan, request: PlanRequest) -> PlanRequest:
@@ -73,7 +80,8 @@ def request_for(pool: PoolPlan, request: PlanRequest) -> PlanRequest:
         "data_parallel": pool.layout.data_parallel,
         "expert_parallel": pool.layout.expert_parallel,
         "decode_context_parallel": pool.layout.decode_context_parallel,
-        "pipeline_parallel": pool.layout.pipeline_parallel})
+        "pipeline_parallel": pool.layout.pipeline_parallel,
+        "nodes_per_replica": pool.layout.nodes_per_replica})
 
 
 def layout_rows(pool: PoolPlan) -> list[dict[str, Any]]:

@@ -50,6 +50,9 @@ def check_auto_options(opts: dict[str, Any], replicas_given: bool) -> None:
             flag = "--" + name.replace("_", "-")
             raise click.UsageError(f"--tp auto chooses TP alone (one engine per replica); "
                                    f"drop {flag}, or pin --tp with {flag}")
+    if opts["nodes"] > 1:
+        raise click.UsageError("--tp auto chooses TP alone, on one node; drop "
+                               "--nodes-per-replica, or pin --tp with it")
     if replicas_given:
         raise click.UsageError("--tp auto chooses the replicas; drop --replicas "
                                "(--max-replicas N bounds them)")

@@ -43,6 +43,10 @@ class ParallelLayout(BaseModel):
     # Pipeline parallel: each engine's layers split into this many stages in sequence, each
     # stage on its own TP group (vLLM --pipeline-parallel-size); 1: off.
     pipeline_parallel: int = Field(default=1, gt=0)
+    # Nodes one replica spans (spec.pools[].nodesPerReplica): above 1, what passes between
+    # them (a pipeline's stage-to-stage sends) goes over the RDMA NIC, even when the
+    # replica's GPUs would fit one node.
+    nodes_per_replica: int = Field(default=1, gt=0)
 
     @property
     def gpus(self) -> int:

@@ -251,6 +251,7 @@ def plan_request(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         data_parallel=pool.data_parallel, expert_parallel=pool.expert_parallel,
         pipeline_parallel=pool.pipeline_parallel,
         decode_context_parallel=pool.decode_context_parallel,
+        nodes_per_replica=pool.nodes_per_replica,
         weights_dtype=spec.model.weights_dtype, profile=profile, policy=policy,
         vllm_version=spec.runtime.vllm_version, kv_quality_evidence=kv_quality_evidence,
     )
@@ -295,8 +296,10 @@ def planning_inputs(spec: InferenceDeploymentSpec, pool: PoolSpec, model: Any,
         # The layout beyond TP (left out at its default, so digests from before it stay).
         payload["layout"] = [pool.data_parallel, pool.expert_parallel]
     if pool.pipeline_parallel != 1:
-        # Pipeline stages (left out at 1, so digests from before it stay).
-        payload["pipeline_parallel"] = pool.pipeline_parallel
+        # Pipeline stages (left out at 1, so digests from before it stay), and over how many
+        # nodes when more than one: the sends between stages cross the NIC.
+        payload["pipeline_parallel"] = (pool.pipeline_parallel if pool.nodes_per_replica == 1
+                                        else [pool.pipeline_parallel, pool.nodes_per_replica])
     if pool.decode_context_parallel != 1:
         payload["decode_context_parallel"] = pool.decode_context_parallel  # as PP's, above
     if pool.gpus_per_replica is not None:

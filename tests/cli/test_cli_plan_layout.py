@@ -32,7 +32,7 @@ def test_deepseek_v3_on_8_h200_chooses_dp8_ep_and_lists_the_layouts() -> None:
     doc = plan_json(*DSV3, "-g", "H200", "--gpus-per-replica", "8")
     assert doc["layout"] == {"tensor_parallel": 1, "data_parallel": 8, "expert_parallel": True,
                              "decode_context_parallel": 1, "pipeline_parallel": 1,
-                             "label": "DP8+EP"}
+                             "nodes_per_replica": 1, "label": "DP8+EP"}
     assert doc["vllm_args"][:3] == [
         "--tensor-parallel-size=1", "--data-parallel-size=8", "--enable-expert-parallel"]
     rows = {r["label"]: r for r in doc["layouts_considered"]}
@@ -95,6 +95,8 @@ def test_tp_dp_ep_pin_the_layout() -> None:
     (["-m", "deepseek-ai/DeepSeek-V3", "--gpus-per-replica", "8", "--pp", "2", "--tp", "8"],
      "--tp=8"),
     (["-m", "google/gemma-3-27b-it", "--tp", "2", "--pp", "2"], "--pp=2"),
+    (["-m", "meta-llama/Llama-3.1-405B-Instruct", "--tp", "8", "--pp", "3",
+      "--nodes-per-replica", "2"], "--nodes-per-replica=2"),
 ])
 def test_impossible_layout_pins_fail_in_one_line_naming_the_option(
         args: list[str], expect: str) -> None:
@@ -104,6 +106,22 @@ def test_impossible_layout_pins_fail_in_one_line_naming_the_option(
     assert "\n" not in line and line.startswith(expect), err
     if "--pp" in args and expect == "--tp=8":
         assert "under PP 2 a stage has 4 of the 8 GPUs" in line
+
+
+def test_a_replica_over_nodes_is_planned_with_its_stage_sends_on_the_nic() -> None:
+    """--nodes-per-replica, as the pool's nodesPerReplica: TP2 x PP2 over two nodes sends
+    between its stages over the RDMA NIC (the rate: tests/tuner/planner/
+    test_tuner_pipeline_parallel.py), and the plan's expectations move with it."""
+    args = ["plan", "-m", "meta-llama/Llama-3.3-70B-Instruct", "-g", "H100", "--tp", "2",
+            "--pp", "2"]
+    split, local = plan_json(*args, "--nodes-per-replica", "2"), plan_json(*args)
+    assert (split["layout"]["nodes_per_replica"], local["layout"]["nodes_per_replica"]) == (2, 1)
+    assert split["expected"] != local["expected"]
+    # The nodes are the pool's, not a vLLM flag (the LeaderWorkerSet's launch flags are).
+    assert not any("node" in a for a in split["vllm_args"])
+    code, _, err = run("plan", "-m", "meta-llama/Llama-3.3-70B-Instruct", "-g", "H100",
+                       "--tp", "auto", "--nodes-per-replica", "2")
+    assert code == 2 and "drop --nodes-per-replica" in err
 
 
 def test_without_layout_options_the_plan_is_tp_alone_as_before() -> None:

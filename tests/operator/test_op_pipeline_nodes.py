@@ -22,6 +22,7 @@ from kvtune.tuner.layout import ParallelLayout
 from kvtune.tuner.planner.decode import pipeline_send_seconds
 
 L405 = "meta-llama/Llama-3.1-405B-Instruct"
+L70 = "meta-llama/Llama-3.3-70B-Instruct"
 STAGES_OVER_NODES: dict[str, Any] = {"gpuClass": "H100", "name": "h100", "replicas": 1,
                                      "tensorParallel": 8, "pipelineParallel": 2,
                                      "nodesPerReplica": 2}
@@ -138,3 +139,21 @@ def test_the_stage_sends_cross_the_nic_when_the_replica_spans_nodes() -> None:
     assert over_nic / over_nvlink == pytest.approx(nvlink.bytes_per_second
                                                    / nic.bytes_per_second)
     assert over_nic > over_nvlink
+
+
+def test_a_replica_over_nodes_that_would_fit_one_sends_over_the_nic() -> None:
+    """TP2 x PP2 (4 GPUs) laid over 2 nodes: the planner reads nodesPerReplica, so the stages'
+    sends are charged at the NIC's rate, not NVLink's, and the digest tells the two apart."""
+    over_two = spec_for({**STAGES_OVER_NODES, "tensorParallel": 2}, L70)
+    on_one = spec_for({**STAGES_OVER_NODES, "tensorParallel": 2, "nodesPerReplica": 1}, L70)
+    split, local = planned(over_two), planned(on_one)
+    assert split.layout is not None and local.layout is not None
+    assert (split.layout.nodes_per_replica, local.layout.nodes_per_replica) == (2, 1)
+    model, gpu = get_model(L70), get_gpu_class("H100")
+    nic, nvlink = kv_link("H100", 4, nodes=2), kv_link("H100", 4)
+    assert (nic.fabric, nvlink.fabric) == ("RDMA", "NVLink")
+    assert pipeline_send_seconds(model, gpu, split.layout, 64) / pipeline_send_seconds(
+        model, gpu, local.layout, 64) == pytest.approx(nvlink.bytes_per_second
+                                                       / nic.bytes_per_second)
+    # What the plan expects moves with the link.
+    assert split.expected != local.expected

@@ -72,9 +72,11 @@ FABRICS: dict[str, FabricFacts] = {
 }
 
 
-def kv_link(gpu_class: str, gpus: int, declared_gbps: float | None = None) -> KVLink:
-    """The link between the roles of a ``gpus``-GPU group: NVLink when it fits one node of the
-    class, else the RDMA NIC; ``declared_gbps`` (Gb/s per GPU, one way) overrides both."""
+def kv_link(gpu_class: str, gpus: int, declared_gbps: float | None = None,
+            nodes: int = 1) -> KVLink:
+    """The link between the roles of a ``gpus``-GPU group laid over ``nodes`` nodes: NVLink
+    when it sits on one node of the class, else the RDMA NIC; ``declared_gbps`` (Gb/s per GPU,
+    one way) overrides both."""
     if declared_gbps is not None:
         return KVLink("declared", declared_gbps * _GB / 8,
                       f"declared: {declared_gbps:g} Gb/s per GPU")
@@ -83,6 +85,6 @@ def kv_link(gpu_class: str, gpus: int, declared_gbps: float | None = None) -> KV
         raise InvalidInput("gpu", gpu_class,
                            "kvtune has no NVLink/NIC fact for this class; pass --kv-link-gbps "
                            "with the Gb/s per GPU between the prefill and decode engines")
-    if gpus <= facts.gpus_per_node:
+    if nodes == 1 and gpus <= facts.gpus_per_node:
         return KVLink("NVLink", float(facts.nvlink_bytes_per_second), facts.nvlink_source)
     return KVLink("RDMA", float(facts.rdma_bytes_per_second), facts.rdma_source)

@@ -162,14 +162,17 @@ def pipeline_send_seconds(model: ModelArchitecture, gpu: GPUClass, layout: Paral
                           tokens: int) -> float:
     """One stage-to-stage send of ``tokens`` tokens' activations (vLLM sends the hidden states
     and the residual, ``IntermediateTensors``) over the link between the stages: NVLink when
-    the replica fits one node, else the RDMA NIC (``facts/kv_links.py``); a class without link
-    facts at the slowest NIC kvtune knows."""
+    the replica sits on one node, else the RDMA NIC (``facts/kv_links.py``): a replica over
+    nodes has a stage boundary on the NIC, and the pipeline runs at its slowest stage and
+    send, as ``pipeline_costs`` charges every stage the slowest's; a class without link facts
+    at the slowest NIC kvtune knows."""
     bytes_ = tokens * model.hidden_size * ACTIVATION_BYTES * PIPELINE_SENT_TENSORS
     facts = FABRICS.get(gpu.name)
     if facts is None:
         rate = float(min(f.rdma_bytes_per_second for f in FABRICS.values()))
     else:
-        rate = float(kv_link(gpu.name, layout.gpus).bytes_per_second)
+        rate = float(kv_link(gpu.name, layout.gpus, nodes=layout.nodes_per_replica)
+                     .bytes_per_second)
     return bytes_ / rate
 
 

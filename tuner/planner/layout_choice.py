@@ -49,22 +49,29 @@ def candidate_layouts(
     and pipeline parallel are never chosen, only pinned (``dcp``, ``pp``): each layout whose
     TP DCP divides gets it; PP stages split the GPUs first (TP x DP = GPUs / PP). A replica
     over ``nodes`` nodes spans them by its data-parallel engines (vLLM's multi-node data
-    parallel, the same number on each node), so its DP must be a multiple of ``nodes``."""
+    parallel, the same number on each node), so its DP must be a multiple of ``nodes``; under
+    PP it spans them by whole stages (vLLM's rank order puts TP fastest, then PP), so ``pp``
+    must be a multiple of ``nodes``. Each layout carries ``nodes``: the link between stages."""
     if not 1 <= gpus <= MAX_GPUS_PER_REPLICA:
         raise InvalidInput("gpus_per_replica", gpus, f"must be 1 to {MAX_GPUS_PER_REPLICA}")
     if gpus % pp:
         raise InvalidInput("pipeline_parallel", pp, f"must divide the {gpus} GPUs per replica "
                            "(TP x DP x PP = GPUs per replica)")
     if pp > 1:
-        # The stages take their share first; the rest is laid out as without PP.
+        if pp % nodes:
+            raise InvalidInput("nodes_per_replica", nodes, f"must divide the {pp} pipeline "
+                               "stages: each node holds whole stages (vLLM's rank order, TP "
+                               "fastest, then PP)")
+        # The stages take their share first (and the nodes, whole stages each); the rest is
+        # laid out as without PP.
         try:
-            layouts = candidate_layouts(model, gpus // pp, tp=tp, dp=dp, ep=ep, dcp=dcp,
-                                        nodes=nodes)
+            layouts = candidate_layouts(model, gpus // pp, tp=tp, dp=dp, ep=ep, dcp=dcp)
         except InvalidInput as exc:
             why = str(exc).split(": ", 1)[-1]
             raise InvalidInput(exc.field, exc.value, f"{why} (under PP {pp} a stage has "
                                f"{gpus // pp} of the {gpus} GPUs)") from None
-        return [x.model_copy(update={"pipeline_parallel": pp}) for x in layouts]
+        return [x.model_copy(update={"pipeline_parallel": pp, "nodes_per_replica": nodes})
+                for x in layouts]
     for name, value in (("tensor_parallel", tp), ("data_parallel", dp)):
         if value is not None and gpus % value:
             raise InvalidInput(name, value, f"must divide the {gpus} GPUs per replica "
@@ -85,7 +92,7 @@ def candidate_layouts(
             continue
         use_ep = ep if ep is not None else (model.moe is not None and d > 1)
         out.append(ParallelLayout(tensor_parallel=t, data_parallel=d, expert_parallel=use_ep,
-                                  decode_context_parallel=dcp))
+                                  decode_context_parallel=dcp, nodes_per_replica=nodes))
     if not out and dcp > 1 and candidate_layouts(model, gpus, tp=tp, dp=dp, ep=ep):
         raise InvalidInput(
             "decode_context_parallel", dcp,
@@ -135,7 +142,8 @@ def _with_layout(request: PlanRequest, layout: ParallelLayout) -> PlanRequest:
         "tensor_parallel": layout.tensor_parallel, "data_parallel": layout.data_parallel,
         "expert_parallel": layout.expert_parallel,
         "decode_context_parallel": layout.decode_context_parallel,
-        "pipeline_parallel": layout.pipeline_parallel})
+        "pipeline_parallel": layout.pipeline_parallel,
+        "nodes_per_replica": layout.nodes_per_replica})
 
 
 def choose_layout(

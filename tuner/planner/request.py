@@ -36,6 +36,8 @@ class PlanRequest(BaseModel):
     decode_context_parallel: int = Field(default=1, gt=0)
     # Pipeline-parallel stages per engine (each stage holds its own layers' weights and KV).
     pipeline_parallel: int = Field(default=1, gt=0)
+    # Nodes a replica spans (tuner/layout.py): the link between pipeline stages.
+    nodes_per_replica: int = Field(default=1, gt=0)
     # "auto": the checkpoint's own (DeepSeek-V3: fp8), else the model's 16-bit dtype.
     weights_dtype: str = "auto"
     profile: WorkloadProfile
@@ -55,7 +57,8 @@ class PlanRequest(BaseModel):
                               data_parallel=self.data_parallel,
                               expert_parallel=self.expert_parallel,
                               decode_context_parallel=self.decode_context_parallel,
-                              pipeline_parallel=self.pipeline_parallel)
+                              pipeline_parallel=self.pipeline_parallel,
+                              nodes_per_replica=self.nodes_per_replica)
 
 
 class CandidateScorer(Protocol):

@@ -112,6 +112,13 @@ def test_decode_step_is_pp_micro_batches_across_every_stage_plus_the_sends() -> 
     wide = ParallelLayout(tensor_parallel=8, pipeline_parallel=2)
     assert decode.pipeline_send_seconds(model, gpu, wide, 32) == pytest.approx(
         32 * 8_192 * 4 / 50e9)
+    # So does a replica that would fit one node, laid over two (nodesPerReplica: 2).
+    split = ParallelLayout(tensor_parallel=2, pipeline_parallel=2, nodes_per_replica=2)
+    assert decode.pipeline_send_seconds(model, gpu, split, 32) == pytest.approx(
+        32 * 8_192 * 4 / 50e9)
+    assert decode.pipeline_send_seconds(
+        model, gpu, split.model_copy(update={"nodes_per_replica": 1}), 32) == pytest.approx(
+        32 * 8_192 * 4 / 450e9)
 
 
 def test_pp_pins_are_refused_where_they_cannot_work() -> None:
@@ -121,6 +128,11 @@ def test_pp_pins_are_refused_where_they_cannot_work() -> None:
     # PP splits the GPUs first; the rest is laid out as without it.
     labels = [x.label for x in candidate_layouts(model, 16, tp=8, pp=2)]
     assert labels == ["TP8+PP2"]
+    # Over nodes, each node holds whole stages, and every layout says over how many.
+    over_nodes = candidate_layouts(model, 16, tp=8, pp=2, nodes=2)
+    assert {x.nodes_per_replica for x in over_nodes} == {2}
+    with pytest.raises(InvalidInput, match=r"nodes_per_replica.*whole stages"):
+        candidate_layouts(model, 24, tp=8, pp=3, nodes=2)
     with pytest.raises(InvalidInput, match="one attention kind"):
         _plan("google/gemma-3-27b-it", "H100", 2, 2)
     with pytest.raises(InvalidInput, match="at most that many stages"):
