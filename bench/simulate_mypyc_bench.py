@@ -1,4 +1,4 @@
-"""The simulator's speed as Python and compiled by mypyc (``scripts/compile_simulator.py``).
+"""The simulator's speed as Python and compiled by mypyc (``kvtune compile-simulator``).
 
 Per trace, simulated requests per second of CPU time (the goal: >= 10,000 on every trace) for
 the scheduler run from this tree's Python sources and for the same sources compiled by mypyc
@@ -6,9 +6,13 @@ the scheduler run from this tree's Python sources and for the same sources compi
 one H100. Each figure is the best of ``--repeat`` runs; the two builds' runs alternate, each in
 a process of its own (so one's import of numba, its compiled loops or the compiled modules does
 not weigh on the other), and each run's requests are checked equal across the two builds:
-the first-token and finish time of every request, to the last bit. Run:
+the first-token and finish time of every request, to the last bit.
 
-    .venv/bin/python bench/simulate_mypyc_bench.py [--trace PATH@SPEED ...] [--repeat 3]
+With ``--image`` the two builds are the operator image's, as it ships (``kvtune.e2e.images``
+builds it here, cached): the compiled one run as the chart runs it (user 65532, read-only
+root), the Python one in the same image after ``kvtune compile-simulator --remove``. Run:
+
+    .venv/bin/python bench/simulate_mypyc_bench.py [--image] [--trace PATH@SPEED ...] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -60,6 +64,44 @@ def _run(path: Path, speed: float, site: Path | None, env_with_site: Any
     return out
 
 
+def _image_runner() -> tuple[str, Any]:
+    """What ``--image`` runs: a child in the operator image, compiled or not."""
+    from kvtune.e2e.images import ensure_images, run_argv
+
+    built = ensure_images(REPO)
+
+    def run(path: Path, speed: float, compiled: bool) -> dict[str, object]:
+        child = f"python3 /bench/{Path(__file__).name} --child /traces/{path.name}@{speed}"
+        if not compiled:
+            child = f"kvtune compile-simulator --remove >/dev/null && {child}"
+        argv = run_argv(built.store, built.operator, ["-c", child], entrypoint="sh",
+                        read_only=compiled, user=None if compiled else "0",
+                        volumes=[f"{REPO / 'bench'}:/bench:ro", f"{path.parent}:/traces:ro"])
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"simulate_mypyc_bench: a run in the image failed:\n"
+                             f"{done.stderr[-2000:]}")
+        out: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+        return out
+
+    return f"the operator image {built.operator}", run
+
+
+def _checkout_runner() -> tuple[str, Any]:
+    """The default: this tree's Python against its compiled build (cached by digest)."""
+    spec = importlib.util.spec_from_file_location(
+        "compile_simulator", REPO / "scripts" / "compile_simulator.py")
+    assert spec is not None and spec.loader is not None
+    compile_simulator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compile_simulator)
+    site = compile_simulator.compiled_checkout(REPO)
+
+    def run(path: Path, speed: float, compiled: bool) -> dict[str, object]:
+        return _run(path, speed, site if compiled else None, compile_simulator.env_with_site)
+
+    return f"the checkout, compiled into {site}", run
+
+
 def main() -> None:
     from kvtune.e2e.traces import AZURE_TRACE, MOONCAKE_TRACE
 
@@ -67,20 +109,17 @@ def main() -> None:
     ap.add_argument("--trace", action="append", default=[], metavar="PATH@SPEED",
                     help="another trace to time, replayed at SPEED x its recorded rate")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--image", action="store_true",
+                    help="time the operator image's two builds instead of the checkout's")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         path, _, speed = args.child.rpartition("@")
         _child(Path(path), float(speed))
         return
-    spec = importlib.util.spec_from_file_location(
-        "compile_simulator", REPO / "scripts" / "compile_simulator.py")
-    assert spec is not None and spec.loader is not None
-    compile_simulator = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(compile_simulator)
     start = time.monotonic()
-    site = compile_simulator.compiled_checkout(REPO)
-    print(f"compiled build: {site} ({time.monotonic() - start:.0f} s; cached by digest)")
+    where, run = _image_runner() if args.image else _checkout_runner()
+    print(f"builds: {where} ({time.monotonic() - start:.0f} s; cached)")
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     traces = [(AZURE_TRACE, 1.0), (AZURE_TRACE, 4.0), (MOONCAKE_TRACE, 1.0),
               (MOONCAKE_TRACE, 0.25)]
@@ -96,11 +135,10 @@ def main() -> None:
         digests: set[str] = set()
         n = 0
         for _ in range(args.repeat):
-            for site_or_none in (None, site):
-                out = _run(path, speed, site_or_none, compile_simulator.env_with_site)
-                assert out["compiled"] is (site_or_none is not None), out
-                best[site_or_none is not None] = min(best[site_or_none is not None],
-                                                     float(str(out["cpu"])))
+            for compiled in (False, True):
+                out = run(path, speed, compiled)
+                assert out["compiled"] is compiled, out
+                best[compiled] = min(best[compiled], float(str(out["cpu"])))
                 digests.add(str(out["digest"]))
                 n = int(str(out["requests"]))
         py, cc = n / best[False], n / best[True]

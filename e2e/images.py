@@ -407,7 +407,7 @@ def _prune(store: Store, keep: Sequence[str], log: Path) -> None:
 def run_argv(store: Store, image: str, args: Sequence[str], *,
              env: dict[str, str] | None = None, volumes: Sequence[str] = (),
              name: str | None = None, read_only: bool = False,
-             entrypoint: str | None = None) -> list[str]:
+             entrypoint: str | None = None, user: str | None = None) -> list[str]:
     """The command that runs ``image`` here with podman and crun, attached (signals reach the
     container: podman proxies them).
 
@@ -425,6 +425,8 @@ def run_argv(store: Store, image: str, args: Sequence[str], *,
         argv += ["--read-only", "--tmpfs=/tmp"]
     if entrypoint:
         argv.append(f"--entrypoint={entrypoint}")
+    if user:
+        argv.append(f"--user={user}")
     for key, value in (env or {}).items():
         argv.append(f"--env={key}={value}")
     for volume in volumes:

@@ -77,6 +77,25 @@ def _deployments(api: Any, ns: str) -> dict[str, Any]:
     return {d.metadata.name: d for d in items}
 
 
+def _rollout_state(api: Any, ns: str) -> str:
+    """What the namespace's Deployments and pods were doing, for a rollout wait that timed
+    out (CI once saw a healthy canary never become available, and the operator's log alone
+    could not say why)."""
+    lines = []
+    for name, dep in sorted(_deployments(api, ns).items()):
+        st = dep.status
+        conds = "; ".join(f"{c.type}={c.status} {c.reason}: {c.message}"
+                          for c in st.conditions or [])
+        lines.append(f"deployment {name}: replicas {st.replicas} ready {st.ready_replicas} "
+                     f"available {st.available_replicas} | {conds}")
+    for pod in client.CoreV1Api(api).list_namespaced_pod(ns).items:
+        conds = "; ".join(f"{c.type}={c.status} {c.reason or ''} {c.message or ''}".strip()
+                          for c in pod.status.conditions or [])
+        lines.append(f"pod {pod.metadata.name}: {pod.status.phase} on {pod.spec.node_name} | "
+                     f"{conds}")
+    return "\n".join(lines)
+
+
 def _ready(api: Any, ns: str, name: str, reason: str | None = None) -> dict[str, Any] | None:
     obj = get_infd(api, ns, name)
     ready = condition(obj, "Ready")
@@ -558,8 +577,12 @@ def test_canary_promotes_a_healthy_plan_and_rolls_back_a_broken_one(
     assert "--block-size=64" in args("can-h100-canary")
     assert "--block-size=32" in args("can-h100")
     assert _deployments(cluster_api, ns)["can-h100-canary"].spec.replicas == 1
-    wait_for(lambda: "can-h100-canary" not in _deployments(cluster_api, ns)
-             and _ready(cluster_api, ns, "can"), "the canary promoted", 60, operator.log)
+    try:
+        wait_for(lambda: "can-h100-canary" not in _deployments(cluster_api, ns)
+                 and _ready(cluster_api, ns, "can"), "the canary promoted", 60, operator.log)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n--- rollout state ---\n"
+                             f"{_rollout_state(cluster_api, ns)}") from None
     assert "--block-size=64" in args("can-h100")
 
     # A broken plan (its pods cannot be scheduled): rolled back, the pool keeps 64.
