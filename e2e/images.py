@@ -277,59 +277,57 @@ def _tag_as(store: Store, tag: str, name: str, log: Path) -> None:
     _run(store.podman("tag", tag, _qualified(name)), f"podman tag {name}", log)
 
 
-def _bud(store: Store, dockerfile: Path, context: Path, tag: str, house: Path,
+def _bud(store: Store, dockerfile: Path, context: Path, tag: str, house: Path | None,
          build_args: dict[str, str], log: Path) -> None:
     args = [f"--build-arg={k}={v}" for k, v in build_args.items()]
     # chroot isolation: the RUN steps need no OCI runtime (see run_argv for why crun needs
     # help here). The wheelhouse and a pip.conf that points at it are mounted into RUN steps
     # only; they are not in the image.
-    _run(store.buildah("bud", "--isolation=chroot", "--pull-never", *ULIMITS, *args,
-                       f"--volume={house}:/wheels:ro",
-                       f"--volume={house / 'pip.conf'}:/etc/pip.conf:ro",
+    volumes = ([] if house is None else
+               [f"--volume={house}:/wheels:ro", f"--volume={house / 'pip.conf'}:/etc/pip.conf:ro"])
+    _run(store.buildah("bud", "--isolation=chroot", "--pull-never", *ULIMITS, *args, *volumes,
                        "--file", str(dockerfile), "--tag", tag, str(context)),
          f"buildah bud {dockerfile.name}", log)
+
+
+def _ensure_base(store: Store, family: str, key: str, containerfile: str, log: Path, *,
+                 house: Path | None = None, files: Sequence[Path] = ()) -> tuple[str, float]:
+    """A stand-in base ``localhost/family:key``, built from ``containerfile`` (with ``files``
+    in its context) unless the storage has it; (its tag, the seconds the build took)."""
+    tag = f"localhost/{family}:{key}"
+    if store.exists(tag):
+        return tag, 0.0
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"{family}-") as tmp:
+        context = Path(tmp)
+        for path in files:
+            shutil.copy2(path, context / path.name)
+        (context / "Containerfile").write_text(containerfile)
+        _bud(store, context / "Containerfile", context, tag, house, {}, log)
+    return tag, time.monotonic() - start
 
 
 def ensure_standin_runtime_base(store: Store, debian: str, house: Path,
                                 log: Path) -> tuple[str, float]:
     pydantic = importlib.metadata.version("pydantic")
     script = (STANDINS / "vllm").read_bytes()
-    key = _digest(debian, pydantic, script)
-    tag = f"localhost/kvtune-vllm-standin-base:{key}"
-    if store.exists(tag):
-        return tag, 0.0
-    start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="kvtune-standin-") as tmp:
-        context = Path(tmp)
-        shutil.copy2(STANDINS / "vllm", context / "vllm")
-        (context / "Containerfile").write_text(
-            f"FROM {debian}\n"
-            f'RUN python3 -m pip install --no-cache-dir "pydantic=={pydantic}"\n'
-            "COPY vllm /usr/local/bin/vllm\n"
-            "RUN chmod 0755 /usr/local/bin/vllm\n")
-        _bud(store, context / "Containerfile", context, tag, house, {}, log)
-    return tag, time.monotonic() - start
+    return _ensure_base(
+        store, "kvtune-vllm-standin-base", _digest(debian, pydantic, script),
+        f"FROM {debian}\n"
+        f'RUN python3 -m pip install --no-cache-dir "pydantic=={pydantic}"\n'
+        "COPY vllm /usr/local/bin/vllm\n"
+        "RUN chmod 0755 /usr/local/bin/vllm\n", log, house=house, files=[STANDINS / "vllm"])
 
 
 def ensure_standin_compile_base(store: Store, debian: str, log: Path) -> tuple[str, float]:
     """The stand-in for the full ``python`` image Dockerfile.operator compiles the simulator
     in: the Debian base with a C compiler, Python's headers and venv, from Debian's mirror."""
-    key = _digest(debian, *COMPILE_PACKAGES)
-    tag = f"localhost/kvtune-python-compile-base:{key}"
-    if store.exists(tag):
-        return tag, 0.0
-    start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="kvtune-compile-base-") as tmp:
-        context = Path(tmp)
-        (context / "Containerfile").write_text(
-            f"FROM {debian}\n"
-            "RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
-            f"--no-install-recommends {' '.join(COMPILE_PACKAGES)} >/dev/null "
-            "&& rm -rf /var/lib/apt/lists/*\n")
-        _run(store.buildah("bud", "--isolation=chroot", "--pull-never", *ULIMITS,
-                           "--file", str(context / "Containerfile"), "--tag", tag, str(context)),
-             "buildah bud of the compile stage's base (apt-get from Debian's mirror)", log)
-    return tag, time.monotonic() - start
+    return _ensure_base(
+        store, "kvtune-python-compile-base", _digest(debian, *COMPILE_PACKAGES),
+        f"FROM {debian}\n"
+        "RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+        f"--no-install-recommends {' '.join(COMPILE_PACKAGES)} >/dev/null "
+        "&& rm -rf /var/lib/apt/lists/*\n", log)
 
 
 # --- the images ----------------------------------------------------------------------------
