@@ -36,7 +36,8 @@ import click
 
 from kvtune.tuner.simulator.compiled import MYPYC_MODULES
 
-_SKIP = shutil.ignore_patterns("__pycache__", "*.so", ".mypy_cache")
+# What a staged copy of the package leaves out (an earlier build's .so files among them).
+STAGING_IGNORE = shutil.ignore_patterns("__pycache__", "*.so", ".mypy_cache")
 _SITE_OPTION = "--site-packages"
 # mypyc type-checks what it compiles, under the settings the sources are checked with in the
 # checkout (pyproject.toml's [tool.mypy]; the wheel does not carry it, and
@@ -136,7 +137,7 @@ def compile_into(site_packages: Path) -> list[Path]:
     package = site_packages / "kvtune"
     with tempfile.TemporaryDirectory(prefix="kvtune-mypyc-") as tmp:
         stage = Path(tmp)
-        shutil.copytree(package, stage / "kvtune", ignore=_SKIP)
+        shutil.copytree(package, stage / "kvtune", ignore=STAGING_IGNORE)
         settings = "".join(f"{key} = {value}\n" for key, value in MYPY_CONFIG.items())
         (stage / "mypy.ini").write_text(f"[mypy]\n{settings}")
         paths = [str(_module_file(module)) for module in MYPYC_MODULES]

@@ -75,13 +75,7 @@ def request_for(pool: PoolPlan, request: PlanRequest) -> PlanRequest:
         # --tp auto: the degree chosen.
         return (request if request.tensor_parallel == pool.tensor_parallel
                 else request.model_copy(update={"tensor_parallel": pool.tensor_parallel}))
-    return request.model_copy(update={
-        "tensor_parallel": pool.layout.tensor_parallel,
-        "data_parallel": pool.layout.data_parallel,
-        "expert_parallel": pool.layout.expert_parallel,
-        "decode_context_parallel": pool.layout.decode_context_parallel,
-        "pipeline_parallel": pool.layout.pipeline_parallel,
-        "nodes_per_replica": pool.layout.nodes_per_replica})
+    return request.with_layout(pool.layout)
 
 
 def layout_rows(pool: PoolPlan) -> list[dict[str, Any]]:

@@ -19,8 +19,10 @@ import time
 import tomllib
 from pathlib import Path
 
+from kvtune.cli.compile_simulator import STAGING_IGNORE, compile_into
+from kvtune.tuner.simulator.compiled import MYPYC_MODULES
+
 REPO = Path(__file__).resolve().parents[1]
-_SKIP = shutil.ignore_patterns("__pycache__", "*.so", ".mypy_cache")
 
 
 def stage_checkout(dest: Path, repo: Path = REPO) -> Path:
@@ -29,7 +31,7 @@ def stage_checkout(dest: Path, repo: Path = REPO) -> Path:
     with (repo / "pyproject.toml").open("rb") as f:
         mapping: dict[str, str] = tomllib.load(f)["tool"]["setuptools"]["package-dir"]
     for name, folder in sorted(mapping.items()):
-        shutil.copytree(repo / folder, dest / Path(*name.split(".")), ignore=_SKIP,
+        shutil.copytree(repo / folder, dest / Path(*name.split(".")), ignore=STAGING_IGNORE,
                         dirs_exist_ok=True)
     return dest
 
@@ -55,9 +57,6 @@ def compiled_checkout(repo: Path = REPO) -> Path:
     if (site / "done").is_file():
         shutil.rmtree(building)
         return site
-    from kvtune.cli.compile_simulator import compile_into
-    from kvtune.tuner.simulator.compiled import MYPYC_MODULES
-
     compile_into(building)
     (building / "done").write_text(", ".join(MYPYC_MODULES) + "\n")
     shutil.rmtree(site, ignore_errors=True)

@@ -137,15 +137,6 @@ def objective(pool: PoolPlan, layout: ParallelLayout) -> float:
     return float(min(pool.plan.max_num_seqs, e.concurrent_sequences) * layout.data_parallel)
 
 
-def _with_layout(request: PlanRequest, layout: ParallelLayout) -> PlanRequest:
-    return request.model_copy(update={
-        "tensor_parallel": layout.tensor_parallel, "data_parallel": layout.data_parallel,
-        "expert_parallel": layout.expert_parallel,
-        "decode_context_parallel": layout.decode_context_parallel,
-        "pipeline_parallel": layout.pipeline_parallel,
-        "nodes_per_replica": layout.nodes_per_replica})
-
-
 def choose_layout(
     request: PlanRequest, gpus: int, plan_fn: PlanFn, *, tp: int | None = None,
     dp: int | None = None, ep: bool | None = None, dcp: int = 1, nodes: int = 1, pp: int = 1,
@@ -158,7 +149,7 @@ def choose_layout(
     planned: list[tuple[ParallelLayout, PoolPlan | None, str | None, float]] = []
     for layout in layouts:
         try:
-            pool = plan_fn(_with_layout(request, layout))
+            pool = plan_fn(request.with_layout(layout))
         except NoFeasiblePlan as exc:
             why = (f"needs {exc.needed_bytes / GiB:.1f} GiB per GPU, "
                    f"{exc.available_bytes / GiB:.1f} GiB available")

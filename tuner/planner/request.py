@@ -51,14 +51,15 @@ class PlanRequest(BaseModel):
     # models as they are (docs/calibration-loop.md).
     calibration: ModelCalibration | None = None
 
+    # The request's fields a ParallelLayout holds (the same names): one mapping both ways.
     @property
     def layout(self) -> ParallelLayout:
-        return ParallelLayout(tensor_parallel=self.tensor_parallel,
-                              data_parallel=self.data_parallel,
-                              expert_parallel=self.expert_parallel,
-                              decode_context_parallel=self.decode_context_parallel,
-                              pipeline_parallel=self.pipeline_parallel,
-                              nodes_per_replica=self.nodes_per_replica)
+        return ParallelLayout(**{name: getattr(self, name)
+                                 for name in ParallelLayout.model_fields})
+
+    def with_layout(self, layout: ParallelLayout) -> PlanRequest:
+        """This request at ``layout`` (every layout field replaced)."""
+        return self.model_copy(update=layout.model_dump())
 
 
 class CandidateScorer(Protocol):
